@@ -1,0 +1,213 @@
+"""Train the embedded tokenizer and the two Llama models on the generated corpus.
+
+Plain PyTorch on purpose: the whole recipe (packing, AdamW, cosine schedule) fits
+on one screen and runs on a 2-core CPU in well under an hour. Every random
+choice is seeded, so a rebuild gives the same weights up to floating-point
+non-determinism of the CPU kernels.
+
+Usage: ``python data/train.py {tokenizer,target,draft}`` (``data/build.py`` runs all).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from corpus import TRAIN_SEED, generate_chats, generate_corpus
+
+DATA = Path(__file__).resolve().parent
+MODELS = DATA / "models"
+TOKENIZER_DIR = DATA / "corpus" / "tokenizer"  # git-ignored staging copy; it ships inside each model folder
+STATS = MODELS / "training.json"
+SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>"]
+# Zephyr/TinyLlama-style template: EOS closes every turn, so generation stops after an answer.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>\\n' + message['content'] + eos_token + '\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
+)
+NUM_STORIES, NUM_CHATS = 60_000, 12_000
+
+
+@dataclass
+class Recipe:
+    """Architecture and optimisation settings of one model."""
+
+    name: str
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    steps: int
+    lr: float
+    batch_size: int = 16
+    seq_len: int = 256
+    warmup: int = 100
+    weight_decay: float = 0.1
+    seed: int = 0
+
+
+RECIPES = {
+    "target": Recipe("minivllm-tiny", 256, 768, 6, 8, 4, steps=1500, lr=2e-3),
+    "draft": Recipe("minivllm-tiny-draft", 128, 384, 2, 4, 2, steps=2500, lr=3e-3),
+}
+
+
+def log(msg: str) -> None:
+    """Timestamped progress line (build.py redirects stdout to data/build.log)."""
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def train_tokenizer(texts: list[str]) -> PreTrainedTokenizerFast:
+    """Byte-level BPE that, like Llama's tokenizer, prepends BOS but not EOS."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=2048,  # the corpus has ~1.8k word types, so BPE stops a bit below this cap
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(texts, trainer)
+    bos = tok.token_to_id("<s>")
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", chat_template=CHAT_TEMPLATE
+    )
+
+
+def save_tokenizer(tok: PreTrainedTokenizerFast, out: Path) -> None:
+    """Save with the chat template inside tokenizer_config.json and a class name that
+    both transformers 4.x and 5.x resolve, so older installs load the same files."""
+    tok.save_pretrained(out)
+    (out / "chat_template.jinja").unlink(missing_ok=True)
+    cfg_path = out / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.update(tokenizer_class="PreTrainedTokenizerFast", model_max_length=1024, chat_template=CHAT_TEMPLATE)
+    cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
+
+
+def training_documents(tok: PreTrainedTokenizerFast) -> list[list[int]]:
+    """Token ids of every training document: BOS + text + EOS, stories and chats shuffled together."""
+    stories = generate_corpus(NUM_STORIES, TRAIN_SEED)
+    docs = [ids + [tok.eos_token_id] for ids in tok(stories)["input_ids"]]
+    chats = [tok.apply_chat_template(c, tokenize=False).rstrip("\n") for c in generate_chats(NUM_CHATS, TRAIN_SEED)]
+    docs += tok(chats, add_special_tokens=False)["input_ids"]  # the template already has BOS and EOS
+    random.Random(TRAIN_SEED).shuffle(docs)
+    return docs
+
+
+def batches(docs: list[list[int]], r: Recipe) -> torch.Tensor:
+    """Pack documents into one stream and cut it into [steps, batch, seq_len] (cycling if short)."""
+    stream = torch.tensor([t for d in docs for t in d], dtype=torch.long)
+    need = r.steps * r.batch_size * r.seq_len
+    epochs = need / len(stream)
+    log(f"{len(docs)} documents, {len(stream):,} tokens; {r.name} sees {need:,} tokens ({epochs:.2f} epochs)")
+    stream = stream.repeat(math.ceil(epochs))[:need]
+    return stream.view(r.steps, r.batch_size, r.seq_len)
+
+
+def train_model(r: Recipe, tok: PreTrainedTokenizerFast) -> dict[str, float | int | str]:
+    """Train one LlamaForCausalLM from scratch and save it (fp16) with the tokenizer."""
+    torch.manual_seed(r.seed)
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=r.hidden_size,
+        intermediate_size=r.intermediate_size,
+        num_hidden_layers=r.num_hidden_layers,
+        num_attention_heads=r.num_attention_heads,
+        num_key_value_heads=r.num_key_value_heads,
+        head_dim=r.hidden_size // r.num_attention_heads,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    model = LlamaForCausalLM(config)
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"{r.name}: {n_params:,} parameters, {asdict(r)}")
+    data = batches(training_documents(tok), r)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": r.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=r.lr,
+        betas=(0.9, 0.95),
+    )
+
+    def lr_at(step: int) -> float:  # linear warmup, cosine decay to 10%
+        if step < r.warmup:
+            return r.lr * (step + 1) / r.warmup
+        progress = (step - r.warmup) / max(1, r.steps - r.warmup)
+        return r.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
+
+    model.train()
+    start, running = time.time(), 0.0
+    for step in range(r.steps):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step)
+        loss = model(input_ids=data[step], labels=data[step]).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        running = loss.item() if step == 0 else 0.98 * running + 0.02 * loss.item()
+        if step % 50 == 0 or step == r.steps - 1:
+            elapsed = time.time() - start
+            eta = elapsed / (step + 1) * (r.steps - step - 1)
+            log(f"{r.name} step {step}/{r.steps} loss {running:.3f} lr {lr_at(step):.2e} "
+                f"elapsed {elapsed / 60:.1f} min eta {eta / 60:.1f} min")
+    seconds = time.time() - start
+    out = MODELS / r.name
+    model.to(torch.float16).save_pretrained(out)
+    save_tokenizer(tok, out)
+    log(f"saved {out} after {seconds / 60:.1f} min")
+    return {"parameters": n_params, "train_seconds": round(seconds), "steps": r.steps,
+            "tokens": r.steps * r.batch_size * r.seq_len, "final_loss": round(running, 4)}
+
+
+def machine() -> str:
+    """CPU model and core count, recorded next to the training time."""
+    cpu = platform.processor()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    return f"{cpu} ({torch.get_num_threads()} threads), torch {torch.__version__}"
+
+
+def main(stage: str) -> None:
+    torch.set_num_threads(2)
+    MODELS.mkdir(parents=True, exist_ok=True)
+    if stage == "tokenizer":
+        stories = generate_corpus(NUM_STORIES, TRAIN_SEED)
+        chats = [m["content"] for c in generate_chats(NUM_CHATS, TRAIN_SEED) for m in c]
+        start = time.time()
+        tok = train_tokenizer(stories + chats)
+        save_tokenizer(tok, TOKENIZER_DIR)
+        log(f"tokenizer: {len(tok)} tokens in {time.time() - start:.1f} s -> {TOKENIZER_DIR}")
+        return
+    tok = AutoTokenizer.from_pretrained(TOKENIZER_DIR)
+    stats = json.loads(STATS.read_text()) if STATS.exists() else {}
+    stats[stage] = train_model(RECIPES[stage], tok) | {"machine": machine()}
+    STATS.write_text(json.dumps(stats, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

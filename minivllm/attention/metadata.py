@@ -1,0 +1,33 @@
+"""AttentionMetadata: what one step's flattened batch looks like to every attention layer.
+
+The step's tokens from all requests are concatenated into one list of T tokens. Request b owns tokens
+query_start_loc[b]:query_start_loc[b+1] (its new tokens), and after the step its context holds
+seq_lens[b] tokens, stored in the physical blocks block_tables[b, :]. Token t's K and V are written to
+slot slot_mapping[t] = block_id * block_size + offset. A query at position p may see keys 0..p.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [T] int64, -1 = padding (nothing stored)
+    block_tables: torch.Tensor  # [B, max_blocks] int32, padded with 0 (never read past seq_lens)
+    seq_lens: torch.Tensor  # [B] int32: context length including this step's tokens
+    query_start_loc: torch.Tensor  # [B + 1] int32: prefix sums of the number of new tokens
+    max_query_len: int
+    max_seq_len: int
+    query_lens_cpu: list[int]
+    seq_lens_cpu: list[int]
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens_cpu)
+
+    @property
+    def is_decode_only(self) -> bool:
+        return self.max_query_len == 1

@@ -1,0 +1,70 @@
+"""The torch reference backend: store K/V through the slot mapping, attend through the block table.
+
+It is written for clarity, runs anywhere, and is the oracle the Triton kernels are tested against.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from minivllm.attention.metadata import AttentionMetadata
+
+
+def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Write each new token's K and V into its slot; caches are [num_blocks, block_size, kv_heads, dim]."""
+    if (slot_mapping < 0).any():  # padded rows (CUDA-graph batches) store nothing
+        keep = slot_mapping >= 0
+        key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, key)
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value)
+
+
+def gather_context(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """One request's K (or V) for positions 0..seq_len-1, read block by block: [seq_len, kv_heads, dim]."""
+    block_size = cache.shape[1]
+    num_blocks = -(-seq_len // block_size)
+    return cache[block_table[:num_blocks].long()].flatten(0, 1)[:seq_len]
+
+
+def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                        meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Causal attention of each request's new queries over its whole cached context. q: [T, heads, dim]."""
+    out = torch.empty_like(q)
+    starts = meta.query_start_loc.tolist()
+    for b, (q_len, seq_len) in enumerate(zip(meta.query_lens_cpu, meta.seq_lens_cpu)):
+        qb = q[starts[b] : starts[b] + q_len].transpose(0, 1)  # [heads, q_len, dim]
+        kb = gather_context(k_cache, meta.block_tables[b], seq_len).transpose(0, 1)
+        vb = gather_context(v_cache, meta.block_tables[b], seq_len).transpose(0, 1)
+        # query i sits at position seq_len - q_len + i and sees keys up to there
+        q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
+        mask = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]
+        ob = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=scale, enable_gqa=True)
+        out[starts[b] : starts[b] + q_len] = ob.transpose(0, 1)
+    return out
+
+
+def paged_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """All requests decode one token: gather every context at once and attend in one batched call."""
+    num_seqs, block_size = q.shape[0], k_cache.shape[1]
+    num_blocks = -(-meta.max_seq_len // block_size)
+    table = meta.block_tables[:, :num_blocks].long()
+    k = k_cache[table].flatten(1, 2).transpose(1, 2)  # [B, kv_heads, ctx, dim]
+    v = v_cache[table].flatten(1, 2).transpose(1, 2)
+    mask = torch.arange(k.shape[2], device=q.device)[None, :] < meta.seq_lens[:, None]
+    out = F.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=mask[:, None, None, :],
+                                         scale=scale, enable_gqa=True)
+    return out.view(num_seqs, *q.shape[1:])
+
+
+class TorchAttentionBackend:
+    name = "torch"
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        if meta.is_decode_only:
+            return paged_decode_ref(q, k_cache, v_cache, meta, scale)
+        return paged_attention_ref(q, k_cache, v_cache, meta, scale)

@@ -1,0 +1,64 @@
+"""EngineConfig: every engine knob in one place, checked before anything is loaded."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "data" / "models" / "minivllm-tiny"
+
+
+@dataclass
+class EngineConfig:
+    model: str | Path | None = None  # None: the embedded default in data/models/minivllm-tiny
+    dtype: str | torch.dtype = "auto"
+    device: str = "auto"
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    gpu_memory_utilization: float = 0.9
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    attention_backend: str = "auto"
+    seed: int = 0
+    trace_steps: int = 1000  # how many recent steps the step trace keeps (0: none)
+
+    def __post_init__(self) -> None:
+        if self.model is None:
+            self.model = DEFAULT_MODEL
+        self.model = Path(self.model)
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if self.num_kv_blocks is not None and (not isinstance(self.num_kv_blocks, int) or self.num_kv_blocks < 1):
+            raise ValueError(f"num_kv_blocks must be a positive integer, got {self.num_kv_blocks!r}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.device == "auto":
+            self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        if self.attention_backend not in ("auto", "torch", "triton"):
+            raise ValueError(f"attention_backend must be 'auto', 'torch' or 'triton', got {self.attention_backend!r}")
+
+    def resolve_dtype(self, checkpoint_dtype: torch.dtype | None) -> torch.dtype:
+        """float32 on CPU; on CUDA the checkpoint's half type, bf16 only where the GPU supports it (sm >= 8.0)."""
+        if isinstance(self.dtype, torch.dtype):
+            return self.dtype
+        if self.dtype != "auto":
+            names = {"float32": torch.float32, "float16": torch.float16, "half": torch.float16,
+                     "bfloat16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+            if self.dtype not in names:
+                raise ValueError(f"dtype must be 'auto' or one of {sorted(names)}, got {self.dtype!r}")
+            return names[self.dtype]
+        if not self.device.startswith("cuda"):
+            return torch.float32
+        bf16_ok = torch.cuda.get_device_capability(torch.device(self.device))[0] >= 8
+        if checkpoint_dtype == torch.bfloat16 or checkpoint_dtype in (None, torch.float32):
+            return torch.bfloat16 if bf16_ok else torch.float16
+        return torch.float16

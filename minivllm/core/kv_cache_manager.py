@@ -1,0 +1,107 @@
+"""KVCacheManager: each request's block table (logical block -> physical block) and prefix caching.
+
+Blocks are allocated on demand as a sequence grows and returned when it finishes, is aborted or is
+preempted. With prefix caching, every *full* block is named by a hash chained to its parent's, so the
+same tokens after the same prefix always get the same hash, and a new request can reuse those blocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from minivllm.core.block_pool import BlockPool
+from minivllm.request import Request
+
+
+def hash_block(parent_hash: int | None, token_ids: Sequence[int]) -> int:
+    """The name of a full block: its tokens *and* everything before them, through the parent's hash."""
+    return hash((parent_hash, tuple(token_ids)))
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        self.block_size = block_size
+        self.pool = BlockPool(num_blocks)
+        self.enable_prefix_caching = enable_prefix_caching
+        self.block_tables: dict[str, list[int]] = {}
+        self.block_hashes: dict[str, list[int]] = {}  # hashes of a request's full, computed blocks
+        self.events: list[tuple[str, str, int]] = []  # ("alloc"|"hit"|"free", request id, block id)
+        self.prefix_cache_queries = 0  # prompt tokens looked up
+        self.prefix_cache_hits = 0  # of which found in the cache
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def find_cached_prefix(self, request: Request) -> list[int]:
+        """Blocks already holding a prefix of this (new or preempted) request's tokens.
+
+        The last token is never served from the cache: its forward pass is what yields the logits for the
+        next token, so a fully cached prompt still computes one token.
+        """
+        if not self.enable_prefix_caching:
+            return []
+        tokens = request.all_token_ids
+        usable = (len(tokens) - 1) // self.block_size
+        hits, parent = [], None
+        for i in range(usable):
+            parent = hash_block(parent, tokens[i * self.block_size : (i + 1) * self.block_size])
+            block_id = self.pool.lookup(parent)
+            if block_id is None:
+                break
+            hits.append(block_id)
+        return hits
+
+    def allocate(self, request: Request, num_new_tokens: int, cached_blocks: Sequence[int] = ()) -> bool:
+        """Make room for `num_new_tokens` more tokens (after any `cached_blocks`); False if it can't.
+
+        All or nothing: when the pool is short, nothing changes, and the scheduler decides what to preempt.
+        """
+        rid = request.request_id
+        table = self.block_tables.get(rid, [])
+        num_tokens = request.num_computed_tokens + len(cached_blocks) * self.block_size + num_new_tokens
+        num_new_blocks = max(self.blocks_needed(num_tokens) - len(table) - len(cached_blocks), 0)
+        idle_hits = sum(1 for b in cached_blocks if self.pool.blocks[b].ref_cnt == 0)
+        if num_new_blocks + idle_hits > self.pool.num_free_blocks:
+            return False
+        table = self.block_tables.setdefault(rid, [])
+        for block_id in cached_blocks:
+            self.pool.touch(block_id)
+            table.append(block_id)
+            self.events.append(("hit", rid, block_id))
+        for _ in range(num_new_blocks):
+            table.append(self.pool.allocate())
+            self.events.append(("alloc", rid, table[-1]))
+        if cached_blocks:
+            self.block_hashes[rid] = [self.pool.blocks[b].block_hash for b in cached_blocks]
+        return True
+
+    def cache_full_blocks(self, request: Request) -> None:
+        """After a step, name every block that became full (its tokens' K/V are now all computed)."""
+        if not self.enable_prefix_caching:
+            return
+        rid, bs = request.request_id, self.block_size
+        hashes = self.block_hashes.setdefault(rid, [])
+        tokens, table = request.all_token_ids, self.block_tables[rid]
+        for i in range(len(hashes), request.num_computed_tokens // bs):
+            hashes.append(hash_block(hashes[-1] if hashes else None, tokens[i * bs : (i + 1) * bs]))
+            self.pool.cache(table[i], hashes[-1])
+
+    def record_prefix_lookup(self, num_prompt_tokens: int, num_hit_tokens: int) -> None:
+        self.prefix_cache_queries += num_prompt_tokens
+        self.prefix_cache_hits += num_hit_tokens
+
+    def free(self, request: Request) -> None:
+        """Return a request's blocks, tail first, so its shared head stays cached longest."""
+        rid = request.request_id
+        for block_id in reversed(self.block_tables.pop(rid, [])):
+            self.pool.free(block_id)
+            self.events.append(("free", rid, block_id))
+        self.block_hashes.pop(rid, None)
+
+    def drain_events(self) -> list[tuple[str, str, int]]:
+        events, self.events = self.events, []
+        return events

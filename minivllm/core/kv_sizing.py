@@ -1,0 +1,29 @@
+"""How big a KV block is, and how many fit in a memory budget: the arithmetic behind `num_kv_blocks`.
+
+A block id spans every layer: block b is one slot range of `block_size` tokens in each layer's K and V
+tensors. So one block costs 2 (K and V) x layers x block_size x kv_heads x head_dim x bytes per element.
+"""
+
+from __future__ import annotations
+
+# Without a GPU there is no memory to profile; this is the KV budget used on CPU unless
+# `kv_cache_memory_bytes` says otherwise (vLLM's CPU backend has a similar fixed knob).
+DEFAULT_CPU_KV_CACHE_BYTES = 512 * 2**20
+
+
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
+    return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes
+
+
+def kv_bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
+                       dtype_bytes: int) -> int:
+    return block_size * kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype_bytes)
+
+
+def num_blocks_for_budget(budget_bytes: int, bytes_per_block: int) -> int:
+    return budget_bytes // bytes_per_block
+
+
+def gpu_kv_budget(total_bytes: int, gpu_memory_utilization: float, peak_used_bytes: int) -> int:
+    """What is left for KV blocks: our share of the GPU, minus weights and the profiled activation peak."""
+    return int(total_bytes * gpu_memory_utilization) - peak_used_bytes

@@ -1,0 +1,70 @@
+"""LLM: the offline API, as in vLLM: `LLM(model).generate(prompts, SamplingParams(...))`."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence
+
+from tqdm.auto import tqdm
+
+from minivllm.config import EngineConfig
+from minivllm.engine.llm_engine import LLMEngine, PromptType
+from minivllm.outputs import RequestOutput
+from minivllm.sampling_params import SamplingParams
+
+
+class LLM:
+    """Load a model once, then generate for batches of prompts with continuous batching underneath."""
+
+    def __init__(self, model: str | None = None, **kwargs) -> None:
+        self.engine = LLMEngine(EngineConfig(model=model, **kwargs))
+        self._ids = itertools.count()
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(self, prompts: PromptType | Sequence[PromptType],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs come back in input order."""
+        if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params = [sampling_params] * len(prompts)
+        else:
+            params = list(sampling_params)
+            if len(params) != len(prompts):
+                raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+        batch = [self.engine.make_requests(str(next(self._ids)), p, sp) for p, sp in zip(prompts, params)]
+        for reqs in batch:  # everything validated: now queue it
+            self.engine.enqueue(reqs)
+        order = {reqs[0].parent_id: i for i, reqs in enumerate(batch)}
+        results: list[RequestOutput | None] = [None] * len(batch)
+        with tqdm(total=len(batch), desc="generate", disable=not use_tqdm) as bar:
+            stats, t0 = self.engine.stats(), time.perf_counter()
+            while self.engine.has_unfinished_requests():
+                for out in self.engine.step():
+                    if out.finished and out.request_id in order:
+                        results[order[out.request_id]] = out
+                        bar.update(1)
+                if use_tqdm:
+                    bar.set_postfix_str(self._speed(stats, t0))
+        return results
+
+    def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | None = None,
+             use_tqdm: bool = True) -> list[RequestOutput]:
+        """Generate replies to conversations, formatted by the tokenizer's chat template."""
+        if self.tokenizer is None:
+            raise ValueError("this model has no tokenizer, so it has no chat template")
+        convos = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [{"prompt_token_ids": self.tokenizer.apply_chat_template(c)} for c in convos]
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def _speed(self, before: dict, t0: float) -> str:
+        now, dt = self.engine.stats(), max(time.perf_counter() - t0, 1e-9)
+        prefill = now["num_prefill_tokens_computed"] - before["num_prefill_tokens_computed"]
+        decode = now["num_generated_tokens"] - before["num_generated_tokens"]
+        return f"prefill {prefill / dt:.0f} tok/s, decode {decode / dt:.0f} tok/s"

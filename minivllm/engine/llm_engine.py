@@ -1,0 +1,244 @@
+"""LLMEngine: the loop that wires tokenizer, scheduler, KV-cache manager and model runner together.
+
+    add_request -> Request(WAITING) -> step(): schedule -> execute -> update -> RequestOutput
+
+It is the only place that knows all the parts; each of them knows only its own job.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from pathlib import Path
+
+import torch
+
+from minivllm.config import EngineConfig
+from minivllm.core.kv_cache_manager import KVCacheManager
+from minivllm.core.scheduler import Scheduler, SchedulerOutput
+from minivllm.engine.trace import ScheduledEntry, StepTrace, group_events
+from minivllm.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from minivllm.request import Request
+from minivllm.runner.model_runner import ModelRunner
+from minivllm.sampling_params import SamplingParams
+from minivllm.tokenizer import Tokenizer, find_stop_string
+
+PromptType = str | list[int] | dict
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.runner = ModelRunner(config)
+        mc = self.runner.model_config
+        has_tokenizer = any((Path(config.model) / f).is_file() for f in ("tokenizer.json", "tokenizer.model"))
+        self.tokenizer = Tokenizer(config.model) if has_tokenizer else None
+        self.vocab_size = mc.vocab_size
+        eos = self.tokenizer.eos_token_id if self.tokenizer else None
+        if eos is None:
+            eos = mc.eos_token_id[0] if isinstance(mc.eos_token_id, list) else mc.eos_token_id
+        self.eos_token_id = eos
+        capacity = self.runner.num_blocks * config.block_size
+        if config.max_model_len is None:
+            config.max_model_len = min(mc.max_position_embeddings, capacity)
+        elif config.max_model_len > mc.max_position_embeddings:
+            raise ValueError(f"max_model_len {config.max_model_len} exceeds the model's "
+                             f"max_position_embeddings {mc.max_position_embeddings}")
+        self.kv = KVCacheManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
+                                   config.enable_chunked_prefill)
+        self.groups: dict[str, list[Request]] = {}  # user request id -> its n sequences
+        self.trace: deque[StepTrace] = deque(maxlen=config.trace_steps or 0)
+        self._pending: list[RequestOutput] = []  # aborted requests, reported by the next step
+        self.num_steps = 0
+        self.num_prefill_tokens_computed = 0
+        self.num_decode_tokens = 0
+        self.num_generated_tokens = 0
+
+    # ---- requests in -------------------------------------------------------------------------------
+    def make_requests(self, request_id: str, prompt: PromptType, params: SamplingParams | None = None,
+                      arrival_time: float | None = None) -> list[Request]:
+        """Validate and tokenize one request (n sequences), without queueing it: errors come before work."""
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+        if request_id in self.groups:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        text, ids = self._tokenize(prompt)
+        if not ids:
+            raise ValueError("prompt is empty")
+        bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
+        max_len = self.config.max_model_len
+        if len(ids) >= max_len:
+            raise ValueError(f"prompt has {len(ids)} tokens; max_model_len is {max_len}, "
+                             f"which leaves no room for output")
+        arrival = time.monotonic() if arrival_time is None else arrival_time
+        reqs = []
+        for i in range(params.n):
+            req = Request(request_id if params.n == 1 else f"{request_id}#{i}", list(ids), params, text,
+                          self.eos_token_id, max_len, arrival, parent_id=request_id, index=i)
+            if params.seed is not None:
+                req.generator = torch.Generator(device=self.runner.device).manual_seed(params.seed + i)
+            if self.tokenizer is not None:
+                req.detokenizer = self.tokenizer.start_detokenizer(len(ids))
+            reqs.append(req)
+        need = self.kv.blocks_needed(reqs[0].max_total_tokens)
+        if need > self.kv.pool.num_blocks:
+            raise ValueError(f"request needs up to {need} KV blocks but the cache has only "
+                             f"{self.kv.pool.num_blocks}: lower max_tokens or add blocks")
+        return reqs
+
+    def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            if "prompt" in prompt:
+                prompt = prompt["prompt"]
+            else:
+                raise ValueError("a dict prompt needs 'prompt' or 'prompt_token_ids'")
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt is empty")
+            if self.tokenizer is None:
+                raise ValueError(f"{self.config.model} has no tokenizer: pass prompt_token_ids instead of text")
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, (list, tuple)):
+            return None, list(prompt)
+        raise ValueError(f"prompt must be a str, a list of token ids or a dict, got {type(prompt).__name__}")
+
+    def enqueue(self, reqs: list[Request]) -> None:
+        self.groups[reqs[0].parent_id] = reqs
+        for r in reqs:
+            self.scheduler.add(r)
+
+    def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams | None = None,
+                    arrival_time: float | None = None) -> None:
+        self.enqueue(self.make_requests(request_id, prompt, params, arrival_time))
+
+    def abort_request(self, request_id: str) -> None:
+        """Stop a request wherever it is; its blocks go back at once, its output comes with the next step."""
+        reqs = self.groups.pop(request_id, None)
+        if reqs is None:
+            return
+        for r in reqs:
+            if not r.is_finished:
+                self.scheduler.finish(r, "abort")
+                r.finish_time = time.monotonic()
+        self._pending.append(self._output(reqs))
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished() or bool(self._pending)
+
+    # ---- one step ----------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run the model once, and turn new tokens into outputs for every request touched."""
+        start = time.perf_counter()
+        outputs, self._pending = self._pending, []
+        sched = self.scheduler.schedule()
+        if not sched:
+            return outputs
+        tokens = self.runner.execute(sched, self.kv.block_tables)
+        self.scheduler.update_after_step(sched)
+        entries, touched, finished = self._apply_tokens(sched, tokens)
+        outputs += [self._output(self.groups[pid]) for pid in touched]
+        for out in outputs:
+            if out.finished:
+                self.groups.pop(out.request_id, None)
+        self.num_steps += 1
+        self._record(sched, entries, finished, time.perf_counter() - start)
+        return outputs
+
+    def _apply_tokens(self, sched: SchedulerOutput, tokens: list[int]):
+        entries, touched, finished = [], {}, {}
+        sampled = iter(tokens)
+        now = time.monotonic()
+        for s in sched.scheduled:
+            req = s.request
+            kind = "prefill" if s.is_prefill else "decode"
+            if kind == "prefill":
+                self.num_prefill_tokens_computed += s.num_new_tokens
+            else:
+                self.num_decode_tokens += 1
+            entry = ScheduledEntry(req.request_id, s.num_new_tokens, kind, s.num_computed_before)
+            entries.append(entry)
+            if not s.samples:
+                continue
+            token = entry.sampled_token = next(sampled)
+            req.output_token_ids.append(token)
+            self.num_generated_tokens += 1
+            if req.first_token_time is None:
+                req.first_token_time = now
+            reason = self._check_stop(req, token)
+            if reason is not None:
+                self.scheduler.finish(req, reason)
+                req.finish_time = now
+                finished[req.request_id] = reason
+            touched[req.parent_id] = True
+        return entries, touched, finished
+
+    def _check_stop(self, req: Request, token: int) -> str | None:
+        """Update the request's text and say why it should stop now, if it should."""
+        params = req.params
+        if self.tokenizer is not None:
+            before = len(req.output_text)
+            req.output_text += self.tokenizer.detokenize_step(req.all_token_ids, req.detokenizer)
+            hit = find_stop_string(req.output_text, len(req.output_text) - before, params.stop_strings)
+            if hit is not None:
+                req.output_text = req.output_text[: hit[0]]
+                req.stop_reason = hit[1]
+                return "stop"
+        if token in params.stop_token_ids:
+            req.stop_reason = token
+            return "stop"
+        if not params.ignore_eos and token == req.eos_token_id:
+            return "stop"
+        if req.num_tokens >= req.max_total_tokens:
+            return "length"
+        return None
+
+    def _output(self, reqs: list[Request]) -> RequestOutput:
+        first = reqs[0]
+        completions = [CompletionOutput(r.index, r.output_text, list(r.output_token_ids), r.finish_reason,
+                                        r.stop_reason) for r in reqs]
+        times = [r.first_token_time for r in reqs if r.first_token_time is not None]
+        metrics = RequestMetrics(first.arrival_time, first_token_time=min(times) if times else None,
+                                 finished_time=max((r.finish_time or 0) for r in reqs) or None)
+        return RequestOutput(first.parent_id, first.prompt, first.prompt_token_ids, completions,
+                             all(r.is_finished for r in reqs), max(first.num_cached_tokens, 0), metrics,
+                             sum(r.num_preemptions for r in reqs))
+
+    def _record(self, sched: SchedulerOutput, entries, finished, duration: float) -> None:
+        if self.trace.maxlen == 0:
+            self.kv.drain_events()
+            return
+        events = self.kv.drain_events()
+        pool = self.kv.pool
+        self.trace.append(StepTrace(
+            step=self.num_steps, duration_s=duration, scheduled=entries, preempted=list(sched.preempted),
+            finished=finished, allocated=group_events(events, "alloc"), cache_hits=group_events(events, "hit"),
+            freed=group_events(events, "free"),
+            block_tables={rid: list(t) for rid, t in self.kv.block_tables.items()},
+            waiting=[r.request_id for r in self.scheduler.waiting],
+            running=[r.request_id for r in self.scheduler.running],
+            num_free_blocks=pool.num_free_blocks, num_total_blocks=pool.num_blocks,
+            shared_blocks={b.block_id: b.ref_cnt for b in pool.blocks if b.ref_cnt > 1}))
+
+    # ---- numbers -----------------------------------------------------------------------------------
+    def stats(self) -> dict:
+        kv = self.kv
+        return {
+            "num_total_blocks": kv.pool.num_blocks,
+            "num_free_blocks": kv.num_free_blocks,
+            "num_waiting": len(self.scheduler.waiting),
+            "num_running": len(self.scheduler.running),
+            "num_preemptions": self.scheduler.num_preemptions,
+            "num_steps": self.num_steps,
+            "num_prefill_tokens_computed": self.num_prefill_tokens_computed,
+            "num_decode_tokens": self.num_decode_tokens,
+            "num_generated_tokens": self.num_generated_tokens,
+            "prefix_cache_queries": kv.prefix_cache_queries,
+            "prefix_cache_hits": kv.prefix_cache_hits,
+            "prefix_cache_hit_rate": kv.prefix_cache_hits / kv.prefix_cache_queries if kv.prefix_cache_queries else 0.0,
+        }

@@ -1,0 +1,6 @@
+"""The Llama-family decoder (Llama, TinyLlama, Mistral, Qwen2, Qwen3) and its Hugging Face loader."""
+
+from minivllm.model.llama import LlamaForCausalLM
+from minivllm.model.loader import load_model, read_model_config
+
+__all__ = ["LlamaForCausalLM", "load_model", "read_model_config"]

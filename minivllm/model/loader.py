@@ -1,0 +1,133 @@
+"""Load a Hugging Face checkpoint directory (config.json + *.safetensors) into our decoder.
+
+The config is parsed by transformers' AutoConfig and the tensors are read with safetensors, shard by shard,
+straight into the (possibly fused) parameters, so nothing is held twice in memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from minivllm.model.llama import LlamaForCausalLM
+
+SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
+# checkpoint name -> (our fused parameter, which shard of it)
+PACKED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+          "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+
+
+@dataclass
+class ModelConfig:
+    """The handful of numbers the engine needs, normalised across model families and transformers versions."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    qk_norm: bool
+    torch_dtype: torch.dtype | None
+    eos_token_id: int | list[int] | None
+    hf_config: object = None
+
+
+def read_model_config(path: str | Path) -> ModelConfig:
+    """Parse config.json with transformers; raise ValueError naming the path when it isn't usable."""
+    from transformers import AutoConfig
+
+    path = Path(path)
+    if not path.is_dir():
+        raise ValueError(f"model directory not found: {path}")
+    if not (path / "config.json").is_file():
+        raise ValueError(f"no config.json in model directory {path}")
+    try:
+        hf = AutoConfig.from_pretrained(path, local_files_only=True)
+    except Exception as e:  # transformers raises many kinds; we only promise a ValueError
+        raise ValueError(f"malformed config.json in {path}: {e}") from e
+    if hf.model_type not in SUPPORTED:
+        raise ValueError(f"{path}: model_type {hf.model_type!r} is not supported (supported: {SUPPORTED})")
+    heads = hf.num_attention_heads
+    rope = dict(getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {})
+    theta = rope.get("rope_theta", getattr(hf, "rope_theta", 10000.0))
+    dtype = getattr(hf, "dtype", None) or getattr(hf, "torch_dtype", None)
+    return ModelConfig(
+        model_type=hf.model_type, vocab_size=hf.vocab_size, hidden_size=hf.hidden_size,
+        intermediate_size=hf.intermediate_size, num_layers=hf.num_hidden_layers, num_heads=heads,
+        num_kv_heads=getattr(hf, "num_key_value_heads", None) or heads,
+        head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // heads,
+        rms_norm_eps=hf.rms_norm_eps, rope_theta=float(theta),
+        rope_scaling=rope if rope.get("rope_type", rope.get("type", "default")) != "default" else None,
+        max_position_embeddings=hf.max_position_embeddings,
+        tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
+        qkv_bias=hf.model_type == "qwen2" or bool(getattr(hf, "attention_bias", False)),
+        qk_norm=hf.model_type == "qwen3",
+        torch_dtype=getattr(torch, dtype) if isinstance(dtype, str) else dtype,
+        eos_token_id=hf.eos_token_id, hf_config=hf,
+    )
+
+
+def load_model(path: str | Path, cfg: ModelConfig, backend, dtype: torch.dtype, device: str) -> LlamaForCausalLM:
+    """Build the model without initialising weights, then copy every checkpoint tensor into place."""
+    path = Path(path)
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"no *.safetensors weights in model directory {path}")
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg, backend)
+    model = model.to_empty(device=device).to(dtype)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    params = dict(model.named_parameters())
+    loaded: set[str] = set()
+    for file in files:
+        with safe_open(file, framework="pt", device="cpu") as f:
+            for name in f.keys():
+                if "rotary_emb" in name or (cfg.tie_word_embeddings and name == "lm_head.weight"):
+                    continue
+                target, shard = name, None
+                for ckpt_name, (fused, idx) in PACKED.items():
+                    if f".{ckpt_name}." in name:
+                        target, shard = name.replace(ckpt_name, fused), idx
+                if target not in params:
+                    raise ValueError(f"{file}: unexpected tensor {name!r} for a {cfg.model_type} model")
+                param, tensor = params[target], f.get_tensor(name)
+                if shard is not None:
+                    module = model.get_submodule(target.rsplit(".", 2)[0])
+                    offset = sum(module.shard_sizes[:shard])
+                    param = param.data.narrow(0, offset, module.shard_sizes[shard])
+                if param.shape != tensor.shape:
+                    raise ValueError(f"{file}: {name} has shape {tuple(tensor.shape)}, "
+                                     f"expected {tuple(param.shape)}")
+                with torch.no_grad():
+                    param.copy_(tensor)
+                loaded.add(f"{target}#{shard}")
+    expected = {f"{n}#{s}" for n in params for s in _shards(model, n)}
+    if cfg.tie_word_embeddings:
+        expected.discard("lm_head.weight#None")
+    missing = sorted(expected - loaded)
+    if missing:
+        raise ValueError(f"{path}: checkpoint is missing weights: {', '.join(missing[:5])}"
+                         + (" ..." if len(missing) > 5 else ""))
+    model.model.rotary_emb.build()
+    return model.eval()
+
+
+def _shards(model: torch.nn.Module, param_name: str) -> list[int | None]:
+    module = model.get_submodule(param_name.rsplit(".", 2)[0])
+    if any(param_name.endswith(f"{fused}.{kind}") for fused in ("qkv_proj", "gate_up_proj")
+           for kind in ("weight", "bias")):
+        return list(range(len(module.shard_sizes)))
+    return [None]

@@ -1,0 +1,74 @@
+"""Request: one sequence's state as it moves waiting -> running -> finished (and back, if preempted)."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from minivllm.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"  # waiting again, after its blocks were taken back
+    FINISHED = "finished"
+
+
+@dataclass
+class Request:
+    """Everything the scheduler and runner need to know about one sequence.
+
+    `num_computed_tokens` is the heart of it: tokens whose K/V are in the cache. A step schedules
+    `num_tokens - num_computed_tokens` more (the whole prompt, a chunk of it, or the one token sampled
+    last step), so prefill, chunked prefill, decode and recompute-after-preemption are one rule.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    prompt: str | None = None
+    eos_token_id: int | None = None
+    max_model_len: int = 2048
+    arrival_time: float = field(default_factory=time.monotonic)
+    output_token_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = -1  # prompt tokens served by the prefix cache, set on first schedule
+    num_preemptions: int = 0
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    finish_reason: str | None = None  # "stop", "length" or "abort"
+    stop_reason: int | str | None = None
+    output_text: str = ""
+    generator: torch.Generator | None = None  # only when params.seed is set
+    parent_id: str | None = None  # the user's request id when SamplingParams.n > 1
+    index: int = 0  # which of the n completions this is
+    detokenizer: object = None  # tokenizer.DetokenizerState while text is produced
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == RequestStatus.FINISHED
+
+    @property
+    def max_total_tokens(self) -> int:
+        """Prompt plus the most output this request may produce, capped by the model's window."""
+        limit = self.max_model_len
+        if self.params.max_tokens is not None:
+            limit = min(limit, self.num_prompt_tokens + self.params.max_tokens)
+        return limit

@@ -1,0 +1,1 @@
+"""The model runner: turns a scheduled step into tensors, runs the model, samples."""

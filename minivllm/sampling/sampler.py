@@ -1,0 +1,96 @@
+"""Sampler: one batched pass from logits to next tokens, each request with its own parameters.
+
+Order, as in vLLM and transformers: repetition penalty on the raw logits, then temperature, then the
+top-k / top-p / min-p filters, then a draw. (The lecture lists the penalty after the filters; applying it
+first is what both libraries do, and it means greedy decoding can use a penalty too.)
+
+A draw is argmax(probs / E) with E ~ Exponential(1): this equals sampling from probs, and lets a request
+with its own `seed` take its noise from its own generator, so its tokens do not depend on its neighbours.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from minivllm.request import Request
+
+
+@dataclass
+class SamplingBatch:
+    """Per-row parameters as tensors, built once per step from the requests being sampled."""
+
+    temperature: torch.Tensor  # [B] float, 0 = greedy
+    top_k: torch.Tensor  # [B] long, 0 = off
+    top_p: torch.Tensor  # [B] float, 1 = off
+    min_p: torch.Tensor  # [B] float, 0 = off
+    repetition_penalty: torch.Tensor  # [B] float, 1 = off
+    requests: list[Request]
+
+    @classmethod
+    def from_requests(cls, requests: list[Request], device: torch.device | str) -> SamplingBatch:
+        def col(name, dtype):
+            return torch.tensor([getattr(r.params, name) for r in requests], dtype=dtype, device=device)
+
+        return cls(col("temperature", torch.float32), col("top_k", torch.long), col("top_p", torch.float32),
+                   col("min_p", torch.float32), col("repetition_penalty", torch.float32), requests)
+
+
+def apply_repetition_penalty(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Make every token already in the prompt or the output less likely (divide if > 0, multiply if < 0)."""
+    rows = (batch.repetition_penalty != 1.0).nonzero().flatten().tolist()
+    for i in rows:
+        seen = torch.tensor(sorted(set(batch.requests[i].all_token_ids)), device=logits.device)
+        penalty = batch.repetition_penalty[i]
+        picked = logits[i, seen]
+        logits[i, seen] = torch.where(picked > 0, picked / penalty, picked * penalty)
+    return logits
+
+
+def apply_top_k_top_p_min_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                            min_p: torch.Tensor) -> torch.Tensor:
+    """Set filtered-out logits to -inf. Rows whose filters are off come back unchanged."""
+    vocab = logits.shape[-1]
+    if (top_k > 0).any():
+        k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab)
+        kth = logits.sort(dim=-1, descending=True).values.gather(1, (k - 1)[:, None])
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if (top_p < 1).any():
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        before = probs.cumsum(dim=-1) - probs  # mass of the tokens ranked above each one
+        drop_sorted = before >= top_p[:, None]  # the top token always survives (before = 0)
+        logits = logits.masked_fill(drop_sorted.scatter(1, order, drop_sorted), float("-inf"))
+    if (min_p > 0).any():
+        probs = logits.softmax(dim=-1)
+        logits = logits.masked_fill(probs < min_p[:, None] * probs.max(dim=-1, keepdim=True).values,
+                                    float("-inf"))
+    return logits
+
+
+class Sampler:
+    def __init__(self, seed: int = 0) -> None:
+        self.generator: torch.Generator | None = None
+        self.seed = seed
+
+    def _exponential_noise(self, probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        if self.generator is None or self.generator.device != probs.device:
+            self.generator = torch.Generator(device=probs.device).manual_seed(self.seed)
+        noise = torch.empty_like(probs).exponential_(generator=self.generator)
+        for i, req in enumerate(batch.requests):
+            if req.generator is not None:  # seeded requests draw from their own stream
+                noise[i].exponential_(generator=req.generator)
+        return noise
+
+    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        """logits: [B, vocab] float32 -> next token ids [B]."""
+        logits = apply_repetition_penalty(logits, batch)
+        greedy = batch.temperature == 0
+        if greedy.all():
+            return logits.argmax(dim=-1)
+        temperature = torch.where(greedy, 1.0, batch.temperature)
+        logits = apply_top_k_top_p_min_p(logits / temperature[:, None], batch.top_k, batch.top_p, batch.min_p)
+        probs = logits.softmax(dim=-1)
+        sampled = (probs / self._exponential_noise(probs, batch)).argmax(dim=-1)
+        return torch.where(greedy, logits.argmax(dim=-1), sampled)

@@ -1,0 +1,66 @@
+"""Tokenizer: text <-> token ids through transformers' AutoTokenizer, plus incremental detokenization.
+
+Decoding one token at a time is wrong for byte-level BPE and SentencePiece: a character may span several
+tokens, and spaces depend on the token before. So each step decodes a small window of recent tokens twice
+(with and without the new ones) and emits only the difference, holding back text that ends in the
+replacement character U+FFFD (an unfinished multi-byte character).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class DetokenizerState:
+    prefix_offset: int  # start of the context window, in all_token_ids
+    read_offset: int  # tokens before this are already turned into text
+
+
+class Tokenizer:
+    def __init__(self, path: str | Path) -> None:
+        from transformers import AutoTokenizer
+
+        self.hf = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        self.eos_token_id: int | None = self.hf.eos_token_id
+        self.vocab_size = len(self.hf)
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf(text).input_ids
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.hf.decode(token_ids, skip_special_tokens=True)
+
+    def apply_chat_template(self, messages: list[dict]) -> list[int]:
+        text = self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return self.hf(text, add_special_tokens=False).input_ids
+
+    def start_detokenizer(self, num_prompt_tokens: int) -> DetokenizerState:
+        """The window starts a few prompt tokens back, so the first output token gets its leading space."""
+        return DetokenizerState(max(num_prompt_tokens - 5, 0), num_prompt_tokens)
+
+    def detokenize_step(self, all_token_ids: list[int], state: DetokenizerState) -> str:
+        """Text contributed by the tokens after `state.read_offset` (may be empty while a char is split)."""
+        ids = self.hf.convert_ids_to_tokens(all_token_ids[state.prefix_offset :])
+        n_prefix = state.read_offset - state.prefix_offset
+        prefix_text = self._join(ids[:n_prefix])
+        full_text = self._join(ids)
+        if len(full_text) > len(prefix_text) and not full_text.endswith("\ufffd"):
+            state.prefix_offset, state.read_offset = state.read_offset, len(all_token_ids)
+            return full_text[len(prefix_text) :]
+        return ""
+
+    def _join(self, tokens: list[str]) -> str:
+        special = set(self.hf.all_special_tokens)
+        return self.hf.convert_tokens_to_string([t for t in tokens if t not in special])
+
+
+def find_stop_string(text: str, new_len: int, stops: list[str]) -> tuple[int, str] | None:
+    """Earliest stop string that ends inside the last `new_len` characters: (its start, the string)."""
+    best = None
+    for stop in stops:
+        start = text.find(stop, max(len(text) - new_len - len(stop) + 1, 0))
+        if start != -1 and (best is None or start < best[0]):
+            best = (start, stop)
+    return best

@@ -1,0 +1,55 @@
+"""Shared fixtures: tiny random checkpoints written by transformers itself, so tests need no network.
+
+TRITON_INTERPRET must be set before triton is first imported, so it is set here, at collection time:
+Triton kernels then run on CPU tensors through the interpreter.
+"""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+TINY = dict(vocab_size=251, hidden_size=64, intermediate_size=136, num_hidden_layers=3, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.2, bos_token_id=None,
+            eos_token_id=None, pad_token_id=0)
+EMBEDDED = Path(__file__).resolve().parent.parent / "data" / "models" / "minivllm-tiny"
+
+
+def build_checkpoint(kind: str, path: Path, **overrides):
+    """Save a random-initialised tiny model of one family; returns the transformers model (eval mode)."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    cfg = {**TINY, **overrides}
+    if kind == "llama":
+        model = tf.LlamaForCausalLM(tf.LlamaConfig(**{"tie_word_embeddings": False, **cfg}))
+    elif kind == "qwen2":
+        model = tf.Qwen2ForCausalLM(tf.Qwen2Config(**{"tie_word_embeddings": True, **cfg}))
+    elif kind == "qwen3":
+        model = tf.Qwen3ForCausalLM(tf.Qwen3Config(**{"head_dim": 24, "tie_word_embeddings": False, **cfg}))
+    else:
+        raise ValueError(kind)
+    model.save_pretrained(path)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory) -> dict:
+    """{kind: (path, hf_model)} for llama, qwen2 and qwen3."""
+    root = tmp_path_factory.mktemp("ckpt")
+    return {kind: (root / kind, build_checkpoint(kind, root / kind)) for kind in ("llama", "qwen2", "qwen3")}
+
+
+@pytest.fixture(scope="session")
+def llama_path(checkpoints) -> Path:
+    return checkpoints["llama"][0]
+
+
+def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
+                         do_sample=False)
+    return out[0, len(prompt):].tolist()
