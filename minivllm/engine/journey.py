@@ -38,4 +38,6 @@ def format_journey(trace: Iterable[StepTrace], max_lines: int = 40) -> str:
             quiet += 1
     if quiet:
         lines.append(f"  ... {quiet} decode step(s) ...")
-    return "\n".join(lines[:max_lines] + ([f"  ({len(lines) - max_lines} more lines)"] if len(lines) > max_lines else []))
+    if len(lines) > max_lines:
+        lines = lines[:max_lines] + [f"  ({len(lines) - max_lines} more lines)"]
+    return "\n".join(lines)

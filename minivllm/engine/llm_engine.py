@@ -146,8 +146,8 @@ class LLMEngine:
         for out in outputs:
             if out.finished:
                 self.groups.pop(out.request_id, None)
-        self.num_steps += 1
         self._record(sched, entries, finished, time.perf_counter() - start)
+        self.num_steps += 1
         return outputs
 
     def _apply_tokens(self, sched: SchedulerOutput, tokens: list[int]):
@@ -240,5 +240,5 @@ class LLMEngine:
             "num_generated_tokens": self.num_generated_tokens,
             "prefix_cache_queries": kv.prefix_cache_queries,
             "prefix_cache_hits": kv.prefix_cache_hits,
-            "prefix_cache_hit_rate": kv.prefix_cache_hits / kv.prefix_cache_queries if kv.prefix_cache_queries else 0.0,
+            "prefix_cache_hit_rate": kv.prefix_cache_hits / max(kv.prefix_cache_queries, 1),
         }

@@ -10,8 +10,12 @@ import torch
 
 from minivllm.attention import AttentionMetadata, get_attention_backend
 from minivllm.config import EngineConfig
-from minivllm.core.kv_sizing import (DEFAULT_CPU_KV_CACHE_BYTES, gpu_kv_budget, kv_bytes_per_block,
-                                     num_blocks_for_budget)
+from minivllm.core.kv_sizing import (
+    DEFAULT_CPU_KV_CACHE_BYTES,
+    gpu_kv_budget,
+    kv_bytes_per_block,
+    num_blocks_for_budget,
+)
 from minivllm.core.scheduler import SchedulerOutput
 from minivllm.model import load_model, read_model_config
 from minivllm.sampling import Sampler, SamplingBatch

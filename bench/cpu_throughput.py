@@ -1,0 +1,66 @@
+"""Offline throughput on CPU: minivllm versus transformers `generate`, same model, same workload, one run.
+
+Workload (issue 2): 64 requests, prompt and output lengths uniform in [16, 256], ignore_eos, seed 0.
+Greedy decoding on both sides, so the two do identical arithmetic per token.
+
+    python bench/cpu_throughput.py [--model PATH] [--requests 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import make_workload, transformers_throughput  # noqa: E402
+
+from minivllm import LLM, SamplingParams  # noqa: E402
+from minivllm.config import DEFAULT_MODEL  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=str(DEFAULT_MODEL))
+    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--min-len", type=int, default=16)
+    ap.add_argument("--max-len", type=int, default=256)
+    ap.add_argument("--hf-batch-sizes", default="8,16,32,64")
+    args = ap.parse_args()
+
+    llm = LLM(args.model, trace_steps=0)
+    vocab = llm.engine.vocab_size
+    work = make_workload(args.requests, (args.min_len, args.max_len), (args.min_len, args.max_len), vocab)
+    total_out = sum(n for _, n in work)
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}")
+    print(f"model: {args.model}; {len(work)} requests, {sum(len(p) for p, _ in work)} prompt tokens, "
+          f"{total_out} output tokens")
+
+    llm.generate([{"prompt_token_ids": p} for p, _ in work[:4]], SamplingParams(max_tokens=4), use_tqdm=False)
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in work]
+    start = time.perf_counter()
+    outs = llm.generate([{"prompt_token_ids": p} for p, _ in work], params, use_tqdm=False)
+    ours_s = time.perf_counter() - start
+    assert sum(len(o.outputs[0].token_ids) for o in outs) == total_out
+    ours = total_out / ours_s
+    print(f"minivllm:     {ours:8.1f} output tok/s ({ours_s:.1f} s, {llm.engine.stats()['num_steps']} steps)")
+    del llm
+
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    best = (0.0, 0, 0.0)
+    for bs in [int(b) for b in args.hf_batch_sizes.split(",")]:
+        tps, secs = transformers_throughput(hf, work, bs)
+        print(f"transformers: {tps:8.1f} output tok/s ({secs:.1f} s, batch size {bs})")
+        best = max(best, (tps, bs, secs))
+    print(f"ratio minivllm / best transformers (batch {best[1]}): {ours / best[0]:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
