@@ -15,5 +15,5 @@ def get_attention_backend(name: str, device: str):
     if name == "triton":
         from minivllm.attention.triton_backend import TritonAttentionBackend
 
-        return TritonAttentionBackend()
+        return TritonAttentionBackend(device)
     raise ValueError(f"attention_backend must be 'auto', 'torch' or 'triton', got {name!r}")

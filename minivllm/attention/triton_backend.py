@@ -1,0 +1,48 @@
+"""The Triton backend: the same contract as TorchAttentionBackend, done by the kernels in minivllm.kernels.
+
+Store the step's K/V, then one kernel launch per layer: the decode kernel when every request brings a
+single token (the common steady state, memory bound), the prefill kernel otherwise (prompts, chunks,
+mixed batches). On CPU the kernels run only under Triton's interpreter, which is slow but exact: tests use
+it to run the engine with this backend on machines without a GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minivllm.attention.metadata import AttentionMetadata
+from minivllm.kernels import interpreted, paged_decode_attention, paged_prefill_attention, store_kv
+
+
+def check_device(device: str | torch.device) -> None:
+    """Fail early and clearly where the kernels cannot run, instead of deep inside a Triton launch."""
+    device = torch.device(device)
+    if device.type == "cuda" or (device.type == "cpu" and interpreted()):
+        return
+    if device.type == "cpu":
+        raise ValueError("the Triton attention backend needs a CUDA device; on CPU use "
+                         "attention_backend='torch', or set TRITON_INTERPRET=1 before triton is first "
+                         "imported (slow: for testing)")
+    raise ValueError(f"the Triton attention backend does not support device {device}; use 'torch'")
+
+
+class TritonAttentionBackend:
+    name = "triton"
+
+    def __init__(self, device: str | torch.device | None = None) -> None:
+        self._checked: torch.device | None = None
+        if device is not None:
+            check_device(device)
+            self._checked = torch.device(device)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        if q.device != self._checked:  # once per device, not once per layer call
+            check_device(q.device)
+            self._checked = q.device
+        store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        if meta.is_decode_only:
+            return paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale,
+                                          max_seq_len=meta.max_seq_len)
+        return paged_prefill_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc,
+                                       meta.seq_lens, scale, meta.max_query_len)

@@ -1,0 +1,20 @@
+"""Triton kernels for the paged KV cache: store new K/V, decode attention, prefill attention.
+
+Each module holds one kernel (plus its launcher) and can be read on its own. On CPU they run only
+through Triton's interpreter, which is chosen when a kernel is defined: TRITON_INTERPRET=1 must be set
+before triton is first imported.
+"""
+
+from minivllm.kernels.paged_decode import choose_num_splits, paged_decode_attention
+from minivllm.kernels.paged_prefill import paged_prefill_attention
+from minivllm.kernels.store_kv import _store_kv_kernel, store_kv
+
+__all__ = ["choose_num_splits", "interpreted", "paged_decode_attention", "paged_prefill_attention",
+           "store_kv"]
+
+
+def interpreted() -> bool:
+    """True when the kernels were built for the CPU interpreter (TRITON_INTERPRET=1 at definition time)."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(_store_kv_kernel, InterpretedFunction)

@@ -1,0 +1,200 @@
+"""Paged decode attention: one new query token per request, attending over its whole cached context.
+
+Decode is memory bound: every step reads each request's entire K/V once and does little math with it.
+So the kernel is organised around reading K/V as few times as possible and keeping the GPU busy:
+
+* one program per (request, kv head) serves all the query heads that share that kv head (GQA), so each
+  K/V tile is loaded once for the whole group instead of once per query head;
+* the context is walked in tiles of BLOCK_N positions; each position's physical block comes from the
+  block table, so tiles need not line up with cache blocks (any block_size, partial last blocks);
+* online softmax (a running max m_i, running sum l_i and unnormalised output acc) means one pass over K/V;
+* split-K ("flash-decoding"): with few requests, (request, kv head) pairs alone cannot fill the GPU, so
+  each context is also cut into NUM_SPLITS slices processed by separate programs; each writes its
+  partial (m_i, l_i, acc) and a small reduce kernel merges them.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+MIN_TOKENS_PER_SPLIT = 256  # below this a slice is too short to pay for its share of the reduce
+MAX_SPLITS = 16
+
+
+@triton.jit
+def _paged_decode_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
+    out_ptr,  # [B, H, D] (used when NUM_SPLITS == 1)
+    part_acc_ptr, part_m_ptr, part_l_ptr,  # [B, H, NUM_SPLITS, D], [B, H, NUM_SPLITS] fp32 (split-K)
+    scale,
+    stride_qb, stride_qh,
+    stride_cb, stride_cs, stride_ch,  # cache strides: block, slot in block, kv head (head_dim stride 1)
+    stride_bt,
+    stride_ob, stride_oh,
+    head_dim,
+    QUERY_GROUP: tl.constexpr,  # query heads per kv head
+    KV_BLOCK_SIZE: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_G: tl.constexpr,  # QUERY_GROUP padded (>= 16: tl.dot needs at least 16 rows)
+    BLOCK_N: tl.constexpr,  # context positions per tile
+    BLOCK_D: tl.constexpr,  # head_dim padded to a power of two (>= 16)
+    DOT_PRECISION: tl.constexpr,  # "ieee" keeps fp32 exact on GPUs that would otherwise use tf32
+):
+    b = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + b)
+
+    # This program's slice of the context, in whole tiles; with short contexts a slice may be empty.
+    num_tiles = tl.cdiv(seq_len, BLOCK_N)
+    tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
+    tile_start = split * tiles_per_split
+    tile_end = tl.minimum(tile_start + tiles_per_split, num_tiles)
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    heads = kv_head * QUERY_GROUP + offs_g  # the query heads of this kv head's group
+    g_mask = offs_g < QUERY_GROUP
+    d_mask = offs_d < head_dim
+
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=g_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_G, BLOCK_D]
+    qk_scale = scale * 1.4426950408889634  # softmax via exp2 (the native instruction): fold in log2(e)
+
+    m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)  # running max of the scores
+    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)  # running sum of exp(score - m_i)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)  # running sum of exp(score - m_i) * v
+    table = block_tables_ptr + b.to(tl.int64) * stride_bt
+    for tile in range(tile_start, tile_end):
+        pos = tile * BLOCK_N + offs_n
+        n_mask = pos < seq_len  # the last tile may run past the context
+        # position -> physical block (block table) -> address of that position's row for this kv head
+        block = tl.load(table + pos // KV_BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+        rows = block * stride_cb + (pos % KV_BLOCK_SIZE) * stride_cs + kv_head * stride_ch
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)  # [N, D]
+        v = tl.load(v_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_G, BLOCK_N]
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+        # Every tile holds at least one real position, so m_new is finite and nothing becomes NaN.
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)  # rescales what was accumulated under the old max
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    out_mask = g_mask[:, None] & d_mask[None, :]
+    if NUM_SPLITS == 1:
+        out = acc / l_i[:, None]
+        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        # Partials stay unnormalised in fp32; an empty slice writes m_i=-inf, l_i=0, acc=0 (weight 0 later).
+        row = (b * tl.num_programs(1) * QUERY_GROUP + heads) * NUM_SPLITS + split  # [B, H, S] index
+        tl.store(part_m_ptr + row, m_i, mask=g_mask)
+        tl.store(part_l_ptr + row, l_i, mask=g_mask)
+        tl.store(part_acc_ptr + row[:, None] * head_dim + offs_d[None, :], acc, mask=out_mask)
+
+
+@triton.jit
+def _split_reduce_kernel(
+    part_acc_ptr, part_m_ptr, part_l_ptr, out_ptr,
+    stride_ob, stride_oh,
+    num_heads, head_dim,
+    NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """Merge the slices of one (request, query head): rescale each to the global max, then normalise."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_mask = offs_s < NUM_SPLITS
+    row = (b * num_heads + h) * NUM_SPLITS + offs_s
+    m_s = tl.load(part_m_ptr + row, mask=s_mask, other=float("-inf"))  # one value per slice
+    l_s = tl.load(part_l_ptr + row, mask=s_mask, other=0.0)
+    acc_s = tl.load(part_acc_ptr + row[:, None] * head_dim + offs_d[None, :],
+                  mask=s_mask[:, None] & (offs_d[None, :] < head_dim), other=0.0)
+    m_max = tl.max(m_s, axis=0)  # finite: the first slice is never empty
+    w = tl.exp2(m_s - m_max)  # each slice's weight under the global max; empty slices: exp2(-inf) = 0
+    out = tl.sum(acc_s * w[:, None], axis=0) / tl.sum(l_s * w, axis=0)
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty),
+             mask=offs_d < head_dim)
+
+
+def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
+    """How many slices to cut each context into so that the grid fills the GPU about twice over.
+
+    Enough (request, kv head) programs already fill it: no split. Otherwise split, but never into slices
+    shorter than MIN_TOKENS_PER_SPLIT tokens, nor into more than MAX_SPLITS.
+    """
+    programs = num_seqs * num_kv_heads
+    if programs >= num_sms:
+        return 1
+    wanted = triton.cdiv(2 * num_sms, programs)
+    return max(1, min(wanted, max_seq_len // MIN_TOKENS_PER_SPLIT, MAX_SPLITS))
+
+
+@functools.lru_cache
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 1  # the CPU interpreter runs programs one by one: splitting only adds work
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                           max_seq_len: int | None = None, num_splits: int | None = None,
+                           block_n: int = 64) -> torch.Tensor:
+    """Attention of one query per request over its paged context: q [B, H, D] -> [B, H, D].
+
+    caches: [num_blocks, block_size, kv_heads, D]; block_tables [B, max_blocks] int32; seq_lens [B] int32
+    (context length including the token being decoded). max_seq_len (a host int, so no device sync)
+    drives the automatic split-K choice; num_splits forces it (1 = no split).
+    """
+    num_seqs, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    assert num_heads % num_kv_heads == 0 and k_cache.stride() == v_cache.stride()
+    assert k_cache.stride(-1) == 1 and block_tables.stride(-1) == 1
+    assert block_n >= 16 and block_n & (block_n - 1) == 0, "tl.dot needs a power of two >= 16"
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if num_seqs == 0:
+        return out
+    if num_splits is None:
+        if max_seq_len is None:
+            max_seq_len = int(seq_lens.max())
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_seq_len, _num_sms(q.device))
+    group = num_heads // num_kv_heads
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    if num_splits > 1:
+        shape = (num_seqs, num_heads, num_splits)
+        part_acc = torch.empty(*shape, head_dim, dtype=torch.float32, device=q.device)
+        part_m = torch.empty(shape, dtype=torch.float32, device=q.device)
+        part_l = torch.empty_like(part_m)
+    else:  # unused by the kernel, but every pointer argument needs a tensor
+        part_acc = part_m = part_l = out
+    _paged_decode_kernel[(num_seqs, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, block_tables, seq_lens, out, part_acc, part_m, part_l, scale,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0), out.stride(1),
+        head_dim,
+        QUERY_GROUP=group, KV_BLOCK_SIZE=k_cache.shape[1], NUM_SPLITS=num_splits,
+        BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=4, num_stages=2,
+    )
+    if num_splits > 1:
+        _split_reduce_kernel[(num_seqs, num_heads)](
+            part_acc, part_m, part_l, out, out.stride(0), out.stride(1), num_heads, head_dim,
+            NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
+        )
+    return out

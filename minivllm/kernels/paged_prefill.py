@@ -1,0 +1,130 @@
+"""Paged prefill attention: many new queries per request, causal, over a context that may be partly cached.
+
+This is FlashAttention over a paged cache. A program owns BLOCK_M consecutive new queries of one request
+and one query head, and walks the keys in tiles of BLOCK_N positions, looking up each position's
+physical block in the block table (the new tokens' K/V were stored into the cache first, so cached prefix
+and new tokens are read the same way). Online softmax keeps one pass over K/V and no [q, k] matrix in
+memory.
+
+Query i of a request with q_len new tokens and seq_len context tokens sits at position
+seq_len - q_len + i and sees keys 0..that position. That one rule covers a fresh prompt (q_len ==
+seq_len), a chunked-prefill chunk or a prompt after a prefix-cache hit (q_len < seq_len), a decode row
+in a mixed batch (q_len == 1) and the draft tokens of speculative verification.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _paged_prefill_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, query_start_loc_ptr, seq_lens_ptr, out_ptr,
+    scale,
+    stride_qt, stride_qh,
+    stride_cb, stride_cs, stride_ch,  # cache strides: block, slot in block, kv head (head_dim stride 1)
+    stride_bt,
+    stride_ot, stride_oh,
+    head_dim,
+    QUERY_GROUP: tl.constexpr,  # query heads per kv head
+    KV_BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # new queries per program
+    BLOCK_N: tl.constexpr,  # key positions per tile
+    BLOCK_D: tl.constexpr,  # head_dim padded to a power of two (>= 16)
+    DOT_PRECISION: tl.constexpr,
+):
+    b = tl.program_id(0)
+    m_tile = tl.program_id(1)
+    head = tl.program_id(2)
+    kv_head = head // QUERY_GROUP
+
+    q_start = tl.load(query_start_loc_ptr + b)
+    q_len = tl.load(query_start_loc_ptr + b + 1) - q_start
+    if m_tile * BLOCK_M >= q_len:  # the grid is sized for the longest request; shorter ones stop here
+        return
+    seq_len = tl.load(seq_lens_ptr + b)
+    prefix_len = seq_len - q_len  # context already in the cache before this step
+
+    offs_m = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)  # query index within the request
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_mask = offs_m < q_len
+    d_mask = offs_d < head_dim
+    q_pos = prefix_len + offs_m  # each query's position in the sequence
+
+    tokens = (q_start + offs_m).to(tl.int64)
+    q = tl.load(q_ptr + tokens[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
+                mask=m_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_M, BLOCK_D]
+    qk_scale = scale * 1.4426950408889634  # softmax via exp2: fold in log2(e)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    # Causality: no query in this tile sees past the last one's position, so stop the walk there.
+    kv_end = tl.minimum(seq_len, prefix_len + (m_tile + 1) * BLOCK_M)
+    table = block_tables_ptr + b.to(tl.int64) * stride_bt
+    for start in range(0, kv_end, BLOCK_N):
+        pos = start + offs_n
+        n_mask = pos < kv_end
+        block = tl.load(table + pos // KV_BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+        rows = block * stride_cb + (pos % KV_BLOCK_SIZE) * stride_cs + kv_head * stride_ch
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)  # [N, D]
+        v = tl.load(v_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+        visible = n_mask[None, :] & (pos[None, :] <= q_pos[:, None])  # causal, prefix included
+        s = tl.where(visible, s, float("-inf"))
+        # The first tile holds key 0, visible to every row, so m_i is finite from then on: a later tile
+        # that a row cannot see at all gives alpha = 1 and p = 0 instead of NaN.
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    out = acc / l_i[:, None]
+    tl.store(out_ptr + tokens[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+
+
+def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            block_tables: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
+                            scale: float, max_query_len: int, block_m: int | None = None,
+                            block_n: int = 64) -> torch.Tensor:
+    """Causal attention of each request's new queries over its paged context: q [T, H, D] -> [T, H, D].
+
+    caches: [num_blocks, block_size, kv_heads, D]; block_tables [B, max_blocks] int32; query_start_loc
+    [B + 1] int32 (where each request's queries start in q); seq_lens [B] int32 (context length including
+    the new tokens, whose K/V must already be in the cache); max_query_len sizes the grid (host int).
+    """
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    assert num_heads % num_kv_heads == 0 and k_cache.stride() == v_cache.stride()
+    assert k_cache.stride(-1) == 1 and block_tables.stride(-1) == 1
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    num_seqs = seq_lens.shape[0]
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+    if block_m is None:  # decode-heavy batches need no 64-row tiles (tl.dot wants >= 16 rows)
+        block_m = min(64, max(16, triton.next_power_of_2(max_query_len)))
+    for size in (block_m, block_n):
+        assert size >= 16 and size & (size - 1) == 0, "tl.dot needs powers of two >= 16"
+    grid = (num_seqs, triton.cdiv(max_query_len, block_m), num_heads)
+    _paged_prefill_kernel[grid](
+        q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out, scale,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0), out.stride(1),
+        head_dim,
+        QUERY_GROUP=num_heads // num_kv_heads, KV_BLOCK_SIZE=k_cache.shape[1],
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=4, num_stages=2,
+    )
+    return out

@@ -1,0 +1,66 @@
+"""store_kv: copy each new token's K and V into its slot of the paged cache.
+
+The torch reference does this with index_copy_; here one Triton program moves one token (all its kv heads)
+so the write is a single coalesced pass, and padding rows (slot -1) cost one load and an early exit.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _store_kv_kernel(
+    key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
+    stride_kt, stride_kh, stride_vt, stride_vh,  # new K/V: [T, kv_heads, head_dim], last stride 1
+    stride_cb, stride_cs, stride_ch,  # cache: [num_blocks, block_size, kv_heads, head_dim], last stride 1
+    num_kv_heads, head_dim,
+    KV_BLOCK_SIZE: tl.constexpr,  # tokens per cache block (constexpr: // and % become shifts)
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,  # kv_heads and head_dim padded to powers of two
+):
+    t = tl.program_id(0)
+    slot = tl.load(slot_mapping_ptr + t).to(tl.int64)  # block_id * block_size + offset
+    if slot < 0:  # a padding row: nothing to store
+        return
+    block, offset = slot // KV_BLOCK_SIZE, slot % KV_BLOCK_SIZE
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (offs_h[:, None] < num_kv_heads) & (offs_d[None, :] < head_dim)  # padding lanes do nothing
+
+    src = offs_h[:, None] * stride_kh + offs_d[None, :]
+    k = tl.load(key_ptr + t.to(tl.int64) * stride_kt + src, mask=mask)
+    src = offs_h[:, None] * stride_vh + offs_d[None, :]
+    v = tl.load(value_ptr + t.to(tl.int64) * stride_vt + src, mask=mask)
+
+    dst = block * stride_cb + offset * stride_cs + offs_h[:, None] * stride_ch + offs_d[None, :]
+    tl.store(k_cache_ptr + dst, k, mask=mask)
+    tl.store(v_cache_ptr + dst, v, mask=mask)
+
+
+def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
+    """The kernels address rows by stride but assume the head_dim elements of a row are adjacent."""
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Write key/value [T, kv_heads, head_dim] into caches [num_blocks, block_size, kv_heads, head_dim].
+
+    slot_mapping [T] (int64) gives each token's slot; -1 marks a padding row that is skipped.
+    """
+    num_tokens, num_kv_heads, head_dim = key.shape
+    if num_tokens == 0:
+        return
+    assert k_cache.shape == v_cache.shape and k_cache.stride() == v_cache.stride()
+    assert k_cache.stride(-1) == 1, "cache rows must be contiguous"
+    key, value = _last_dim_contiguous(key), _last_dim_contiguous(value)
+    _store_kv_kernel[(num_tokens,)](
+        key, value, k_cache, v_cache, slot_mapping,
+        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        num_kv_heads, head_dim,
+        KV_BLOCK_SIZE=k_cache.shape[1],
+        BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim),
+    )
