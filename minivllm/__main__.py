@@ -1,4 +1,4 @@
-"""Command line: `python -m minivllm generate "Hi, my name is" --max-tokens 32`."""
+"""Command line: `python -m minivllm generate "Hi, my name is" --max-tokens 32`, or `python -m minivllm serve`."""
 
 from __future__ import annotations
 
@@ -19,7 +19,19 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--device", default="auto")
     gen.add_argument("--journey", action="store_true", help="print what each engine step did")
+    srv = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API")
+    srv.add_argument("--model", default=None, help="checkpoint directory (default: the embedded model)")
+    srv.add_argument("--host", default="127.0.0.1")
+    srv.add_argument("--port", type=int, default=8000)
+    srv.add_argument("--served-model-name", default=None, help="the name clients use (default: the directory's)")
+    srv.add_argument("--device", default="auto")
+    srv.add_argument("--max-num-seqs", type=int, default=256)
+    srv.add_argument("--max-model-len", type=int, default=None)
+    srv.add_argument("--num-kv-blocks", type=int, default=None)
+    srv.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = parser.parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
 
     from minivllm import LLM, SamplingParams
     from minivllm.engine.journey import format_journey
@@ -36,6 +48,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{out.prompt!r} -> {out.outputs[0].text!r} ({out.outputs[0].finish_reason})")
     if args.journey:
         print(format_journey(llm.engine.trace))
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        from minivllm.server import serve
+    except ImportError as e:
+        print(f"error: {e}; install the server extra: pip install 'minivllm[serve]'", file=sys.stderr)
+        return 2
+    try:
+        serve(args.model, host=args.host, port=args.port, model_name=args.served_model_name,
+              log_level=args.log_level, device=args.device, max_num_seqs=args.max_num_seqs,
+              max_model_len=args.max_model_len, num_kv_blocks=args.num_kv_blocks)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # Ctrl-C while the model loads; once serving, it is a clean shutdown
+        return 130
     return 0
 
 

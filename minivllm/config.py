@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "data" / "models" / "minivllm-tiny"
+DEFAULT_DRAFT_MODEL = DEFAULT_MODEL.parent / "minivllm-tiny-draft"  # its speculative-decoding partner
 
 
 @dataclass
@@ -27,6 +28,8 @@ class EngineConfig:
     attention_backend: str = "auto"
     seed: int = 0
     trace_steps: int = 1000  # how many recent steps the step trace keeps (0: none)
+    speculative_model: str | Path | None = None  # a draft checkpoint, "[ngram]", or None (off)
+    num_speculative_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.model is None:
@@ -41,6 +44,12 @@ class EngineConfig:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.speculative_model is not None:
+            if not isinstance(self.num_speculative_tokens, int) or self.num_speculative_tokens < 1:
+                raise ValueError("num_speculative_tokens must be >= 1 when speculative_model is set, "
+                                 f"got {self.num_speculative_tokens!r}")
+            if self.speculative_model != "[ngram]":
+                self.speculative_model = Path(self.speculative_model)
         if self.device == "auto":
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
         if self.attention_backend not in ("auto", "torch", "triton"):

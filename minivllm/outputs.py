@@ -24,6 +24,8 @@ class RequestMetrics:
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finished_time: float | None = None
+    spec_num_proposed: int = 0  # draft tokens proposed for this request (speculative decoding)
+    spec_num_accepted: int = 0  # of which the target accepted
 
     @property
     def time_to_first_token(self) -> float | None:

@@ -48,6 +48,10 @@ class Request:
     parent_id: str | None = None  # the user's request id when SamplingParams.n > 1
     index: int = 0  # which of the n completions this is
     detokenizer: object = None  # tokenizer.DetokenizerState while text is produced
+    spec_token_ids: list[int] = field(default_factory=list)  # drafts to verify in the next step
+    spec_probs: torch.Tensor | None = None  # the drafter's distribution for each draft (None: point mass)
+    num_spec_proposed: int = 0
+    num_spec_accepted: int = 0
 
     @property
     def all_token_ids(self) -> list[int]:

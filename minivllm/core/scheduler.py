@@ -19,20 +19,21 @@ from minivllm.request import Request, RequestStatus
 @dataclass
 class ScheduledRequest:
     request: Request
-    num_new_tokens: int
+    num_new_tokens: int  # includes the speculative tokens, if any
     num_computed_before: int  # tokens already in the cache when this step starts
+    spec_token_ids: list[int] = field(default_factory=list)  # drafted tokens the target verifies
 
     @property
     def is_prefill(self) -> bool:
-        """Decode = computing exactly the one token sampled last step; anything else is (re)prefill."""
+        """Decode = computing the one token sampled last step (plus drafts); anything else is (re)prefill."""
         req = self.request
-        return not (self.num_new_tokens == 1 and req.output_token_ids and
+        return not (self.num_new_tokens == 1 + len(self.spec_token_ids) and req.output_token_ids and
                     self.num_computed_before == req.num_tokens - 1)
 
     @property
     def samples(self) -> bool:
         """Only a step that reaches the end of the sequence produces logits worth sampling."""
-        return self.num_computed_before + self.num_new_tokens == self.request.num_tokens
+        return self.num_computed_before + self.num_new_tokens - len(self.spec_token_ids) == self.request.num_tokens
 
 
 @dataclass
@@ -74,6 +75,9 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n = min(req.num_tokens - req.num_computed_tokens, budget)
+            # a decoding request with drafts verifies them in the same pass, as far as the budget allows
+            spec = req.spec_token_ids[: budget - n] if n == 1 else []
+            n += len(spec)
             while not self.kv.allocate(req, n):
                 victim = self.running.pop()  # the newest request gives its blocks back
                 self._preempt(victim)
@@ -81,7 +85,7 @@ class Scheduler:
                 if victim is req:
                     break
             else:
-                out.scheduled.append(ScheduledRequest(req, n, req.num_computed_tokens))
+                out.scheduled.append(ScheduledRequest(req, n, req.num_computed_tokens, spec))
                 budget -= n
                 i += 1
 
@@ -110,16 +114,25 @@ class Scheduler:
     def _preempt(self, req: Request) -> None:
         self.kv.free(req)
         req.num_computed_tokens = 0
+        req.spec_token_ids = []
         req.num_preemptions += 1
         req.status = RequestStatus.PREEMPTED
         self.waiting.appendleft(req)
         self.num_preemptions += 1
 
-    def update_after_step(self, out: SchedulerOutput) -> None:
-        """The runner computed the scheduled tokens: advance each request and name its full blocks."""
+    def update_after_step(self, out: SchedulerOutput, num_rejected: dict[str, int] | None = None) -> None:
+        """The runner computed the scheduled tokens: advance each request and name its full blocks.
+
+        K/V written for rejected draft tokens is rolled back simply by not counting it: the next step
+        overwrites those slots, and blocks are only hashed up to `num_computed_tokens`.
+        """
+        num_rejected = num_rejected or {}
         for s in out.scheduled:
-            s.request.num_computed_tokens += s.num_new_tokens
-            self.kv.cache_full_blocks(s.request)
+            req = s.request
+            computed = req.num_computed_tokens + s.num_new_tokens - num_rejected.get(req.request_id, 0)
+            req.num_computed_tokens = min(computed, req.num_tokens)  # a stop inside the accepted drafts
+            req.spec_token_ids = []
+            self.kv.cache_full_blocks(req)
 
     def finish(self, req: Request, reason: str) -> None:
         """Retire a request (stop, length or abort) from wherever it is, and return its blocks."""

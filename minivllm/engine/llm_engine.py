@@ -54,6 +54,18 @@ class LLMEngine:
         self.num_prefill_tokens_computed = 0
         self.num_decode_tokens = 0
         self.num_generated_tokens = 0
+        self.num_spec_proposed = self.num_spec_accepted = self.num_spec_steps = 0
+        self.proposer = self._make_proposer(config)
+
+    def _make_proposer(self, config: EngineConfig):
+        if config.speculative_model is None:
+            return None
+        from minivllm.spec_decode import DraftModelProposer, NgramProposer
+
+        if config.speculative_model == "[ngram]":
+            return NgramProposer(config.num_speculative_tokens)
+        return DraftModelProposer(config.speculative_model, config, self.vocab_size,
+                                  config.num_speculative_tokens, self.runner.num_blocks)
 
     # ---- requests in -------------------------------------------------------------------------------
     def make_requests(self, request_id: str, prompt: PromptType, params: SamplingParams | None = None,
@@ -137,44 +149,75 @@ class LLMEngine:
         start = time.perf_counter()
         outputs, self._pending = self._pending, []
         sched = self.scheduler.schedule()
+        for rid in sched.preempted:
+            if self.proposer is not None:
+                self.proposer.free(self._request(rid))
         if not sched:
             return outputs
-        tokens = self.runner.execute(sched, self.kv.block_tables)
-        self.scheduler.update_after_step(sched)
-        entries, touched, finished = self._apply_tokens(sched, tokens)
+        new_tokens = self.runner.execute(sched, self.kv.block_tables)
+        entries, touched, finished = self._apply_tokens(sched, new_tokens)
+        rejected = {s.request.request_id: len(s.spec_token_ids) - (len(toks) - 1)
+                    for s, toks in zip(sched.scheduled, new_tokens) if s.spec_token_ids and toks}
+        self.scheduler.update_after_step(sched, rejected)  # after the tokens: full blocks get hashed
+        for s in sched.scheduled:
+            if s.request.request_id in finished:
+                self.scheduler.finish(s.request, finished[s.request.request_id])
+                if self.proposer is not None:
+                    self.proposer.free(s.request)
         outputs += [self._output(self.groups[pid]) for pid in touched]
         for out in outputs:
             if out.finished:
                 self.groups.pop(out.request_id, None)
+        if self.proposer is not None:
+            self._propose()
         self._record(sched, entries, finished, time.perf_counter() - start)
         self.num_steps += 1
         return outputs
 
-    def _apply_tokens(self, sched: SchedulerOutput, tokens: list[int]):
+    def _propose(self) -> None:
+        """Drafts for every decoding request, verified by the next step (never past max_tokens)."""
+        reqs = [r for r in self.scheduler.running if r.num_computed_tokens == r.num_tokens - 1]
+        budget = [0 if r.params.repetition_penalty != 1.0 else  # the penalty would differ per draft
+                  max(min(self.config.num_speculative_tokens, r.max_total_tokens - r.num_tokens - 1), 0)
+                  for r in reqs]
+        self.proposer.propose(reqs, budget)
+
+    def _request(self, request_id: str) -> Request:
+        return next(r for r in self.scheduler.waiting if r.request_id == request_id)
+
+    def _apply_tokens(self, sched: SchedulerOutput, new_tokens: list[list[int]]):
         entries, touched, finished = [], {}, {}
-        sampled = iter(tokens)
         now = time.monotonic()
-        for s in sched.scheduled:
+        for s, tokens in zip(sched.scheduled, new_tokens):
             req = s.request
             kind = "prefill" if s.is_prefill else "decode"
             if kind == "prefill":
                 self.num_prefill_tokens_computed += s.num_new_tokens
             else:
-                self.num_decode_tokens += 1
-            entry = ScheduledEntry(req.request_id, s.num_new_tokens, kind, s.num_computed_before)
+                self.num_decode_tokens += s.num_new_tokens
+            entry = ScheduledEntry(req.request_id, s.num_new_tokens, kind, s.num_computed_before,
+                                   spec_token_ids=list(s.spec_token_ids))
             entries.append(entry)
-            if not s.samples:
+            if not tokens:
                 continue
-            token = entry.sampled_token = next(sampled)
-            req.output_token_ids.append(token)
-            self.num_generated_tokens += 1
+            if s.spec_token_ids:
+                entry.num_accepted = len(tokens) - 1
+                req.num_spec_accepted += entry.num_accepted
+                self.num_spec_proposed += len(s.spec_token_ids)
+                self.num_spec_accepted += entry.num_accepted
+                self.num_spec_steps += 1
             if req.first_token_time is None:
                 req.first_token_time = now
-            reason = self._check_stop(req, token)
-            if reason is not None:
-                self.scheduler.finish(req, reason)
-                req.finish_time = now
-                finished[req.request_id] = reason
+            for token in tokens:
+                req.output_token_ids.append(token)
+                entry.new_token_ids.append(token)
+                self.num_generated_tokens += 1
+                reason = self._check_stop(req, token)
+                if reason is not None:
+                    req.finish_time = now
+                    finished[req.request_id] = reason
+                    break
+            entry.sampled_token = entry.new_token_ids[-1]
             touched[req.parent_id] = True
         return entries, touched, finished
 
@@ -204,7 +247,9 @@ class LLMEngine:
                                         r.stop_reason) for r in reqs]
         times = [r.first_token_time for r in reqs if r.first_token_time is not None]
         metrics = RequestMetrics(first.arrival_time, first_token_time=min(times) if times else None,
-                                 finished_time=max((r.finish_time or 0) for r in reqs) or None)
+                                 finished_time=max((r.finish_time or 0) for r in reqs) or None,
+                                 spec_num_proposed=sum(r.num_spec_proposed for r in reqs),
+                                 spec_num_accepted=sum(r.num_spec_accepted for r in reqs))
         return RequestOutput(first.parent_id, first.prompt, first.prompt_token_ids, completions,
                              all(r.is_finished for r in reqs), max(first.num_cached_tokens, 0), metrics,
                              sum(r.num_preemptions for r in reqs))
@@ -241,4 +286,9 @@ class LLMEngine:
             "prefix_cache_queries": kv.prefix_cache_queries,
             "prefix_cache_hits": kv.prefix_cache_hits,
             "prefix_cache_hit_rate": kv.prefix_cache_hits / max(kv.prefix_cache_queries, 1),
+            "spec_num_proposed": self.num_spec_proposed,
+            "spec_num_accepted": self.num_spec_accepted,
+            "spec_acceptance_rate": self.num_spec_accepted / max(self.num_spec_proposed, 1),
+            # tokens gained per verification step: the accepted drafts plus the target's own token
+            "spec_mean_accepted_length": (self.num_spec_accepted + self.num_spec_steps) / max(self.num_spec_steps, 1),
         }

@@ -17,6 +17,9 @@ class ScheduledEntry:
     kind: str  # "prefill" or "decode"
     num_computed_before: int
     sampled_token: int | None = None  # None while a chunked prefill is not finished
+    spec_token_ids: list[int] = field(default_factory=list)  # drafts verified in this step
+    num_accepted: int = 0  # of those, how many the target accepted
+    new_token_ids: list[int] = field(default_factory=list)  # tokens appended (accepted drafts + 1)
 
 
 @dataclass

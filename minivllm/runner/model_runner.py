@@ -16,9 +16,11 @@ from minivllm.core.kv_sizing import (
     kv_bytes_per_block,
     num_blocks_for_budget,
 )
-from minivllm.core.scheduler import SchedulerOutput
+from minivllm.core.scheduler import ScheduledRequest, SchedulerOutput
 from minivllm.model import load_model, read_model_config
 from minivllm.sampling import Sampler, SamplingBatch
+from minivllm.sampling.rejection_sampler import verify_greedy, verify_sampled
+from minivllm.sampling.sampler import processed_probs
 
 
 class ModelRunner:
@@ -81,27 +83,53 @@ class ModelRunner:
             query_lens_cpu=query_lens, seq_lens_cpu=seq_lens)
 
     @torch.inference_mode()
-    def execute(self, sched: SchedulerOutput, block_tables: dict[str, list[int]]) -> list[int]:
-        """Run one step; returns one new token per scheduled request that reached its sequence's end."""
+    def forward(self, sched: SchedulerOutput, block_tables: dict[str, list[int]]) -> tuple[torch.Tensor, list[int]]:
+        """One forward pass over the step's flat batch.
+
+        Returns logits for the rows that matter, and how many rows each scheduled request got: 1 for the
+        last token of a sequence, 1 + k when k drafts are verified, 0 for an unfinished prefill chunk.
+        """
         bs = self.config.block_size
-        input_ids, positions, slots, tables, query_lens, seq_lens, last_rows = [], [], [], [], [], [], []
+        input_ids, positions, slots, tables, query_lens, seq_lens, rows, counts = [], [], [], [], [], [], [], []
         for s in sched.scheduled:
             req, start = s.request, s.num_computed_before
             end = start + s.num_new_tokens
             table = block_tables[req.request_id]
-            input_ids += req.all_token_ids[start:end]
+            input_ids += req.all_token_ids[start:end] + s.spec_token_ids
             positions += range(start, end)
             slots += [table[p // bs] * bs + p % bs for p in range(start, end)]
             tables.append(table)
             query_lens.append(s.num_new_tokens)
             seq_lens.append(end)
-            if s.samples:
-                last_rows.append(len(input_ids) - 1)
+            n_rows = 1 + len(s.spec_token_ids) if s.samples else 0
+            rows += range(len(input_ids) - n_rows, len(input_ids))
+            counts.append(n_rows)
         meta = self._metadata(tables, query_lens, seq_lens, slots)
         hidden = self.model(torch.tensor(input_ids, device=self.device),
                             torch.tensor(positions, device=self.device), self.kv_cache, meta)
-        sampling = [s.request for s in sched.scheduled if s.samples]
-        if not sampling:
-            return []
-        logits = self.model.compute_logits(hidden[last_rows])
-        return self.sampler(logits, SamplingBatch.from_requests(sampling, self.device)).tolist()
+        return self.model.compute_logits(hidden[rows]), counts
+
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput, block_tables: dict[str, list[int]]) -> list[list[int]]:
+        """Run one step; for each scheduled request the tokens to append (none for a prefill chunk)."""
+        logits, counts = self.forward(sched, block_tables)
+        plain = [i for i, s in enumerate(sched.scheduled) if counts[i] == 1 and not s.spec_token_ids]
+        offsets = [sum(counts[:i]) for i in range(len(counts))]
+        out: list[list[int]] = [[] for _ in sched.scheduled]
+        if plain:
+            batch = SamplingBatch.from_requests([sched.scheduled[i].request for i in plain], self.device)
+            for i, tok in zip(plain, self.sampler(logits[[offsets[i] for i in plain]], batch).tolist()):
+                out[i] = [tok]
+        for i, s in enumerate(sched.scheduled):
+            if s.spec_token_ids and counts[i]:
+                out[i] = self.verify(logits[offsets[i] : offsets[i] + counts[i]], s)
+        return out
+
+    def verify(self, logits: torch.Tensor, s: ScheduledRequest) -> list[int]:
+        """Check one request's drafts against the target's k+1 predictions (see rejection_sampler)."""
+        req = s.request
+        if req.params.greedy:
+            return verify_greedy(logits, s.spec_token_ids)
+        probs = processed_probs(logits, SamplingBatch.from_requests([req] * len(logits), self.device))
+        generator = req.generator or self.sampler.generator_for(self.device)
+        return verify_sampled(probs, s.spec_token_ids, req.spec_probs, generator)

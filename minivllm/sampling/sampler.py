@@ -69,14 +69,30 @@ def apply_top_k_top_p_min_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: to
     return logits
 
 
+def processed_probs(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """The distribution a sampling request actually draws from: temperature, then filters, then softmax.
+
+    Speculative decoding needs these explicitly (the drafter's q and the target's p), not just a draw.
+    Greedy rows get temperature 1 here; callers treat them with argmax.
+    """
+    temperature = torch.where(batch.temperature == 0, 1.0, batch.temperature)
+    logits = apply_top_k_top_p_min_p(logits / temperature[:, None], batch.top_k, batch.top_p, batch.min_p)
+    return logits.softmax(dim=-1)
+
+
 class Sampler:
     def __init__(self, seed: int = 0) -> None:
         self.generator: torch.Generator | None = None
         self.seed = seed
 
+    def generator_for(self, device: torch.device) -> torch.Generator:
+        """The engine-wide random stream, for requests without a seed of their own."""
+        if self.generator is None or self.generator.device != device:
+            self.generator = torch.Generator(device=device).manual_seed(self.seed)
+        return self.generator
+
     def _exponential_noise(self, probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-        if self.generator is None or self.generator.device != probs.device:
-            self.generator = torch.Generator(device=probs.device).manual_seed(self.seed)
+        self.generator_for(probs.device)
         noise = torch.empty_like(probs).exponential_(generator=self.generator)
         for i, req in enumerate(batch.requests):
             if req.generator is not None:  # seeded requests draw from their own stream
@@ -89,8 +105,6 @@ class Sampler:
         greedy = batch.temperature == 0
         if greedy.all():
             return logits.argmax(dim=-1)
-        temperature = torch.where(greedy, 1.0, batch.temperature)
-        logits = apply_top_k_top_p_min_p(logits / temperature[:, None], batch.top_k, batch.top_p, batch.min_p)
-        probs = logits.softmax(dim=-1)
+        probs = processed_probs(logits, batch)
         sampled = (probs / self._exponential_noise(probs, batch)).argmax(dim=-1)
         return torch.where(greedy, logits.argmax(dim=-1), sampled)

@@ -1,0 +1,150 @@
+"""Speculative decoding: same greedy tokens, same sampling distribution, no leaked blocks in either cache."""
+
+import pytest
+import torch
+
+from minivllm import LLM, SamplingParams
+from minivllm.sampling.rejection_sampler import verify_greedy, verify_sampled
+from minivllm.spec_decode import NgramProposer
+from tests.conftest import build_checkpoint
+
+PROMPTS = [[1, 2, 3, 4, 5], list(range(7, 40)), [100, 3], [5, 6, 7, 5, 6, 7, 5, 6]]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """A target, a much smaller random draft, and a draft that is the target with noise in its head."""
+    root = tmp_path_factory.mktemp("spec")
+    target = build_checkpoint("llama", root / "target")
+    build_checkpoint("llama", root / "small", hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                     num_key_value_heads=1, intermediate_size=64)
+    torch.manual_seed(3)
+    noisy = build_checkpoint("llama", root / "noisy")
+    noisy.load_state_dict(target.state_dict())
+    with torch.no_grad():
+        noisy.lm_head.weight.add_(0.15 * torch.randn_like(noisy.lm_head.weight))
+    noisy.save_pretrained(root / "noisy")
+    return root, target, noisy
+
+
+def greedy_tokens(llm, n=30):
+    params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+    return [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params,
+                                                           use_tqdm=False)]
+
+
+@pytest.mark.parametrize("drafter", ["target", "small", "noisy", "[ngram]"])
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_greedy_output_is_unchanged_with_preemption(models, drafter, k):
+    root, _, _ = models
+    reference = greedy_tokens(LLM(root / "target", block_size=4, num_kv_blocks=100))
+    spec = drafter if drafter == "[ngram]" else root / drafter
+    llm = LLM(root / "target", block_size=4, num_kv_blocks=20, max_num_batched_tokens=9,
+              speculative_model=spec, num_speculative_tokens=k)
+    assert greedy_tokens(llm) == reference
+    stats = llm.engine.stats()
+    assert stats["num_preemptions"] > 0 and stats["spec_num_proposed"] > 0
+    assert stats["num_free_blocks"] == stats["num_total_blocks"]
+    proposer = llm.engine.proposer
+    if drafter != "[ngram]":
+        assert proposer.kv.num_free_blocks == proposer.kv.pool.num_blocks, "the draft cache is empty too"
+        assert not proposer.shadows
+    if drafter == "target":
+        assert stats["spec_acceptance_rate"] == 1.0 and stats["spec_mean_accepted_length"] > min(k, 3)
+
+
+def test_self_drafting_needs_fewer_steps(models):
+    root, _, _ = models
+    plain = LLM(root / "target", block_size=4, num_kv_blocks=100)
+    greedy_tokens(plain)
+    spec = LLM(root / "target", block_size=4, num_kv_blocks=100, speculative_model=root / "target",
+               num_speculative_tokens=4)
+    greedy_tokens(spec)
+    assert spec.engine.num_steps * 3 < plain.engine.num_steps
+
+
+def exact_marginals(model, prompt, top_k, depth):
+    """P(token at each of the first `depth` positions) under top-k sampling at temperature 1, by enumeration."""
+    def dist(ctx):
+        logits = model(torch.tensor([ctx])).logits[0, -1]
+        top = logits.topk(top_k)
+        return dict(zip(top.indices.tolist(), top.values.softmax(-1).tolist()))
+
+    marginals, frontier = [], {tuple(prompt): 1.0}
+    with torch.no_grad():
+        for _ in range(depth):
+            nxt, m = {}, {}
+            for ctx, w in frontier.items():
+                for tok, p in dist(list(ctx)).items():
+                    nxt[ctx + (tok,)] = w * p
+                    m[tok] = m.get(tok, 0.0) + w * p
+            marginals.append(m)
+            frontier = nxt
+    return marginals
+
+
+def total_variation(p: dict, q: dict) -> float:
+    return 0.5 * sum(abs(p.get(t, 0) - q.get(t, 0)) for t in set(p) | set(q))
+
+
+def test_sampling_distribution_matches_the_target(models):
+    """The 2nd and 3rd tokens come from verification; their distribution must be the target's, not the draft's."""
+    root, target, noisy = models
+    prompt, top_k, n = [9, 8, 7, 6, 5], 4, 3000
+    exact = exact_marginals(target, prompt, top_k, 3)
+    draft_exact = exact_marginals(noisy, prompt, top_k, 3)
+    assert total_variation(exact[1], draft_exact[1]) > 0.15, "the draft must really differ for this to test much"
+    llm = LLM(root / "target", block_size=4, num_kv_blocks=1200, speculative_model=root / "noisy",
+              num_speculative_tokens=2, seed=1)
+    params = SamplingParams(temperature=1.0, top_k=top_k, max_tokens=4, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": prompt}] * n, params, use_tqdm=False)
+    stats = llm.engine.stats()
+    assert 0.2 < stats["spec_acceptance_rate"] < 0.95, "both acceptances and rejections happened"
+    for pos in (1, 2):
+        counts: dict[int, float] = {}
+        for o in outs:
+            tok = o.outputs[0].token_ids[pos]
+            counts[tok] = counts.get(tok, 0) + 1 / n
+        # sampling noise at n=3000 is ~0.05 (plain sampling shows the same); the draft is ~0.8 away
+        assert total_variation(counts, exact[pos]) < 0.08, f"position {pos}"
+        assert total_variation(counts, draft_exact[pos]) > total_variation(counts, exact[pos])
+
+
+def test_seeded_sampling_with_speculation_repeats(models):
+    root, _, _ = models
+    params = SamplingParams(temperature=0.8, seed=11, max_tokens=20, ignore_eos=True)
+    runs = []
+    for _ in range(2):
+        llm = LLM(root / "target", block_size=4, num_kv_blocks=100, speculative_model=root / "noisy",
+                  num_speculative_tokens=3)
+        runs.append(llm.generate({"prompt_token_ids": PROMPTS[1]}, params, use_tqdm=False)[0].outputs[0].token_ids)
+    assert runs[0] == runs[1] and len(runs[0]) == 20
+
+
+def test_verify_rules():
+    logits = torch.full((4, 10), -1.0)
+    for i, best in enumerate([3, 4, 5, 6]):
+        logits[i, best] = 1.0
+    assert verify_greedy(logits, [3, 4, 5]) == [3, 4, 5, 6], "all accepted plus the bonus token"
+    assert verify_greedy(logits, [3, 9, 5]) == [3, 4], "first mismatch replaced by the target's token"
+    probs = torch.zeros(3, 10)
+    probs[:, 2] = 1.0
+    gen = torch.Generator().manual_seed(0)
+    assert verify_sampled(probs, [2, 2], None, gen) == [2, 2, 2]
+    assert verify_sampled(probs, [7, 2], None, gen) == [2], "p(7) = 0: rejected, resampled from p"
+
+
+def test_ngram_lookup():
+    prop = NgramProposer(3)
+    assert prop.lookup([1, 2, 3, 4, 9, 1, 2, 3], 3) == [4, 9, 1]
+    assert prop.lookup([1, 2, 3, 4, 5], 3) == []
+    assert prop.lookup([7, 8, 7], 3) == [8, 7]
+
+
+def test_bad_speculative_configs(models, tmp_path):
+    root, _, _ = models
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        LLM(root / "target", num_kv_blocks=10, speculative_model="[ngram]")
+    build_checkpoint("llama", tmp_path / "other_vocab", vocab_size=300)
+    with pytest.raises(ValueError, match="vocab size"):
+        LLM(root / "target", num_kv_blocks=10, speculative_model=tmp_path / "other_vocab", num_speculative_tokens=2)
