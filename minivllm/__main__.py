@@ -6,38 +6,54 @@ import argparse
 import sys
 
 
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """The engine knobs both subcommands share (names as in vLLM's CLI)."""
+    parser.add_argument("--model", default=None, help="checkpoint directory (default: the embedded model)")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--num-kv-blocks", type=int, default=None)
+    parser.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
+    parser.add_argument("--speculative-model", default=None, help='a draft checkpoint directory, or "[ngram]"')
+    parser.add_argument("--num-speculative-tokens", type=int, default=0)
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    return dict(device=args.device, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+                num_kv_blocks=args.num_kv_blocks, attention_backend=args.attention_backend,
+                speculative_model=args.speculative_model, num_speculative_tokens=args.num_speculative_tokens)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="minivllm")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate completions for one or more prompts")
     gen.add_argument("prompts", nargs="+")
-    gen.add_argument("--model", default=None, help="checkpoint directory (default: the embedded model)")
+    add_engine_args(gen)
     gen.add_argument("--max-tokens", type=int, default=32)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--top-k", type=int, default=0)
     gen.add_argument("--seed", type=int, default=None)
-    gen.add_argument("--device", default="auto")
     gen.add_argument("--journey", action="store_true", help="print what each engine step did")
     srv = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API")
-    srv.add_argument("--model", default=None, help="checkpoint directory (default: the embedded model)")
+    add_engine_args(srv)
     srv.add_argument("--host", default="127.0.0.1")
     srv.add_argument("--port", type=int, default=8000)
     srv.add_argument("--served-model-name", default=None, help="the name clients use (default: the directory's)")
-    srv.add_argument("--device", default="auto")
-    srv.add_argument("--max-num-seqs", type=int, default=256)
-    srv.add_argument("--max-model-len", type=int, default=None)
-    srv.add_argument("--num-kv-blocks", type=int, default=None)
     srv.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args)
+    return _generate(args)
 
+
+def _generate(args: argparse.Namespace) -> int:
     from minivllm import LLM, SamplingParams
     from minivllm.engine.journey import format_journey
 
     try:
-        llm = LLM(args.model, device=args.device)
+        llm = LLM(args.model, **engine_kwargs(args))
         params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                                 max_tokens=args.max_tokens, seed=args.seed)
         outputs = llm.generate(args.prompts, params, use_tqdm=False)
@@ -59,8 +75,7 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     try:
         serve(args.model, host=args.host, port=args.port, model_name=args.served_model_name,
-              log_level=args.log_level, device=args.device, max_num_seqs=args.max_num_seqs,
-              max_model_len=args.max_model_len, num_kv_blocks=args.num_kv_blocks)
+              log_level=args.log_level, **engine_kwargs(args))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -53,6 +53,24 @@ def test_greedy_output_is_unchanged_with_preemption(models, drafter, k):
         assert stats["spec_acceptance_rate"] == 1.0 and stats["spec_mean_accepted_length"] > min(k, 3)
 
 
+def test_abort_frees_both_caches(models):
+    root, _, _ = models
+    llm = LLM(root / "target", block_size=4, num_kv_blocks=40, speculative_model=root / "small",
+              num_speculative_tokens=3)
+    eng, draft = llm.engine, llm.engine.proposer
+    for i, p in enumerate(PROMPTS):
+        eng.add_request(str(i), p, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
+    for _ in range(4):
+        eng.step()
+    assert draft.kv.num_free_blocks < draft.kv.pool.num_blocks
+    eng.abort_request("1")
+    eng.abort_request("3")
+    while eng.has_unfinished_requests():
+        eng.step()
+    assert eng.stats()["num_free_blocks"] == eng.stats()["num_total_blocks"]
+    assert draft.kv.num_free_blocks == draft.kv.pool.num_blocks and not draft.shadows
+
+
 def test_self_drafting_needs_fewer_steps(models):
     root, _, _ = models
     plain = LLM(root / "target", block_size=4, num_kv_blocks=100)

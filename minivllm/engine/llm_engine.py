@@ -26,6 +26,18 @@ from minivllm.tokenizer import Tokenizer, find_stop_string
 PromptType = str | list[int] | dict
 
 
+def visible_text(req: Request) -> str:
+    """The text so far, minus a tail that might still turn out to start a stop string.
+
+    A stop string is cut from the output when it completes, so without this hold-back a stream could
+    already have shown its first characters. Held back, the text a caller sees only ever grows.
+    """
+    if req.is_finished or not req.params.stop_strings:
+        return req.output_text
+    hold = max(len(s) for s in req.params.stop_strings) - 1
+    return req.output_text[: max(len(req.output_text) - hold, 0)]
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -138,6 +150,8 @@ class LLMEngine:
             if not r.is_finished:
                 self.scheduler.finish(r, "abort")
                 r.finish_time = time.monotonic()
+            if self.proposer is not None:
+                self.proposer.free(r)
         self._pending.append(self._output(reqs))
 
     def has_unfinished_requests(self) -> bool:
@@ -243,7 +257,7 @@ class LLMEngine:
 
     def _output(self, reqs: list[Request]) -> RequestOutput:
         first = reqs[0]
-        completions = [CompletionOutput(r.index, r.output_text, list(r.output_token_ids), r.finish_reason,
+        completions = [CompletionOutput(r.index, visible_text(r), list(r.output_token_ids), r.finish_reason,
                                         r.stop_reason) for r in reqs]
         times = [r.first_token_time for r in reqs if r.first_token_time is not None]
         metrics = RequestMetrics(first.arrival_time, first_token_time=min(times) if times else None,

@@ -138,8 +138,6 @@ class OpenAIServing:
 
     # ---- streaming ---------------------------------------------------------------------------------
     async def _sse(self, call: _Call, stream: RequestStream, is_chat: bool) -> AsyncIterator[str]:
-        stops = call.params.stop_strings
-        holdback = max((len(s) for s in stops), default=1) - 1  # text that may yet turn out to start a stop
         try:
             if is_chat:
                 for i in range(call.num_choices):
@@ -154,11 +152,10 @@ class OpenAIServing:
                         if i in call.done:
                             continue
                         sent = call.sent.get(i, 0)
-                        end = len(c.text) if c.finished else max(len(c.text) - holdback, sent)
-                        delta = c.text[sent:end]
+                        delta = c.text[sent:]  # the engine holds back text that may start a stop string
                         if not delta and not c.finished and len(c.token_ids) == call.sent_tokens.get(i, 0):
                             continue  # one chunk per step with new tokens, even when their text is held back
-                        call.sent[i] = sent + len(delta)
+                        call.sent[i] = len(c.text)
                         call.sent_tokens[i] = len(c.token_ids)
                         if c.finished:
                             call.done.add(i)
