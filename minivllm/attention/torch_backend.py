@@ -21,11 +21,19 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_ca
     v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value)
 
 
+def gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
+    """Copy the listed blocks out of the cache, in order: [len(block_ids) * block_size, kv_heads, dim].
+
+    index_select on a flat view copies whole contiguous blocks, about twice as fast on CPU as fancy indexing.
+    """
+    flat = cache.view(cache.shape[0], -1).index_select(0, block_ids.flatten().long())
+    return flat.view(-1, *cache.shape[2:])
+
+
 def gather_context(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
     """One request's K (or V) for positions 0..seq_len-1, read block by block: [seq_len, kv_heads, dim]."""
-    block_size = cache.shape[1]
-    num_blocks = -(-seq_len // block_size)
-    return cache[block_table[:num_blocks].long()].flatten(0, 1)[:seq_len]
+    num_blocks = -(-seq_len // cache.shape[1])
+    return gather_blocks(cache, block_table[:num_blocks])[:seq_len]
 
 
 def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -50,9 +58,9 @@ def paged_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     """All requests decode one token: gather every context at once and attend in one batched call."""
     num_seqs, block_size = q.shape[0], k_cache.shape[1]
     num_blocks = -(-meta.max_seq_len // block_size)
-    table = meta.block_tables[:, :num_blocks].long()
-    k = k_cache[table].flatten(1, 2).transpose(1, 2)  # [B, kv_heads, ctx, dim]
-    v = v_cache[table].flatten(1, 2).transpose(1, 2)
+    table = meta.block_tables[:, :num_blocks]
+    k = gather_blocks(k_cache, table).view(num_seqs, -1, *k_cache.shape[2:]).transpose(1, 2)  # [B, kv_heads, ctx, dim]
+    v = gather_blocks(v_cache, table).view(num_seqs, -1, *v_cache.shape[2:]).transpose(1, 2)
     mask = torch.arange(k.shape[2], device=q.device)[None, :] < meta.seq_lens[:, None]
     out = F.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=mask[:, None, None, :],
                                          scale=scale, enable_gqa=True)
