@@ -1,0 +1,181 @@
+# ---
+# jupyter:
+#   accelerator: GPU
+#   colab:
+#     gpuType: T4
+#     provenance: []
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 01 · Tokenization and the waiting queue
+#
+# Before the model sees a prompt, the engine turns its text into token ids, wraps it in a `Request` and
+# puts it at the back of the **waiting queue**. Each step, the scheduler admits waiting requests first
+# come, first served, as long as there is room. This chapter looks at both ends: the ids our tokenizer
+# produces for the three example prompts, and the queue as the engine's trace recorded it.
+
+# %%
+# Setup: on Colab, fetch the repository and install it; anywhere else this cell does nothing.
+import os
+import subprocess
+import sys
+
+REPO = "https://github.com/minivllm/minivllm"
+if "google.colab" in sys.modules:
+    if not os.path.isdir("/content/minivllm"):
+        subprocess.run(["git", "clone", "--depth", "1", REPO, "/content/minivllm"], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", "/content/minivllm"], check=True)
+    sys.path.insert(0, "/content/minivllm")
+
+# %%
+import inspect
+
+from IPython.display import HTML, display
+
+import widgets
+from minivllm import LLM, SamplingParams
+from minivllm.request import RequestStatus
+from minivllm.tokenizer import Tokenizer
+
+llm = LLM()
+tok = llm.tokenizer  # minivllm.tokenizer.Tokenizer, a thin wrapper around transformers' AutoTokenizer
+
+# %% [markdown]
+# ## Our ids for the three prompts
+#
+# The source material says the prompts tokenize to "about 5, 7 and 2 tokens"; the exact ids depend on
+# the tokenizer. Ours is a byte-level BPE (the GPT-2 / Llama-3 family) trained with the model on the
+# same stories. `Ġ` in a token's name is how byte-level BPE writes a leading space.
+
+# %%
+prompts = ["Hi, my name is", "Today is a beautiful summer day", "Hello there"]
+material = [5, 7, 2]
+rows = []
+for prompt, said in zip(prompts, material):
+    ids = tok.encode(prompt)
+    pieces = tok.hf.convert_ids_to_tokens(ids)
+    rows.append((prompt, ids, pieces, said))
+    print(f"{prompt!r}\n    ids    {ids}\n    pieces {pieces}\n"
+          f"    {len(ids)} tokens with BOS, {len(ids) - 1} without; the material says about {said}\n")
+
+# %% [markdown]
+# Every prompt starts with the same id: the **BOS** (beginning of sequence) token `<s>`, which our
+# tokenizer adds, as Llama's does. The model was trained with it in front of every story, so the
+# engine keeps it. Its partner `</s>` (EOS) is what the model emits when a story ends; the engine stops
+# a request there unless `ignore_eos=True`.
+
+# %%
+print("BOS:", tok.hf.bos_token, tok.hf.bos_token_id, "  EOS:", tok.hf.eos_token, tok.eos_token_id)
+print("special tokens:", tok.hf.all_special_tokens)
+assert all(ids[0] == tok.hf.bos_token_id for _, ids, _, _ in rows)
+assert [len(ids) - 1 for _, ids, _, _ in rows] == [5, 6, 2], "our counts without BOS"
+assert all(tok.decode(ids) == prompt for prompt, ids, _, _ in rows), "decoding gives the text back"
+assert llm.engine.eos_token_id == tok.eos_token_id
+
+# %% [markdown]
+# So without BOS our counts are 5, 6 and 2: the same ballpark as the material's 5, 7 and 2 (which
+# come from another tokenizer, which may also count BOS differently).
+#
+# ### Why text comes out a step late sometimes
+#
+# Byte-level BPE can split one character over several tokens. `☕` is three UTF-8 bytes and, in our
+# tokenizer, three tokens; any one of them alone decodes to the replacement character `�`. So the engine
+# does not decode one token at a time: it re-decodes a small window and holds text back while it ends in
+# an unfinished character.
+
+# %%
+ids = tok.encode("A cup of tea ☕ for you")
+print(tok.hf.convert_ids_to_tokens(ids))
+one_by_one = [tok.decode([i]) for i in ids]
+print("one token at a time:", one_by_one)
+print(inspect.getsource(Tokenizer.detokenize_step))
+
+# %%
+state = tok.start_detokenizer(num_prompt_tokens=1)  # pretend only BOS was the prompt
+streamed = [tok.detokenize_step(ids[:k], state) for k in range(2, len(ids) + 1)]
+print("what the engine streams, token by token:", streamed)
+assert "\ufffd" in "".join(one_by_one) and "\ufffd" not in "".join(streamed)
+assert "".join(streamed) == "A cup of tea ☕ for you"
+
+# %% [markdown]
+# ## The waiting queue
+#
+# `add_request` tokenizes, validates and queues; nothing runs until `step()`. We queue the three prompts
+# under readable names and look at the scheduler's queue before the first step.
+
+# %%
+engine = llm.engine
+names = ["hi", "today", "hello"]
+for name, prompt in zip(names, prompts):
+    engine.add_request(name, prompt, SamplingParams(temperature=0, max_tokens=4))
+for req in engine.scheduler.waiting:
+    print(f"{req.request_id:6s} {req.status.value:8s} prompt ids {req.prompt_token_ids}  "
+          f"computed tokens {req.num_computed_tokens}")
+assert [r.request_id for r in engine.scheduler.waiting] == names
+assert all(r.status == RequestStatus.WAITING and r.num_computed_tokens == 0 for r in engine.scheduler.waiting)
+assert engine.scheduler.running == []
+
+# %%
+start = engine.num_steps
+engine.step()
+first = engine.trace[-1]
+display(HTML(widgets.step_html(first, tokenizer=tok)))
+assert [e.request_id for e in first.scheduled] == names and first.waiting == []
+while engine.has_unfinished_requests():
+    engine.step()
+
+# %% [markdown]
+# With the default limits (up to 256 sequences and 2048 tokens per step) all three were admitted at
+# once. To see the queue at work, we make room scarce: `max_num_seqs=2` lets at most two requests run
+# at a time. `hello` arrives third, so it waits until one of the first two has finished, and when it is
+# admitted, the request still running is served first: **decode before new prefills**, so streams that
+# are under way stay smooth. (`ignore_eos=True` and different `max_tokens` fix how long each runs.)
+
+# %%
+small = LLM(max_num_seqs=2, num_kv_blocks=16)  # a fixed pool: the first engine may fill a GPU
+lengths = {"hi": 4, "today": 8, "hello": 4}
+for name, prompt in zip(names, prompts):
+    small.engine.add_request(name, prompt, SamplingParams(temperature=0, max_tokens=lengths[name], ignore_eos=True))
+while small.engine.has_unfinished_requests():
+    small.engine.step()
+steps = list(small.engine.trace)
+widgets.show(widgets.timeline_figure(widgets.timeline(steps), "max_num_seqs=2: hello waits for a free seat"))
+
+# %% [markdown]
+# The facts, read from the trace: `hello` waits at the head of the queue in steps 0-3; `hi` finishes
+# in step 3 (its 4 tokens: one from the prefill, three decodes); in step 4 `today`'s decode is scheduled
+# before `hello`'s prefill.
+
+# %%
+waited = [t.step for t in steps if "hello" in t.waiting]
+finished = {rid: t.step for t in steps for rid in t.finished}
+admitted = next(t for t in steps if any(e.request_id == "hello" for e in t.scheduled))
+print("hello waiting after steps:", waited)
+print("finished in step:", finished)
+print("step", admitted.step, "schedules:", [(e.request_id, e.kind) for e in admitted.scheduled])
+assert [e.request_id for e in steps[0].scheduled] == ["hi", "today"] and steps[0].waiting == ["hello"]
+assert waited == [0, 1, 2, 3] and finished["hi"] == 3
+assert admitted.step == 4 and [(e.request_id, e.kind) for e in admitted.scheduled] == [
+    ("today", "decode"), ("hello", "prefill")]
+assert max(len(t.running) for t in steps) == 2
+
+# %% [markdown]
+# Step through the same recording: the page lists the waiting queue after each step, in
+# first-come-first-served order.
+
+# %%
+stepper = widgets.JourneyStepper(steps, tokenizer=small.tokenizer, max_blocks=16)
+stepper.slider.value = 4
+assert "<b>hello</b></td><td" in stepper.html.value and "prefill" in stepper.html.value
+display(stepper)
+
+# %% [markdown]
+# First come, first served is one policy among several the material names: shortest job first (needs
+# a guess of each output's length), round-robin, and priorities. `minivllm`'s scheduler does FCFS for
+# admission and puts a preempted request back at the *head* of the queue (chapter 04).
+#
+# Next: [02 · the KV cache](02_kv_cache.ipynb).

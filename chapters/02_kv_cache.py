@@ -1,0 +1,286 @@
+# ---
+# jupyter:
+#   accelerator: GPU
+#   colab:
+#     gpuType: T4
+#     provenance: []
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 02 · The KV cache: prefill, decode, and what a block costs
+#
+# Attention at position *t* needs the keys and values of every earlier position. Recomputing them for
+# the whole sequence at each new token makes generation quadratic; keeping them makes each new token
+# cost one position. That store is the **KV cache**. This chapter measures why it pays, then does the
+# memory arithmetic: bytes per token, bytes per block, how many blocks fit, first for the figures in the
+# source material (and where they are wrong), then for the model we actually loaded.
+
+# %%
+# Setup: on Colab, fetch the repository and install it; anywhere else this cell does nothing.
+import os
+import subprocess
+import sys
+
+REPO = "https://github.com/minivllm/minivllm"
+if "google.colab" in sys.modules:
+    if not os.path.isdir("/content/minivllm"):
+        subprocess.run(["git", "clone", "--depth", "1", REPO, "/content/minivllm"], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", "/content/minivllm"], check=True)
+    sys.path.insert(0, "/content/minivllm")
+
+# %%
+import inspect
+import tempfile
+import time
+
+import torch
+from matplotlib.figure import Figure
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+import widgets
+from minivllm import LLM, SamplingParams
+from minivllm.core import kv_sizing
+from minivllm.core.kv_sizing import kv_bytes_per_block, kv_bytes_per_token, num_blocks_for_budget
+from minivllm.model.loader import read_model_config
+
+llm = LLM()
+engine, runner = llm.engine, llm.engine.runner
+KiB, MiB, GiB = 2**10, 2**20, 2**30
+
+# %% [markdown]
+# ## Prefill and decode
+#
+# A request's first step is its **prefill**: every prompt token goes through the model in one pass, the
+# keys and values of all of them are written to the cache, and the last position's logits give the first
+# new token. Every later step is a **decode**: one token in, attending over everything cached. We run one
+# longer prompt and read the trace.
+
+# %%
+story = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the sun. "
+         "One day, she saw a big red ball in the park. She ran to the ball and kicked it very high. ") * 3
+start = engine.num_steps
+out = llm.generate([story], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), use_tqdm=False)[0]
+steps = widgets.new_steps(engine, start)
+prefill, decodes = steps[0], steps[1:]
+n_prompt = len(out.prompt_token_ids)
+print(f"prompt: {n_prompt} tokens")
+print(f"step {prefill.step}: {[(e.kind, e.num_tokens) for e in prefill.scheduled]}  "
+      f"{prefill.duration_s * 1e3:.1f} ms")
+decode_ms = sorted(t.duration_s * 1e3 for t in decodes)
+median = decode_ms[len(decode_ms) // 2]
+print(f"{len(decodes)} decode steps of 1 token: median {median:.1f} ms")
+print(f"the prefill computed {n_prompt} positions in the time of {prefill.duration_s * 1e3 / median:.0f} decode steps")
+assert prefill.scheduled[0].kind == "prefill" and prefill.scheduled[0].num_tokens == n_prompt
+assert all(t.scheduled[0].kind == "decode" and t.num_tokens == 1 for t in decodes)
+
+# %% [markdown]
+# The prefill computed all the prompt's positions in the time of a handful of single-token decode steps:
+# its work is parallel (one matrix multiply over all positions), while decode is one position per step,
+# bound by reading the weights and the cache. (Timings are measured on this machine, so they vary.)
+#
+# ## Why caching pays: the same model with and without a cache
+#
+# Hugging Face `transformers` can generate with its KV cache switched off (`use_cache=False`): then every
+# step feeds the *whole* sequence through the model again. We load the same checkpoint with
+# `transformers` and time both ways on the same greedy generation.
+
+# %%
+device = runner.device
+hf = AutoModelForCausalLM.from_pretrained(engine.config.model, dtype=torch.float32).to(device).eval()
+prompt_ids = torch.tensor([out.prompt_token_ids[:16]], device=device)
+N = 64
+timings, tokens = {}, {}
+for use_cache in (True, False):
+    t0 = time.perf_counter()
+    gen = hf.generate(prompt_ids, max_new_tokens=N, min_new_tokens=N, do_sample=False, use_cache=use_cache)
+    timings[use_cache], tokens[use_cache] = time.perf_counter() - t0, gen[0, 16:].tolist()
+p = prompt_ids.shape[1]
+positions = {True: p + N - 1, False: sum(p + i for i in range(N))}
+for use_cache in (True, False):
+    print(f"use_cache={use_cache!s:5}: {timings[use_cache]:.2f} s, {positions[use_cache]:5d} positions computed")
+print(f"the cache saves {timings[False] / timings[True]:.1f}x time here, "
+      f"{positions[False] / positions[True]:.0f}x positions")
+assert tokens[True] == tokens[False], "the cache changes the cost, not the result"
+assert timings[False] > timings[True]
+
+# %% [markdown]
+# The saving grows with length: without a cache, step *i* recomputes all *p + i* positions, so *N* new
+# tokens cost about *pN + N²/2* positions instead of *p + N*. Our engine does what `use_cache=True` does:
+
+# %%
+start = engine.num_steps
+ours = llm.generate({"prompt_token_ids": out.prompt_token_ids[:16]},
+                    SamplingParams(temperature=0, max_tokens=N, ignore_eos=True), use_tqdm=False)[0]
+run = widgets.new_steps(engine, start)
+print("positions computed by minivllm:", sum(t.num_tokens for t in run))
+assert sum(t.num_tokens for t in run) == positions[True]
+print("same tokens as transformers:", ours.outputs[0].token_ids == tokens[True])
+
+# %% [markdown]
+# ## What one token and one block cost
+#
+# Each layer stores a key and a value vector per KV head for every token. The engine's formula
+# (`minivllm/core/kv_sizing.py`):
+
+# %%
+print(inspect.getsource(kv_sizing.kv_bytes_per_token))
+print(inspect.getsource(kv_sizing.kv_bytes_per_block))
+
+# %% [markdown]
+# ### Two pictures of a block
+#
+# The lecture draws blocks per layer: three short prompts, each fitting in one block of 16 tokens, in a
+# 4-layer model make **3 x 4 = 12 blocks**. vLLM (and `minivllm`) name a block once for *all* layers: block
+# id *b* is one slot range of 16 tokens in every layer's K and V tensors. Same memory, counted
+# differently: 3 block ids, each spanning the 4 layers. The engine's trace shows the 3 ids the seed
+# prompts got:
+
+# %%
+seed_prompts = ["Hi, my name is", "Today is a beautiful summer day", "Hello there"]
+start = engine.num_steps
+llm.generate(seed_prompts, SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+first = widgets.new_steps(engine, start)[0]
+block_ids = [b for blocks in first.allocated.values() for b in blocks]
+print("block ids allocated in the prefill step:", first.allocated)
+lecture_layers = 4
+print(f"lecture's per-layer picture: {len(block_ids)} prompts x {lecture_layers} layers = "
+      f"{len(block_ids) * lecture_layers} blocks")
+print(f"our model has {runner.model_config.num_layers} layers: the same 3 ids are "
+      f"{len(block_ids) * runner.model_config.num_layers} per-layer blocks")
+assert len(block_ids) == 3 and len(block_ids) * lecture_layers == 12
+
+# %% [markdown]
+# In the cache tensor, `[layers, K/V, blocks, block_size, kv_heads, head_dim]`, block *b* is the slice
+# `kv_cache[:, :, b]`: every layer, both K and V. Its size is exactly the formula's bytes per block:
+
+# %%
+cache = runner.kv_cache
+one_block = cache[:, :, block_ids[0]]
+print("cache tensor:", tuple(cache.shape), cache.dtype, " one block:", tuple(one_block.shape))
+assert one_block.numel() * one_block.element_size() == runner.bytes_per_block
+
+# %% [markdown]
+# ## The material's figures, recomputed
+#
+# The lecture's log shows about **10.86 GiB** of KV cache giving **32350** GPU blocks and **11915** CPU
+# (swap) blocks, and says a block is "about 34 MB". Those block counts fit **TinyLlama-1.1B** in fp16
+# (22 layers, 4 KV heads of 64 dims). We write TinyLlama's config (no weights needed), read it with the
+# engine's own config reader, and apply the engine's formula.
+
+# %%
+def model_config_of(**hf_config):
+    """The engine's view of a transformers config, read the way it reads a checkpoint's config.json."""
+    with tempfile.TemporaryDirectory() as d:
+        LlamaConfig(**hf_config).save_pretrained(d)
+        return read_model_config(d)
+
+
+tiny_llama = model_config_of(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+                             num_attention_heads=32, num_key_value_heads=4, vocab_size=32000, dtype="float16")
+fp16 = tiny_llama.torch_dtype.itemsize
+per_block = kv_bytes_per_block(tiny_llama.num_layers, 16, tiny_llama.num_kv_heads, tiny_llama.head_dim, fp16)
+gpu_blocks = num_blocks_for_budget(int(10.86 * GiB), per_block)
+swap_blocks = num_blocks_for_budget(4 * GiB, per_block)  # vLLM's default swap space: 4 GiB
+print(f"TinyLlama: {tiny_llama.num_layers} layers, {tiny_llama.num_kv_heads} KV heads x {tiny_llama.head_dim}")
+print(f"bytes per block: 2 x 22 x 16 x 4 x 64 x 2 = {per_block:,} = {per_block / KiB:.0f} KiB")
+print(f"10.86 GiB / {per_block / KiB:.0f} KiB = {gpu_blocks} GPU blocks;  4 GiB / {per_block / KiB:.0f} KiB = "
+      f"{swap_blocks} CPU blocks")
+assert per_block == 360_448 == 352 * KiB
+assert gpu_blocks == 32350 and swap_blocks == 11915
+
+# %%
+claimed = 34e6  # "about 34 MB per block"
+print(f"with 34 MB blocks, 10.86 GB would hold {10.86e9 / claimed:.0f} blocks "
+      f"({10.86 * GiB / (34 * MiB):.0f} in binary units), not 32350")
+print(f"34 MB is {claimed / per_block:.0f}x the formula's block; the log's own numbers agree with the formula")
+assert round(10.86e9 / claimed) == 319
+
+# %% [markdown]
+# ### Grouped-query attention: Llama-3-70B
+#
+# Another article puts Llama-3-70B's KV cache at 2 x 8192 x 80 x 2 bytes = 2.6 MB per token, about 10.5 GB
+# for a 4K context. That multiplies by the full hidden size, as if every one of the 64 query heads had its
+# own keys and values. Llama-3-70B uses grouped-query attention: 8 KV heads of 128 dims, shared by groups
+# of 8 query heads.
+
+# %%
+llama70b = model_config_of(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+                           num_attention_heads=64, num_key_value_heads=8, vocab_size=128256, dtype="bfloat16")
+article = 2 * 8192 * 80 * 2
+gqa = kv_bytes_per_token(llama70b.num_layers, llama70b.num_kv_heads, llama70b.head_dim, llama70b.torch_dtype.itemsize)
+print(f"article: {article:,} bytes/token = {article / 1e6:.2f} MB; 4K tokens = {article * 4096 / 1e9:.1f} GB")
+print(f"GQA:     {gqa:,} bytes/token = {gqa / 1e6:.2f} MB; 4K tokens = {gqa * 4096 / 1e9:.2f} GB")
+print(f"ratio {article // gqa} = {llama70b.num_heads} query heads / {llama70b.num_kv_heads} KV heads")
+assert gqa == 327_680 and article // gqa == 8 and round(gqa * 4096 / 1e9, 1) == 1.3
+
+# %% [markdown]
+# ## The same figures for the model we loaded
+#
+# The engine computed all of this when it loaded: `runner.bytes_per_block` from the model's config and
+# the dtype it chose (float32 on CPU; bf16 or fp16 on a GPU), and `runner.num_blocks` from its memory
+# budget. On CPU the budget is a fixed knob (`kv_sizing.DEFAULT_CPU_KV_CACHE_BYTES`); on a GPU the engine
+# measures what is left after the weights and a profiled forward pass.
+
+# %%
+mc, bs = runner.model_config, engine.config.block_size
+dtype_bytes = runner.dtype.itemsize
+per_token = kv_bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, dtype_bytes)
+print(f"{engine.config.model.name}: {mc.num_layers} layers, {mc.num_kv_heads} KV heads x {mc.head_dim} dims, "
+      f"{runner.dtype} ({dtype_bytes} bytes)")
+print(f"bytes per token: 2 x {mc.num_layers} x {mc.num_kv_heads} x {mc.head_dim} x {dtype_bytes} = {per_token:,}")
+print(f"bytes per block: x {bs} tokens = {runner.bytes_per_block:,} = {runner.bytes_per_block / KiB:.0f} KiB")
+print(f"blocks: {runner.num_blocks:,} = {runner.num_blocks * bs:,} tokens of KV cache "
+      f"({cache.nbytes / MiB:.0f} MiB)")
+assert runner.bytes_per_block == per_token * bs
+assert cache.nbytes == runner.num_blocks * runner.bytes_per_block
+if device.type == "cpu":
+    budget = engine.config.kv_cache_memory_bytes or kv_sizing.DEFAULT_CPU_KV_CACHE_BYTES
+    assert runner.num_blocks == num_blocks_for_budget(budget, runner.bytes_per_block)
+
+# %% [markdown]
+# ## Memory as land
+#
+# Think of the accelerator's memory as land to divide: the **weights** (fixed by the model), the **KV
+# cache** (the engine takes most of what is left, in blocks), and **activations** and workspace for one
+# step (plus memory outside torch's allocator). A 1.1B model in fp16 needs about 2.2 GB of weights; ours
+# is tiny, so nearly all of its land is KV cache. The numbers below are read from the loaded engine: weight
+# bytes from its parameters, KV bytes from the cache tensor. On a GPU the activation peak is measured by
+# one forward pass at the full step budget (the same profiling the engine does when it sizes the cache).
+
+# %%
+weights = sum(p.numel() * p.element_size() for p in runner.model.parameters())
+land = {"weights": weights, "KV cache": cache.nbytes}
+if device.type == "cuda":
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    runner._profile_run()  # one forward pass of max_num_batched_tokens tokens
+    land["activations (peak of one full step)"] = torch.cuda.max_memory_allocated() - base
+    free, total = torch.cuda.mem_get_info()
+    land["other / outside torch"] = total - free - torch.cuda.memory_allocated()
+    land["free"] = free
+for name, size in land.items():
+    print(f"{name:38s} {size / MiB:10.1f} MiB")
+if device.type == "cpu":
+    print("(on CPU there is no device memory to profile: run on a GPU to see activations measured)")
+fig = Figure(figsize=(9, 1.6))
+ax = fig.add_subplot()
+left = 0
+for (name, size), color in zip(land.items(), ["#4c72b0", "#dd8452", "#55a868", "#8172b3", "#dddddd"]):
+    ax.barh(0, size / MiB, left=left, color=color, label=f"{name} ({size / MiB:.0f} MiB)")
+    left += size / MiB
+ax.set_yticks([])
+ax.set_xlabel("MiB")
+ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.6), ncol=3, fontsize=8, frameon=False)
+ax.set_title(f"{runner.device} memory used by the engine", fontsize=10)
+widgets.show(fig)
+assert weights == sum(p.numel() for p in runner.model.parameters()) * dtype_bytes
+assert land["KV cache"] > land["weights"], "for a small model, the KV cache is most of the land"
+
+# %% [markdown]
+# Next: [03 · paged blocks](03_paged_blocks.ipynb): how those blocks are handed out, one request at a
+# time, and why paging wastes so little.

@@ -1,0 +1,246 @@
+# ---
+# jupyter:
+#   accelerator: GPU
+#   colab:
+#     gpuType: T4
+#     provenance: []
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 04 · Continuous batching, the token budget, chunked prefill and preemption
+#
+# A GPU is busiest when many sequences share each forward pass. **Static batching** forms a batch, runs
+# it until its longest sequence ends, and only then takes new requests: finished sequences leave idle
+# slots behind, and newcomers wait. **Continuous batching** reschedules at every step: finished requests
+# leave, waiting ones join. Both are run here on the real engine and drawn from its trace.
+
+# %%
+# Setup: on Colab, fetch the repository and install it; anywhere else this cell does nothing.
+import os
+import subprocess
+import sys
+
+REPO = "https://github.com/minivllm/minivllm"
+if "google.colab" in sys.modules:
+    if not os.path.isdir("/content/minivllm"):
+        subprocess.run(["git", "clone", "--depth", "1", REPO, "/content/minivllm"], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", "/content/minivllm"], check=True)
+    sys.path.insert(0, "/content/minivllm")
+
+# %%
+import dataclasses
+import inspect
+
+from IPython.display import display
+from matplotlib.figure import Figure
+
+import widgets
+from minivllm import LLM, EngineConfig, SamplingParams
+from minivllm.core.scheduler import Scheduler
+
+llm = LLM()
+
+# %% [markdown]
+# ## The toy schedule
+#
+# The material's five requests, as (arrival step, tokens to generate): (0, 10), (1, 5), (3, 15), (5, 3),
+# (6, 7). A clock ticks once per engine step. `widgets.run_arrivals` hands each request to the engine:
+#
+# * **continuous**: at its arrival tick, and the engine's scheduler does the rest;
+# * **static**, batch size 2: in arrival order, two at a time, and a pair only once both have arrived and
+#   the previous pair has completely finished.
+#
+# Every request generates exactly its token count (`max_tokens`, `ignore_eos=True`), greedily.
+
+# %%
+print(inspect.getsource(widgets.run_arrivals))
+
+# %%
+schedule = [(0, 10), (1, 5), (3, 15), (5, 3), (6, 7)]
+texts = ["Hi, my name is", "Today is a beautiful summer day", "Hello there", "Once upon a time", "The cat"]
+
+
+def toy(prefix):
+    return [widgets.Arrival(f"{prefix}{i}", arrival, text, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+            for i, ((arrival, n), text) in enumerate(zip(schedule, texts))]
+
+
+continuous = widgets.run_arrivals(llm.engine, toy("R"), "continuous")
+static = widgets.run_arrivals(llm.engine, toy("R"), "static", batch_size=2)
+
+fig = Figure(figsize=(11, 5.2))
+for rec, ax in zip((static, continuous), fig.subplots(2, 1)):
+    tl = widgets.timeline(rec.steps, rec.clock, rec.arrivals)
+    widgets.timeline_figure(tl, f"{rec.policy} batching: done after {rec.num_ticks} ticks", ax=ax, xlabel="clock tick")
+    ax.set_xlim(0, static.num_ticks + 0.5)  # the same scale for both
+widgets.show(fig)
+
+# %% [markdown]
+# (A `>` marks each arrival, a black bar each finish; red is a prefill with its token count, green a
+# decode step, grey waiting.)
+
+# %%
+print(f"{'request':8s} {'arrives':>7s} {'tokens':>6s} | {'static: done':>12s} {'latency':>7s} | "
+      f"{'continuous: done':>16s} {'latency':>7s}")
+for i, (arrival, n) in enumerate(schedule):
+    rid = f"R{i}"
+    print(f"{rid:8s} {arrival:7d} {n:6d} | {static.finished[rid]:12d} {static.latency(rid):7d} | "
+          f"{continuous.finished[rid]:16d} {continuous.latency(rid):7d}")
+mean = {rec.policy: sum(rec.latency(r) for r in rec.finished) / len(rec.finished) for rec in (static, continuous)}
+print(f"mean latency: static {mean['static']:.1f} ticks, continuous {mean['continuous']:.1f} ticks")
+print(f"all done after: static {static.num_ticks} ticks, continuous {continuous.num_ticks} ticks")
+
+assert {r: continuous.latency(r) for r in continuous.finished} == {f"R{i}": n for i, (_, n) in enumerate(schedule)}, \
+    "continuous: every request starts when it arrives and takes exactly its token count"
+assert static.finished == {"R0": 10, "R1": 5, "R2": 25, "R3": 13, "R4": 32}
+assert continuous.num_ticks == 18 and static.num_ticks == 33
+assert all(len(o.outputs[0].token_ids) == n for o, (_, n) in zip(
+    [continuous.outputs[f"R{i}"] for i in range(5)], schedule))
+
+# %% [markdown]
+# Static batching idles twice: slots sit empty after a short request finishes (R1 at tick 5, R3 at 13)
+# while others wait in the queue, and a batch cannot start until its last member arrives. Continuous
+# batching uses every step for whoever is there, so every request's latency is just its own length.
+#
+# ## The token budget
+#
+# Each step computes at most `max_num_batched_tokens` tokens (2048 by default). The scheduler serves
+# running requests first (decodes, 1 token each), then admits waiting prompts first-come-first-served
+# while they fit. Here is the scheduling loop:
+
+# %%
+print(inspect.getsource(Scheduler.schedule))
+
+# %% [markdown]
+# Sixteen prompts of 150 tokens arrive together: 2400 tokens, more than one step's 2048. The first step
+# prefills as many as fit, first come first served, and starts the next one with whatever budget is left
+# (a chunk); the second step finishes that chunk and prefills the rest.
+
+# %%
+burst_ids = llm.tokenizer.encode(("Once upon a time, there was a little girl named Lily. She loved to play "
+                                  "outside in the sun. One day, she saw a big red ball in the park. ") * 6)
+assert len(burst_ids) >= 165
+start = llm.engine.num_steps
+llm.generate([{"prompt_token_ids": burst_ids[i : i + 150]} for i in range(16)],
+             SamplingParams(temperature=0, max_tokens=2, ignore_eos=True), use_tqdm=False)
+burst = widgets.new_steps(llm.engine, start)
+for t in burst[:2]:
+    print(f"step {t.step}: {t.num_tokens} tokens =", [(e.request_id, e.num_tokens) for e in t.scheduled][:3], "...",
+          [(e.request_id, e.num_tokens) for e in t.scheduled][-2:])
+assert burst[0].num_tokens == 2048 == llm.engine.config.max_num_batched_tokens
+assert [e.num_tokens for e in burst[0].scheduled] == [150] * 13 + [98] and len(burst[0].waiting) == 2
+assert burst[1].num_prefill_tokens == 2400 - 2048 and burst[1].num_decode_tokens == 13
+
+# %% [markdown]
+# ## Chunked prefill
+#
+# A long prompt that does not fit the budget is cut into chunks over several steps, and the requests
+# already running keep decoding in every one of those steps instead of stalling behind it. We make the
+# budget tiny (`max_num_batched_tokens=32`) so the effect is visible: two short requests are decoding
+# when a 150-token prompt arrives.
+#
+# (The extra engines in this notebook get a fixed `num_kv_blocks`. On a GPU, `LLM()` without one sizes
+# its cache to fill `gpu_memory_utilization` = 90% of the device, as vLLM does, so a second engine sized
+# the same way would find no memory left. They also compute in float32, which is the default on CPU: the
+# comparisons below are exact there, while in a GPU's half precision a different chunking may round
+# differently and, rarely, flip a greedy pick.)
+
+# %%
+story = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the sun. "
+         "One day, she saw a big red ball in the park. ") * 6
+long_ids = llm.tokenizer.encode(story)[:150]
+assert len(long_ids) == 150
+greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+jobs = [widgets.Arrival("short-a", 0, "Hello there", greedy), widgets.Arrival("short-b", 0, "The cat", greedy),
+        widgets.Arrival("long", 2, {"prompt_token_ids": long_ids}, greedy)]
+chunked = LLM(max_num_batched_tokens=32, num_kv_blocks=64, dtype="float32")  # see the notes below
+rec = widgets.run_arrivals(chunked.engine, jobs, "continuous")
+tl = widgets.timeline(rec.steps, rec.clock, rec.arrivals)
+widgets.show(widgets.timeline_figure(tl, "max_num_batched_tokens=32: the long prompt is prefilled in chunks",
+                                     xlabel="clock tick"))
+chunks = [tl.tokens["long", x] for x in range(tl.last_x + 1) if tl.cells.get(("long", x)) == "prefill"]
+print("prefill chunks of the long prompt:", chunks)
+assert sum(chunks) == 150 and max(chunks) <= 32 and len(chunks) >= 5
+assert all(t.num_tokens <= 32 for t in rec.steps)
+assert all(tl.cells[rid, x] == "decode" for rid in ("short-a", "short-b") for x in range(1, 12)), \
+    "the short requests decode in every step while the long prompt is chunked"
+
+# %% [markdown]
+# Chunking changes when work happens, never what is computed: the same requests with the default budget
+# give the same tokens.
+
+# %%
+exact = LLM(num_kv_blocks=256, dtype="float32")  # the default budget of 2048 tokens, and room to spare
+reference = widgets.run_arrivals(exact.engine, jobs, "continuous")
+assert {r: o.outputs[0].token_ids for r, o in rec.outputs.items()} == \
+    {r: o.outputs[0].token_ids for r, o in reference.outputs.items()}
+print("identical outputs with a 32-token and a 2048-token budget")
+
+# %% [markdown]
+# ## Preemption when blocks run out
+#
+# Admission checks that a request's *next* tokens have blocks, not that its whole future output will.
+# When a running request needs a new block and none is free, the scheduler **preempts** the newest
+# running request: its blocks are freed and it goes back to the head of the waiting queue, to be
+# recomputed later (its prompt plus everything it had generated, in one prefill). vLLM can instead
+# *swap* the blocks to CPU memory; `minivllm`, like vLLM's current engine, recomputes.
+#
+# Four requests of about 140 tokens each need about 9 blocks apiece; we give the engine 12.
+
+# %%
+prompts = [llm.tokenizer.encode(story)[i * 10 : i * 10 + 40] for i in range(4)]
+long_out = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
+tight = LLM(num_kv_blocks=12, dtype="float32")
+start = tight.engine.num_steps
+squeezed = tight.generate([{"prompt_token_ids": p} for p in prompts], long_out, use_tqdm=False)
+steps = widgets.new_steps(tight.engine, start)
+tl = widgets.timeline(steps)
+widgets.show(widgets.timeline_figure(tl, "12 KV blocks for 4 requests of ~140 tokens: preemption (purple)"))
+stats = tight.engine.stats()
+print(f"preemptions: {stats['num_preemptions']}; per request:", [o.num_preemptions for o in squeezed])
+recomputed = [(t.step, e.request_id, e.num_tokens) for t in steps for e in t.scheduled
+              if e.kind == "prefill" and e.num_tokens > 40]
+print("recompute prefills (step, request, tokens):", recomputed[:6])
+assert stats["num_preemptions"] > 0 and recomputed
+assert stats["num_free_blocks"] == 12
+
+# %%
+before = exact.engine.stats()["num_preemptions"]
+expected = exact.generate([{"prompt_token_ids": p} for p in prompts], long_out, use_tqdm=False)
+assert exact.engine.stats()["num_preemptions"] == before, "256 blocks are enough: no preemption"
+assert [o.outputs[0].token_ids for o in squeezed] == [o.outputs[0].token_ids for o in expected]
+print("identical outputs with 12 blocks (preempting) and 256 blocks (never preempting)")
+
+# %% [markdown]
+# Step through the tight run: find a step where a request is preempted, and watch its blocks go back to
+# the pool.
+
+# %%
+stepper = widgets.JourneyStepper(steps, tokenizer=tight.tokenizer, max_blocks=12)
+stepper.slider.value = next(i for i, t in enumerate(steps) if t.preempted)
+assert "preempted" in stepper.html.value and steps[stepper.index].preempted[0] in stepper.html.value
+display(stepper)
+
+# %% [markdown]
+# ## The knobs
+#
+# The material names the engine settings that shape all of this. They are `EngineConfig` fields, passed
+# to `LLM(...)` as keyword arguments:
+
+# %%
+knobs = ["max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size", "gpu_memory_utilization",
+         "enable_chunked_prefill", "num_kv_blocks"]
+defaults = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
+for name in knobs:
+    print(f"{name:24s} default {defaults[name]!r}")
+assert defaults["max_num_batched_tokens"] == 2048 and defaults["block_size"] == 16
+
+# %% [markdown]
+# The scheduling policy itself is first come, first served; the material also names shortest job first,
+# round-robin and priority scheduling, which differ only in the order `schedule()` walks the queue.
+#
+# Next: [05 · sampling](05_sampling.ipynb).

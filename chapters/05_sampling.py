@@ -1,0 +1,217 @@
+# ---
+# jupyter:
+#   accelerator: GPU
+#   colab:
+#     gpuType: T4
+#     provenance: []
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 05 · Sampling: from logits to the next token
+#
+# The last step of every engine step turns each request's logits (one score per vocabulary entry) into
+# one token. Greedy decoding takes the highest score; sampling draws from the softmax, reshaped by
+# temperature and cut down by top-k, top-p and min-p, with a repetition penalty against what the request
+# has already said. Every request in a batch carries its own settings. We use the engine's sampler
+# (`minivllm/sampling/sampler.py`) on real logits captured from the model while it generates.
+
+# %%
+# Setup: on Colab, fetch the repository and install it; anywhere else this cell does nothing.
+import os
+import subprocess
+import sys
+
+REPO = "https://github.com/minivllm/minivllm"
+if "google.colab" in sys.modules:
+    if not os.path.isdir("/content/minivllm"):
+        subprocess.run(["git", "clone", "--depth", "1", REPO, "/content/minivllm"], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", "/content/minivllm"], check=True)
+    sys.path.insert(0, "/content/minivllm")
+
+# %%
+import torch
+from matplotlib.figure import Figure
+
+import widgets
+from minivllm import LLM, SamplingParams
+from minivllm.request import Request
+from minivllm.sampling import sampler as sampler_module
+from minivllm.sampling.sampler import SamplingBatch, apply_repetition_penalty, apply_top_k_top_p_min_p
+
+llm = LLM(dtype="float32")  # the CPU default; on a GPU it keeps batch-size rounding out of the comparisons
+tok = llm.tokenizer
+print(sampler_module.__doc__)
+
+# %% [markdown]
+# ## Real logits
+#
+# The runner calls `runner.sampler(logits, batch)` once per step. We wrap it for one generation to keep a
+# copy of what it was given, then put the original back.
+
+# %%
+class Recorder:
+    """Stands in for the engine's sampler: records its inputs, then lets the real sampler decide."""
+
+    def __init__(self, sampler):
+        self.sampler, self.logits = sampler, []
+
+    def __call__(self, logits, batch):
+        self.logits.append(logits.detach().float().cpu().clone())
+        return self.sampler(logits, batch)
+
+
+runner = llm.engine.runner
+recorder = runner.sampler = Recorder(runner.sampler)
+prompt = "Once upon a time, there was a little"
+greedy_out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)[0]
+runner.sampler = recorder.sampler
+logits = recorder.logits[0][0]  # step 0, the only request: the next-token scores after the prompt
+print(f"{prompt!r} -> {greedy_out.outputs[0].text!r}")
+print("logits:", tuple(logits.shape), "(one score per vocabulary entry)")
+
+
+def top(probs, k=8):
+    values, ids = probs.topk(k)
+    return [(repr(tok.decode([i])), round(v, 3)) for v, i in zip(values.tolist(), ids.tolist())]
+
+
+probs = logits.softmax(-1)
+print("most likely next tokens:", top(probs))
+
+# %% [markdown]
+# ## Greedy
+#
+# Temperature 0 means argmax. It is what the engine picked:
+
+# %%
+assert int(logits.argmax()) == greedy_out.outputs[0].token_ids[0]
+print("greedy picks", repr(tok.decode([int(logits.argmax())])))
+
+# %% [markdown]
+# ## Temperature
+#
+# Logits are divided by the temperature before the softmax: below 1 sharpens the distribution toward
+# the top token, above 1 flattens it.
+
+# %%
+fig = Figure(figsize=(9, 2.8))
+axes = fig.subplots(1, 3, sharey=True)
+entropy = {}
+top_ids = probs.topk(8).indices
+for ax, t in zip(axes, (0.5, 1.0, 2.0)):
+    p = (logits / t).softmax(-1)
+    entropy[t] = float(-(p * p.clamp_min(1e-30).log()).sum())
+    ax.bar(range(8), p[top_ids].tolist(), color="#4c72b0")
+    ax.set_xticks(range(8), [tok.decode([i]) for i in top_ids.tolist()], rotation=60, fontsize=7)
+    ax.set_title(f"temperature {t}: entropy {entropy[t]:.2f}", fontsize=9)
+widgets.show(fig)
+assert entropy[0.5] < entropy[1.0] < entropy[2.0]
+
+# %% [markdown]
+# ## Top-k, top-p, min-p
+#
+# The filters set the scores of excluded tokens to minus infinity, so the softmax gives them nothing:
+#
+# * **top-k** keeps the k highest;
+# * **top-p** (nucleus) keeps the smallest set of top tokens whose probability adds up to at least p;
+# * **min-p** keeps tokens with at least `min_p` times the top token's probability.
+#
+# The engine's function takes one row per request, each with its own settings (0 / 1 / 0 switch a filter
+# off). Three rows, the same logits:
+
+# %%
+rows = logits.expand(3, -1).clone()
+kept = apply_top_k_top_p_min_p(rows, top_k=torch.tensor([5, 0, 0]), top_p=torch.tensor([1.0, 0.9, 1.0]),
+                               min_p=torch.tensor([0.0, 0.0, 0.1]))
+counts = torch.isfinite(kept).sum(-1).tolist()
+print(f"top_k=5 keeps {counts[0]}, top_p=0.9 keeps {counts[1]}, min_p=0.1 keeps {counts[2]} "
+      f"of {logits.numel()} tokens")
+sorted_probs = probs.sort(descending=True).values
+mass = sorted_probs.cumsum(0)
+print(f"the top {counts[1]} tokens hold {mass[counts[1] - 1]:.3f} of the probability (top-p 0.9)")
+assert counts[0] == 5
+assert counts[1] == 1 or mass[counts[1] - 2] < 0.9 <= mass[counts[1] - 1] + 1e-6, "the smallest set reaching 0.9"
+assert counts[2] == int((probs >= 0.1 * probs.max()).sum())
+
+# %% [markdown]
+# ## Repetition penalty
+#
+# Every token already in the prompt or the output gets its score divided by the penalty if positive,
+# multiplied if negative: either way, less likely.
+
+# %%
+request = Request("r", tok.encode(prompt), SamplingParams(repetition_penalty=1.5))
+batch = SamplingBatch.from_requests([request], device="cpu")
+penalized = apply_repetition_penalty(logits[None].clone(), batch)[0]
+seen = sorted(set(request.all_token_ids))
+for i in seen:
+    name = tok.decode([i]) or tok.hf.convert_ids_to_tokens([i])[0]  # BOS decodes to ""
+    print(f"{name!r:12} {float(logits[i]):7.2f} -> {float(penalized[i]):7.2f}")
+unseen = torch.ones_like(logits, dtype=torch.bool)
+unseen[seen] = False
+assert torch.equal(penalized[unseen], logits[unseen]) and (penalized[seen] <= logits[seen]).all()
+
+# %% [markdown]
+# In a generation, the penalty steers away from words the text has already used (count the `little`s):
+
+# %%
+for penalty in (1.0, 1.3):
+    out = llm.generate(["Once upon a time"], SamplingParams(temperature=0, max_tokens=40, repetition_penalty=penalty),
+                       use_tqdm=False)[0].outputs[0]
+    print(f"repetition_penalty={penalty}: {out.text!r}\n    {len(set(out.token_ids))} distinct tokens of "
+          f"{len(out.token_ids)}, 'little' {out.text.count('little')} times\n")
+
+# %% [markdown]
+# ## The order of the steps
+#
+# The material orders sampling as *temperature -> top-k/top-p -> repetition penalty -> sample*. vLLM and
+# transformers apply the penalty **first**, on the raw logits, and so does our sampler (its docstring,
+# printed at the top, says why: it lets greedy decoding use a penalty too). The order matters: penalising
+# after a top-k filter can only reorder the survivors, and with `top_k=1` it can change nothing.
+
+# %%
+params = SamplingParams(temperature=1.0, top_k=1, repetition_penalty=1.5)
+request = Request("r", tok.encode(prompt) + greedy_out.outputs[0].token_ids[:1], params)
+batch = SamplingBatch.from_requests([request], device="cpu")
+top1 = dict(top_k=torch.tensor([1]), top_p=torch.ones(1), min_p=torch.zeros(1))
+ours = apply_top_k_top_p_min_p(apply_repetition_penalty(logits[None].clone(), batch), **top1)
+material = apply_repetition_penalty(apply_top_k_top_p_min_p(logits[None].clone(), **top1), batch)
+print("penalty first (ours, vLLM, transformers):", repr(tok.decode([int(ours.argmax())])))
+print("penalty last (the material):             ", repr(tok.decode([int(material.argmax())])))
+print("the two orders pick different tokens here" if int(ours.argmax()) != int(material.argmax())
+      else "the two orders agree on this one")
+assert int(material.argmax()) == int(logits.argmax()), "after top-1 filtering the penalty cannot change the pick"
+assert int(ours.argmax()) == int(apply_repetition_penalty(logits[None].clone(), batch).argmax())
+
+# %% [markdown]
+# ## Seeds, and each request its own settings
+#
+# A draw needs randomness. A request with a `seed` takes its noise from its own generator, so it gives
+# the same tokens every time, whatever else is in the batch; requests without one share the engine's
+# generator. One batch can mix greedy and sampled requests.
+
+# %%
+sampled = SamplingParams(temperature=0.9, top_p=0.95, max_tokens=20, seed=7)
+alone = llm.generate([prompt], sampled, use_tqdm=False)[0].outputs[0]
+mixed = llm.generate([prompt, "Hello there", prompt, "The cat"],
+                     [sampled, SamplingParams(temperature=1.2, max_tokens=20),
+                      SamplingParams(temperature=0, max_tokens=12), SamplingParams(temperature=0.9, top_k=5, seed=1)],
+                     use_tqdm=False)
+print("seed 7, alone:      ", repr(alone.text))
+print("seed 7, in a batch: ", repr(mixed[0].outputs[0].text))
+print("greedy, in a batch: ", repr(mixed[2].outputs[0].text))
+other_seeds = {tuple(llm.generate([prompt], SamplingParams(temperature=0.9, top_p=0.95, max_tokens=20, seed=s),
+                                  use_tqdm=False)[0].outputs[0].token_ids) for s in range(4)}
+print(f"seeds 0-3 gave {len(other_seeds)} different continuations")
+assert mixed[0].outputs[0].token_ids == alone.token_ids, "a seeded request does not depend on its neighbours"
+assert mixed[2].outputs[0].token_ids == greedy_out.outputs[0].token_ids, "greedy is greedy, in any batch"
+assert len(other_seeds) > 1
+
+# %% [markdown]
+# That is the whole journey: text to ids, the queue, prefill and decode over a paged KV cache, continuous
+# batching, and the sampler. Back to [00 · first generation](00_first_generation.ipynb) to step through it
+# again.

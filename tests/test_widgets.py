@@ -1,0 +1,209 @@
+"""The chapters' widgets, driven by a real engine: click the buttons, move the sliders, read what they draw."""
+
+import inspect
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pytest  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+import widgets  # noqa: E402
+from minivllm import LLM, SamplingParams  # noqa: E402
+from widgets import blocks, colors, journey, timelines, workloads  # noqa: E402
+
+TOY = [(0, 10), (1, 5), (3, 15), (5, 3), (6, 7)]  # the material's (arrival step, tokens) schedule
+
+
+def greedy(n):
+    return SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def recorded(llama_path):
+    """Three requests through a small engine: block 4, 24 blocks, budget 16 (so the long prompt is chunked)."""
+    llm = LLM(llama_path, block_size=4, num_kv_blocks=24, max_num_batched_tokens=16)
+    eng = llm.engine
+    for rid, prompt, n in (("long", list(range(1, 22)), 6), ("mid", [5, 6, 7, 8, 9], 4), ("short", [3, 4], 9)):
+        eng.add_request(rid, prompt, greedy(n))
+    while eng.has_unfinished_requests():
+        eng.step()
+    return eng, list(eng.trace)
+
+
+def test_render_modules_are_pure():
+    for module in (blocks, colors, journey, timelines, workloads):
+        assert "import ipywidgets" not in inspect.getsource(module), module.__name__
+
+
+def test_step_html_names_the_batch_queues_and_blocks(recorded):
+    _, steps = recorded
+    first = steps[0]
+    # budget 16: the 21-token prompt takes the whole first step; the others wait, first come first served
+    assert [(e.request_id, e.kind, e.num_tokens) for e in first.scheduled] == [("long", "prefill", 16)]
+    assert first.waiting == ["mid", "short"] and first.allocated["long"] == [0, 1, 2, 3]
+    page = widgets.step_html(first, 0, len(steps))
+    assert "step 0 (1 of" in page and "prefill 16 tokens" in page
+    assert "<b>long</b> [0, 1, 2, 3]" in page  # blocks allocated
+    assert "mid, short" in page  # the waiting queue, in order
+    assert "none yet (prefill chunk)" in page  # a chunk that does not reach the prompt's end samples nothing
+    last = steps[-1]
+    page = widgets.step_html(last)
+    for rid, why in last.finished.items():
+        assert f"<b>{rid}</b> ({why})" in page
+    for rid, freed in last.freed.items():
+        assert f"<b>{rid}</b> {freed}" in page
+
+
+def test_journey_stepper_buttons_and_slider(recorded):
+    _, steps = recorded
+    stepper = widgets.JourneyStepper(steps, show_blocks=True, max_blocks=24)
+    assert stepper.index == 0 and stepper.slider.max == len(steps) - 1
+    assert "step 0 (1 of" in stepper.html.value and stepper.image.value[:4] == b"\x89PNG"
+    stepper.step_button.click()
+    assert stepper.index == 1 and f"step {steps[1].step} (2 of" in stepper.html.value
+    # step 1: the rest of the long prompt (5 tokens) plus the two short prompts, 16 tokens in all
+    assert [(e.request_id, e.num_tokens) for e in steps[1].scheduled] == [("long", 5), ("mid", 5), ("short", 2)]
+    for rid, blocks_ in steps[1].allocated.items():
+        assert f"<b>{rid}</b> {blocks_}" in stepper.html.value
+    k = next(i for i, t in enumerate(steps) if t.finished)
+    stepper.slider.value = k
+    assert all(f"<b>{rid}</b> ({why})" in stepper.html.value for rid, why in steps[k].finished.items())
+    free_patches = [p for p in stepper.figure.axes[1].patches if p.get_linestyle() == "--"]
+    assert len(free_patches) == steps[k].num_free_blocks
+    stepper.slider.value = stepper.slider.max
+    stepper.step_button.click()  # a finished recording with no engine: Step stays at the end
+    assert stepper.index == len(steps) - 1
+    stepper.reset_button.click()
+    assert stepper.index == 0 and "step 0 (1 of" in stepper.html.value
+
+
+def test_live_stepper_runs_the_engine_at_the_end_of_the_recording(llama_path):
+    llm = LLM(llama_path, block_size=4, num_kv_blocks=16)
+    eng = llm.engine
+    llm.generate({"prompt_token_ids": [9, 9, 9]}, greedy(2), use_tqdm=False)  # an earlier run in the trace
+    start = eng.num_steps
+    eng.add_request("a", [1, 2, 3, 4, 5, 6], greedy(3))
+    eng.add_request("b", [7, 8], greedy(2))
+    stepper = widgets.JourneyStepper(eng, max_blocks=16, since_step=start)
+    assert stepper.steps == [] and "no steps recorded yet" in stepper.html.value
+    stepper.step_button.click()
+    assert eng.num_steps == start + 1 and stepper.index == 0 and stepper.steps[0].step == start
+    got = stepper.steps[0].allocated
+    assert len(got["a"]) == 2 and len(got["b"]) == 1 and not set(got["a"]) & set(got["b"])
+    assert "prefill 8 tokens" in stepper.html.value and f"<b>a</b> {got['a']}" in stepper.html.value
+    while eng.has_unfinished_requests():
+        stepper.step_button.click()
+    assert stepper.index == len(stepper.steps) - 1 == eng.num_steps - 1 - start
+    last = stepper.current
+    assert last.finished == {"a": "length"} and "<b>a</b> (length)" in stepper.html.value
+    assert sum(c.is_free for c in widgets.pool_cells(last)) == 16 == last.num_total_blocks
+    stepper.reset_button.click()
+    stepper.step_button.click()
+    assert stepper.index == 1 and eng.num_steps == start + len(stepper.steps), "replaying does not step the engine"
+
+
+def test_block_table_viewer_draws_the_pool(recorded):
+    eng, steps = recorded
+    viewer = widgets.BlockTableViewer(steps, block_size=4)
+    for k in (0, 1, 3):
+        viewer.slider.value = k
+        step = steps[k]
+        cells = widgets.pool_cells(step)
+        assert len(cells) == 24 and sum(c.is_free for c in cells) == step.num_free_blocks
+        for rid, table in step.block_tables.items():
+            assert all(cells[b].owners == [rid] for b in table)
+            row = viewer.html.value.split(f"<th>{rid}</th>")[1].split("</tr>")[0]
+            assert [int(x.split(">")[-1]) for x in row.split("</td>")[:-1]] == table
+        pool_ax = viewer.figure.axes[1]
+        assert len(pool_ax.patches) == 24
+        assert sum(p.get_linestyle() == "--" for p in pool_ax.patches) == step.num_free_blocks
+        assert f"{step.num_free_blocks} of 24 free" in pool_ax.get_title()
+
+
+def test_shared_prefix_blocks_are_drawn_shared(llama_path):
+    llm = LLM(llama_path, block_size=4, num_kv_blocks=40, max_num_batched_tokens=64)
+    eng = llm.engine
+    system = list(range(10, 27))  # 17 tokens: 4 full blocks, then one more token
+    llm.generate({"prompt_token_ids": system + [1]}, greedy(1), use_tqdm=False)  # fills the prefix cache
+    for i, q in enumerate(([1, 2, 3], [4, 5], [6])):
+        eng.add_request(f"q{i}", system + q, greedy(3))
+    eng.step()
+    step = eng.trace[-1]
+    shared = [c for c in widgets.pool_cells(step) if c.is_shared]
+    assert [c.block_id for c in shared] == step.block_tables["q0"][:4]
+    assert all(c.owners == ["q0", "q1", "q2"] and c.ref_cnt == step.shared_blocks[c.block_id] == 3 for c in shared)
+    page = widgets.block_table_html(step, 4)
+    assert page.count("(x3 shared)") == 12
+    fig = widgets.block_table_figure(step, max_blocks=40)
+    assert sum(p.get_hatch() == "//" for p in fig.axes[1].patches) == 4
+    assert sum(p.get_hatch() == "//" for p in fig.axes[0].patches) == 12
+    assert "4 shared" in fig.axes[1].get_title()
+    while eng.has_unfinished_requests():
+        eng.step()
+    assert eng.trace[-1].num_free_blocks == 40 and not eng.trace[-1].shared_blocks
+
+
+def test_big_pool_draws_a_window_and_says_so(llama_path):
+    llm = LLM(llama_path, block_size=4, num_kv_blocks=500)
+    llm.generate({"prompt_token_ids": list(range(1, 30))}, greedy(2), use_tqdm=False)
+    step = llm.engine.trace[0]
+    fig = widgets.block_table_figure(step, max_blocks=64)
+    assert len(fig.axes[1].patches) == 64
+    assert "+436 more not drawn, 0 of them in use" in fig.axes[1].get_title()
+
+
+def toy(prefix):
+    return [widgets.Arrival(f"{prefix}{i}", arrival, [1 + i, 2 + i, 3 + i], greedy(n))
+            for i, (arrival, n) in enumerate(TOY)]
+
+
+def test_static_versus_continuous_timeline(llama_path):
+    eng = LLM(llama_path, block_size=4, num_kv_blocks=64).engine
+    cont = widgets.run_arrivals(eng, toy("c"), "continuous")
+    stat = widgets.run_arrivals(eng, toy("s"), "static", batch_size=2)
+    # continuous: each request starts the tick it arrives and takes exactly `tokens` steps
+    assert cont.finished == {f"c{i}": a + n - 1 for i, (a, n) in enumerate(TOY)}
+    # static, pairs: (0,1) start at 1 when both are there; (2,3) after 0 ends at 10; 4 alone after 3 ends
+    assert stat.finished == {"s0": 10, "s1": 5, "s2": 25, "s3": 13, "s4": 32}
+    assert stat.admitted == {"s0": 1, "s1": 1, "s2": 11, "s3": 11, "s4": 26}
+    assert [len(o.outputs[0].token_ids) for o in cont.outputs.values()] == [5, 3, 10, 7, 15]
+    tl_c = widgets.timeline(cont.steps, cont.clock, cont.arrivals)
+    tl_s = widgets.timeline(stat.steps, stat.clock, stat.arrivals)
+    assert tl_c.request_ids == ["c0", "c1", "c2", "c3", "c4"] and tl_c.last_x == 17
+    assert tl_c.count("waiting") == 0 and tl_c.count("prefill") == 5 and tl_c.count("decode") == 40 - 5
+    assert tl_s.row("s4")[6:26] == ["waiting"] * 20 and tl_s.row("s4")[26:] == ["prefill"] + ["decode"] * 6
+    assert tl_s.row("s0")[:2] == ["waiting", "prefill"]
+    assert tl_s.count("waiting") == 1 + 8 + 6 + 20
+    assert sum(stat.latency(r) for r in stat.finished) > sum(cont.latency(r) for r in cont.finished)
+    fig = widgets.timeline_figure(tl_s, "static", xlabel="tick")
+    assert isinstance(fig, Figure) and fig.axes[0].get_xlabel() == "tick"
+    assert len(fig.axes[0].patches) == len(tl_s.cells)
+
+
+def test_timeline_shows_chunks_and_preemption(llama_path):
+    llm = LLM(llama_path, block_size=4, num_kv_blocks=9, max_num_batched_tokens=8)
+    outs = llm.generate([{"prompt_token_ids": list(range(1, 13))}, {"prompt_token_ids": list(range(20, 30))}],
+                        greedy(10), use_tqdm=False)
+    assert all(len(o.outputs[0].token_ids) == 10 for o in outs)
+    steps = list(llm.engine.trace)
+    tl = widgets.timeline(steps)
+    assert tl.row("0")[:2] == ["prefill", "prefill"]  # 12 prompt tokens in chunks of 8 + 4
+    preempted = [t.step for t in steps if t.preempted]
+    assert preempted, "9 blocks of 4 cannot hold both 22- and 20-token sequences"
+    for x in preempted:
+        assert all(tl.cells[rid, x] == "preempted" for rid in steps[x].preempted)
+    assert tl.count("preempted") == llm.engine.stats()["num_preemptions"]
+
+
+def test_kv_occupancy_counts_slots_and_tokens(recorded):
+    eng, steps = recorded
+    occ = widgets.kv_occupancy(steps, 4)
+    assert (occ[0].blocks, occ[0].slots, occ[0].tokens) == (4, 16, 16)
+    assert (occ[1].slots, occ[1].tokens) == (6 * 4 + 2 * 4 + 4, 21 + 5 + 2)
+    for o, t in zip(occ, steps):
+        assert o.blocks == t.num_total_blocks - t.num_free_blocks
+        assert 0 <= o.slots - o.tokens < 4 * max(o.num_requests, 1)  # only each table's last block is partial
+    assert occ[-1].num_requests == 0 and occ[-1].paged_waste == 0.0
+    assert occ[1].static_waste(eng.config.max_model_len) == 1 - 28 / (3 * eng.config.max_model_len)

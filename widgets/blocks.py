@@ -1,0 +1,150 @@
+"""The block-table viewer: each request's logical blocks and the physical pool they map to, at one step.
+
+Pure functions of one recorded `StepTrace` (no ipywidgets here): `pool_cells` turns the step into plain
+data, `block_table_html` and `block_table_figure` draw it. The trace holds the block tables *after* the
+step, so a request that finished in this step has already given its blocks back.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+
+from minivllm.engine.trace import StepTrace
+from widgets.colors import FREE_COLOR, SHARED_COLOR, request_colors
+
+_LABEL_BOX = dict(boxstyle="square,pad=0.1", facecolor="white", edgecolor="none")
+
+
+@dataclass
+class BlockCell:
+    """One physical block: who uses it (in table order) and how many tables point at it."""
+
+    block_id: int
+    owners: list[str]
+
+    @property
+    def ref_cnt(self) -> int:
+        return len(self.owners)
+
+    @property
+    def is_free(self) -> bool:
+        return not self.owners
+
+    @property
+    def is_shared(self) -> bool:
+        return len(self.owners) > 1
+
+
+def pool_cells(step: StepTrace) -> list[BlockCell]:
+    """Every physical block of the pool with its owners, read from the step's block tables."""
+    cells = [BlockCell(b, []) for b in range(step.num_total_blocks)]
+    for rid, table in step.block_tables.items():
+        for block_id in table:
+            cells[block_id].owners.append(rid)
+    for cell in cells:  # the engine's own ref counts must agree with what the tables say
+        recorded = step.shared_blocks.get(cell.block_id)
+        if recorded is not None and recorded != cell.ref_cnt:
+            raise ValueError(f"block {cell.block_id}: trace says ref count {recorded}, tables say {cell.ref_cnt}")
+    return cells
+
+
+def blocks_to_show(step: StepTrace, max_blocks: int = 64, columns: int = 16) -> int:
+    """How many pool cells to draw: all of a small pool, else every used block rounded up to a full row."""
+    if step.num_total_blocks <= max_blocks:
+        return step.num_total_blocks
+    used = [b for table in step.block_tables.values() for b in table]
+    top = max(used, default=-1) + 1
+    rows = max(-(-max(top, columns) // columns), 1)
+    return min(step.num_total_blocks, max(rows * columns, min(max_blocks, step.num_total_blocks)))
+
+
+def block_table_html(step: StepTrace, block_size: int | None = None, colors: dict[str, str] | None = None) -> str:
+    """Each live request's block table as an HTML table: logical block index -> physical block id."""
+    colors = colors or request_colors(step.block_tables)
+    width = max((len(t) for t in step.block_tables.values()), default=0)
+    head = "".join(f"<th>{i}</th>" for i in range(width))
+    rows = []
+    for rid, table in step.block_tables.items():
+        cells = []
+        for block_id in table:
+            shared = step.shared_blocks.get(block_id, 1)
+            mark = f" <small>(x{shared} shared)</small>" if shared > 1 else ""
+            cells.append(f'<td style="background:{colors[rid]};text-align:center">{block_id}{mark}</td>')
+        rows.append(f"<tr><th>{html.escape(rid)}</th>{''.join(cells)}</tr>")
+    if not rows:
+        rows.append(f'<tr><td colspan="{width + 1}"><i>no live block tables</i></td></tr>')
+    size = f", {block_size} tokens each" if block_size else ""
+    caption = (f"step {step.step}: block tables (logical block -> physical block id{size}); "
+               f"{step.num_free_blocks} of {step.num_total_blocks} blocks free")
+    return (f'<table class="minivllm-blocks"><caption>{caption}</caption>'
+            f"<tr><th>request \\ logical</th>{head}</tr>{''.join(rows)}</table>")
+
+
+def block_table_figure(step: StepTrace, max_blocks: int = 64, columns: int = 16,
+                       colors: dict[str, str] | None = None) -> Figure:
+    """Top: each request's block table. Bottom: the physical pool as a grid, one colour per request.
+
+    Free blocks are white with a dashed edge; a block in several tables (a shared prefix-cache block) is
+    hatched (grey in the pool) and labelled with its reference count.
+    """
+    cells = pool_cells(step)
+    shown = blocks_to_show(step, max_blocks, columns)
+    colors = colors or request_colors(step.block_tables)
+    tables = step.block_tables
+    width = max([len(t) for t in tables.values()] + [1])
+    xmax = max(width, columns)
+    pool_rows = -(-shown // columns)
+    top_h = max(len(tables), 1)
+    fig = Figure(figsize=(0.45 * xmax + 1.6, 0.45 * (top_h + pool_rows) + 1.6))
+    gs = fig.add_gridspec(2, 1, height_ratios=[top_h, pool_rows], hspace=0.35)
+    ax_t, ax_p = fig.add_subplot(gs[0]), fig.add_subplot(gs[1])
+
+    # the block tables: row = request, column = logical block index, text = physical block id
+    for row, (rid, table) in enumerate(tables.items()):
+        for i, block_id in enumerate(table):
+            shared = len(cells[block_id].owners) > 1
+            ax_t.add_patch(Rectangle((i, row), 0.92, 0.85, facecolor=colors[rid], edgecolor="black",
+                                     hatch="//" if shared else None, linewidth=0.6))
+            ax_t.text(i + 0.46, row + 0.42, str(block_id), ha="center", va="center", fontsize=7,
+                      bbox=_LABEL_BOX if shared else None)
+    ax_t.set_xlim(0, xmax)
+    ax_t.set_ylim(top_h, 0)
+    ax_t.set_yticks([r + 0.42 for r in range(len(tables))], list(tables) or [])
+    ax_t.set_xticks([i + 0.46 for i in range(width)], [str(i) for i in range(width)], fontsize=7)
+    ax_t.xaxis.tick_top()
+    ax_t.set_title(f"step {step.step}: block tables (column = logical block, number = physical block id)",
+                   fontsize=9, pad=14)
+    if not tables:
+        ax_t.text(0.5, 0.5, "no live requests", ha="center", va="center", transform=ax_t.transAxes)
+    for side in ("bottom", "right"):
+        ax_t.spines[side].set_visible(False)
+
+    # the physical pool
+    for cell in cells[:shown]:
+        r, c = divmod(cell.block_id, columns)
+        if cell.is_free:
+            ax_p.add_patch(Rectangle((c, r), 0.92, 0.85, facecolor=FREE_COLOR, edgecolor="0.6",
+                                     linestyle="--", linewidth=0.6))
+            label = str(cell.block_id)
+        else:
+            face = SHARED_COLOR if cell.is_shared else colors[cell.owners[0]]
+            ax_p.add_patch(Rectangle((c, r), 0.92, 0.85, facecolor=face, edgecolor="black",
+                                     hatch="//" if cell.is_shared else None, linewidth=0.6))
+            label = f"{cell.block_id} x{cell.ref_cnt}" if cell.is_shared else str(cell.block_id)
+        ax_p.text(c + 0.46, r + 0.42, label, ha="center", va="center", fontsize=6,
+                  bbox=_LABEL_BOX if cell.is_shared else None)
+    ax_p.set_xlim(0, xmax)
+    ax_p.set_ylim(pool_rows, 0)
+    ax_p.set_xticks([])
+    ax_p.set_yticks([])
+    hidden = cells[shown:]
+    hidden_used = sum(not c.is_free for c in hidden)
+    more = f" (+{len(hidden)} more not drawn, {hidden_used} of them in use)" if hidden else ""
+    n_shared = sum(c.is_shared for c in cells)
+    ax_p.set_title(f"physical block pool: {step.num_free_blocks} of {step.num_total_blocks} free, "
+                   f"{n_shared} shared{more}", fontsize=9)
+    return fig

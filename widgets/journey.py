@@ -1,0 +1,72 @@
+"""The journey stepper's page: what one recorded engine step did, as HTML (pure; no ipywidgets here)."""
+
+from __future__ import annotations
+
+import html
+
+from minivllm.engine.trace import StepTrace
+from widgets.colors import KIND_COLORS, request_colors
+
+
+def _ids(ids) -> str:
+    return ", ".join(html.escape(str(i)) for i in ids) if ids else "<i>none</i>"
+
+
+def _by_request(events: dict[str, list[int]]) -> str:
+    if not events:
+        return "<i>none</i>"
+    return "; ".join(f"<b>{html.escape(rid)}</b> {blocks}" for rid, blocks in events.items())
+
+
+def _token_text(tokenizer, token: int | None) -> str:
+    if token is None:
+        return "<i>none yet (prefill chunk)</i>"
+    if tokenizer is None:
+        return str(token)
+    return f"{token} <code>{html.escape(repr(tokenizer.decode([token])))}</code>"
+
+
+def step_html(step: StepTrace, position: int | None = None, total: int | None = None, tokenizer=None,
+              colors: dict[str, str] | None = None) -> str:
+    """The waiting queue, the running batch, tokens per request, blocks in and out, preemptions, finishes.
+
+    `tokenizer` (anything with `decode(list[int]) -> str`, e.g. `llm.tokenizer`) adds each sampled
+    token's text; `position`/`total` say where this step sits in the recording.
+    """
+    colors = colors or request_colors([e.request_id for e in step.scheduled] + step.waiting)
+    where = f" ({position + 1} of {total} recorded)" if position is not None and total else ""
+    kinds = []
+    if step.num_prefill_tokens:
+        kinds.append(f"prefill {step.num_prefill_tokens} tokens")
+    if step.num_decode_tokens:
+        kinds.append(f"decode {step.num_decode_tokens} tokens")
+    head = (f"<h4>step {step.step}{where}: {', '.join(kinds) or 'nothing scheduled'}; "
+            f"{step.num_free_blocks} of {step.num_total_blocks} KV blocks free</h4>")
+    rows = []
+    for e in step.scheduled:
+        color = colors.get(e.request_id, "#ffffff")
+        rows.append(
+            f'<tr><td style="background:{color}"><b>{html.escape(e.request_id)}</b></td>'
+            f'<td style="color:{KIND_COLORS[e.kind]}"><b>{e.kind}</b></td><td>{e.num_tokens}</td>'
+            f"<td>{e.num_computed_before} &rarr; {e.num_computed_before + e.num_tokens}</td>"
+            f"<td>{_token_text(tokenizer, e.sampled_token)}</td></tr>")
+    batch = ('<table class="minivllm-step"><tr><th>request</th><th>kind</th><th>tokens this step</th>'
+             "<th>tokens in KV cache</th><th>sampled token</th></tr>" + "".join(rows) + "</table>")
+    finished = "; ".join(f"<b>{html.escape(r)}</b> ({why})" for r, why in step.finished.items())
+    facts = [
+        ("scheduled (the batch)", batch if rows else "<i>none</i>"),
+        ("waiting queue after the step (FCFS order)", _ids(step.waiting)),
+        ("running after the step", _ids(step.running)),
+        ("blocks allocated", _by_request(step.allocated)),
+        ("blocks re-used from the prefix cache", _by_request(step.cache_hits)),
+        ("blocks freed", _by_request(step.freed)),
+        ("preempted", _ids(step.preempted)),
+        ("finished", finished or "<i>none</i>"),
+    ]
+    body = "".join(f'<tr><th style="text-align:left;vertical-align:top">{k}</th><td>{v}</td></tr>'
+                   for k, v in facts)
+    return f'<div class="minivllm-journey">{head}<table>{body}</table></div>'
+
+
+def empty_html(message: str = "no steps recorded yet: press Step") -> str:
+    return f'<div class="minivllm-journey"><i>{html.escape(message)}</i></div>'
