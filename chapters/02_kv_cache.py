@@ -255,11 +255,8 @@ if device.type == "cpu":
 weights = sum(p.numel() * p.element_size() for p in runner.model.parameters())
 land = {"weights": weights, "KV cache": cache.nbytes}
 if device.type == "cuda":
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    runner._profile_run()  # one forward pass of max_num_batched_tokens tokens
-    land["activations (peak of one full step)"] = torch.cuda.max_memory_allocated() - base
+    # one forward pass of max_num_batched_tokens tokens: the same profiling the engine does at start-up
+    land["activations (peak of one full step)"] = runner.profile_run()
     free, total = torch.cuda.mem_get_info()
     land["other / outside torch"] = total - free - torch.cuda.memory_allocated()
     land["free"] = free

@@ -112,26 +112,22 @@ class Occupancy:
         return 1 - self.tokens / reserved if reserved else 0.0
 
 
-def kv_occupancy(steps: list[StepTrace], block_size: int) -> list[Occupancy]:
+def kv_occupancy(steps: list[StepTrace], block_size: int | None = None) -> list[Occupancy]:
     """Per step: how many block slots the live block tables reserve and how many hold a token.
 
-    A request's stored tokens are read from its latest scheduled entry (tokens computed before the step
-    plus those computed in it). Block i of a table holds min(block_size, stored - i * block_size) tokens;
-    a block shared by several tables (prefix caching) is counted once.
+    A request's stored tokens are the engine's own count after the step (`num_computed_tokens` in the
+    trace). Block i of a table holds min(block_size, stored - i * block_size) tokens; a block shared by
+    several tables (prefix caching) is counted once.
     """
-    stored: dict[str, int] = {}
     out = []
     for t in steps:
-        for e in t.scheduled:
-            stored[e.request_id] = e.num_computed_before + e.num_tokens
-        for rid in t.preempted:
-            stored.pop(rid, None)
+        size = block_size or t.block_size
         in_block: dict[int, int] = {}
         for rid, table in t.block_tables.items():
-            n = stored.get(rid, 0)
+            n = t.num_computed_tokens.get(rid, 0)
             for i, block_id in enumerate(table):
-                held = max(0, min(block_size, n - i * block_size))
+                held = max(0, min(size, n - i * size))
                 in_block[block_id] = max(in_block.get(block_id, 0), held)
-        out.append(Occupancy(t.step, len(t.block_tables), len(in_block), len(in_block) * block_size,
+        out.append(Occupancy(t.step, len(t.block_tables), len(in_block), len(in_block) * size,
                              sum(in_block.values())))
     return out

@@ -281,7 +281,8 @@ class LLMEngine:
             block_tables={rid: list(t) for rid, t in self.kv.block_tables.items()},
             waiting=[r.request_id for r in self.scheduler.waiting],
             running=[r.request_id for r in self.scheduler.running],
-            num_free_blocks=pool.num_free_blocks, num_total_blocks=pool.num_blocks,
+            num_free_blocks=pool.num_free_blocks, num_total_blocks=pool.num_blocks, block_size=self.kv.block_size,
+            num_computed_tokens={r.request_id: r.num_computed_tokens for r in self.scheduler.running},
             shared_blocks={b.block_id: b.ref_cnt for b in pool.blocks if b.ref_cnt > 1}))
 
     # ---- numbers -----------------------------------------------------------------------------------

@@ -37,6 +37,8 @@ class StepTrace:
     running: list[str]
     num_free_blocks: int
     num_total_blocks: int
+    block_size: int = 16
+    num_computed_tokens: dict[str, int] = field(default_factory=dict)  # live request -> tokens in its blocks
     shared_blocks: dict[int, int] = field(default_factory=dict)  # block id -> ref count, where > 1
 
     @property

@@ -62,7 +62,8 @@ def read_model_config(path: str | Path) -> ModelConfig:
     heads = hf.num_attention_heads
     rope = dict(getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {})
     theta = rope.get("rope_theta", getattr(hf, "rope_theta", 10000.0))
-    dtype = getattr(hf, "dtype", None) or getattr(hf, "torch_dtype", None)
+    # transformers 5 calls it `dtype`, 4.x `torch_dtype` (reading the old name in 5 warns)
+    dtype = vars(hf).get("dtype") or vars(hf).get("torch_dtype")
     return ModelConfig(
         model_type=hf.model_type, vocab_size=hf.vocab_size, hidden_size=hf.hidden_size,
         intermediate_size=hf.intermediate_size, num_layers=hf.num_hidden_layers, num_heads=heads,

@@ -49,16 +49,22 @@ class ModelRunner:
         if self.config.kv_cache_memory_bytes:
             return num_blocks_for_budget(self.config.kv_cache_memory_bytes, self.bytes_per_block)
         torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-        self._profile_run()
+        peak_extra = self.profile_run()
         free, total = torch.cuda.mem_get_info()
-        peak_extra = torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated()
         budget = gpu_kv_budget(total, self.config.gpu_memory_utilization, total - free + peak_extra)
         return num_blocks_for_budget(budget, self.bytes_per_block)
 
-    def _profile_run(self) -> None:
-        """One forward pass at the largest step size, to measure the activation peak."""
+    def profile_run(self) -> int:
+        """One forward pass at the largest step size; returns its activation peak in bytes (0 off CUDA).
+
+        The KV cache gets what is left after weights and this peak, so a full step can never run out.
+        """
         n, mc, bs = self.config.max_num_batched_tokens, self.model_config, self.config.block_size
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
         cache = torch.zeros(mc.num_layers, 2, -(-n // bs), bs, mc.num_kv_heads, mc.head_dim,
                             dtype=self.dtype, device=self.device)
         meta = self._metadata([list(range(cache.shape[2]))], [n], [n], list(range(n)))
@@ -66,7 +72,8 @@ class ModelRunner:
             hidden = self.model(torch.zeros(n, dtype=torch.long, device=self.device),
                                 torch.arange(n, device=self.device) % mc.max_position_embeddings, cache, meta)
             self.model.compute_logits(hidden[-min(n, self.config.max_num_seqs):])
-        del cache
+        del cache, hidden
+        return torch.cuda.max_memory_allocated() - base if cuda else 0
 
     def _metadata(self, tables: list[list[int]], query_lens: list[int], seq_lens: list[int],
                   slots: list[int]) -> AttentionMetadata:
