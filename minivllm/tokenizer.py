@@ -25,6 +25,7 @@ class Tokenizer:
         self.hf = AutoTokenizer.from_pretrained(path, local_files_only=True)
         self.eos_token_id: int | None = self.hf.eos_token_id
         self.vocab_size = len(self.hf)
+        self.special_tokens = set(self.hf.all_special_tokens)  # a property that rebuilds a list: read it once
 
     def encode(self, text: str) -> list[int]:
         return self.hf(text).input_ids
@@ -52,8 +53,7 @@ class Tokenizer:
         return ""
 
     def _join(self, tokens: list[str]) -> str:
-        special = set(self.hf.all_special_tokens)
-        return self.hf.convert_tokens_to_string([t for t in tokens if t not in special])
+        return self.hf.convert_tokens_to_string([t for t in tokens if t not in self.special_tokens])
 
 
 def find_stop_string(text: str, new_len: int, stops: list[str]) -> tuple[int, str] | None:
