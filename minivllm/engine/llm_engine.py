@@ -151,7 +151,7 @@ class LLMEngine:
                 self.scheduler.finish(r, "abort")
                 r.finish_time = time.monotonic()
             if self.proposer is not None:
-                self.proposer.free(r)
+                self.proposer.free(r.request_id)
         self._pending.append(self._output(reqs))
 
     def has_unfinished_requests(self) -> bool:
@@ -163,9 +163,9 @@ class LLMEngine:
         start = time.perf_counter()
         outputs, self._pending = self._pending, []
         sched = self.scheduler.schedule()
-        for rid in sched.preempted:
-            if self.proposer is not None:
-                self.proposer.free(self._request(rid))
+        if self.proposer is not None:
+            for rid in sched.preempted:  # recomputed later, so the draft's cache goes too
+                self.proposer.free(rid)
         if not sched:
             return outputs
         new_tokens = self.runner.execute(sched, self.kv.block_tables)
@@ -177,7 +177,7 @@ class LLMEngine:
             if s.request.request_id in finished:
                 self.scheduler.finish(s.request, finished[s.request.request_id])
                 if self.proposer is not None:
-                    self.proposer.free(s.request)
+                    self.proposer.free(s.request.request_id)
         outputs += [self._output(self.groups[pid]) for pid in touched]
         for out in outputs:
             if out.finished:
@@ -195,9 +195,6 @@ class LLMEngine:
                   max(min(self.config.num_speculative_tokens, r.max_total_tokens - r.num_tokens - 1), 0)
                   for r in reqs]
         self.proposer.propose(reqs, budget)
-
-    def _request(self, request_id: str) -> Request:
-        return next(r for r in self.scheduler.waiting if r.request_id == request_id)
 
     def _apply_tokens(self, sched: SchedulerOutput, new_tokens: list[list[int]]):
         entries, touched, finished = [], {}, {}

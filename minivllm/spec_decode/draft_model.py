@@ -88,8 +88,8 @@ class DraftModelProposer:
                 dists.append(probs[i])
         return tokens, dists
 
-    def free(self, request: Request) -> None:
-        """The request finished or was preempted: drop its draft cache too."""
-        shadow = self.shadows.pop(request.request_id, None)
+    def free(self, request_id: str) -> None:
+        """The request finished, was aborted or was preempted: drop its draft cache too."""
+        shadow = self.shadows.pop(request_id, None)
         if shadow is not None:
             self.kv.free(shadow)

@@ -27,5 +27,5 @@ class NgramProposer:
                     return tokens[start + n : start + n + k]
         return []
 
-    def free(self, request: Request) -> None:
+    def free(self, request_id: str) -> None:
         """Nothing to free: the lookup keeps no state."""
