@@ -55,16 +55,20 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
 
 def paged_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """All requests decode one token: gather every context at once and attend in one batched call."""
-    num_seqs, block_size = q.shape[0], k_cache.shape[1]
-    num_blocks = -(-meta.max_seq_len // block_size)
-    table = meta.block_tables[:, :num_blocks]
-    k = gather_blocks(k_cache, table).view(num_seqs, -1, *k_cache.shape[2:]).transpose(1, 2)  # [B, kv_heads, ctx, dim]
-    v = gather_blocks(v_cache, table).view(num_seqs, -1, *v_cache.shape[2:]).transpose(1, 2)
+    """All requests decode one token: gather every context at once and attend in one batched call.
+
+    With one query per head, the query heads that share a KV head (GQA) can stand in for query positions:
+    q becomes [B, kv_heads, heads_per_kv, dim], so K and V are never copied per query head.
+    """
+    num_seqs, num_heads, head_dim = q.shape
+    num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    table = meta.block_tables[:, : -(-meta.max_seq_len // block_size)]
+    k = gather_blocks(k_cache, table).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)  # [B, kv, ctx, d]
+    v = gather_blocks(v_cache, table).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
     mask = torch.arange(k.shape[2], device=q.device)[None, :] < meta.seq_lens[:, None]
-    out = F.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=mask[:, None, None, :],
-                                         scale=scale, enable_gqa=True)
-    return out.view(num_seqs, *q.shape[1:])
+    out = F.scaled_dot_product_attention(q.view(num_seqs, num_kv_heads, -1, head_dim), k, v,
+                                         attn_mask=mask[:, None, None, :], scale=scale)
+    return out.reshape(num_seqs, num_heads, head_dim)
 
 
 class TorchAttentionBackend:
