@@ -20,7 +20,8 @@ except ModuleNotFoundError:  # Python 3.10: pytest depends on tomli there
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = sorted((ROOT / "chapters").glob("[0-9][0-9]_*.py"))
 REQUIRED = ["00_first_generation", "01_tokenization_and_queue", "02_kv_cache", "03_paged_blocks",
-            "04_continuous_batching", "05_sampling"]
+            "04_continuous_batching", "05_sampling", "06_prefix_caching", "07_speculative_decoding",
+            "08_triton_kernels", "09_serving"]
 
 
 def repository_url() -> str:

@@ -56,6 +56,21 @@ def test_shared_blocks_are_shared_in_one_batch(llama_path):
         eng.step()
 
 
+def test_requests_arriving_together_share_a_cold_prefix(llama_path):
+    """The first request's prefix blocks are named when scheduled, so later ones in the same step reuse them."""
+    outs = {}
+    for caching in (True, False):
+        llm = LLM(llama_path, block_size=4, num_kv_blocks=64, enable_prefix_caching=caching)
+        outs[caching] = llm.generate(prompts(), greedy(), use_tqdm=False)
+        if caching:
+            step = llm.engine.trace[0]
+            assert len(step.scheduled) == 4, "all four are prefilled in the first step"
+            assert [len(step.cache_hits.get(str(i), [])) for i in range(4)] == [0, 8, 8, 8]
+            assert llm.engine.stats()["num_prefill_tokens_computed"] == 36 + 3 + 6 + 2
+    assert [o.num_cached_tokens for o in outs[True]] == [0, 32, 32, 32]
+    assert [o.outputs[0].token_ids for o in outs[True]] == [o.outputs[0].token_ids for o in outs[False]]
+
+
 def test_multi_turn_conversation_reuses_earlier_turns(llama_path):
     llm = LLM(llama_path, block_size=4, num_kv_blocks=64)
     history: list[int] = list(SYSTEM)

@@ -1,8 +1,8 @@
 """Thin ipywidgets wiring around the pure render functions: buttons and a slider over recorded steps.
 
 Each widget object keeps its state (the recorded steps and the current position) and re-renders with the
-functions in `widgets.blocks` / `widgets.journey` whenever the position changes. Display it as the last
-expression of a cell, or with `IPython.display.display(obj)`.
+functions in `widgets.blocks` / `widgets.journey` / `widgets.speculation` whenever the position changes. Display
+it as the last expression of a cell, or with `IPython.display.display(obj)`.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from minivllm.engine.trace import StepTrace
 from widgets.blocks import block_table_figure, block_table_html
 from widgets.colors import request_colors, request_ids
 from widgets.journey import empty_html, step_html
+from widgets.speculation import SpecRound, spec_rounds, speculation_html
 
 
 def figure_png(fig: Figure, dpi: int = 90) -> bytes:
@@ -136,3 +137,81 @@ class BlockTableViewer(_StepWidget):
         self.figure = block_table_figure(step, self.max_blocks, colors=self.colors)
         self.image.value = figure_png(self.figure)
         self.html.value = block_table_html(step, self.block_size, self.colors)
+
+
+class SpeculationStepper:
+    """Speculative decoding, one request, token by token: a slider over the rounds (steps that gave it tokens)
+    and a Step button that reveals the target's verdict on one more token; past the last one, the next round.
+
+    `source` is a list of StepTrace (a recording of an engine with a drafter) or an LLMEngine (its trace);
+    `request_id` picks the request (default: the first one in the recording); `prompt_token_ids` (e.g. a
+    RequestOutput's) puts its prompt in front of the context line.
+    """
+
+    def __init__(self, source: LLMEngine | Sequence[StepTrace], request_id: str | None = None, tokenizer=None,
+                 prompt_token_ids: Sequence[int] = (), since_step: int = 0) -> None:
+        engine = source if isinstance(source, LLMEngine) else None
+        steps = [t for t in engine.trace if t.step >= since_step] if engine is not None else list(source)
+        self.request_id = request_id if request_id is not None else next(iter(request_ids(steps)), "")
+        self.tokenizer = tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.rounds = spec_rounds(steps, self.request_id)
+        self.revealed = 0
+        self.html = ipw.HTML()
+        self.step_button = ipw.Button(description="Step", tooltip="the target's verdict on the next token")
+        self.reset_button = ipw.Button(description="Reset", tooltip="back to the first round")
+        self.show_all_button = ipw.Button(description="Show round", tooltip="every verdict of this round at once")
+        self.slider = ipw.IntSlider(value=0, min=0, max=max(len(self.rounds) - 1, 0), description="round",
+                                    continuous_update=False)
+        self.step_button.on_click(lambda _: self.step())
+        self.reset_button.on_click(lambda _: self.reset())
+        self.show_all_button.on_click(lambda _: self.show_round())
+        self.slider.observe(self._moved, names="value")
+        self.widget = ipw.VBox([ipw.HBox([self.reset_button, self.step_button, self.show_all_button, self.slider]),
+                                self.html])
+        self.render()
+
+    @property
+    def index(self) -> int:
+        return self.slider.value
+
+    @property
+    def current(self) -> SpecRound | None:
+        return self.rounds[self.index] if self.rounds else None
+
+    def _moved(self, change) -> None:
+        self.revealed = 0  # a new round starts with its drafts proposed and nothing judged yet
+        self.render()
+
+    def step(self) -> None:
+        """Reveal one more appended token; once a round is fully revealed, go on to the next round."""
+        rnd = self.current
+        if rnd is None:
+            return
+        if self.revealed < rnd.num_reveals:
+            self.revealed += 1
+            self.render()
+        elif self.index < len(self.rounds) - 1:
+            self.slider.value = self.index + 1  # resets `revealed` and renders
+
+    def show_round(self) -> None:
+        if self.current is not None:
+            self.revealed = self.current.num_reveals
+            self.render()
+
+    def reset(self) -> None:
+        if self.slider.value == 0:
+            self.revealed = 0
+            self.render()
+        self.slider.value = 0
+
+    def render(self) -> None:
+        rnd = self.current
+        if rnd is None:
+            self.html.value = empty_html(f"no tokens recorded for request {self.request_id!r}")
+            return
+        self.html.value = speculation_html(rnd, self.tokenizer, self.revealed, self.index, len(self.rounds),
+                                           self.prompt_token_ids)
+
+    def _repr_mimebundle_(self, **kwargs):
+        return self.widget._repr_mimebundle_(**kwargs)

@@ -77,16 +77,21 @@ class KVCacheManager:
             self.events.append(("alloc", rid, table[-1]))
         if cached_blocks:
             self.block_hashes[rid] = [self.pool.blocks[b].block_hash for b in cached_blocks]
+        self._hash_full_blocks(request, min(num_tokens, request.num_tokens))  # drafts are not final: skip
         return True
 
-    def cache_full_blocks(self, request: Request) -> None:
-        """After a step, name every block that became full (its tokens' K/V are now all computed)."""
+    def _hash_full_blocks(self, request: Request, num_tokens: int) -> None:
+        """Name every block this step fills, as soon as it is scheduled.
+
+        Requests scheduled later in the same step can then share it already: each layer stores the whole
+        batch's K/V before any attention reads it, so their queries see what this request writes.
+        """
         if not self.enable_prefix_caching:
             return
         rid, bs = request.request_id, self.block_size
         hashes = self.block_hashes.setdefault(rid, [])
         tokens, table = request.all_token_ids, self.block_tables[rid]
-        for i in range(len(hashes), request.num_computed_tokens // bs):
+        for i in range(len(hashes), num_tokens // bs):
             hashes.append(hash_block(hashes[-1] if hashes else None, tokens[i * bs : (i + 1) * bs]))
             self.pool.cache(table[i], hashes[-1])
 

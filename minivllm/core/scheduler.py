@@ -121,10 +121,10 @@ class Scheduler:
         self.num_preemptions += 1
 
     def update_after_step(self, out: SchedulerOutput, num_rejected: dict[str, int] | None = None) -> None:
-        """The runner computed the scheduled tokens: advance each request and name its full blocks.
+        """The runner computed the scheduled tokens: advance each request.
 
         K/V written for rejected draft tokens is rolled back simply by not counting it: the next step
-        overwrites those slots, and blocks are only hashed up to `num_computed_tokens`.
+        overwrites those slots (and drafts are never hashed into the prefix cache).
         """
         num_rejected = num_rejected or {}
         for s in out.scheduled:
@@ -132,7 +132,6 @@ class Scheduler:
             computed = req.num_computed_tokens + s.num_new_tokens - num_rejected.get(req.request_id, 0)
             req.num_computed_tokens = min(computed, req.num_tokens)  # a stop inside the accepted drafts
             req.spec_token_ids = []
-            self.kv.cache_full_blocks(req)
 
     def finish(self, req: Request, reason: str) -> None:
         """Retire a request (stop, length or abort) from wherever it is, and return its blocks."""

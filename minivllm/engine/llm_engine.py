@@ -172,7 +172,7 @@ class LLMEngine:
         entries, touched, finished = self._apply_tokens(sched, new_tokens)
         rejected = {s.request.request_id: len(s.spec_token_ids) - (len(toks) - 1)
                     for s, toks in zip(sched.scheduled, new_tokens) if s.spec_token_ids and toks}
-        self.scheduler.update_after_step(sched, rejected)  # after the tokens: full blocks get hashed
+        self.scheduler.update_after_step(sched, rejected)
         for s in sched.scheduled:
             if s.request.request_id in finished:
                 self.scheduler.finish(s.request, finished[s.request.request_id])
