@@ -37,11 +37,19 @@ def gather_context(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int)
 
 
 def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                        meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """Causal attention of each request's new queries over its whole cached context. q: [T, heads, dim]."""
+                        meta: AttentionMetadata, scale: float, max_batched_query: int = 8) -> torch.Tensor:
+    """Causal attention of each request's new queries over its whole cached context. q: [T, heads, dim].
+
+    Requests with a few new tokens (decodes, draft verification) are attended together, one batched call per
+    query length; longer ones (prompts and their chunks) one request at a time.
+    """
     out = torch.empty_like(q)
     starts = meta.query_start_loc.tolist()
+    short: dict[int, list[int]] = {}
     for b, (q_len, seq_len) in enumerate(zip(meta.query_lens_cpu, meta.seq_lens_cpu)):
+        if q_len <= max_batched_query:
+            short.setdefault(q_len, []).append(b)
+            continue
         qb = q[starts[b] : starts[b] + q_len].transpose(0, 1)  # [heads, q_len, dim]
         kb = gather_context(k_cache, meta.block_tables[b], seq_len).transpose(0, 1)
         vb = gather_context(v_cache, meta.block_tables[b], seq_len).transpose(0, 1)
@@ -50,41 +58,59 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         mask = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]
         ob = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=scale, enable_gqa=True)
         out[starts[b] : starts[b] + q_len] = ob.transpose(0, 1)
+    for q_len, reqs in short.items():
+        rows = torch.tensor([starts[b] + i for b in reqs for i in range(q_len)], device=q.device)
+        out[rows] = attend_batched(q[rows].view(len(reqs), q_len, *q.shape[1:]), k_cache, v_cache, meta,
+                                   reqs, scale).flatten(0, 1)
     return out
 
 
 def paged_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     meta: AttentionMetadata, scale: float, num_groups: int = 4) -> torch.Tensor:
-    """All requests decode one token: gather their contexts and attend in a few batched calls.
+                     meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """All requests decode one token. q: [B, heads, dim]."""
+    return attend_batched(q[:, None], k_cache, v_cache, meta, list(range(meta.num_seqs)), scale)[:, 0]
+
+
+def attend_batched(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+                   reqs: list[int], scale: float, num_groups: int = 4) -> torch.Tensor:
+    """Requests `reqs`, each with the same number m of new queries: q [B, m, heads, dim] -> same shape.
 
     One call would copy every context padded to the longest; sorting by length and attending in
     `num_groups` groups of similar length lets short contexts skip most of that padding (about 15% off a
     whole CPU benchmark run, where this copy is the largest cost).
     """
     out = torch.empty_like(q)
-    by_length = sorted(range(meta.num_seqs), key=meta.seq_lens_cpu.__getitem__)
+    by_length = sorted(range(len(reqs)), key=lambda i: meta.seq_lens_cpu[reqs[i]])
     size = -(-len(by_length) // num_groups)
     for start in range(0, len(by_length), size):
         group = by_length[start : start + size]
-        rows = torch.tensor(group, device=q.device)
-        out[rows] = _decode_group(q[rows], k_cache, v_cache, meta.block_tables[rows], meta.seq_lens[rows],
-                                  meta.seq_lens_cpu[group[-1]], scale)
+        local = torch.tensor(group, device=q.device)
+        batch = torch.tensor([reqs[i] for i in group], device=q.device)
+        out[local] = _attend_group(q[local], k_cache, v_cache, meta.block_tables[batch], meta.seq_lens[batch],
+                                   meta.seq_lens_cpu[reqs[group[-1]]], scale)
     return out
 
 
-def _decode_group(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+def _attend_group(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                   seq_lens: torch.Tensor, max_seq_len: int, scale: float) -> torch.Tensor:
-    """With one query per head, the query heads that share a KV head (GQA) can stand in for query positions:
-    q becomes [B, kv_heads, heads_per_kv, dim], so K and V are never copied per query head."""
-    num_seqs, num_heads, head_dim = q.shape
+    """The query heads that share a KV head (GQA) stand in for extra query positions: q is viewed as
+    [B, kv_heads, heads_per_kv * m, dim], so K and V are never copied per query head."""
+    num_seqs, m, num_heads, head_dim = q.shape
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    group = num_heads // num_kv_heads
     table = block_tables[:, : -(-max_seq_len // block_size)]
     k = gather_blocks(k_cache, table).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)  # [B, kv, ctx, d]
     v = gather_blocks(v_cache, table).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
-    mask = torch.arange(k.shape[2], device=q.device)[None, :] < seq_lens[:, None]
-    out = F.scaled_dot_product_attention(q.view(num_seqs, num_kv_heads, -1, head_dim), k, v,
-                                         attn_mask=mask[:, None, None, :], scale=scale)
-    return out.reshape(num_seqs, num_heads, head_dim)
+    # query i of a request sits at position seq_len - m + i and sees the keys up to there
+    last_visible = seq_lens[:, None] - m + torch.arange(m, device=q.device)[None, :]  # [B, m]
+    mask = torch.arange(k.shape[2], device=q.device)[None, None, :] <= last_visible[:, :, None]  # [B, m, ctx]
+    # every query head of a group shares its query's mask row (one row per head when m = 1: broadcast it)
+    mask = mask[:, None] if m == 1 else mask[:, None, None].expand(-1, 1, group, -1, -1).reshape(
+        num_seqs, 1, group * m, -1)
+    qg = q.view(num_seqs, m, num_kv_heads, group, head_dim).permute(0, 2, 3, 1, 4).reshape(
+        num_seqs, num_kv_heads, group * m, head_dim)
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)
+    return out.view(num_seqs, num_kv_heads, group, m, head_dim).permute(0, 3, 1, 2, 4).reshape(q.shape)
 
 
 class TorchAttentionBackend:
