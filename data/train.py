@@ -12,18 +12,19 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import platform
 import random
+import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from corpus import TRAIN_SEED, generate_chats, generate_corpus
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-from corpus import TRAIN_SEED, generate_chats, generate_corpus
 
 DATA = Path(__file__).resolve().parent
 MODELS = DATA / "models"
@@ -60,7 +61,7 @@ class Recipe:
 
 RECIPES = {
     "target": Recipe("minivllm-tiny", 256, 768, 6, 8, 4, steps=1500, lr=2e-3),
-    "draft": Recipe("minivllm-tiny-draft", 128, 384, 2, 4, 2, steps=2500, lr=3e-3),
+    "draft": Recipe("minivllm-tiny-draft", 128, 384, 2, 4, 2, steps=1000, lr=3e-3),
 }
 
 
@@ -78,6 +79,7 @@ def train_tokenizer(texts: list[str]) -> PreTrainedTokenizerFast:
         vocab_size=2048,  # the corpus has ~1.8k word types, so BPE stops a bit below this cap
         special_tokens=SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tok.train_from_iterator(texts, trainer)
     bos = tok.token_to_id("<s>")
@@ -171,15 +173,25 @@ def train_model(r: Recipe, tok: PreTrainedTokenizerFast) -> dict[str, float | in
         if step % 50 == 0 or step == r.steps - 1:
             elapsed = time.time() - start
             eta = elapsed / (step + 1) * (r.steps - step - 1)
-            log(f"{r.name} step {step}/{r.steps} loss {running:.3f} lr {lr_at(step):.2e} "
-                f"elapsed {elapsed / 60:.1f} min eta {eta / 60:.1f} min")
+            log(
+                f"{r.name} step {step}/{r.steps} loss {running:.3f} lr {lr_at(step):.2e} "
+                f"elapsed {elapsed / 60:.1f} min eta {eta / 60:.1f} min"
+            )
     seconds = time.time() - start
-    out = MODELS / r.name
-    model.to(torch.float16).save_pretrained(out)
-    save_tokenizer(tok, out)
+    out, staging = MODELS / r.name, MODELS / f".{r.name}.tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    model.to(torch.float16).save_pretrained(staging)
+    save_tokenizer(tok, staging)
+    shutil.rmtree(out, ignore_errors=True)  # swap in the new folder only once it is complete,
+    staging.rename(out)  # so notebooks and tests using the old model keep working meanwhile
     log(f"saved {out} after {seconds / 60:.1f} min")
-    return {"parameters": n_params, "train_seconds": round(seconds), "steps": r.steps,
-            "tokens": r.steps * r.batch_size * r.seq_len, "final_loss": round(running, 4)}
+    return {
+        "parameters": n_params,
+        "train_seconds": round(seconds),
+        "steps": r.steps,
+        "tokens": r.steps * r.batch_size * r.seq_len,
+        "final_loss": round(running, 4),
+    }
 
 
 def machine() -> str:
@@ -187,9 +199,11 @@ def machine() -> str:
     cpu = platform.processor()
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
-        names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")]
+        names = [
+            line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")
+        ]
         cpu = names[0] if names else cpu
-    return f"{cpu} ({torch.get_num_threads()} threads), torch {torch.__version__}"
+    return f"{cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
 
 
 def main(stage: str) -> None:
