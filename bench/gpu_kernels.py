@@ -119,37 +119,11 @@ def check(device: str, dtypes, small: bool) -> bool:
     return ok
 
 
-def time_ms(fn, iters: int = 20) -> float:
-    """Median time of fn in milliseconds, measured with CUDA events after a warm-up."""
-    import torch
-
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
-
-
-def copy_bandwidth(num_bytes: int = 2 << 30) -> float:
-    """Device-to-device copy: bytes read + bytes written per second, the practical memory ceiling."""
-    import torch
-
-    src = torch.empty(num_bytes, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    ms = time_ms(lambda: dst.copy_(src))
-    return 2 * num_bytes / (ms * 1e-3)
-
-
 def bench_decode(batch: int, context: int, sweep: bool) -> float:
     import torch
 
     from minivllm.kernels import paged_decode_attention
+    from minivllm.kernels.timing import copy_bandwidth, time_ms
 
     heads, kv_heads, dim, bs = 32, 8, 128, 16
     b = make_batch([1] * batch, [context] * batch, bs, heads, kv_heads, dim, torch.bfloat16, "cuda")
@@ -182,6 +156,7 @@ def bench_prefill() -> None:
     import torch
 
     from minivllm.kernels import paged_prefill_attention
+    from minivllm.kernels.timing import time_ms
 
     heads, kv_heads, dim = 32, 8, 128
     b = make_batch([2048] * 4, [2048] * 4, 16, heads, kv_heads, dim, torch.bfloat16, "cuda")

@@ -205,27 +205,11 @@ assert err < 2e-5
 
 
 # %%
-def time_ms(fn, iters=20):
-    """Median milliseconds of fn on the GPU, by CUDA events, after a warm-up."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
-
+from minivllm.kernels.timing import copy_bandwidth, time_ms
 
 if GPU:
     half = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    copy_bw = 2 * src.numel() / (time_ms(lambda: dst.copy_(src)) * 1e-3)  # bytes read + written per second
-    del src, dst
+    copy_bw = copy_bandwidth(1 << 30)  # bytes read + written per second by a plain device-to-device copy
     context, measured = 2048, []
     for batch in (1, 4, 16, 64, 128):
         q, k_cache, v_cache, meta = paged_batch([1] * batch, [context] * batch, block_size=16, heads=32,
