@@ -94,6 +94,7 @@ hf = AutoModelForCausalLM.from_pretrained(engine.config.model, dtype=torch.float
 prompt_ids = torch.tensor([out.prompt_token_ids[:16]], device=device)
 N = 64
 timings, tokens = {}, {}
+hf.generate(prompt_ids, max_new_tokens=2, do_sample=False)  # warm-up, so neither timing pays for a cold start
 for use_cache in (True, False):
     t0 = time.perf_counter()
     gen = hf.generate(prompt_ids, max_new_tokens=N, min_new_tokens=N, do_sample=False, use_cache=use_cache)
@@ -105,7 +106,7 @@ for use_cache in (True, False):
 print(f"the cache saves {timings[False] / timings[True]:.1f}x time here, "
       f"{positions[False] / positions[True]:.0f}x positions")
 assert tokens[True] == tokens[False], "the cache changes the cost, not the result"
-assert timings[False] > timings[True]
+# the times are printed, not asserted: they depend on the machine and on what else it is doing
 
 # %% [markdown]
 # The saving grows with length: without a cache, step *i* recomputes all *p + i* positions, so *N* new

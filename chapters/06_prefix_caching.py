@@ -260,7 +260,6 @@ print(f"prefill tokens saved: {saved:.1%}; batch time saved: {1 - on['seconds'] 
 # %%
 assert on["tokens"] == off["tokens"], "prefix caching changes the work done, never the output"
 assert saved > 0.8 and off["hit_rate"] == 0 and on["hit_rate"] > 0.8
-assert on["ttft"] < off["ttft"], "less prefill to do: the first token comes sooner"
 
 # %%
 fig = Figure(figsize=(8, 2.6))
