@@ -222,16 +222,26 @@ def slow_steps(monkeypatch, engine: LLMEngine, seconds: float) -> threading.Even
 
 
 def test_a_slow_step_does_not_block_the_event_loop(server, monkeypatch):
-    """Steps run in a worker thread: while one takes a second, the server still answers at once."""
-    stepping = slow_steps(monkeypatch, server.engine, 1.0)
+    """Steps run in a worker thread: while one is stuck inside engine.step(), the server still answers."""
+    real_step, stepping, release = server.engine.step, threading.Event(), threading.Event()
+
+    def stuck_step():
+        stepping.set()
+        assert release.wait(30), "the test never released the step"
+        return real_step()
+
+    monkeypatch.setattr(server.engine, "step", stuck_step)
     body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 1}
     done = threading.Thread(target=httpx.post, args=(server.url + "/v1/completions",), kwargs={"json": body})
     done.start()
     assert stepping.wait(10)
-    start = time.perf_counter()
-    assert httpx.get(server.url + "/health").status_code == 200
-    assert time.perf_counter() - start < 0.5
-    done.join(10)
+    try:
+        # the step cannot finish before `release` is set, so this answer proves the loop is free
+        assert httpx.get(server.url + "/health", timeout=10).status_code == 200
+        assert not release.is_set()
+    finally:
+        release.set()
+        done.join(10)
 
 
 def test_one_json_log_line_per_request(client, caplog):
