@@ -159,9 +159,18 @@ def train_model(r: Recipe, tok: PreTrainedTokenizerFast) -> dict[str, float | in
         progress = (step - r.warmup) / max(1, r.steps - r.warmup)
         return r.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
 
+    # Checkpoints in the git-ignored staging area let an interrupted build resume where it stopped
+    # (data order depends only on the step, so a resumed run trains exactly like an uninterrupted one).
+    ckpt_path, first, running, before = DATA / "corpus" / f"{r.name}.ckpt.pt", 0, 0.0, 0.0
+    if ckpt_path.exists():
+        ckpt = torch.load(ckpt_path)
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["opt"])
+        first, running, before = ckpt["step"], ckpt["running"], ckpt["seconds"]
+        log(f"{r.name}: resuming at step {first} from {ckpt_path}")
     model.train()
-    start, running = time.time(), 0.0
-    for step in range(r.steps):
+    start = time.time() - before
+    for step in range(first, r.steps):
         for group in opt.param_groups:
             group["lr"] = lr_at(step)
         loss = model(input_ids=data[step], labels=data[step]).loss
@@ -172,11 +181,14 @@ def train_model(r: Recipe, tok: PreTrainedTokenizerFast) -> dict[str, float | in
         running = loss.item() if step == 0 else 0.98 * running + 0.02 * loss.item()
         if step % 50 == 0 or step == r.steps - 1:
             elapsed = time.time() - start
-            eta = elapsed / (step + 1) * (r.steps - step - 1)
+            eta = (time.time() - start - before) / (step + 1 - first) * (r.steps - step - 1)
             log(
                 f"{r.name} step {step}/{r.steps} loss {running:.3f} lr {lr_at(step):.2e} "
                 f"elapsed {elapsed / 60:.1f} min eta {eta / 60:.1f} min"
             )
+        if (step + 1) % 100 == 0 and step + 1 < r.steps:
+            state = {"model": model.state_dict(), "opt": opt.state_dict(), "step": step + 1, "running": running}
+            torch.save(state | {"seconds": time.time() - start}, ckpt_path)
     seconds = time.time() - start
     out, staging = MODELS / r.name, MODELS / f".{r.name}.tmp"
     shutil.rmtree(staging, ignore_errors=True)
@@ -184,6 +196,7 @@ def train_model(r: Recipe, tok: PreTrainedTokenizerFast) -> dict[str, float | in
     save_tokenizer(tok, staging)
     shutil.rmtree(out, ignore_errors=True)  # swap in the new folder only once it is complete,
     staging.rename(out)  # so notebooks and tests using the old model keep working meanwhile
+    ckpt_path.unlink(missing_ok=True)
     log(f"saved {out} after {seconds / 60:.1f} min")
     return {
         "parameters": n_params,
