@@ -17,12 +17,16 @@ def make_workload(n: int, prompt_range: tuple[int, int], output_range: tuple[int
 
 
 @torch.inference_mode()
-def transformers_throughput(model, workload, batch_size: int, pad_id: int = 0) -> tuple[float, float]:
+def transformers_throughput(model, workload, batch_size: int, pad_id: int = 0,
+                            temperature: float = 0.0) -> tuple[float, float]:
     """Static batching, as `generate` does it: left-pad each batch and run it to its longest output.
 
     Returns (useful output tokens per second, seconds). Only the tokens each request asked for count;
     the extra steps a batch spends waiting for its longest member are the cost of static batching.
+    temperature > 0 samples with no other filter (transformers' default top_k=50 is switched off).
     """
+    sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature else dict(
+        do_sample=False)
     device = next(model.parameters()).device
     useful, start = 0, time.perf_counter()
     for i in range(0, len(workload), batch_size):
@@ -32,7 +36,7 @@ def transformers_throughput(model, workload, batch_size: int, pad_id: int = 0) -
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in batch], device=device)
         new = max(n for _, n in batch)
         model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
-                       do_sample=False, pad_token_id=pad_id)
+                       pad_token_id=pad_id, **sampling)
         useful += sum(n for _, n in batch)
     if device.type == "cuda":
         torch.cuda.synchronize()

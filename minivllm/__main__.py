@@ -14,6 +14,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--num-kv-blocks", type=int, default=None)
     parser.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
+    parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps")
     parser.add_argument("--speculative-model", default=None, help='a draft checkpoint directory, or "[ngram]"')
     parser.add_argument("--num-speculative-tokens", type=int, default=0)
 
@@ -21,6 +22,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
 def engine_kwargs(args: argparse.Namespace) -> dict:
     return dict(device=args.device, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                 num_kv_blocks=args.num_kv_blocks, attention_backend=args.attention_backend,
+                enforce_eager=args.enforce_eager,
                 speculative_model=args.speculative_model, num_speculative_tokens=args.num_speculative_tokens)
 
 

@@ -26,6 +26,7 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
     attention_backend: str = "auto"
+    enforce_eager: bool = False  # True: never capture CUDA graphs (they only ever run on CUDA with Triton)
     seed: int = 0
     trace_steps: int = 1000  # how many recent steps the step trace keeps (0: none)
     speculative_model: str | Path | None = None  # a draft checkpoint, "[ngram]", or None (off)

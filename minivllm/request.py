@@ -52,14 +52,19 @@ class Request:
     spec_probs: torch.Tensor | None = None  # the drafter's distribution for each draft (None: point mass)
     num_spec_proposed: int = 0
     num_spec_accepted: int = 0
+    # prompt + output as one list, kept in step by append_output: read every step, so never rebuilt
+    all_token_ids: list[int] = field(init=False, repr=False)
 
-    @property
-    def all_token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.output_token_ids
+    def __post_init__(self) -> None:
+        self.all_token_ids = self.prompt_token_ids + self.output_token_ids
+
+    def append_output(self, token: int) -> None:
+        self.output_token_ids.append(token)
+        self.all_token_ids.append(token)
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+        return len(self.all_token_ids)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
+
+
+class RequestOutputKind(enum.Enum):
+    """Which steps report a request: every step that advanced it (streaming), or only its last one.
+
+    `LLM.generate` asks for FINAL_ONLY, as vLLM's does: building a cumulative output for every running
+    request on every step costs more than the step itself at large batch sizes.
+    """
+
+    CUMULATIVE = "cumulative"
+    FINAL_ONLY = "final_only"
 
 
 @dataclass
@@ -23,6 +35,7 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     seed: int | None = None
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     stop_strings: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -53,6 +66,8 @@ class SamplingParams:
         if not all(isinstance(t, int) and t >= 0 for t in ids):
             fail("stop_token_ids", "must be a list of non-negative integers")
         self.stop_token_ids = list(ids)
+        if not isinstance(self.output_kind, RequestOutputKind):
+            fail("output_kind", "must be a RequestOutputKind")
         if self.top_k == -1:
             self.top_k = 0
 

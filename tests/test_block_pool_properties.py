@@ -78,7 +78,7 @@ def test_scheduler_never_leaks_or_overspends(w):
             req = s.request
             assert req.num_computed_tokens <= req.num_tokens
             if s.samples:
-                req.output_token_ids.append(rng.randrange(3))
+                req.append_output(rng.randrange(3))
                 if req.num_tokens >= req.max_total_tokens:
                     sched.finish(req, "length")
                     live.remove(req)

@@ -23,6 +23,7 @@ class AttentionMetadata:
     max_seq_len: int
     query_lens_cpu: list[int]
     seq_lens_cpu: list[int]
+    num_splits: int | None = None  # decode split-K slices: fixed inside a CUDA graph, else chosen per step
 
     @property
     def num_seqs(self) -> int:

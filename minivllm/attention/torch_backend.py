@@ -5,6 +5,8 @@ It is written for clarity, runs anywhere, and is the oracle the Triton kernels a
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.nn.functional as F
 
@@ -44,7 +46,7 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     query length; longer ones (prompts and their chunks) one request at a time.
     """
     out = torch.empty_like(q)
-    starts = meta.query_start_loc.tolist()
+    starts = [0, *itertools.accumulate(meta.query_lens_cpu)]  # from the host copy: no device sync
     short: dict[int, list[int]] = {}
     for b, (q_len, seq_len) in enumerate(zip(meta.query_lens_cpu, meta.seq_lens_cpu)):
         if q_len <= max_batched_query:

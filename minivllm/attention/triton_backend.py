@@ -43,6 +43,6 @@ class TritonAttentionBackend:
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         if meta.is_decode_only:
             return paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale,
-                                          max_seq_len=meta.max_seq_len)
+                                          max_seq_len=meta.max_seq_len, num_splits=meta.num_splits)
         return paged_prefill_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc,
                                        meta.seq_lens, scale, meta.max_query_len)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 from tqdm.auto import tqdm
 
 from minivllm.config import EngineConfig
 from minivllm.engine.llm_engine import LLMEngine, PromptType
 from minivllm.outputs import RequestOutput
-from minivllm.sampling_params import SamplingParams
+from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 
 class LLM:
@@ -38,6 +39,7 @@ class LLM:
             params = list(sampling_params)
             if len(params) != len(prompts):
                 raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+        params = self._final_only(params)
         batch = [self.engine.make_requests(str(next(self._ids)), p, sp) for p, sp in zip(prompts, params)]
         for reqs in batch:  # everything validated: now queue it
             self.engine.enqueue(reqs)
@@ -53,6 +55,19 @@ class LLM:
                 if use_tqdm:
                     bar.set_postfix_str(self._speed(stats, t0))
         return results
+
+    @staticmethod
+    def _final_only(params: list) -> list:
+        """generate() returns finished requests only, so it asks the engine for nothing else (as vLLM does)."""
+        final, copies, out = RequestOutputKind.FINAL_ONLY, {}, []
+        for sp in params:
+            sp = SamplingParams() if sp is None else sp
+            if isinstance(sp, SamplingParams) and sp.output_kind is not final:  # others fail in make_requests
+                if id(sp) not in copies:  # one copy per distinct params object, not per prompt
+                    copies[id(sp)] = replace(sp, output_kind=final)
+                sp = copies[id(sp)]
+            out.append(sp)
+        return out
 
     def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | None = None,
              use_tqdm: bool = True) -> list[RequestOutput]:

@@ -20,7 +20,7 @@ from minivllm.engine.trace import ScheduledEntry, StepTrace, group_events
 from minivllm.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from minivllm.request import Request
 from minivllm.runner.model_runner import ModelRunner
-from minivllm.sampling_params import SamplingParams
+from minivllm.sampling_params import RequestOutputKind, SamplingParams
 from minivllm.tokenizer import Tokenizer, find_stop_string
 
 PromptType = str | list[int] | dict
@@ -56,6 +56,7 @@ class LLMEngine:
         elif config.max_model_len > mc.max_position_embeddings:
             raise ValueError(f"max_model_len {config.max_model_len} exceeds the model's "
                              f"max_position_embeddings {mc.max_position_embeddings}")
+        self.runner.capture_decode_graphs(config.max_model_len)
         self.kv = KVCacheManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.enable_chunked_prefill)
@@ -178,7 +179,10 @@ class LLMEngine:
                 self.scheduler.finish(s.request, finished[s.request.request_id])
                 if self.proposer is not None:
                     self.proposer.free(s.request.request_id)
-        outputs += [self._output(self.groups[pid]) for pid in touched]
+        for pid in touched:
+            reqs = self.groups[pid]
+            if reqs[0].params.output_kind is RequestOutputKind.CUMULATIVE or all(r.is_finished for r in reqs):
+                outputs.append(self._output(reqs))
         for out in outputs:
             if out.finished:
                 self.groups.pop(out.request_id, None)
@@ -220,7 +224,7 @@ class LLMEngine:
             if req.first_token_time is None:
                 req.first_token_time = now
             for token in tokens:
-                req.output_token_ids.append(token)
+                req.append_output(token)
                 entry.new_token_ids.append(token)
                 self.num_generated_tokens += 1
                 reason = self._check_stop(req, token)

@@ -142,7 +142,7 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sm
 
 
 @functools.lru_cache
-def _num_sms(device: torch.device) -> int:
+def num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 1  # the CPU interpreter runs programs one by one: splitting only adds work
@@ -170,7 +170,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if num_splits is None:
         if max_seq_len is None:
             max_seq_len = int(seq_lens.max())
-        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_seq_len, _num_sms(q.device))
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_seq_len, num_sms(q.device))
     group = num_heads // num_kv_heads
     block_d = max(16, triton.next_power_of_2(head_dim))
     if num_splits > 1:

@@ -2,10 +2,14 @@
 
 All requests' new tokens are flattened into one batch with no padding. Per token it builds the position
 and the cache slot to write; per request the block table and context length the attention kernels read.
+On a GPU, decode batches replay CUDA graphs instead (padded to a captured size: see cuda_graphs.py).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 
 from minivllm.attention import AttentionMetadata, get_attention_backend
@@ -21,6 +25,20 @@ from minivllm.model import load_model, read_model_config
 from minivllm.sampling import Sampler, SamplingBatch
 from minivllm.sampling.rejection_sampler import verify_greedy, verify_sampled
 from minivllm.sampling.sampler import processed_probs
+
+
+@dataclass
+class StepInputs:
+    """One step's flat batch as host arrays: what gets copied to the device (or into a graph's buffers)."""
+
+    input_ids: np.ndarray  # [T] int64
+    positions: np.ndarray  # [T] int64
+    slot_mapping: np.ndarray  # [T] int64: block_id * block_size + offset
+    block_tables: np.ndarray  # [B, widest table] int32, zero-padded
+    query_lens: list[int]  # [B] new tokens per request
+    seq_lens: list[int]  # [B] context length after this step
+    logit_rows: list[int]  # the rows of the batch whose logits are needed
+    counts: list[int]  # [B] how many of those rows each request owns
 
 
 class ModelRunner:
@@ -41,6 +59,7 @@ class ModelRunner:
         # [layers, K/V, blocks, block_size, kv_heads, head_dim]; zeros so unused slots are never NaN
         self.kv_cache = torch.zeros(mc.num_layers, 2, self.num_blocks, config.block_size, mc.num_kv_heads,
                                     mc.head_dim, dtype=self.dtype, device=self.device)
+        self.graphs = None  # DecodeGraphs, once capture_decode_graphs has run
 
     def _blocks_from_memory(self) -> int:
         if self.device.type != "cuda":
@@ -67,54 +86,102 @@ class ModelRunner:
             base = torch.cuda.memory_allocated()
         cache = torch.zeros(mc.num_layers, 2, -(-n // bs), bs, mc.num_kv_heads, mc.head_dim,
                             dtype=self.dtype, device=self.device)
-        meta = self._metadata([list(range(cache.shape[2]))], [n], [n], list(range(n)))
+        table = np.arange(cache.shape[2], dtype=np.int32)[None]  # one request spanning the whole cache
+        inputs = StepInputs(np.zeros(n, np.int64), np.arange(n) % mc.max_position_embeddings, np.arange(n), table,
+                            [n], [n], list(range(n - min(n, self.config.max_num_seqs), n)), [])
         with torch.inference_mode():
-            hidden = self.model(torch.zeros(n, dtype=torch.long, device=self.device),
-                                torch.arange(n, device=self.device) % mc.max_position_embeddings, cache, meta)
-            self.model.compute_logits(hidden[-min(n, self.config.max_num_seqs):])
+            hidden = self.model(self._to_device(inputs.input_ids), self._to_device(inputs.positions), cache,
+                                self._metadata(inputs))
+            self.model.compute_logits(hidden[inputs.logit_rows])
         del cache, hidden
         return torch.cuda.max_memory_allocated() - base if cuda else 0
 
-    def _metadata(self, tables: list[list[int]], query_lens: list[int], seq_lens: list[int],
-                  slots: list[int]) -> AttentionMetadata:
-        dev, width = self.device, max(len(t) for t in tables)
-        starts = [0]
-        for q in query_lens:
-            starts.append(starts[-1] + q)
+    def capture_decode_graphs(self, max_model_len: int) -> None:
+        """Record decode steps as CUDA graphs, where they can run (CUDA, Triton backend, not enforce_eager).
+
+        Called once the engine knows max_model_len (how wide a block table can get).
+        """
+        cfg = self.config
+        if self.device.type != "cuda" or self.backend.name != "triton" or cfg.enforce_eager:
+            return
+        from minivllm.runner.cuda_graphs import DecodeGraphs, capture_sizes
+
+        self.graphs = DecodeGraphs(self.model, self.kv_cache, capture_sizes(cfg.max_num_seqs),
+                                   -(-max_model_len // cfg.block_size), self.device,
+                                   self._decode_splits(max_model_len))
+        self.graphs.capture()
+
+    def _decode_splits(self, max_model_len: int):
+        """A graph replays the launches it recorded, so the decode kernel's split-K count is fixed per size.
+
+        Chosen for the longest context: slices of shorter contexts just end early (an empty slice is cheap).
+        """
+        from minivllm.kernels.paged_decode import choose_num_splits, num_sms
+
+        sms, kv_heads = num_sms(self.device), self.model_config.num_kv_heads
+        return lambda size: choose_num_splits(size, kv_heads, max_model_len, sms)
+
+    def _to_device(self, array: np.ndarray) -> torch.Tensor:
+        tensor = torch.from_numpy(array)
+        if self.device.type == "cuda":  # pinned host memory lets the copy run without stalling the host
+            return tensor.pin_memory().to(self.device, non_blocking=True)
+        return tensor
+
+    def _metadata(self, inputs: StepInputs) -> AttentionMetadata:
+        starts = np.zeros(len(inputs.query_lens) + 1, dtype=np.int32)
+        np.cumsum(inputs.query_lens, out=starts[1:])
         return AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
-            block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
-            max_query_len=max(query_lens), max_seq_len=max(seq_lens),
-            query_lens_cpu=query_lens, seq_lens_cpu=seq_lens)
+            slot_mapping=self._to_device(inputs.slot_mapping),
+            block_tables=self._to_device(inputs.block_tables),
+            seq_lens=self._to_device(np.array(inputs.seq_lens, dtype=np.int32)),
+            query_start_loc=self._to_device(starts),
+            max_query_len=max(inputs.query_lens), max_seq_len=max(inputs.seq_lens),
+            query_lens_cpu=inputs.query_lens, seq_lens_cpu=inputs.seq_lens)
+
+    def prepare_inputs(self, sched: SchedulerOutput, block_tables: dict[str, list[int]]) -> StepInputs:
+        """Flatten the step on the host: each token's id, position and cache slot; each request's table."""
+        bs, scheduled = self.config.block_size, sched.scheduled
+        n = sched.num_tokens
+        input_ids, positions, slots = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
+        tables = np.zeros((len(scheduled), max(len(block_tables[s.request.request_id]) for s in scheduled)),
+                          dtype=np.int32)
+        query_lens, seq_lens, rows, counts = [], [], [], []
+        t = 0  # where this request's tokens start in the flat batch
+        for i, s in enumerate(scheduled):
+            req, start, q = s.request, s.num_computed_before, s.num_new_tokens
+            table = block_tables[req.request_id]
+            tables[i, : len(table)] = table
+            if q == 1:  # a decode (most of them): plain integers are faster than building arrays
+                input_ids[t], positions[t] = req.all_token_ids[start], start
+                slots[t] = table[start // bs] * bs + start % bs
+            else:
+                pos = np.arange(start, start + q)
+                input_ids[t : t + q] = req.all_token_ids[start : start + q - len(s.spec_token_ids)] + s.spec_token_ids
+                positions[t : t + q] = pos
+                slots[t : t + q] = tables[i, pos // bs].astype(np.int64) * bs + pos % bs
+            t += q
+            query_lens.append(q)
+            seq_lens.append(start + q)
+            n_rows = 1 + len(s.spec_token_ids) if s.samples else 0
+            rows += range(t - n_rows, t)
+            counts.append(n_rows)
+        return StepInputs(input_ids, positions, slots, tables, query_lens, seq_lens, rows, counts)
 
     @torch.inference_mode()
     def forward(self, sched: SchedulerOutput, block_tables: dict[str, list[int]]) -> tuple[torch.Tensor, list[int]]:
-        """One forward pass over the step's flat batch.
+        """One forward pass over the step's flat batch: replayed from a CUDA graph when it is a decode batch.
 
         Returns logits for the rows that matter, and how many rows each scheduled request got: 1 for the
         last token of a sequence, 1 + k when k drafts are verified, 0 for an unfinished prefill chunk.
         """
-        bs = self.config.block_size
-        input_ids, positions, slots, tables, query_lens, seq_lens, rows, counts = [], [], [], [], [], [], [], []
-        for s in sched.scheduled:
-            req, start = s.request, s.num_computed_before
-            end = start + s.num_new_tokens
-            table = block_tables[req.request_id]
-            input_ids += req.all_token_ids[start:end] + s.spec_token_ids
-            positions += range(start, end)
-            slots += [table[p // bs] * bs + p % bs for p in range(start, end)]
-            tables.append(table)
-            query_lens.append(s.num_new_tokens)
-            seq_lens.append(end)
-            n_rows = 1 + len(s.spec_token_ids) if s.samples else 0
-            rows += range(len(input_ids) - n_rows, len(input_ids))
-            counts.append(n_rows)
-        meta = self._metadata(tables, query_lens, seq_lens, slots)
-        hidden = self.model(torch.tensor(input_ids, device=self.device),
-                            torch.tensor(positions, device=self.device), self.kv_cache, meta)
-        return self.model.compute_logits(hidden[rows]), counts
+        inputs = self.prepare_inputs(sched, block_tables)
+        if self.graphs is not None and self.graphs.can_run(inputs):
+            hidden = self.graphs.run(inputs)
+        else:
+            hidden = self.model(self._to_device(inputs.input_ids), self._to_device(inputs.positions),
+                                self.kv_cache, self._metadata(inputs))
+        rows = inputs.logit_rows
+        return self.model.compute_logits(hidden if len(rows) == len(hidden) else hidden[rows]), inputs.counts
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput, block_tables: dict[str, list[int]]) -> list[list[int]]:

@@ -27,20 +27,25 @@ class SamplingBatch:
     min_p: torch.Tensor  # [B] float, 0 = off
     repetition_penalty: torch.Tensor  # [B] float, 1 = off
     requests: list[Request]
+    # decided on the host, so a GPU step need not wait for the device to answer "any row filtering?"
+    all_greedy: bool = False
+    any_filter: bool = True
 
     @classmethod
     def from_requests(cls, requests: list[Request], device: torch.device | str) -> SamplingBatch:
         def col(name, dtype):
             return torch.tensor([getattr(r.params, name) for r in requests], dtype=dtype, device=device)
 
+        params = [r.params for r in requests]
         return cls(col("temperature", torch.float32), col("top_k", torch.long), col("top_p", torch.float32),
-                   col("min_p", torch.float32), col("repetition_penalty", torch.float32), requests)
+                   col("min_p", torch.float32), col("repetition_penalty", torch.float32), requests,
+                   all_greedy=all(p.greedy for p in params),
+                   any_filter=any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params))
 
 
 def apply_repetition_penalty(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """Make every token already in the prompt or the output less likely (divide if > 0, multiply if < 0)."""
-    rows = (batch.repetition_penalty != 1.0).nonzero().flatten().tolist()
-    for i in rows:
+    for i in [i for i, r in enumerate(batch.requests) if r.params.repetition_penalty != 1.0]:
         seen = torch.tensor(sorted(set(batch.requests[i].all_token_ids)), device=logits.device)
         penalty = batch.repetition_penalty[i]
         picked = logits[i, seen]
@@ -76,7 +81,9 @@ def processed_probs(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     Greedy rows get temperature 1 here; callers treat them with argmax.
     """
     temperature = torch.where(batch.temperature == 0, 1.0, batch.temperature)
-    logits = apply_top_k_top_p_min_p(logits / temperature[:, None], batch.top_k, batch.top_p, batch.min_p)
+    logits = logits / temperature[:, None]
+    if batch.any_filter:
+        logits = apply_top_k_top_p_min_p(logits, batch.top_k, batch.top_p, batch.min_p)
     return logits.softmax(dim=-1)
 
 
@@ -102,9 +109,8 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         """logits: [B, vocab] float32 -> next token ids [B]."""
         logits = apply_repetition_penalty(logits, batch)
-        greedy = batch.temperature == 0
-        if greedy.all():
+        if batch.all_greedy:
             return logits.argmax(dim=-1)
         probs = processed_probs(logits, batch)
         sampled = (probs / self._exponential_noise(probs, batch)).argmax(dim=-1)
-        return torch.where(greedy, logits.argmax(dim=-1), sampled)
+        return torch.where(batch.temperature == 0, logits.argmax(dim=-1), sampled)

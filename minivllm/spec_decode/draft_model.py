@@ -46,7 +46,7 @@ class DraftModelProposer:
             shadow = self.shadows.get(req.request_id)
             computed = min(shadow.num_computed_tokens, req.num_computed_tokens) if shadow else 0
             shadow = self.shadows[req.request_id] = replace(
-                req, prompt_token_ids=req.all_token_ids, output_token_ids=[], num_computed_tokens=computed,
+                req, prompt_token_ids=list(req.all_token_ids), output_token_ids=[], num_computed_tokens=computed,
                 generator=req.generator)
             shadows.append(shadow)
             req.spec_token_ids, req.spec_probs = [], None
@@ -62,7 +62,7 @@ class DraftModelProposer:
             tokens, q = self._sample(logits, [r for r, _ in batch])
             for (req, shadow), tok, dist in zip(batch, tokens, q):
                 shadow.num_computed_tokens = shadow.num_tokens
-                shadow.output_token_ids.append(tok)
+                shadow.append_output(tok)
                 req.spec_token_ids.append(tok)
                 probs[req.request_id].append(dist)
         for req, _, _ in active:

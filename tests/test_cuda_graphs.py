@@ -1,0 +1,70 @@
+"""CUDA-graph decode: padded static-buffer batches give transformers' tokens.
+
+CUDA cannot record on this machine, so DecodeGraphs runs with capture=False: the same buffers, copies,
+padding (slot -1, one-token contexts) and fixed split-K counts, executed eagerly. Only the recording and
+the replay call themselves are left to the GPU check in bench/.
+"""
+
+import pytest
+
+from minivllm import LLM, SamplingParams
+from minivllm.runner.cuda_graphs import DecodeGraphs, capture_sizes
+from tests.conftest import hf_greedy
+
+PROMPTS = [[1, 2, 3, 4, 5], list(range(7, 40)), [100, 3], list(range(200, 250, 3)), [42] * 9, [9, 8, 7]]
+
+
+def test_capture_sizes():
+    assert capture_sizes(256) == [1, 2, 4, 8] + list(range(16, 257, 16))
+    assert capture_sizes(3) == [1, 2, 3]
+    assert capture_sizes(40) == [1, 2, 4, 8, 16, 32, 40]
+    assert capture_sizes(4096)[-1] == 512  # larger decode batches run eagerly
+
+
+def attach_graphs(llm: LLM, sizes: list[int], num_splits: int) -> DecodeGraphs:
+    """Give the runner graphs in eager mode, and count how many steps they serve."""
+    runner, cfg = llm.engine.runner, llm.engine.config
+    graphs = DecodeGraphs(runner.model, runner.kv_cache, sizes, -(-cfg.max_model_len // cfg.block_size),
+                          runner.device, lambda size: num_splits, capture=False)
+    graphs.calls, run = [], graphs.run
+
+    def counting_run(inputs):
+        graphs.calls.append(len(inputs.query_lens))
+        return run(inputs)
+
+    graphs.run = counting_run
+    runner.graphs = graphs
+    return graphs
+
+
+@pytest.mark.parametrize("backend,num_splits,max_new", [("torch", 1, 16), ("triton", 3, 8)])
+def test_padded_decode_batches_match_transformers(checkpoints, backend, num_splits, max_new):
+    path, model = checkpoints["qwen3"]
+    llm = LLM(path, attention_backend=backend, block_size=4, num_kv_blocks=60, max_num_batched_tokens=128)
+    graphs = attach_graphs(llm, [1, 2, 4], num_splits)
+    # one request finishes per step, so decode batches shrink 6, 5 (both eager: above 4), 4, 3 (padded), 2, 1
+    params = [SamplingParams(temperature=0, max_tokens=max_new - i, ignore_eos=True) for i in range(len(PROMPTS))]
+    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
+    for out, prompt, sp in zip(outs, PROMPTS, params):
+        assert out.outputs[0].token_ids == hf_greedy(model, prompt, sp.max_tokens)
+    assert graphs.calls == [4, 3, 2, 1], "small decode batches go through the graphs, larger ones do not"
+    stats = llm.engine.stats()
+    assert stats["num_free_blocks"] == stats["num_total_blocks"]
+
+
+def test_preemption_and_prefix_hits_with_graphs(checkpoints):
+    """Too few blocks (preemption, recompute) and shared prefixes, with every small decode batch padded."""
+    path, model = checkpoints["llama"]
+    llm = LLM(path, block_size=4, num_kv_blocks=16, max_num_batched_tokens=32)
+    graphs = attach_graphs(llm, [2, 8], num_splits=1)
+    prompts = [[5, 6, 7, 8, 9, 10, 11, 12, 1], [5, 6, 7, 8, 9, 10, 11, 12, 2], list(range(30, 52)), [3, 3]]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(model, p, 16) for p in prompts]
+    stats = llm.engine.stats()
+    assert stats["num_preemptions"] > 0 and stats["prefix_cache_hits"] > 0 and graphs.calls
+    assert stats["num_free_blocks"] == stats["num_total_blocks"]
+
+
+def test_no_graphs_off_cuda(llama_path):
+    assert LLM(llama_path, num_kv_blocks=16).engine.runner.graphs is None
