@@ -257,4 +257,75 @@ for backend in ("torch", "triton"):
 assert results["triton"] == results["torch"], "the kernels change where attention runs, not what it computes"
 
 # %% [markdown]
+# ## CUDA graphs: one launch per decode step
+#
+# Fast kernels are not enough for a small model. A decode step of the embedded model is about a hundred
+# kernel launches, each finishing in a few microseconds, and the host takes longer to issue them than the
+# GPU takes to run them. A **CUDA graph** records a step's launches once and replays them as one unit
+# (`minivllm/runner/cuda_graphs.py`). A replay repeats the recording exactly, which sets three rules:
+#
+# * the same tensors: each step's inputs are copied into **static buffers**, and the output is read from
+#   the buffer the graph writes;
+# * the same shapes: one graph per batch size below; a batch is **padded** up to the next size, and each
+#   padding row stores nothing (slot -1) and attends to one token. Prefill and mixed steps, whose shapes
+#   change every step, run eagerly, as does any batch above the largest size;
+# * the same launch parameters: the decode kernel's split-K count is fixed per size.
+
+# %%
+from minivllm.runner.cuda_graphs import DecodeGraphs, capture_sizes
+
+print("graphs are captured for decode batches of", capture_sizes(256))
+
+# %% [markdown]
+# Recording needs CUDA, but everything around it (buffers, copies, padding) runs anywhere with
+# `capture=False`, which executes the padded batch eagerly. Here three requests decode together, so the
+# batch is padded to 4: look at the last row of each buffer after the step.
+
+# %%
+llm = LLM(dtype="float32", num_kv_blocks=64, attention_backend="torch")
+runner, engine = llm.engine.runner, llm.engine
+graphs = DecodeGraphs(runner.model, runner.kv_cache, [1, 2, 4, 8], -(-engine.config.max_model_len // 16),
+                      runner.device, num_splits=lambda size: 1, capture=False)
+runner.graphs = graphs
+greedy = SamplingParams(temperature=0, max_tokens=4)
+for i, prompt in enumerate(["Once upon a time", "The cat", "Hello"]):
+    engine.add_request(f"r{i}", prompt, greedy)
+engine.step()  # the three prompts' prefill: an eager step
+engine.step()  # the first decode step: 3 requests, padded to a graph of 4
+for name in ("input_ids", "positions", "slot_mapping", "seq_lens"):
+    print(f"{name:13s}", getattr(graphs, name)[:4].tolist())
+assert graphs.slot_mapping[3] == -1 and graphs.seq_lens[3] == 1, "row 4 is padding"
+finished = {}
+while engine.has_unfinished_requests():
+    finished.update({out.request_id: out.outputs[0] for out in engine.step() if out.finished})
+plain = LLM(dtype="float32", num_kv_blocks=64, attention_backend="torch").generate(
+    ["Once upon a time", "The cat", "Hello"], greedy, use_tqdm=False)  # no graph path: plain eager steps
+print("through the padded buffers:", [finished[f"r{i}"].text for i in range(3)])
+print("plain eager steps:         ", [o.outputs[0].text for o in plain])
+assert [finished[f"r{i}"].token_ids for i in range(3)] == [o.outputs[0].token_ids for o in plain]
+
+# %% [markdown]
+# On a GPU the engine captures graphs by itself (Triton backend, unless `enforce_eager=True`). This cell
+# times the same decode-heavy run both ways on the embedded model, where launches dominate.
+
+# %%
+if GPU:
+    timings = {}
+    for eager in (True, False):
+        gpu_llm = LLM(enforce_eager=eager, trace_steps=0)
+        work = [{"prompt_token_ids": list(range(5, 5 + n))} for n in (8, 16, 24, 32)] * 8
+        params = SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)
+        gpu_llm.generate(work[:2], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        gpu_llm.generate(work, params, use_tqdm=False)
+        timings["eager" if eager else "CUDA graphs"] = time.perf_counter() - t0
+        del gpu_llm
+    for name, seconds in timings.items():
+        print(f"{name:12s}: {32 * 128 / seconds:8.0f} output tok/s")
+    print(f"CUDA graphs: {timings['eager'] / timings['CUDA graphs']:.1f}x on {torch.cuda.get_device_name()}")
+else:
+    print("No CUDA GPU here: recording a graph needs one, so there is no eager-versus-graph timing to show.")
+
+# %% [markdown]
 # Next: [09 · serving](09_serving.ipynb).

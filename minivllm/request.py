@@ -18,7 +18,7 @@ class RequestStatus(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass
+@dataclass(eq=False)  # a request is itself, not its contents: `in` and `remove` compare identity
 class Request:
     """Everything the scheduler and runner need to know about one sequence.
 

@@ -7,6 +7,7 @@ On a GPU, decode batches replay CUDA graphs instead (padded to a captured size: 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -188,11 +189,13 @@ class ModelRunner:
         """Run one step; for each scheduled request the tokens to append (none for a prefill chunk)."""
         logits, counts = self.forward(sched, block_tables)
         plain = [i for i, s in enumerate(sched.scheduled) if counts[i] == 1 and not s.spec_token_ids]
-        offsets = [sum(counts[:i]) for i in range(len(counts))]
+        offsets = [0, *itertools.accumulate(counts)]  # where each request's logit rows start
         out: list[list[int]] = [[] for _ in sched.scheduled]
         if plain:
             batch = SamplingBatch.from_requests([sched.scheduled[i].request for i in plain], self.device)
-            for i, tok in zip(plain, self.sampler(logits[[offsets[i] for i in plain]], batch).tolist()):
+            rows = [offsets[i] for i in plain]
+            tokens = self.sampler(logits if len(rows) == len(logits) else logits[rows], batch)
+            for i, tok in zip(plain, tokens.tolist()):
                 out[i] = [tok]
         for i, s in enumerate(sched.scheduled):
             if s.spec_token_ids and counts[i]:
