@@ -18,7 +18,7 @@
 # each, when KV-cache blocks were handed out and given back. Every later chapter zooms into one part of
 # this journey.
 #
-# The model is `minivllm-tiny`, a ~6M-parameter Llama trained by this project on simple children's
+# The model is `minivllm-tiny`, a 5.2M-parameter Llama trained by this project on simple children's
 # stories; it ships inside the repository, so nothing is downloaded. On a CUDA GPU (Colab:
 # *Runtime -> Change runtime type -> GPU*) the engine uses it automatically; on a CPU it runs too.
 

@@ -62,6 +62,7 @@ class LLMEngine:
                                    config.enable_chunked_prefill)
         self.groups: dict[str, list[Request]] = {}  # user request id -> its n sequences
         self.trace: deque[StepTrace] = deque(maxlen=config.trace_steps or 0)
+        self._snapshots: dict[str, tuple[list[int], list[int]]] = {}  # request id -> (live table, trace copy)
         self._pending: list[RequestOutput] = []  # aborted requests, reported by the next step
         self.num_steps = 0
         self.num_prefill_tokens_computed = 0
@@ -275,16 +276,33 @@ class LLMEngine:
             return
         events = self.kv.drain_events()
         pool = self.kv.pool
+        tables = self._table_snapshots()
         self.trace.append(StepTrace(
             step=self.num_steps, duration_s=duration, scheduled=entries, preempted=list(sched.preempted),
             finished=finished, allocated=group_events(events, "alloc"), cache_hits=group_events(events, "hit"),
             freed=group_events(events, "free"),
-            block_tables={rid: list(t) for rid, t in self.kv.block_tables.items()},
+            block_tables=tables,
             waiting=[r.request_id for r in self.scheduler.waiting],
             running=[r.request_id for r in self.scheduler.running],
             num_free_blocks=pool.num_free_blocks, num_total_blocks=pool.num_blocks, block_size=self.kv.block_size,
             num_computed_tokens={r.request_id: r.num_computed_tokens for r in self.scheduler.running},
-            shared_blocks={b.block_id: b.ref_cnt for b in pool.blocks if b.ref_cnt > 1}))
+            # a block used by several requests is in several tables: no need to scan the whole pool
+            shared_blocks={b: pool.blocks[b].ref_cnt for t in tables.values() for b in t
+                           if pool.blocks[b].ref_cnt > 1}))
+
+    def _table_snapshots(self) -> dict[str, list[int]]:
+        """Copies of the block tables for the trace, reusing last step's copy of every table that did not grow.
+
+        A table only grows (appends) until it is freed whole, so the same list object with the same length
+        holds the same blocks. Most steps add no block to most tables: this keeps the trace's memory and
+        time per step small at large batch sizes. (Copies are shared between steps: read them, never edit.)
+        """
+        previous, self._snapshots = self._snapshots, {}
+        for rid, table in self.kv.block_tables.items():
+            old = previous.get(rid)
+            unchanged = old is not None and old[0] is table and len(old[1]) == len(table)
+            self._snapshots[rid] = old if unchanged else (table, list(table))
+        return {rid: copy for rid, (_, copy) in self._snapshots.items()}
 
     # ---- numbers -----------------------------------------------------------------------------------
     def stats(self) -> dict:
