@@ -8,7 +8,7 @@ slot slot_mapping[t] = block_id * block_size + offset. A query at position p may
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -24,6 +24,8 @@ class AttentionMetadata:
     query_lens_cpu: list[int]
     seq_lens_cpu: list[int]
     num_splits: int | None = None  # decode split-K slices: fixed inside a CUDA graph, else chosen per step
+    # what every layer would otherwise recompute from the fields above (the torch backend's groups and masks)
+    per_step: dict = field(default_factory=dict, repr=False)
 
     @property
     def num_seqs(self) -> int:

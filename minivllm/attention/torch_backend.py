@@ -74,41 +74,57 @@ def paged_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
 
 def attend_batched(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-                   reqs: list[int], scale: float, num_groups: int = 4) -> torch.Tensor:
+                   reqs: list[int], scale: float) -> torch.Tensor:
     """Requests `reqs`, each with the same number m of new queries: q [B, m, heads, dim] -> same shape.
 
-    One call would copy every context padded to the longest; sorting by length and attending in
-    `num_groups` groups of similar length lets short contexts skip most of that padding (about 15% off a
-    whole CPU benchmark run, where this copy is the largest cost).
+    The grouping, block ids and masks depend only on the step, so the first layer builds them and the
+    others reuse them (kept on the step's metadata).
     """
+    m, group = q.shape[1], q.shape[2] // k_cache.shape[2]
+    key = ("attend_batched", m, group, tuple(reqs), id(meta.block_tables), id(meta.seq_lens))
+    if key not in meta.per_step:
+        meta.per_step[key] = _plan_groups(meta, reqs, m, group, k_cache.shape[1])
     out = torch.empty_like(q)
-    by_length = sorted(range(len(reqs)), key=lambda i: meta.seq_lens_cpu[reqs[i]])
-    size = -(-len(by_length) // num_groups)
-    for start in range(0, len(by_length), size):
-        group = by_length[start : start + size]
-        local = torch.tensor(group, device=q.device)
-        batch = torch.tensor([reqs[i] for i in group], device=q.device)
-        out[local] = _attend_group(q[local], k_cache, v_cache, meta.block_tables[batch], meta.seq_lens[batch],
-                                   meta.seq_lens_cpu[reqs[group[-1]]], scale)
+    for rows, block_ids, mask in meta.per_step[key]:
+        out[rows] = _attend_group(q[rows], k_cache, v_cache, block_ids, mask, scale)
     return out
 
 
-def _attend_group(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                  seq_lens: torch.Tensor, max_seq_len: int, scale: float) -> torch.Tensor:
+def _plan_groups(meta: AttentionMetadata, reqs: list[int], m: int, group: int, block_size: int,
+                 num_groups: int = 4) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Cut the requests into `num_groups` groups of similar context length: (rows, block ids, mask) each.
+
+    One call would copy every context padded to the longest; sorting by length and attending in groups
+    lets short contexts skip most of that padding (about 15% off a whole CPU benchmark run, where this
+    copy is the largest cost).
+    """
+    dev = meta.seq_lens.device
+    by_length = sorted(range(len(reqs)), key=lambda i: meta.seq_lens_cpu[reqs[i]])
+    size, plan = -(-len(by_length) // num_groups), []
+    for start in range(0, len(by_length), size):
+        rows = by_length[start : start + size]
+        batch = torch.tensor([reqs[i] for i in rows], device=dev)
+        width = -(-meta.seq_lens_cpu[reqs[rows[-1]]] // block_size)  # blocks of the longest context here
+        block_ids = meta.block_tables[batch, :width].long()
+        # query i of a request sits at position seq_len - m + i and sees the keys up to there
+        last_visible = meta.seq_lens[batch][:, None] - m + torch.arange(m, device=dev)[None, :]  # [B, m]
+        mask = torch.arange(width * block_size, device=dev)[None, None, :] <= last_visible[:, :, None]
+        # every query head of a kv head's group shares its query's mask row (m = 1: one row, broadcast)
+        mask = mask[:, None] if m == 1 else mask[:, None, None].expand(-1, 1, group, -1, -1).reshape(
+            len(rows), 1, group * m, -1)
+        plan.append((torch.tensor(rows, device=dev), block_ids, mask))
+    return plan
+
+
+def _attend_group(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_ids: torch.Tensor,
+                  mask: torch.Tensor, scale: float) -> torch.Tensor:
     """The query heads that share a KV head (GQA) stand in for extra query positions: q is viewed as
     [B, kv_heads, heads_per_kv * m, dim], so K and V are never copied per query head."""
     num_seqs, m, num_heads, head_dim = q.shape
-    num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
-    table = block_tables[:, : -(-max_seq_len // block_size)]
-    k = gather_blocks(k_cache, table).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)  # [B, kv, ctx, d]
-    v = gather_blocks(v_cache, table).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
-    # query i of a request sits at position seq_len - m + i and sees the keys up to there
-    last_visible = seq_lens[:, None] - m + torch.arange(m, device=q.device)[None, :]  # [B, m]
-    mask = torch.arange(k.shape[2], device=q.device)[None, None, :] <= last_visible[:, :, None]  # [B, m, ctx]
-    # every query head of a group shares its query's mask row (one row per head when m = 1: broadcast it)
-    mask = mask[:, None] if m == 1 else mask[:, None, None].expand(-1, 1, group, -1, -1).reshape(
-        num_seqs, 1, group * m, -1)
+    k = gather_blocks(k_cache, block_ids).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)  # [B, kv, ctx, d]
+    v = gather_blocks(v_cache, block_ids).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
     qg = q.view(num_seqs, m, num_kv_heads, group, head_dim).permute(0, 2, 3, 1, 4).reshape(
         num_seqs, num_kv_heads, group * m, head_dim)
     out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)
