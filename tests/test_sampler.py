@@ -102,3 +102,12 @@ def test_n_completions(llm):
     assert all(len(c.token_ids) == 8 for c in out.outputs)
     assert len({tuple(c.token_ids) for c in out.outputs}) > 1
     assert out.num_cached_tokens == 0
+
+
+def test_engine_stream_is_not_reseeded_between_calls():
+    """The same device spelled two ways ("cpu" / torch.device, or "cuda" / "cuda:0") keeps one stream going."""
+    sampler = Sampler(seed=3)
+    first = sampler.generator_for(torch.device("cpu"))
+    draw = torch.rand(4, generator=first)
+    assert sampler.generator_for("cpu") is first
+    assert not torch.equal(torch.rand(4, generator=sampler.generator_for("cpu")), draw)

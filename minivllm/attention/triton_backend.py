@@ -37,7 +37,7 @@ class TritonAttentionBackend:
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        if q.device != self._checked:  # once per device, not once per layer call
+        if self._checked is None or q.device.type != self._checked.type:  # once, not once per layer call
             check_device(q.device)
             self._checked = q.device
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping)

@@ -46,6 +46,8 @@ class ModelRunner:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.device = torch.device(config.device)
+        if self.device.type == "cuda" and self.device.index is None:  # tensors say cuda:0: so must we, or
+            self.device = torch.device("cuda", torch.cuda.current_device())  # device checks would never match
         self.model_config = read_model_config(config.model)
         self.dtype = config.resolve_dtype(self.model_config.torch_dtype)
         self.backend = get_attention_backend(config.attention_backend, config.device)

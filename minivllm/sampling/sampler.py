@@ -94,7 +94,8 @@ class Sampler:
 
     def generator_for(self, device: torch.device) -> torch.Generator:
         """The engine-wide random stream, for requests without a seed of their own."""
-        if self.generator is None or self.generator.device != device:
+        # by type: "cuda" and "cuda:0" are one device here, and re-seeding would repeat the same draws
+        if self.generator is None or self.generator.device.type != torch.device(device).type:
             self.generator = torch.Generator(device=device).manual_seed(self.seed)
         return self.generator
 
