@@ -76,11 +76,12 @@ class DraftModelProposer:
     def _sample(self, logits: torch.Tensor, requests: list[Request]):
         """Greedy requests draft the argmax; sampling ones draw from the draft's processed distribution q."""
         batch = SamplingBatch.from_requests(requests, self.runner.device)
-        probs = processed_probs(logits, batch)
+        probs = None if batch.all_greedy else processed_probs(logits, batch)
         tokens, dists = [], []
+        argmax = logits.argmax(dim=-1).tolist()  # one device-to-host copy for all greedy rows
         for i, req in enumerate(requests):
             if req.params.greedy:
-                tokens.append(int(logits[i].argmax()))
+                tokens.append(argmax[i])
                 dists.append(None)
             else:
                 gen = req.generator or self.runner.sampler.generator_for(self.runner.device)
