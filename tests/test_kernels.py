@@ -30,6 +30,10 @@ from minivllm.kernels import (  # noqa: E402
     paged_prefill_attention,
     store_kv,
 )
+from minivllm.kernels.rms_norm import rms_norm  # noqa: E402
+from minivllm.kernels.rotary import apply_rotary  # noqa: E402
+from minivllm.model.llama import RMSNorm  # noqa: E402
+from minivllm.model.rotary import RotaryEmbedding  # noqa: E402
 
 TOL = {torch.float32: dict(atol=2e-5, rtol=1e-5), torch.float16: dict(atol=4e-3, rtol=4e-3)}
 
@@ -188,6 +192,45 @@ def test_backend_matches_torch_backend(decode):
     want = TorchAttentionBackend().forward(q, k, v, *caches, meta, 0.2)
     assert torch.equal(k_cache, caches[0]) and torch.equal(v_cache, caches[1])
     torch.testing.assert_close(out, want, **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dim,heads,with_residual", [(64, 0, False), (100, 0, True), (24, 3, False), (96, 0, True)])
+def test_rms_norm_kernel(dim, heads, with_residual, dtype):
+    """The fused kernel against the module's torch path: whole rows, residual adds, and per-head rows of a view."""
+    gen = torch.Generator().manual_seed(dim)
+    norm = RMSNorm(dim, 1e-6).to(dtype)
+    norm.weight.data = torch.randn(dim, generator=gen).to(dtype)
+    if heads:  # q/k norm: [T, heads, dim] carved out of a wider fused-projection output
+        x = torch.randn(7, heads * dim + 10, generator=gen).to(dtype)[:, 5 : 5 + heads * dim].view(7, heads, dim)
+    else:
+        x = torch.randn(9, dim, generator=gen).to(dtype)
+    residual = torch.randn(9, dim, generator=gen).to(dtype) if with_residual else None
+    out, new_residual = rms_norm(x, norm.weight, norm.eps, residual)
+    if with_residual:
+        want, want_residual = norm(x, residual)
+        torch.testing.assert_close(new_residual, want_residual, **TOL[dtype])
+    else:
+        want = norm(x)
+        assert new_residual is None
+    torch.testing.assert_close(out, want, **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("head_dim,heads,kv_heads", [(24, 4, 2), (64, 3, 1), (32, 8, 8)])
+def test_rotary_kernel(head_dim, heads, kv_heads, dtype):
+    """apply_rotary against the torch rotation, q and k as strided views of one fused qkv output."""
+    gen = torch.Generator().manual_seed(head_dim)
+    rope = RotaryEmbedding(head_dim, 300, 10000.0, None)
+    rope.build()
+    qkv = torch.randn(11, (heads + 2 * kv_heads) * head_dim, generator=gen).to(dtype)
+    q, k, _ = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    q, k = q.view(11, heads, head_dim), k.view(11, kv_heads, head_dim)
+    positions = torch.randint(0, 300, (11,), generator=gen)
+    got_q, got_k = apply_rotary(positions, q, k, rope.cos_sin)
+    want_q, want_k = rope(positions, q, k)
+    torch.testing.assert_close(got_q, want_q, **TOL[dtype])
+    torch.testing.assert_close(got_k, want_k, **TOL[dtype])
 
 
 def test_cpu_without_interpreter_is_a_clear_error():

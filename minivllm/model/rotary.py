@@ -29,10 +29,16 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict | None) -> None:
+    def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict | None,
+                 fused: bool = False) -> None:
         super().__init__()
         self.head_dim, self.max_positions, self.theta, self.scaling = head_dim, max_positions, theta, scaling
         self.register_buffer("cos_sin", torch.empty(max_positions, 2, head_dim), persistent=False)
+        self.kernel = None
+        if fused:  # the Triton backend: q and k rotated in one kernel (minivllm/kernels/rotary.py)
+            from minivllm.kernels.rotary import apply_rotary
+
+            self.kernel = apply_rotary
 
     def build(self) -> None:
         """Fill the cos/sin table (after the module lands on its device)."""
@@ -44,5 +50,7 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """q: [T, heads, dim], k: [T, kv_heads, dim]; each token rotated by its own position."""
+        if self.kernel is not None:
+            return self.kernel(positions, q, k, self.cos_sin)
         cos, sin = self.cos_sin[positions].to(q.dtype).unsqueeze(2).unbind(1)
         return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
