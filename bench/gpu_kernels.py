@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 ARGS = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ARGS.add_argument("--cpu-check", action="store_true", help="only the correctness checks, fp32 on CPU (interpreter)")
-ARGS.add_argument("--sweep", action="store_true", help="also time decode for several key-tile sizes")
+ARGS.add_argument("--sweep", action="store_true", help="also time decode over tile sizes, warps and stages")
 ARGS.add_argument("--batch", type=int, default=256)
 ARGS.add_argument("--context", type=int, default=2048)
 
@@ -119,6 +119,37 @@ def check(device: str, dtypes, small: bool) -> bool:
     return ok
 
 
+def check_fused(device: str, dtypes) -> bool:
+    """The fused RMSNorm (+ residual) and rotary kernels against the model's torch code, Qwen3-0.6B sizes."""
+    import torch
+
+    from minivllm.kernels import apply_rotary, rms_norm
+    from minivllm.model.llama import RMSNorm
+    from minivllm.model.rotary import RotaryEmbedding
+
+    tol = {torch.float32: 2e-5, torch.float16: 1e-2, torch.bfloat16: 6e-2}  # max |error|, values of size ~3
+    ok = True
+    for dtype in dtypes:
+        gen = torch.Generator(device=device).manual_seed(0)
+        x, residual = (torch.randn(300, 1024, device=device, generator=gen).to(dtype) for _ in range(2))
+        norm = RMSNorm(1024, 1e-6).to(device=device, dtype=dtype)
+        out, summed = rms_norm(x, norm.weight, norm.eps, residual)
+        want, want_sum = norm(x, residual)
+        err_norm = max((out.float() - want.float()).abs().max().item(), (summed - want_sum).abs().max().item())
+        rope = RotaryEmbedding(128, 4096, 1e6, None).to(device)
+        rope.build()
+        q = torch.randn(300, 16, 128, device=device, dtype=dtype)
+        k = torch.randn(300, 8, 128, device=device, dtype=dtype)
+        positions = torch.randint(0, 4096, (300,), device=device, generator=gen)
+        got, want = apply_rotary(positions, q, k, rope.cos_sin), rope(positions, q, k)
+        err_rope = max((a.float() - b.float()).abs().max().item() for a, b in zip(got, want))
+        good = err_norm <= tol[dtype] and err_rope <= tol[dtype]
+        ok &= good
+        print(f"{'ok  ' if good else 'FAIL'} {str(dtype)[6:]:8} fused add+RMSNorm max |err| {err_norm:.1e}, "
+              f"rotary max |err| {err_rope:.1e}")
+    return ok
+
+
 def bench_decode(batch: int, context: int, sweep: bool) -> float:
     import torch
 
@@ -132,14 +163,19 @@ def bench_decode(batch: int, context: int, sweep: bool) -> float:
     peak = copy_bandwidth()
     print(f"device-to-device copy: {peak / 1e9:.0f} GB/s")
     best = 0.0
-    for block_n in ((16, 32, 64, 128) if sweep else (64,)):
-        ms = time_ms(lambda bn=block_n: paged_decode_attention(b.q, b.k_cache, b.v_cache, m.block_tables,
-                                                               m.seq_lens, scale, max_seq_len=context,
-                                                               block_n=bn))
+    settings = [(64, 4, 2)]  # (block_n, num_warps, num_stages): the defaults
+    if sweep:
+        settings += [(bn, w, st) for bn in (32, 64, 128) for w in (2, 4, 8) for st in (2, 3, 4)
+                     if (bn, w, st) != (64, 4, 2)]
+    for bn, warps, stages in settings:
+        ms = time_ms(lambda bn=bn, w=warps, st=stages: paged_decode_attention(
+            b.q, b.k_cache, b.v_cache, m.block_tables, m.seq_lens, scale, max_seq_len=context, block_n=bn,
+            num_warps=w, num_stages=st))
         bw = kv_bytes / (ms * 1e-3)
         best = max(best, bw / peak)
         print(f"decode batch {batch} x {context} tokens, heads {heads}/{kv_heads}, dim {dim}, bf16, "
-              f"block_n {block_n}: {ms * 1e3:.0f} us, {bw / 1e9:.0f} GB/s of K/V = {100 * bw / peak:.0f}% of copy")
+              f"block_n {bn}, warps {warps}, stages {stages}: {ms * 1e3:.0f} us, {bw / 1e9:.0f} GB/s of K/V "
+              f"= {100 * bw / peak:.0f}% of copy")
 
     # Split-K where it matters: few requests with long contexts
     small = make_batch([1] * 4, [16384] * 4, bs, heads, kv_heads, dim, torch.bfloat16, "cuda", seed=1)
@@ -172,14 +208,15 @@ def main() -> int:
     import torch
 
     if args.cpu_check:
-        ok = check("cpu", [torch.float32], small=True)
+        ok = check("cpu", [torch.float32], small=True) & check_fused("cpu", [torch.float32])
         print("all checks passed" if ok else "SOME CHECKS FAILED")
         return 0 if ok else 1
     if not torch.cuda.is_available():
         print("no CUDA device: run with --cpu-check to exercise the checks on CPU")
         return 1
     print(torch.cuda.get_device_name())
-    ok = check("cuda", [torch.bfloat16, torch.float16], small=False)
+    halves = [torch.bfloat16, torch.float16]
+    ok = check("cuda", halves, small=False) & check_fused("cuda", halves)
     best = bench_decode(args.batch, args.context, args.sweep)
     bench_prefill()
     print(f"decode bandwidth: {100 * best:.0f}% of copy bandwidth (target >= 70%): "

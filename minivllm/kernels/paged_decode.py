@@ -151,12 +151,13 @@ def num_sms(device: torch.device) -> int:
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
                            max_seq_len: int | None = None, num_splits: int | None = None,
-                           block_n: int = 64) -> torch.Tensor:
+                           block_n: int = 64, num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
     """Attention of one query per request over its paged context: q [B, H, D] -> [B, H, D].
 
     caches: [num_blocks, block_size, kv_heads, D]; block_tables [B, max_blocks] int32; seq_lens [B] int32
     (context length including the token being decoded). max_seq_len (a host int, so no device sync)
-    drives the automatic split-K choice; num_splits forces it (1 = no split).
+    drives the automatic split-K choice; num_splits forces it (1 = no split). block_n, num_warps and
+    num_stages are the tuning knobs `bench/gpu_kernels.py --sweep` explores on a GPU.
     """
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
@@ -190,7 +191,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         QUERY_GROUP=group, KV_BLOCK_SIZE=k_cache.shape[1], NUM_SPLITS=num_splits,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=4, num_stages=2,
+        num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits > 1:
         _split_reduce_kernel[(num_seqs, num_heads)](
