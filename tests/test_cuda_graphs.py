@@ -68,3 +68,18 @@ def test_preemption_and_prefix_hits_with_graphs(checkpoints):
 
 def test_no_graphs_off_cuda(llama_path):
     assert LLM(llama_path, num_kv_blocks=16).engine.runner.graphs is None
+
+
+def test_speculative_decoding_with_graphs(checkpoints):
+    """Verification steps (several tokens per request) run eagerly; plain decode steps in between use graphs."""
+    path, model = checkpoints["llama"]
+    prompts = [[4, 5, 6, 4, 5, 6, 4, 5, 6], list(range(20, 45)), [7, 7, 7, 7]]  # repeats: n-gram drafts
+    llm = LLM(path, block_size=4, num_kv_blocks=64, speculative_model="[ngram]", num_speculative_tokens=3)
+    graphs = attach_graphs(llm, [1, 2, 4], num_splits=1)
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(model, p, 20) for p in prompts]
+    assert graphs.calls, "some steps had no drafts to verify and went through the graphs"
+    stats = llm.engine.stats()
+    assert stats["spec_num_proposed"] > 0, "and some steps verified drafts"
+    assert stats["num_free_blocks"] == stats["num_total_blocks"]
