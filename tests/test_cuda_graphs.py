@@ -21,9 +21,9 @@ def test_capture_sizes():
     assert capture_sizes(4096)[-1] == 512  # larger decode batches run eagerly
 
 
-def attach_graphs(llm: LLM, sizes: list[int], num_splits: int) -> DecodeGraphs:
-    """Give the runner graphs in eager mode, and count how many steps they serve."""
-    runner, cfg = llm.engine.runner, llm.engine.config
+def attach_graphs(llm: LLM, sizes: list[int], num_splits: int, runner=None) -> DecodeGraphs:
+    """Give the runner (default: the target's) graphs in eager mode, and record the batch size of each step."""
+    runner, cfg = runner or llm.engine.runner, llm.engine.config
     graphs = DecodeGraphs(runner.model, runner.kv_cache, sizes, -(-cfg.max_model_len // cfg.block_size),
                           runner.device, lambda size: num_splits, capture=False)
     graphs.calls, run = [], graphs.run
@@ -83,3 +83,19 @@ def test_speculative_decoding_with_graphs(checkpoints):
     stats = llm.engine.stats()
     assert stats["spec_num_proposed"] > 0, "and some steps verified drafts"
     assert stats["num_free_blocks"] == stats["num_total_blocks"]
+
+
+def test_draft_model_decodes_through_graphs(checkpoints, tmp_path):
+    """The draft model's own decode steps (k - 1 per round) use its runner's graphs; output stays the target's."""
+    from tests.conftest import build_checkpoint
+
+    path, model = checkpoints["llama"]
+    build_checkpoint("llama", tmp_path / "draft", num_hidden_layers=1, hidden_size=32, num_attention_heads=2,
+                     num_key_value_heads=1, intermediate_size=64)
+    llm = LLM(path, block_size=4, num_kv_blocks=64, speculative_model=tmp_path / "draft", num_speculative_tokens=3)
+    graphs = attach_graphs(llm, [1, 2, 4], num_splits=1, runner=llm.engine.proposer.runner)
+    prompts = [[3, 4, 5, 6], list(range(30, 47)), [9] * 6]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(model, p, 16) for p in prompts]
+    assert graphs.calls and llm.engine.stats()["spec_num_proposed"] > 0

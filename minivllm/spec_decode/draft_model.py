@@ -35,6 +35,7 @@ class DraftModelProposer:
         if self.runner.model_config.vocab_size != vocab_size:
             raise ValueError(f"draft model {path} has vocab size {self.runner.model_config.vocab_size}, "
                              f"the target has {vocab_size}: they must share a tokenizer")
+        self.runner.capture_decode_graphs(target_config.max_model_len)  # the draft's k - 1 decode steps
         self.kv = KVCacheManager(blocks, bs, enable_prefix_caching=False)
         self.shadows: dict[str, Request] = {}  # the draft's view of each request: tokens + drafts so far
 
