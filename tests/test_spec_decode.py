@@ -166,3 +166,20 @@ def test_bad_speculative_configs(models, tmp_path):
     build_checkpoint("llama", tmp_path / "other_vocab", vocab_size=300)
     with pytest.raises(ValueError, match="vocab size"):
         LLM(root / "target", num_kv_blocks=10, speculative_model=tmp_path / "other_vocab", num_speculative_tokens=2)
+
+
+def test_draft_memory_is_reserved_for(models):
+    """On a GPU the target sizes its cache for itself and the draft: what the draft will need, in bytes."""
+    from minivllm.config import EngineConfig
+    from minivllm.core.kv_sizing import kv_bytes_per_block
+    from minivllm.model import read_model_config
+    from minivllm.spec_decode.draft_model import draft_extra_blocks, draft_memory_needs
+
+    root, _, _ = models
+    config = EngineConfig(root / "target", device="cpu", block_size=8, max_num_seqs=10)
+    fixed, per_block = draft_memory_needs(root / "small", config, num_speculative_tokens=3)
+    mc = read_model_config(root / "small")
+    assert per_block == kv_bytes_per_block(mc.num_layers, 8, mc.num_kv_heads, mc.head_dim, 4)  # fp32 on CPU
+    weights = sum(f.stat().st_size for f in (root / "small").glob("*.safetensors"))
+    assert draft_extra_blocks(config, 3) == 10 * 2
+    assert fixed == weights + 20 * per_block

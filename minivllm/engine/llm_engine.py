@@ -41,7 +41,7 @@ def visible_text(req: Request) -> str:
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self.runner = ModelRunner(config)
+        self.runner = ModelRunner(config, *self._draft_memory(config))
         mc = self.runner.model_config
         has_tokenizer = any((Path(config.model) / f).is_file() for f in ("tokenizer.json", "tokenizer.model"))
         self.tokenizer = Tokenizer(config.model) if has_tokenizer else None
@@ -70,6 +70,15 @@ class LLMEngine:
         self.num_generated_tokens = 0
         self.num_spec_proposed = self.num_spec_accepted = self.num_spec_steps = 0
         self.proposer = self._make_proposer(config)
+
+    @staticmethod
+    def _draft_memory(config: EngineConfig) -> tuple[int, int]:
+        """What a draft model will need on the GPU, so the target's cache leaves room for it (see draft_model)."""
+        if config.speculative_model in (None, "[ngram]") or not config.device.startswith("cuda"):
+            return 0, 0
+        from minivllm.spec_decode.draft_model import draft_memory_needs
+
+        return draft_memory_needs(config.speculative_model, config, config.num_speculative_tokens)
 
     def _make_proposer(self, config: EngineConfig):
         if config.speculative_model is None:

@@ -43,8 +43,11 @@ class StepInputs:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, reserved_bytes: int = 0, companion_bytes_per_block: int = 0) -> None:
+        """reserved_bytes and companion_bytes_per_block: GPU memory a speculative draft model will take after
+        this runner sizes its KV cache (its weights, and one of its KV blocks for each of ours)."""
         self.config = config
+        self.reserved_bytes, self.companion_bytes_per_block = reserved_bytes, companion_bytes_per_block
         self.device = torch.device(config.device)
         if self.device.type == "cuda" and self.device.index is None:  # tensors say cuda:0: so must we, or
             self.device = torch.device("cuda", torch.cuda.current_device())  # device checks would never match
@@ -74,7 +77,9 @@ class ModelRunner:
         peak_extra = self.profile_run()
         free, total = torch.cuda.mem_get_info()
         budget = gpu_kv_budget(total, self.config.gpu_memory_utilization, total - free + peak_extra)
-        return num_blocks_for_budget(budget, self.bytes_per_block)
+        # a draft model's cache mirrors ours block for block: size ours for both
+        per_block = self.bytes_per_block + self.companion_bytes_per_block
+        return num_blocks_for_budget(budget - self.reserved_bytes, per_block)
 
     def profile_run(self) -> int:
         """One forward pass at the largest step size; returns its activation peak in bytes (0 off CUDA).

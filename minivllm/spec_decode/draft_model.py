@@ -12,15 +12,39 @@ cut back to the target's, and the next catch-up overwrites the rest (the rollbac
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
 from minivllm.config import EngineConfig
 from minivllm.core.kv_cache_manager import KVCacheManager
+from minivllm.core.kv_sizing import kv_bytes_per_block
 from minivllm.core.scheduler import ScheduledRequest, SchedulerOutput
+from minivllm.model import read_model_config
 from minivllm.request import Request
 from minivllm.runner.model_runner import ModelRunner
 from minivllm.sampling.sampler import SamplingBatch, processed_probs
+
+
+def draft_extra_blocks(target_config: EngineConfig, num_speculative_tokens: int) -> int:
+    """Blocks the draft needs beyond one per target block: each sequence's drafts may spill into new ones."""
+    return target_config.max_num_seqs * (-(-num_speculative_tokens // target_config.block_size) + 1)
+
+
+def draft_memory_needs(path: str | Path, target_config: EngineConfig, num_speculative_tokens: int) -> tuple[int, int]:
+    """GPU memory the draft will take once the target's KV cache exists: (fixed bytes, bytes per target block).
+
+    The draft mirrors the target's cache block for block, so the target must size its cache for both:
+    fixed = the draft's weights (by checkpoint size, rescaled to the dtype it will run in) plus its extra
+    blocks; per block = one draft KV block.
+    """
+    mc = read_model_config(path)
+    dtype = target_config.resolve_dtype(mc.torch_dtype)
+    per_block = kv_bytes_per_block(mc.num_layers, target_config.block_size, mc.num_kv_heads, mc.head_dim,
+                                   dtype.itemsize)
+    stored = mc.torch_dtype.itemsize if mc.torch_dtype is not None else 4
+    weights = sum(f.stat().st_size for f in Path(path).glob("*.safetensors")) * dtype.itemsize // stored
+    return weights + draft_extra_blocks(target_config, num_speculative_tokens) * per_block, per_block
 
 
 class DraftModelProposer:
@@ -29,7 +53,7 @@ class DraftModelProposer:
         self.k = num_speculative_tokens
         bs = target_config.block_size
         # room for every token the target holds plus each sequence's drafts
-        blocks = num_target_blocks + target_config.max_num_seqs * (-(-num_speculative_tokens // bs) + 1)
+        blocks = num_target_blocks + draft_extra_blocks(target_config, num_speculative_tokens)
         config = replace(target_config, model=path, num_kv_blocks=blocks, enable_prefix_caching=False)
         self.runner = ModelRunner(config)
         if self.runner.model_config.vocab_size != vocab_size:
