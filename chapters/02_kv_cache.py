@@ -224,7 +224,9 @@ assert gqa == 327_680 and article // gqa == 8 and round(gqa * 4096 / 1e9, 1) == 
 # The engine computed all of this when it loaded: `runner.bytes_per_block` from the model's config and
 # the dtype it chose (float32 on CPU; bf16 or fp16 on a GPU), and `runner.num_blocks` from its memory
 # budget. On CPU the budget is a fixed knob (`kv_sizing.DEFAULT_CPU_KV_CACHE_BYTES`); on a GPU the engine
-# measures what is left after the weights and a profiled forward pass.
+# measures what is left after the weights and a profiled forward pass. Either way it takes no more blocks
+# than `max_num_seqs` sequences of `max_model_len` tokens could ever fill (`kv_sizing.max_useful_blocks`):
+# on a GPU a model this small would otherwise claim 90% of the card for blocks it can never use.
 
 # %%
 mc, bs = runner.model_config, engine.config.block_size
@@ -240,7 +242,10 @@ assert runner.bytes_per_block == per_token * bs
 assert cache.nbytes == runner.num_blocks * runner.bytes_per_block
 if device.type == "cpu":
     budget = engine.config.kv_cache_memory_bytes or kv_sizing.DEFAULT_CPU_KV_CACHE_BYTES
-    assert runner.num_blocks == num_blocks_for_budget(budget, runner.bytes_per_block)
+    most = kv_sizing.max_useful_blocks(engine.config.max_num_seqs, mc.max_position_embeddings, bs)
+    print(f"budget {budget / MiB:.0f} MiB holds {num_blocks_for_budget(budget, runner.bytes_per_block):,} blocks; "
+          f"{engine.config.max_num_seqs} sequences of {mc.max_position_embeddings} tokens could use {most:,}")
+    assert runner.num_blocks == min(num_blocks_for_budget(budget, runner.bytes_per_block), most)
 
 # %% [markdown]
 # ## Memory as land

@@ -89,3 +89,12 @@ def test_generate_accepts_token_list_and_timings(llm):
 def test_tqdm_bar_runs(llm, capsys):
     llm.generate([[1, 2], [3, 4]], greedy(3), use_tqdm=True)
     assert "tok/s" in capsys.readouterr().err
+
+
+def test_cache_takes_no_more_blocks_than_sequences_can_fill(llama_path):
+    """A 1 GiB budget would hold thousands of this tiny model's blocks; 4 sequences of 256 tokens fill 64."""
+    llm = LLM(llama_path, kv_cache_memory_bytes=2**30, max_num_seqs=4, block_size=16)
+    assert llm.engine.runner.num_blocks == 4 * 256 // 16
+    assert llm.engine.config.max_model_len == 256
+    explicit = LLM(llama_path, num_kv_blocks=500, max_num_seqs=4)  # an explicit count is taken as given
+    assert explicit.engine.runner.num_blocks == 500

@@ -19,6 +19,7 @@ from minivllm.core.kv_sizing import (
     DEFAULT_CPU_KV_CACHE_BYTES,
     gpu_kv_budget,
     kv_bytes_per_block,
+    max_useful_blocks,
     num_blocks_for_budget,
 )
 from minivllm.core.scheduler import ScheduledRequest, SchedulerOutput
@@ -68,18 +69,21 @@ class ModelRunner:
         self.graphs = None  # DecodeGraphs, once capture_decode_graphs has run
 
     def _blocks_from_memory(self) -> int:
+        cfg = self.config
+        most = max_useful_blocks(cfg.max_num_seqs, cfg.max_model_len or self.model_config.max_position_embeddings,
+                                 cfg.block_size)
         if self.device.type != "cuda":
-            budget = self.config.kv_cache_memory_bytes or DEFAULT_CPU_KV_CACHE_BYTES
-            return num_blocks_for_budget(budget, self.bytes_per_block)
-        if self.config.kv_cache_memory_bytes:
-            return num_blocks_for_budget(self.config.kv_cache_memory_bytes, self.bytes_per_block)
+            budget = cfg.kv_cache_memory_bytes or DEFAULT_CPU_KV_CACHE_BYTES
+            return min(num_blocks_for_budget(budget, self.bytes_per_block), most)
+        if cfg.kv_cache_memory_bytes:
+            return min(num_blocks_for_budget(cfg.kv_cache_memory_bytes, self.bytes_per_block), most)
         torch.cuda.empty_cache()
         peak_extra = self.profile_run()
         free, total = torch.cuda.mem_get_info()
-        budget = gpu_kv_budget(total, self.config.gpu_memory_utilization, total - free + peak_extra)
+        budget = gpu_kv_budget(total, cfg.gpu_memory_utilization, total - free + peak_extra)
         # a draft model's cache mirrors ours block for block: size ours for both
         per_block = self.bytes_per_block + self.companion_bytes_per_block
-        return num_blocks_for_budget(budget - self.reserved_bytes, per_block)
+        return min(num_blocks_for_budget(budget - self.reserved_bytes, per_block), most)
 
     def profile_run(self) -> int:
         """One forward pass at the largest step size; returns its activation peak in bytes (0 off CUDA).
