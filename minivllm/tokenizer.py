@@ -52,6 +52,22 @@ class Tokenizer:
             return full_text[len(prefix_text) :]
         return ""
 
+    def detokenize_rest(self, all_token_ids: list[int], state: DetokenizerState) -> str:
+        """All the text after `state.read_offset` in one decode: what detokenize_step would emit token by token.
+
+        For a request whose text nobody reads until it finishes. Only if the text ends inside an unfinished
+        character (which the step-by-step path holds back, with everything since its last emission) is that
+        path replayed, so the result is the same either way.
+        """
+        ids = self.hf.convert_ids_to_tokens(all_token_ids[state.prefix_offset :])
+        prefix_text = self._join(ids[: state.read_offset - state.prefix_offset])
+        full_text = self._join(ids)
+        if not full_text.endswith("\ufffd"):
+            state.prefix_offset = state.read_offset = len(all_token_ids)
+            return full_text[len(prefix_text) :]
+        return "".join(self.detokenize_step(all_token_ids[:end], state)
+                       for end in range(state.read_offset + 1, len(all_token_ids) + 1))
+
     def _join(self, tokens: list[str]) -> str:
         return self.hf.convert_tokens_to_string([t for t in tokens if t not in self.special_tokens])
 

@@ -14,6 +14,25 @@ def llm():
     return LLM(str(EMBEDDED), num_kv_blocks=256)
 
 
+def test_text_is_the_same_streamed_or_decoded_once(llm):
+    """CUMULATIVE outputs build text token by token; LLM.generate (FINAL_ONLY) decodes it once at the end.
+
+    High temperatures reach rare byte-level tokens, whose characters may span several tokens."""
+    prompts = SEEDS + [{"prompt_token_ids": [1] + list(range(6, 40))}]
+    work = [(p, SamplingParams(temperature=t, seed=10 * i + j, max_tokens=48))
+            for i, p in enumerate(prompts) for j, t in enumerate([0.9, 1.5, 3.0, 6.0])]
+    once = llm.generate([p for p, _ in work], [sp for _, sp in work], use_tqdm=False)
+    engine = llm.engine
+    for i, (prompt, sp) in enumerate(work):
+        engine.add_request(f"streamed-{i}", prompt, sp)
+    streamed = {}
+    while engine.has_unfinished_requests():
+        streamed.update({o.request_id: o.outputs[0] for o in engine.step() if o.finished})
+    for i, out in enumerate(once):
+        assert streamed[f"streamed-{i}"].token_ids == out.outputs[0].token_ids  # same seeds, same tokens
+        assert streamed[f"streamed-{i}"].text == out.outputs[0].text
+
+
 def test_incremental_text_equals_decoding_everything(llm):
     outs = llm.generate(SEEDS, SamplingParams(temperature=0.9, seed=3, max_tokens=48), use_tqdm=False)
     for out in outs:
@@ -59,3 +78,20 @@ def test_chat_template(llm):
                    SamplingParams(temperature=0, max_tokens=40), use_tqdm=False)[0]
     assert out.outputs[0].text.strip()
     assert out.outputs[0].finish_reason in ("stop", "length")
+
+
+def test_decoding_once_holds_back_what_streaming_holds_back(llm):
+    """Cut a text with multi-byte characters (several byte-level tokens each) after every token: the one-shot
+    decode of the output equals the step-by-step text, also when it ends inside a character."""
+    tok = llm.tokenizer
+    ids = tok.encode("Hi ☃ there, 日本 café!")
+    assert len(ids) > len("Hi ☃ there, 日本 café!".split()) + 4, "some characters span several tokens"
+    split_ends = 0
+    for end in range(4, len(ids) + 1):
+        prompt, out = ids[:3], ids[3:end]
+        state = tok.start_detokenizer(len(prompt))
+        streamed = "".join(tok.detokenize_step(prompt + out[:i], state) for i in range(1, len(out) + 1))
+        once = tok.detokenize_rest(prompt + out, tok.start_detokenizer(len(prompt)))
+        assert once == streamed
+        split_ends += tok.decode(prompt + out).endswith("\ufffd")
+    assert split_ends > 0, "some cuts end inside a character"

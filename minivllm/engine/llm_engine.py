@@ -161,6 +161,7 @@ class LLMEngine:
             if not r.is_finished:
                 self.scheduler.finish(r, "abort")
                 r.finish_time = time.monotonic()
+                self._finish_text(r)
             if self.proposer is not None:
                 self.proposer.free(r.request_id)
         self._pending.append(self._output(reqs))
@@ -241,15 +242,30 @@ class LLMEngine:
                 if reason is not None:
                     req.finish_time = now
                     finished[req.request_id] = reason
+                    self._finish_text(req)
                     break
             entry.sampled_token = entry.new_token_ids[-1]
             touched[req.parent_id] = True
         return entries, touched, finished
 
+    @staticmethod
+    def _streams_text(req: Request) -> bool:
+        """Text is built token by token only if someone reads it before the end: a stream, or stop strings.
+
+        Otherwise (FINAL_ONLY, as in LLM.generate) it is decoded once when the request finishes: per-token
+        detokenization costs the host more per step than some GPUs take for the whole decode step.
+        """
+        return req.params.output_kind is RequestOutputKind.CUMULATIVE or bool(req.params.stop_strings)
+
+    def _finish_text(self, req: Request) -> None:
+        """A request that did not stream its text gets all of it now, in one decode."""
+        if self.tokenizer is not None and not self._streams_text(req):
+            req.output_text += self.tokenizer.detokenize_rest(req.all_token_ids, req.detokenizer)
+
     def _check_stop(self, req: Request, token: int) -> str | None:
-        """Update the request's text and say why it should stop now, if it should."""
+        """Update the request's text (when it streams) and say why it should stop now, if it should."""
         params = req.params
-        if self.tokenizer is not None:
+        if self.tokenizer is not None and self._streams_text(req):
             before = len(req.output_text)
             req.output_text += self.tokenizer.detokenize_step(req.all_token_ids, req.detokenizer)
             hit = find_stop_string(req.output_text, len(req.output_text) - before, params.stop_strings)
