@@ -102,6 +102,18 @@ assert "\ufffd" in "".join(one_by_one) and "\ufffd" not in "".join(streamed)
 assert "".join(streamed) == "A cup of tea ☕ for you"
 
 # %% [markdown]
+# This per-token work is only done when someone reads the text as it grows: a streaming client
+# (`engine.step()` outputs, the server) or stop strings, which must be spotted as they appear.
+# `LLM.generate` returns only finished requests, so their text is decoded once at the end
+# (`Tokenizer.detokenize_rest`), to the same string: at a batch of 256, per-token decoding would cost
+# the host milliseconds every step.
+
+# %%
+once = tok.detokenize_rest(ids, tok.start_detokenizer(num_prompt_tokens=1))
+print("decoded once at the end:", repr(once))
+assert once == "".join(streamed)
+
+# %% [markdown]
 # ## The waiting queue
 #
 # `add_request` tokenizes, validates and queues; nothing runs until `step()`. We queue the three prompts
