@@ -237,12 +237,54 @@ else:
           "run this notebook on a GPU runtime (Colab: Runtime > Change runtime type) to measure them.")
 
 # %% [markdown]
+# ## Fused elementwise kernels: many small launches become one
+#
+# Attention is not the only thing a decode step launches. In torch, `RMSNorm(x + residual)` is a chain of
+# small operations, each a kernel that reads and writes the whole activation; the rotary embedding is
+# another chain. For a decode batch these kernels are tiny, so their cost is mostly their launch. The
+# Triton backend replaces each chain with one kernel. Below, a torch dispatch mode counts the operations
+# the torch code runs (each one a kernel launch on a GPU), and the fused kernel is checked against it.
+
+# %%
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from minivllm.kernels import norm as norm_kernels
+from minivllm.kernels import rms_norm
+from minivllm.model.llama import RMSNorm
+
+print(inspect.getsource(norm_kernels._rms_norm_kernel.fn))
+
+
+class CountOps(TorchDispatchMode):
+    """Records every aten operation torch runs while the mode is active."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func.__name__.split(".")[0])
+        return func(*args, **(kwargs or {}))
+
+
+hidden = 256
+norm = RMSNorm(hidden, 1e-6).to(DEVICE)
+x, residual = torch.randn(8, hidden, device=DEVICE), torch.randn(8, hidden, device=DEVICE)
+with CountOps() as counted:
+    want, want_residual = norm(x, residual)
+got, got_residual = rms_norm(x, norm.weight, norm.eps, residual)
+print(f"torch add + RMSNorm: {len(counted.ops)} operations {counted.ops}; the fused kernel: 1 launch")
+err = max((got - want).abs().max().item(), (got_residual - want_residual).abs().max().item())
+print(f"max |fused - torch| = {err:.1e}")
+assert err < 1e-5 and len(counted.ops) > 5
+
+# %% [markdown]
 # ## The whole engine on the Triton backend
 #
 # `attention_backend="triton"` runs every attention layer through these kernels (store K/V, then the
 # decode kernel when every request brings one token, the prefill kernel otherwise), and swaps two chains of
 # small torch operations for one kernel each: RMSNorm with the residual add before it
-# (`minivllm/kernels/rms_norm.py`) and the rotary embedding of q and k (`minivllm/kernels/rotary.py`).
+# (`minivllm/kernels/norm.py`) and the rotary embedding of q and k (`minivllm/kernels/rotary.py`).
 # Greedy outputs must equal the torch backend's on the embedded model. On CPU the interpreter makes this
 # slow, so two short prompts and 8 tokens; both in float32, so the comparison is of the algorithm, not of
 # rounding.

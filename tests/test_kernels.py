@@ -30,7 +30,7 @@ from minivllm.kernels import (  # noqa: E402
     paged_prefill_attention,
     store_kv,
 )
-from minivllm.kernels.rms_norm import rms_norm  # noqa: E402
+from minivllm.kernels.norm import rms_norm  # noqa: E402
 from minivllm.kernels.rotary import apply_rotary  # noqa: E402
 from minivllm.model.llama import RMSNorm  # noqa: E402
 from minivllm.model.rotary import RotaryEmbedding  # noqa: E402

@@ -6,9 +6,9 @@ through Triton's interpreter, which is chosen when a kernel is defined: TRITON_I
 before triton is first imported.
 """
 
+from minivllm.kernels.norm import rms_norm
 from minivllm.kernels.paged_decode import choose_num_splits, paged_decode_attention
 from minivllm.kernels.paged_prefill import paged_prefill_attention
-from minivllm.kernels.rms_norm import rms_norm
 from minivllm.kernels.rotary import apply_rotary
 from minivllm.kernels.store_kv import _store_kv_kernel, store_kv
 

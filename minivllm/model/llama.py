@@ -18,7 +18,7 @@ from minivllm.model.rotary import RotaryEmbedding
 class RMSNorm(nn.Module):
     """norm(x), or with a residual: (norm(x + residual), x + residual), the add deferred from the layer before.
 
-    `fused` (the Triton backend) does either in one kernel (minivllm/kernels/rms_norm.py).
+    `fused` (the Triton backend) does either in one kernel (minivllm/kernels/norm.py).
     """
 
     def __init__(self, dim: int, eps: float, fused: bool = False) -> None:
@@ -27,7 +27,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.kernel = None
         if fused:
-            from minivllm.kernels.rms_norm import rms_norm
+            from minivllm.kernels.norm import rms_norm
 
             self.kernel = rms_norm
 
