@@ -33,6 +33,8 @@ def capture_sizes(max_num_seqs: int, largest: int = 512) -> list[int]:
 
 
 class DecodeGraphs:
+    """One recorded decode step per batch size for one model and KV cache, and the buffers they read."""
+
     def __init__(self, model, kv_cache: torch.Tensor, sizes: list[int], max_blocks_per_seq: int,
                  device: torch.device, num_splits: Callable[[int], int], capture: bool = True) -> None:
         self.model, self.kv_cache, self.sizes = model, kv_cache, sorted(sizes)
