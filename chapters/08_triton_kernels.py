@@ -276,7 +276,7 @@ got, got_residual = rms_norm(x, norm.weight, norm.eps, residual)
 print(f"torch add + RMSNorm: {len(counted.ops)} operations {counted.ops}; the fused kernel: 1 launch")
 err = max((got - want).abs().max().item(), (got_residual - want_residual).abs().max().item())
 print(f"max |fused - torch| = {err:.1e}")
-assert err < 1e-5 and len(counted.ops) > 5
+assert err < 1e-4 and len(counted.ops) > 5  # fp32; a GPU's rsqrt is an approximation
 
 # %% [markdown]
 # ## The whole engine on the Triton backend
