@@ -64,6 +64,13 @@ def make_batch(query_lens, seq_lens, block_size, num_heads, num_kv_heads, head_d
     return Batch(q, k_cache, v_cache, meta)
 
 
+def half_dtype():
+    """bf16 where the GPU has it natively (compute capability >= 8.0), else fp16 (a T4)."""
+    import torch
+
+    return torch.bfloat16 if torch.cuda.get_device_capability()[0] >= 8 else torch.float16
+
+
 def check(device: str, dtypes, small: bool) -> bool:
     """Every kernel against the torch reference (computed in fp32 from the same rounded inputs)."""
     import torch
@@ -151,13 +158,13 @@ def check_fused(device: str, dtypes) -> bool:
 
 
 def bench_decode(batch: int, context: int, sweep: bool) -> float:
-    import torch
 
     from minivllm.kernels import paged_decode_attention
     from minivllm.kernels.timing import copy_bandwidth, time_ms
 
     heads, kv_heads, dim, bs = 32, 8, 128, 16
-    b = make_batch([1] * batch, [context] * batch, bs, heads, kv_heads, dim, torch.bfloat16, "cuda")
+    b = make_batch([1] * batch, [context] * batch, bs, heads, kv_heads, dim, half_dtype(), "cuda")
+    dtype_name = str(half_dtype())[6:]
     m, scale = b.meta, dim**-0.5
     kv_bytes = 2 * batch * context * kv_heads * dim * b.k_cache.element_size()  # K and V, each read once
     peak = copy_bandwidth()
@@ -173,12 +180,12 @@ def bench_decode(batch: int, context: int, sweep: bool) -> float:
             num_warps=w, num_stages=st))
         bw = kv_bytes / (ms * 1e-3)
         best = max(best, bw / peak)
-        print(f"decode batch {batch} x {context} tokens, heads {heads}/{kv_heads}, dim {dim}, bf16, "
+        print(f"decode batch {batch} x {context} tokens, heads {heads}/{kv_heads}, dim {dim}, {dtype_name}, "
               f"block_n {bn}, warps {warps}, stages {stages}: {ms * 1e3:.0f} us, {bw / 1e9:.0f} GB/s of K/V "
               f"= {100 * bw / peak:.0f}% of copy")
 
     # Split-K where it matters: few requests with long contexts
-    small = make_batch([1] * 4, [16384] * 4, bs, heads, kv_heads, dim, torch.bfloat16, "cuda", seed=1)
+    small = make_batch([1] * 4, [16384] * 4, bs, heads, kv_heads, dim, half_dtype(), "cuda", seed=1)
     sm = small.meta
     for splits in (1, None):
         ms = time_ms(lambda s=splits: paged_decode_attention(small.q, small.k_cache, small.v_cache, sm.block_tables,
@@ -189,18 +196,18 @@ def bench_decode(batch: int, context: int, sweep: bool) -> float:
 
 
 def bench_prefill() -> None:
-    import torch
 
     from minivllm.kernels import paged_prefill_attention
     from minivllm.kernels.timing import time_ms
 
     heads, kv_heads, dim = 32, 8, 128
-    b = make_batch([2048] * 4, [2048] * 4, 16, heads, kv_heads, dim, torch.bfloat16, "cuda")
+    b = make_batch([2048] * 4, [2048] * 4, 16, heads, kv_heads, dim, half_dtype(), "cuda")
     m = b.meta
     ms = time_ms(lambda: paged_prefill_attention(b.q, b.k_cache, b.v_cache, m.block_tables, m.query_start_loc,
                                                  m.seq_lens, dim**-0.5, m.max_query_len))
     flops = 4 * 4 * heads * dim * 2048 * 2048 / 2  # QK^T and PV, causal half
-    print(f"prefill 4 x 2048 tokens (causal), bf16: {ms:.2f} ms, {flops / (ms * 1e-3) / 1e12:.0f} TFLOP/s")
+    print(f"prefill 4 x 2048 tokens (causal), {str(half_dtype())[6:]}: {ms:.2f} ms, "
+          f"{flops / (ms * 1e-3) / 1e12:.0f} TFLOP/s")
 
 
 def main() -> int:
@@ -215,7 +222,7 @@ def main() -> int:
         print("no CUDA device: run with --cpu-check to exercise the checks on CPU")
         return 1
     print(torch.cuda.get_device_name())
-    halves = [torch.bfloat16, torch.float16]
+    halves = [torch.bfloat16, torch.float16] if half_dtype() == torch.bfloat16 else [torch.float16]
     ok = check("cuda", halves, small=False) & check_fused("cuda", halves)
     best = bench_decode(args.batch, args.context, args.sweep)
     bench_prefill()
