@@ -92,6 +92,7 @@ ids = tok.encode("A cup of tea ☕ for you")
 print(tok.hf.convert_ids_to_tokens(ids))
 one_by_one = [tok.decode([i]) for i in ids]
 print("one token at a time:", one_by_one)
+print(inspect.getsource(Tokenizer._window))
 print(inspect.getsource(Tokenizer.detokenize_step))
 
 # %%

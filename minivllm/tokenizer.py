@@ -43,10 +43,7 @@ class Tokenizer:
 
     def detokenize_step(self, all_token_ids: list[int], state: DetokenizerState) -> str:
         """Text contributed by the tokens after `state.read_offset` (may be empty while a char is split)."""
-        ids = self.hf.convert_ids_to_tokens(all_token_ids[state.prefix_offset :])
-        n_prefix = state.read_offset - state.prefix_offset
-        prefix_text = self._join(ids[:n_prefix])
-        full_text = self._join(ids)
+        prefix_text, full_text = self._window(all_token_ids, state)
         if len(full_text) > len(prefix_text) and not full_text.endswith("\ufffd"):
             state.prefix_offset, state.read_offset = state.read_offset, len(all_token_ids)
             return full_text[len(prefix_text) :]
@@ -59,14 +56,17 @@ class Tokenizer:
         character (which the step-by-step path holds back, with everything since its last emission) is that
         path replayed, so the result is the same either way.
         """
-        ids = self.hf.convert_ids_to_tokens(all_token_ids[state.prefix_offset :])
-        prefix_text = self._join(ids[: state.read_offset - state.prefix_offset])
-        full_text = self._join(ids)
+        prefix_text, full_text = self._window(all_token_ids, state)
         if not full_text.endswith("\ufffd"):
-            state.prefix_offset = state.read_offset = len(all_token_ids)
+            state.prefix_offset, state.read_offset = state.read_offset, len(all_token_ids)
             return full_text[len(prefix_text) :]
         return "".join(self.detokenize_step(all_token_ids[:end], state)
                        for end in range(state.read_offset + 1, len(all_token_ids) + 1))
+
+    def _window(self, all_token_ids: list[int], state: DetokenizerState) -> tuple[str, str]:
+        """The text of the window before the unread tokens, and of the whole window including them."""
+        tokens = self.hf.convert_ids_to_tokens(all_token_ids[state.prefix_offset :])
+        return self._join(tokens[: state.read_offset - state.prefix_offset]), self._join(tokens)
 
     def _join(self, tokens: list[str]) -> str:
         return self.hf.convert_tokens_to_string([t for t in tokens if t not in self.special_tokens])
