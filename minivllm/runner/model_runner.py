@@ -69,21 +69,24 @@ class ModelRunner:
         self.graphs = None  # DecodeGraphs, once capture_decode_graphs has run
 
     def _blocks_from_memory(self) -> int:
+        """As many blocks as the budget holds, but no more than the sequences could ever fill."""
         cfg = self.config
-        most = max_useful_blocks(cfg.max_num_seqs, cfg.max_model_len or self.model_config.max_position_embeddings,
-                                 cfg.block_size)
+        max_len = cfg.max_model_len or self.model_config.max_position_embeddings
+        return min(self._blocks_in_budget(), max_useful_blocks(cfg.max_num_seqs, max_len, cfg.block_size))
+
+    def _blocks_in_budget(self) -> int:
+        cfg = self.config
         if self.device.type != "cuda":
-            budget = cfg.kv_cache_memory_bytes or DEFAULT_CPU_KV_CACHE_BYTES
-            return min(num_blocks_for_budget(budget, self.bytes_per_block), most)
+            return num_blocks_for_budget(cfg.kv_cache_memory_bytes or DEFAULT_CPU_KV_CACHE_BYTES, self.bytes_per_block)
         if cfg.kv_cache_memory_bytes:
-            return min(num_blocks_for_budget(cfg.kv_cache_memory_bytes, self.bytes_per_block), most)
+            return num_blocks_for_budget(cfg.kv_cache_memory_bytes, self.bytes_per_block)
         torch.cuda.empty_cache()
         peak_extra = self.profile_run()
         free, total = torch.cuda.mem_get_info()
         budget = gpu_kv_budget(total, cfg.gpu_memory_utilization, total - free + peak_extra)
         # a draft model's cache mirrors ours block for block: size ours for both
         per_block = self.bytes_per_block + self.companion_bytes_per_block
-        return min(num_blocks_for_budget(budget - self.reserved_bytes, per_block), most)
+        return num_blocks_for_budget(budget - self.reserved_bytes, per_block)
 
     def profile_run(self) -> int:
         """One forward pass at the largest step size; returns its activation peak in bytes (0 off CUDA).
