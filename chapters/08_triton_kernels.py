@@ -317,6 +317,8 @@ assert results["triton"] == results["torch"], "the kernels change where attentio
 # * the same launch parameters: the decode kernel's split-K count is fixed per size.
 
 # %%
+from IPython.display import HTML, display
+
 from minivllm.runner.cuda_graphs import DecodeGraphs, capture_sizes
 
 print("graphs are captured for decode batches of", capture_sizes(256))
@@ -324,7 +326,7 @@ print("graphs are captured for decode batches of", capture_sizes(256))
 # %% [markdown]
 # Recording needs CUDA, but everything around it (buffers, copies, padding) runs anywhere with
 # `capture=False`, which executes the padded batch eagerly. Here three requests decode together, so the
-# batch is padded to 4: look at the last row of each buffer after the step.
+# batch is padded to 4: the table shows the buffers the step read, the grey column is the padding.
 
 # %%
 llm = LLM(dtype="float32", num_kv_blocks=64, attention_backend="torch")
@@ -337,8 +339,8 @@ for i, prompt in enumerate(["Once upon a time", "The cat", "Hello"]):
     engine.add_request(f"r{i}", prompt, greedy)
 engine.step()  # the three prompts' prefill: an eager step
 engine.step()  # the first decode step: 3 requests, padded to a graph of 4
-for name in ("input_ids", "positions", "slot_mapping", "seq_lens"):
-    print(f"{name:13s}", getattr(graphs, name)[:4].tolist())
+display(HTML(widgets.graph_batch_html(graphs)))
+assert graphs.last_replay == (3, 4)
 assert graphs.slot_mapping[3] == -1 and graphs.seq_lens[3] == 1, "row 4 is padding"
 finished = {}
 while engine.has_unfinished_requests():

@@ -99,3 +99,26 @@ def test_draft_model_decodes_through_graphs(checkpoints, tmp_path):
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(model, p, 16) for p in prompts]
     assert graphs.calls and llm.engine.stats()["spec_num_proposed"] > 0
+
+
+def test_graph_batch_view_shows_the_real_buffers(checkpoints):
+    """widgets.graph_batch_html renders the buffers the last replay read: 3 requests, then 1 padding column."""
+    import re
+
+    import widgets
+
+    path, _ = checkpoints["llama"]
+    llm = LLM(path, block_size=4, num_kv_blocks=40)
+    graphs = attach_graphs(llm, [1, 2, 4], num_splits=1)
+    assert "no decode step" in widgets.graph_batch_html(graphs)
+    engine = llm.engine
+    for i, prompt in enumerate([[5, 6, 7], [8, 9], [10, 11, 12, 13, 14]]):
+        engine.add_request(f"r{i}", {"prompt_token_ids": prompt}, SamplingParams(temperature=0, max_tokens=3))
+    engine.step()  # prefill (eager)
+    engine.step()  # first decode step: 3 requests, the graph for 4
+    assert graphs.last_replay == (3, 4)
+    page = widgets.graph_batch_html(graphs)
+    assert "3 requests decoding" in page and "batch size 4" in page and page.count("(pad)") == 1
+    slots = re.search(r"<th>cache slot</th>(.*?)</tr>", page).group(1)
+    assert re.findall(r">(-?\d+)</td>", slots) == [str(s) for s in graphs.slot_mapping[:4].tolist()]
+    assert slots.endswith(">-1</td>"), "the padding row stores nothing"

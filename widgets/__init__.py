@@ -7,11 +7,13 @@ Render functions (no ipywidgets; they return matplotlib Figures, HTML strings or
     workloads: run_arrivals, kv_occupancy                          (drive a real engine; measure its trace)
     speculation: spec_rounds, speculation_html                   (speculative decoding, token by token)
     traces:    relabel_requests                                    (rename the requests of a recording)
+    graphs:    graph_batch_html                                    (a CUDA-graph decode step's padded buffers)
 Widgets (ipywidgets): JourneyStepper, BlockTableViewer, SpeculationStepper.
 """
 
 from widgets.blocks import BlockCell, block_table_figure, block_table_html, pool_cells
 from widgets.colors import request_colors, request_ids
+from widgets.graphs import graph_batch_html
 from widgets.journey import step_html
 from widgets.speculation import SpecRound, spec_rounds, speculation_html
 from widgets.timelines import Timeline, timeline, timeline_figure
@@ -28,6 +30,6 @@ def show(fig) -> None:
 
 
 __all__ = ["Arrival", "BlockCell", "BlockTableViewer", "JourneyStepper", "Occupancy", "Recording", "SpecRound",
-           "SpeculationStepper", "Timeline", "block_table_figure", "block_table_html", "figure_png", "kv_occupancy",
-           "new_steps", "pool_cells", "relabel_requests", "request_colors", "request_ids", "run_arrivals", "show",
-           "spec_rounds", "speculation_html", "step_html", "timeline", "timeline_figure"]
+           "SpeculationStepper", "Timeline", "block_table_figure", "block_table_html", "figure_png", "graph_batch_html",
+           "kv_occupancy", "new_steps", "pool_cells", "relabel_requests", "request_colors", "request_ids",
+           "run_arrivals", "show", "spec_rounds", "speculation_html", "step_html", "timeline", "timeline_figure"]

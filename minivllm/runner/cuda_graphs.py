@@ -50,6 +50,7 @@ class DecodeGraphs:
         self.query_start_loc = torch.arange(largest + 1, dtype=torch.int32, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}  # each graph's hidden states, written by every replay
+        self.last_replay: tuple[int, int] | None = None  # (requests, graph size) of the latest step: to inspect
 
     def _metadata(self, size: int) -> AttentionMetadata:
         """Metadata over the static buffers. Host-side fields are what the kernels see at record time."""
@@ -94,6 +95,7 @@ class DecodeGraphs:
         self.block_tables[:n, :width].copy_(torch.from_numpy(inputs.block_tables), non_blocking=True)
         self.slot_mapping[n:size].fill_(-1)  # padding rows: store nothing ...
         self.seq_lens[n:size].fill_(1)  # ... and attend to a single (harmless) position
+        self.last_replay = (n, size)
         if not self.use_graphs:
             return self._forward(size)[:n]
         self.graphs[size].replay()
