@@ -182,8 +182,9 @@ assert all(e < 2e-5 for e in errors.values())
 
 # %% [markdown]
 # The prefill kernel (`paged_prefill.py`) is the same walk for many queries per request, with a causal
-# mask: FlashAttention over a paged cache. One mixed batch covers its cases: a fresh prompt, a prompt
-# after a cached prefix, and a decode row.
+# mask: FlashAttention over a paged cache. Like the decode kernel it loads each K/V tile once per kv head:
+# a tile's rows are (query, query head) pairs, every head of the group for each of its queries. One mixed
+# batch covers its cases: a fresh prompt, a prompt after a cached prefix, and a decode row.
 
 # %%
 q, k_cache, v_cache, meta = paged_batch([13, 5, 1], [13, 29, 40], seed=1)

@@ -121,6 +121,10 @@ PREFILL_CASES = [
     (32, 2, 4, 32, torch.float32, [7, 21, 1], [40, 21, 65], 16, 16),
     (32, 1, 1, 64, torch.float16, [4, 12], [4, 75], None, 32),  # speculative-style short query, long ctx
     (8, 3, 2, 24, torch.float32, [9, 2, 1, 15], [9, 18, 3, 31], 16, 16),
+    # query heads of a kv head packed into a tile's rows: a group of 7 (Qwen2-0.5B's 14/2) leaves rows unused,
+    # a group of 32 (multi-query) needs a 32-row tile even for one query
+    (16, 2, 7, 32, torch.float32, [11, 1, 5], [11, 20, 37], None, 16),
+    (8, 1, 32, 24, torch.float16, [3, 1], [19, 9], None, 16),
 ]
 
 

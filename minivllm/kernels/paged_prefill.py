@@ -1,10 +1,11 @@
 """Paged prefill attention: many new queries per request, causal, over a context that may be partly cached.
 
-This is FlashAttention over a paged cache. A program owns BLOCK_M consecutive new queries of one request
-and one query head, and walks the keys in tiles of BLOCK_N positions, looking up each position's
-physical block in the block table (the new tokens' K/V were stored into the cache first, so cached prefix
-and new tokens are read the same way). Online softmax keeps one pass over K/V and no [q, k] matrix in
-memory.
+This is FlashAttention over a paged cache. A program owns one request's kv head and a tile of BLOCK_M
+rows: consecutive new queries, each repeated for every query head that shares the kv head (GQA), so
+each K/V tile is loaded once for the whole group. It walks the keys in tiles of BLOCK_N positions,
+looking up each position's physical block in the block table (the new tokens' K/V were stored into the
+cache first, so cached prefix and new tokens are read the same way). Online softmax keeps one pass over
+K/V and no [q, k] matrix in memory.
 
 Query i of a request with q_len new tokens and seq_len context tokens sits at position
 seq_len - q_len + i and sees keys 0..that position. That one rule covers a fresh prompt (q_len ==
@@ -29,50 +30,52 @@ def _paged_prefill_kernel(
     stride_ot, stride_oh,
     head_dim,
     QUERY_GROUP: tl.constexpr,  # query heads per kv head
+    QUERIES_PER_TILE: tl.constexpr,  # BLOCK_M // QUERY_GROUP: each query takes QUERY_GROUP rows
     KV_BLOCK_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr,  # new queries per program
+    BLOCK_M: tl.constexpr,  # rows per program: (query, head of the group) pairs
     BLOCK_N: tl.constexpr,  # key positions per tile
     BLOCK_D: tl.constexpr,  # head_dim padded to a power of two (>= 16)
     DOT_PRECISION: tl.constexpr,
 ):
     b = tl.program_id(0)
     m_tile = tl.program_id(1)
-    head = tl.program_id(2)
-    kv_head = head // QUERY_GROUP
+    kv_head = tl.program_id(2)
 
     q_start = tl.load(query_start_loc_ptr + b)
     q_len = tl.load(query_start_loc_ptr + b + 1) - q_start
-    if m_tile * BLOCK_M >= q_len:  # the grid is sized for the longest request; shorter ones stop here
+    if m_tile * QUERIES_PER_TILE >= q_len:  # the grid is sized for the longest request; shorter ones stop
         return
     seq_len = tl.load(seq_lens_ptr + b)
     prefix_len = seq_len - q_len  # context already in the cache before this step
 
-    offs_m = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)  # query index within the request
+    rows = tl.arange(0, BLOCK_M)
+    offs_m = m_tile * QUERIES_PER_TILE + rows // QUERY_GROUP  # each row's query index within the request
+    heads = kv_head * QUERY_GROUP + rows % QUERY_GROUP  # and its query head
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    m_mask = offs_m < q_len
+    m_mask = (rows < QUERIES_PER_TILE * QUERY_GROUP) & (offs_m < q_len)
     d_mask = offs_d < head_dim
-    q_pos = prefix_len + offs_m  # each query's position in the sequence
+    q_pos = prefix_len + offs_m  # each row's position in the sequence
 
     tokens = (q_start + offs_m).to(tl.int64)
-    q = tl.load(q_ptr + tokens[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
-                mask=m_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_M, BLOCK_D]
+    q_rows = tokens[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptr + q_rows, mask=m_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_M, BLOCK_D]
     qk_scale = scale * 1.4426950408889634  # softmax via exp2: fold in log2(e)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     # Causality: no query in this tile sees past the last one's position, so stop the walk there.
-    kv_end = tl.minimum(seq_len, prefix_len + (m_tile + 1) * BLOCK_M)
+    kv_end = tl.minimum(seq_len, prefix_len + (m_tile + 1) * QUERIES_PER_TILE)
     table = block_tables_ptr + b.to(tl.int64) * stride_bt
     for start in range(0, kv_end, BLOCK_N):
         pos = start + offs_n
         n_mask = pos < kv_end
         block = tl.load(table + pos // KV_BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-        rows = block * stride_cb + (pos % KV_BLOCK_SIZE) * stride_cs + kv_head * stride_ch
+        kv_rows = block * stride_cb + (pos % KV_BLOCK_SIZE) * stride_cs + kv_head * stride_ch
         kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)  # [N, D]
-        v = tl.load(v_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        k = tl.load(k_cache_ptr + kv_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)  # [N, D]
+        v = tl.load(v_cache_ptr + kv_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
 
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
         visible = n_mask[None, :] & (pos[None, :] <= q_pos[:, None])  # causal, prefix included
@@ -86,8 +89,8 @@ def _paged_prefill_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
-    out = acc / l_i[:, None]
-    tl.store(out_ptr + tokens[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
+    out = acc / l_i[:, None]  # padding rows (past q_len, or past the last whole query) are not stored
+    tl.store(out_ptr + tokens[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
 
 
@@ -110,11 +113,15 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     num_seqs = seq_lens.shape[0]
     if num_tokens == 0 or num_seqs == 0:
         return out
+    group = num_heads // num_kv_heads
     if block_m is None:  # decode-heavy batches need no 64-row tiles (tl.dot wants >= 16 rows)
-        block_m = min(64, max(16, triton.next_power_of_2(max_query_len)))
+        block_m = max(min(64, max(16, triton.next_power_of_2(max_query_len * group))),
+                      triton.next_power_of_2(group))
     for size in (block_m, block_n):
         assert size >= 16 and size & (size - 1) == 0, "tl.dot needs powers of two >= 16"
-    grid = (num_seqs, triton.cdiv(max_query_len, block_m), num_heads)
+    assert block_m >= group, "a tile must hold every query head of at least one query"
+    queries_per_tile = block_m // group
+    grid = (num_seqs, triton.cdiv(max_query_len, queries_per_tile), num_kv_heads)
     _paged_prefill_kernel[grid](
         q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out, scale,
         q.stride(0), q.stride(1),
@@ -122,7 +129,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         block_tables.stride(0),
         out.stride(0), out.stride(1),
         head_dim,
-        QUERY_GROUP=num_heads // num_kv_heads, KV_BLOCK_SIZE=k_cache.shape[1],
+        QUERY_GROUP=group, QUERIES_PER_TILE=queries_per_tile, KV_BLOCK_SIZE=k_cache.shape[1],
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=4, num_stages=2,
