@@ -127,10 +127,10 @@ def check(device: str, dtypes, small: bool) -> bool:
 
 
 def check_fused(device: str, dtypes) -> bool:
-    """The fused RMSNorm (+ residual) and rotary kernels against the model's torch code, Qwen3-0.6B sizes."""
+    """The fused RMSNorm (+ residual), rotary and SwiGLU kernels against torch, at Qwen3-0.6B sizes."""
     import torch
 
-    from minivllm.kernels import apply_rotary, rms_norm
+    from minivllm.kernels import apply_rotary, rms_norm, silu_and_mul
     from minivllm.model.llama import RMSNorm
     from minivllm.model.rotary import RotaryEmbedding
 
@@ -150,10 +150,13 @@ def check_fused(device: str, dtypes) -> bool:
         positions = torch.randint(0, 4096, (300,), device=device, generator=gen)
         got, want = apply_rotary(positions, q, k, rope.cos_sin), rope(positions, q, k)
         err_rope = max((a.float() - b.float()).abs().max().item() for a, b in zip(got, want))
-        good = err_norm <= tol[dtype] and err_rope <= tol[dtype]
+        gate_up = torch.randn(300, 2 * 3072, device=device, generator=gen).to(dtype)
+        gate, up = gate_up.float().chunk(2, dim=-1)
+        err_act = (silu_and_mul(gate_up).float() - torch.nn.functional.silu(gate) * up).abs().max().item()
+        good = max(err_norm, err_rope, err_act) <= tol[dtype]
         ok &= good
         print(f"{'ok  ' if good else 'FAIL'} {str(dtype)[6:]:8} fused add+RMSNorm max |err| {err_norm:.1e}, "
-              f"rotary max |err| {err_rope:.1e}")
+              f"rotary max |err| {err_rope:.1e}, silu(gate) * up max |err| {err_act:.1e}")
     return ok
 
 

@@ -283,9 +283,10 @@ assert err < 1e-4 and len(counted.ops) > 5  # fp32; a GPU's rsqrt is an approxim
 # ## The whole engine on the Triton backend
 #
 # `attention_backend="triton"` runs every attention layer through these kernels (store K/V, then the
-# decode kernel when every request brings one token, the prefill kernel otherwise), and swaps two chains of
-# small torch operations for one kernel each: RMSNorm with the residual add before it
-# (`minivllm/kernels/norm.py`) and the rotary embedding of q and k (`minivllm/kernels/rotary.py`).
+# decode kernel when every request brings one token, the prefill kernel otherwise), and swaps three chains
+# of small torch operations for one kernel each: RMSNorm with the residual add before it
+# (`minivllm/kernels/norm.py`), the rotary embedding of q and k (`minivllm/kernels/rotary.py`) and the
+# MLP's silu(gate) * up (`minivllm/kernels/activation.py`).
 # Greedy outputs must equal the torch backend's on the embedded model. On CPU the interpreter makes this
 # slow, so two short prompts and 8 tokens; both in float32, so the comparison is of the algorithm, not of
 # rounding.

@@ -30,6 +30,7 @@ from minivllm.kernels import (  # noqa: E402
     paged_prefill_attention,
     store_kv,
 )
+from minivllm.kernels.activation import silu_and_mul  # noqa: E402
 from minivllm.kernels.norm import rms_norm  # noqa: E402
 from minivllm.kernels.rotary import apply_rotary  # noqa: E402
 from minivllm.model.llama import RMSNorm  # noqa: E402
@@ -235,6 +236,17 @@ def test_rotary_kernel(head_dim, heads, kv_heads, dtype):
     want_q, want_k = rope(positions, q, k)
     torch.testing.assert_close(got_q, want_q, **TOL[dtype])
     torch.testing.assert_close(got_k, want_k, **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("tokens,intermediate,block", [(5, 136, 1024), (3, 100, 32), (1, 64, 16)])
+def test_silu_and_mul_kernel(tokens, intermediate, block, dtype):
+    """One kernel for SwiGLU's activation against the torch pair, from a strided view of a wider buffer."""
+    gen = torch.Generator().manual_seed(intermediate)
+    gate_up = torch.randn(tokens, 2 * intermediate + 6, generator=gen).mul(3).to(dtype)[:, 3 : 3 + 2 * intermediate]
+    gate, up = gate_up.chunk(2, dim=-1)
+    want = torch.nn.functional.silu(gate.float()) * up.float()
+    torch.testing.assert_close(silu_and_mul(gate_up, block=block).float(), want, **TOL[dtype])
 
 
 def test_cpu_without_interpreter_is_a_clear_error():

@@ -1,11 +1,13 @@
-"""Triton kernels for the paged KV cache: store new K/V, decode attention, prefill attention; and two
-fused elementwise kernels the Triton backend also uses: RMSNorm (with the residual add) and rotary embedding.
+"""Triton kernels for the paged KV cache: store new K/V, decode attention, prefill attention; and three
+fused elementwise kernels the Triton backend also uses: RMSNorm (with the residual add), rotary embedding
+and SwiGLU's silu(gate) * up.
 
 Each module holds one kernel (plus its launcher) and can be read on its own. On CPU they run only
 through Triton's interpreter, which is chosen when a kernel is defined: TRITON_INTERPRET=1 must be set
 before triton is first imported.
 """
 
+from minivllm.kernels.activation import silu_and_mul
 from minivllm.kernels.norm import rms_norm
 from minivllm.kernels.paged_decode import choose_num_splits, paged_decode_attention
 from minivllm.kernels.paged_prefill import paged_prefill_attention
@@ -13,7 +15,7 @@ from minivllm.kernels.rotary import apply_rotary
 from minivllm.kernels.store_kv import _store_kv_kernel, store_kv
 
 __all__ = ["apply_rotary", "choose_num_splits", "interpreted", "paged_decode_attention", "paged_prefill_attention",
-           "rms_norm", "store_kv"]
+           "rms_norm", "silu_and_mul", "store_kv"]
 
 
 def interpreted() -> bool:
