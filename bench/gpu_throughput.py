@@ -77,7 +77,8 @@ def run_minivllm(path: Path, work, args, **engine_args) -> tuple[float, float, d
     total = sum(len(o.outputs[0].token_ids) for o in outs)
     assert total == sum(n for _, n in work), "every request produced exactly max_tokens tokens"
     stats = llm.engine.stats()
-    stats["graphs"] = llm.engine.runner.graphs is not None
+    graphs = llm.engine.runner.graphs
+    stats["graph_steps"] = graphs.num_replays if graphs is not None else 0
     del llm, outs
     free_memory()
     return total / seconds, seconds, stats
@@ -170,8 +171,8 @@ def main() -> int:
             print(f"{name}: random weights, {shape['num_hidden_layers']} layers, hidden {shape['hidden_size']}")
             ours, secs, stats = run_minivllm(Path(tmp), work, args)
             print(f"  minivllm:                         {ours:9.1f} output tok/s ({secs:.1f} s, "
-                  f"{stats['num_steps']} steps, {stats['num_preemptions']} preemptions, "
-                  f"CUDA graphs {'on' if stats['graphs'] else 'off'})")
+                  f"{stats['num_steps']} steps of which {stats['graph_steps']} replayed CUDA graphs, "
+                  f"{stats['num_preemptions']} preemptions)")
             if cuda and not args.no_eager:
                 eager, secs, _ = run_minivllm(Path(tmp), work, args, enforce_eager=True)
                 print(f"  minivllm, enforce_eager:          {eager:9.1f} output tok/s ({secs:.1f} s): "

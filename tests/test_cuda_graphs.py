@@ -48,6 +48,7 @@ def test_padded_decode_batches_match_transformers(checkpoints, backend, num_spli
     for out, prompt, sp in zip(outs, PROMPTS, params):
         assert out.outputs[0].token_ids == hf_greedy(model, prompt, sp.max_tokens)
     assert graphs.calls == [4, 3, 2, 1], "small decode batches go through the graphs, larger ones do not"
+    assert graphs.num_replays == 4 and graphs.last_replay == (1, 1)
     stats = llm.engine.stats()
     assert stats["num_free_blocks"] == stats["num_total_blocks"]
 

@@ -51,6 +51,7 @@ class DecodeGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}  # each graph's hidden states, written by every replay
         self.last_replay: tuple[int, int] | None = None  # (requests, graph size) of the latest step: to inspect
+        self.num_replays = 0  # decode steps served so far
 
     def _metadata(self, size: int) -> AttentionMetadata:
         """Metadata over the static buffers. Host-side fields are what the kernels see at record time."""
@@ -96,6 +97,7 @@ class DecodeGraphs:
         self.slot_mapping[n:size].fill_(-1)  # padding rows: store nothing ...
         self.seq_lens[n:size].fill_(1)  # ... and attend to a single (harmless) position
         self.last_replay = (n, size)
+        self.num_replays += 1
         if not self.use_graphs:
             return self._forward(size)[:n]
         self.graphs[size].replay()
