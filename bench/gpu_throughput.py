@@ -67,7 +67,8 @@ def free_memory() -> None:
 def run_minivllm(path: Path, work, args, **engine_args) -> tuple[float, float, dict]:
     llm = LLM(str(path), trace_steps=0, max_num_batched_tokens=args.max_num_batched_tokens,
               max_model_len=args.max_model_len, **engine_args)
-    llm.generate([{"prompt_token_ids": p} for p, _ in work[:4]], SamplingParams(max_tokens=8), use_tqdm=False)
+    # warm-up: every kernel variant the run will need (prefill tiles, mixed steps) is compiled before timing
+    llm.generate([{"prompt_token_ids": p} for p, _ in work[:16]], SamplingParams(max_tokens=16), use_tqdm=False)
     params = [SamplingParams(temperature=0.6, max_tokens=n, ignore_eos=True) for _, n in work]
     if torch.cuda.is_available():
         torch.cuda.synchronize()
