@@ -70,6 +70,9 @@ def run_minivllm(path: Path, work, args, **engine_args) -> tuple[float, float, d
     # warm-up: every kernel variant the run will need (prefill tiles, mixed steps) is compiled before timing
     llm.generate([{"prompt_token_ids": p} for p, _ in work[:16]], SamplingParams(max_tokens=16), use_tqdm=False)
     params = [SamplingParams(temperature=0.6, max_tokens=n, ignore_eos=True) for _, n in work]
+    graphs = llm.engine.runner.graphs
+    replays_before = graphs.num_replays if graphs is not None else 0
+    steps_before = llm.engine.num_steps
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     start = time.perf_counter()
@@ -78,8 +81,8 @@ def run_minivllm(path: Path, work, args, **engine_args) -> tuple[float, float, d
     total = sum(len(o.outputs[0].token_ids) for o in outs)
     assert total == sum(n for _, n in work), "every request produced exactly max_tokens tokens"
     stats = llm.engine.stats()
-    graphs = llm.engine.runner.graphs
-    stats["graph_steps"] = graphs.num_replays if graphs is not None else 0
+    stats["num_steps"] -= steps_before
+    stats["graph_steps"] = graphs.num_replays - replays_before if graphs is not None else 0
     del llm, outs
     free_memory()
     return total / seconds, seconds, stats
