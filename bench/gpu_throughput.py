@@ -83,7 +83,7 @@ def run_minivllm(path: Path, work, args, **engine_args) -> tuple[float, float, d
     stats = llm.engine.stats()
     stats["num_steps"] -= steps_before
     stats["graph_steps"] = graphs.num_replays - replays_before if graphs is not None else 0
-    del llm, outs
+    del llm, outs, graphs  # the graphs hold the model and KV cache too
     free_memory()
     return total / seconds, seconds, stats
 
