@@ -127,7 +127,7 @@ def check_graph_decoding(device: str) -> bool:
         print(f"CUDA-graph decoding, fp32 tiny Qwen3, {len(prompts)} prompts, batches shrinking 10 -> 1: "
               f"{'same tokens as transformers' if same else 'TOKENS DIFFER from transformers'}; "
               f"graphs captured for sizes {captured[:6]}{'...' if len(captured) > 6 else ''}")
-        del llm, hf
+        del llm, hf, graphs
         free_memory()
         return same and bool(captured)
 
