@@ -37,6 +37,17 @@ def build_checkpoint(kind: str, path: Path, **overrides):
     return model.eval()
 
 
+def build_noisy_copy(target, path: Path, kind: str = "llama", scale: float = 0.15, seed: int = 3):
+    """The target with noise added to its output head: a draft whose proposals the target partly accepts."""
+    torch.manual_seed(seed)
+    noisy = build_checkpoint(kind, path)
+    noisy.load_state_dict(target.state_dict())
+    with torch.no_grad():
+        noisy.lm_head.weight.add_(scale * torch.randn_like(noisy.lm_head.weight))
+    noisy.save_pretrained(path)
+    return noisy
+
+
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory) -> dict:
     """{kind: (path, hf_model)} for llama, qwen2 and qwen3."""

@@ -6,7 +6,7 @@ import torch
 from minivllm import LLM, SamplingParams
 from minivllm.sampling.rejection_sampler import verify_greedy, verify_sampled
 from minivllm.spec_decode import NgramProposer
-from tests.conftest import build_checkpoint
+from tests.conftest import build_checkpoint, build_noisy_copy
 
 PROMPTS = [[1, 2, 3, 4, 5], list(range(7, 40)), [100, 3], [5, 6, 7, 5, 6, 7, 5, 6]]
 
@@ -18,12 +18,7 @@ def models(tmp_path_factory):
     target = build_checkpoint("llama", root / "target")
     build_checkpoint("llama", root / "small", hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                      num_key_value_heads=1, intermediate_size=64)
-    torch.manual_seed(3)
-    noisy = build_checkpoint("llama", root / "noisy")
-    noisy.load_state_dict(target.state_dict())
-    with torch.no_grad():
-        noisy.lm_head.weight.add_(0.15 * torch.randn_like(noisy.lm_head.weight))
-    noisy.save_pretrained(root / "noisy")
+    noisy = build_noisy_copy(target, root / "noisy")
     return root, target, noisy
 
 

@@ -8,12 +8,11 @@ import matplotlib
 matplotlib.use("Agg")
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
 import widgets  # noqa: E402
 from minivllm import LLM, SamplingParams  # noqa: E402
 from minivllm.engine.trace import ScheduledEntry, StepTrace  # noqa: E402
-from tests.conftest import build_checkpoint  # noqa: E402
+from tests.conftest import build_checkpoint, build_noisy_copy  # noqa: E402
 from widgets import speculation  # noqa: E402
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11]
@@ -102,12 +101,7 @@ def spec_run(tmp_path_factory):
     """A random target and a draft that is the target with noise in its head: some drafts pass, some fail."""
     root = tmp_path_factory.mktemp("spec-widget")
     target = build_checkpoint("llama", root / "target")
-    torch.manual_seed(3)
-    noisy = build_checkpoint("llama", root / "noisy")
-    noisy.load_state_dict(target.state_dict())
-    with torch.no_grad():
-        noisy.lm_head.weight.add_(0.15 * torch.randn_like(noisy.lm_head.weight))
-    noisy.save_pretrained(root / "noisy")
+    build_noisy_copy(target, root / "noisy")
     llm = LLM(root / "target", block_size=4, num_kv_blocks=64, speculative_model=root / "noisy",
               num_speculative_tokens=4)
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
