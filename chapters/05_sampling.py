@@ -38,7 +38,6 @@ from matplotlib.figure import Figure
 
 import widgets
 from minivllm import LLM, SamplingParams
-from minivllm.request import Request
 from minivllm.sampling import sampler as sampler_module
 from minivllm.sampling.sampler import SamplingBatch, apply_repetition_penalty, apply_top_k_top_p_min_p
 
@@ -49,27 +48,23 @@ print(sampler_module.__doc__)
 # %% [markdown]
 # ## Real logits
 #
-# The runner calls `runner.sampler(logits, batch)` once per step. We wrap it for one generation to keep a
-# copy of what it was given, then put the original back.
+# Just before it samples, the runner hands each step's logits to its `logits_observers`. We add one for a
+# generation to keep a copy of what the sampler was given, then take it out again.
 
 # %%
-class Recorder:
-    """Stands in for the engine's sampler: records its inputs, then lets the real sampler decide."""
+recorded = []
 
-    def __init__(self, sampler):
-        self.sampler, self.logits = sampler, []
 
-    def __call__(self, logits, batch):
-        self.logits.append(logits.detach().float().cpu().clone())
-        return self.sampler(logits, batch)
+def keep_logits(request_ids, logits):
+    recorded.append(logits.detach().float().cpu().clone())
 
 
 runner = llm.engine.runner
-recorder = runner.sampler = Recorder(runner.sampler)
+runner.logits_observers.append(keep_logits)
 prompt = "Once upon a time, there was a little"
 greedy_out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)[0]
-runner.sampler = recorder.sampler
-logits = recorder.logits[0][0]  # step 0, the only request: the next-token scores after the prompt
+runner.logits_observers.remove(keep_logits)
+logits = recorded[0][0]  # step 0, the only request: the next-token scores after the prompt
 print(f"{prompt!r} -> {greedy_out.outputs[0].text!r}")
 print("logits:", tuple(logits.shape), "(one score per vocabulary entry)")
 
@@ -144,10 +139,10 @@ assert counts[2] == int((probs >= 0.1 * probs.max()).sum())
 # multiplied if negative: either way, less likely.
 
 # %%
-request = Request("r", tok.encode(prompt), SamplingParams(repetition_penalty=1.5))
-batch = SamplingBatch.from_requests([request], device="cpu")
+history = tok.encode(prompt)  # the prompt and output so far: here, just the prompt
+batch = SamplingBatch.build([SamplingParams(repetition_penalty=1.5)], [history], device="cpu")
 penalized = apply_repetition_penalty(logits[None].clone(), batch)[0]
-seen = sorted(set(request.all_token_ids))
+seen = sorted(set(history))
 for i in seen:
     name = tok.decode([i]) or tok.hf.convert_ids_to_tokens([i])[0]  # BOS decodes to ""
     print(f"{name!r:12} {float(logits[i]):7.2f} -> {float(penalized[i]):7.2f}")
@@ -175,8 +170,8 @@ for penalty in (1.0, 1.3):
 
 # %%
 params = SamplingParams(temperature=1.0, top_k=1, repetition_penalty=1.5)
-request = Request("r", tok.encode(prompt) + greedy_out.outputs[0].token_ids[:1], params)
-batch = SamplingBatch.from_requests([request], device="cpu")
+history = tok.encode(prompt) + greedy_out.outputs[0].token_ids[:1]
+batch = SamplingBatch.build([params], [history], device="cpu")
 top1 = dict(top_k=torch.tensor([1]), top_p=torch.ones(1), min_p=torch.zeros(1))
 ours = apply_top_k_top_p_min_p(apply_repetition_penalty(logits[None].clone(), batch), **top1)
 material = apply_repetition_penalty(apply_top_k_top_p_min_p(logits[None].clone(), **top1), batch)

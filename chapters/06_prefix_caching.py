@@ -46,8 +46,9 @@ from matplotlib.figure import Figure
 
 import widgets
 from minivllm import LLM, SamplingParams
+from minivllm.core.block_hash import extend_block_hashes, hash_block
 from minivllm.core.block_pool import BlockPool
-from minivllm.core.kv_cache_manager import KVCacheManager, hash_block
+from minivllm.core.kv_cache_manager import KVCacheManager
 
 if not torch.cuda.is_available():
     # A model this small gains little from a second CPU thread, and one thread keeps the timings below
@@ -75,10 +76,17 @@ def words(text):
 # `hash_block(parent_hash, tokens)` names a full block by its 16 tokens *and* its parent's hash, which
 # in turn names the parent's tokens and its parent's, back to the start of the sequence. So two blocks
 # with equal hashes hold equal tokens at equal positions after equal prefixes: exactly the condition for
-# their keys and values to be equal (a token's K and V depend on every token before it).
+# their keys and values to be equal (a token's K and V depend on every token before it). The hash is
+# SHA-256, so two different prefixes never share a name in practice (Python's own `hash()` would let
+# them: `hash(-1) == hash(-2)`), and a request can never read another prefix's K/V by accident.
+#
+# `extend_block_hashes` walks a sequence's full blocks, chaining each name to the one before. The engine
+# keeps the list on each request and extends it only by blocks that filled up since, so every block is
+# hashed once in its request's life.
 
 # %%
 print(inspect.getsource(hash_block))
+print(inspect.getsource(extend_block_hashes))
 SYSTEM = ("You are a kind storyteller. You tell short and happy stories for little children about animals, "
           "friends and family. Every story has a beginning, a middle and an end. Use simple words.")
 system_ids = tok.encode(SYSTEM)
@@ -87,18 +95,14 @@ print(f"system prompt: {len(system_ids)} tokens = {n_full} full blocks + {len(sy
 
 
 def chain(ids):
-    """The hash of every full block of `ids`, each chained to the one before."""
-    hashes, parent = [], None
-    for i in range(len(ids) // BS):
-        parent = hash_block(parent, ids[i * BS : (i + 1) * BS])
-        hashes.append(parent)
-    return hashes
+    """The hash of every full block of `ids`, each chained to the one before (the engine's own helper)."""
+    return extend_block_hashes([], ids, BS)
 
 
 a = chain(system_ids + words(" Tell me a story about a brave little dog who lost his red ball."))
 b = chain(system_ids + words(" Tell me a story about a sleepy cat and a big yellow moon."))
 for i, (ha, hb) in enumerate(zip(a, b)):
-    print(f"block {i}: {ha & 0xFFFFFFFF:08x} {hb & 0xFFFFFFFF:08x} {'same' if ha == hb else 'different'}")
+    print(f"block {i}: {ha.hex()[:8]} {hb.hex()[:8]} {'same' if ha == hb else 'different'}")
 assert n_full >= 3 and a[:n_full] == b[:n_full], "the system prompt's full blocks get the same names"
 
 # %% [markdown]
@@ -302,7 +306,7 @@ for n in (3 * BS, 3 * BS + 1):
 # ## Arriving together at a cold cache
 #
 # A block's hash is registered as soon as the step that will fill it is *scheduled*
-# (`KVCacheManager._hash_full_blocks`, called from `allocate`), not after it ran. So users who arrive
+# (`KVCacheManager._register_full_blocks`, called from `allocate`), not after it ran. So users who arrive
 # together at a cold cache still share: the first one scheduled computes the prefix, and the ones scheduled
 # after it in the same step point their block tables at those blocks. That is safe because every layer
 # stores the K/V of the whole batch before any attention reads it, so their queries see what the first

@@ -85,7 +85,7 @@ print(inspect.getsource(DraftModelProposer.propose))
 
 # %%
 spec = LLM(speculative_model=DEFAULT_DRAFT_MODEL, num_speculative_tokens=5)
-engine, drafter = spec.engine, spec.engine.proposer
+engine, drafter = spec.engine, spec.engine.runner.proposer  # the runner owns its drafter
 sizes = {}
 for name, runner in (("target", engine.runner), ("draft", drafter.runner)):
     cfg = runner.model_config
@@ -210,38 +210,31 @@ assert "bonus" in outcomes and "correction" in outcomes
 #
 # Each configuration generates the same 3 x 40 greedy tokens, one request at a time (batch 1, where
 # speculation helps most), and must produce exactly the plain engine's tokens. We time the whole run and,
-# by wrapping the drafter's `propose` (as chapter 05 wrapped the sampler), the part spent drafting; the
-# rest is the target's verification steps.
+# with a step observer (`engine.add_step_observer`) that reads the drafting time the runner reports for
+# each step, the part spent drafting; the rest is the target's verification steps.
 
 
 # %%
-class Timed:
-    """Stands in for the drafter: times each call, then lets the real drafter propose."""
+class DraftTimer:
+    """A step observer: adds up the time each step's runner spent drafting (RunnerOutput.propose_seconds)."""
 
-    def __init__(self, proposer):
-        self.proposer, self.seconds = proposer, 0.0
+    def __init__(self):
+        self.seconds = 0.0
 
-    def __getattr__(self, name):
-        return getattr(self.proposer, name)
-
-    def propose(self, requests, num_drafts):
-        t0 = time.perf_counter()
-        self.proposer.propose(requests, num_drafts)
-        self.seconds += time.perf_counter() - t0
+    def __call__(self, engine, record):
+        self.seconds += record.runner_output.propose_seconds
 
 
 def run_batch1(llm):
     """Warm up, then generate the prompts one at a time: (seconds, token ids, drafting seconds, target steps)."""
     llm.generate(PROMPTS[:1], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
-    timer, before = None, llm.engine.num_steps
-    if llm.engine.proposer is not None:
-        timer = llm.engine.proposer = Timed(llm.engine.proposer)
+    timer, before = DraftTimer(), llm.engine.num_steps
+    llm.engine.add_step_observer(timer)
     t0 = time.perf_counter()
     tokens = [llm.generate([p], GREEDY, use_tqdm=False)[0].outputs[0].token_ids for p in PROMPTS]
     seconds = time.perf_counter() - t0
-    if timer is not None:
-        llm.engine.proposer = timer.proposer
-    return seconds, tokens, timer.seconds if timer else 0.0, llm.engine.num_steps - before
+    llm.engine.remove_step_observer(timer)
+    return seconds, tokens, timer.seconds, llm.engine.num_steps - before
 
 
 base_s, base_tokens, _, base_steps = run_batch1(plain)

@@ -1,11 +1,19 @@
-"""EngineConfig: every engine knob in one place, checked before anything is loaded."""
+"""EngineConfig: every engine knob in one place, checked before anything is loaded.
+
+`resolve()` settles everything that depends on the checkpoint (its config, the dtype, max_model_len) before
+any part of the engine is built, so every part reads the same final values and none changes them later.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from minivllm.model.loader import ModelConfig
 
 DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "data" / "models" / "minivllm-tiny"
 DEFAULT_DRAFT_MODEL = DEFAULT_MODEL.parent / "minivllm-tiny-draft"  # its speculative-decoding partner
@@ -31,6 +39,7 @@ class EngineConfig:
     trace_steps: int = 1000  # how many recent steps the step trace keeps (0: none)
     speculative_model: str | Path | None = None  # a draft checkpoint, "[ngram]", or None (off)
     num_speculative_tokens: int = 0
+    model_config: ModelConfig | None = field(default=None, repr=False)  # set by resolve()
 
     def __post_init__(self) -> None:
         if self.model is None:
@@ -55,6 +64,33 @@ class EngineConfig:
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(f"attention_backend must be 'auto', 'torch' or 'triton', got {self.attention_backend!r}")
+
+    def resolve(self) -> EngineConfig:
+        """A copy with the checkpoint's config read, the dtype chosen and max_model_len fixed.
+
+        max_model_len defaults to the model's window, capped by what the KV cache can hold where that is
+        known before loading (num_kv_blocks, or a byte budget off the GPU). A GPU's cache is sized by
+        profiling; a request that could outgrow it is refused when it arrives (InputProcessor).
+        """
+        from minivllm.core.kv_sizing import DEFAULT_CPU_KV_CACHE_BYTES, kv_bytes_per_block
+        from minivllm.model import read_model_config
+
+        mc = self.model_config or read_model_config(self.model)
+        dtype = self.resolve_dtype(mc.torch_dtype)
+        max_len = self.max_model_len
+        if max_len is not None and max_len > mc.max_position_embeddings:
+            raise ValueError(f"max_model_len {max_len} exceeds the model's "
+                             f"max_position_embeddings {mc.max_position_embeddings}")
+        if max_len is None:
+            max_len = mc.max_position_embeddings
+            blocks = self.num_kv_blocks
+            if blocks is None and (self.kv_cache_memory_bytes or not self.device.startswith("cuda")):
+                per_block = kv_bytes_per_block(mc.num_layers, self.block_size, mc.num_kv_heads, mc.head_dim,
+                                               dtype.itemsize)
+                blocks = (self.kv_cache_memory_bytes or DEFAULT_CPU_KV_CACHE_BYTES) // per_block
+            if blocks is not None:
+                max_len = min(max_len, blocks * self.block_size)
+        return replace(self, model_config=mc, dtype=dtype, max_model_len=max_len)
 
     def resolve_dtype(self, checkpoint_dtype: torch.dtype | None) -> torch.dtype:
         """float32 on CPU; on CUDA the checkpoint's half type, bf16 only where the GPU supports it (sm >= 8.0)."""

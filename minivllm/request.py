@@ -1,4 +1,8 @@
-"""Request: one sequence's state as it moves waiting -> running -> finished (and back, if preempted)."""
+"""Request: one sequence's state as the scheduler sees it, waiting -> running -> finished (and back, if preempted).
+
+Plain data only (token ids, counters, status): the runner keeps its own per-request state (random generator,
+draft probabilities) and the output processor its own (text, detokenizer), each keyed by request id.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
-import torch
-
+from minivllm.core.block_hash import BlockHash
 from minivllm.sampling_params import SamplingParams
 
 
@@ -20,7 +23,7 @@ class RequestStatus(enum.Enum):
 
 @dataclass(eq=False)  # a request is itself, not its contents: `in` and `remove` compare identity
 class Request:
-    """Everything the scheduler and runner need to know about one sequence.
+    """Everything the scheduler needs to know about one sequence.
 
     `num_computed_tokens` is the heart of it: tokens whose K/V are in the cache. A step schedules
     `num_tokens - num_computed_tokens` more (the whole prompt, a chunk of it, or the one token sampled
@@ -30,7 +33,6 @@ class Request:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
-    prompt: str | None = None
     eos_token_id: int | None = None
     max_model_len: int = 2048
     arrival_time: float = field(default_factory=time.monotonic)
@@ -39,24 +41,22 @@ class Request:
     num_computed_tokens: int = 0
     num_cached_tokens: int = -1  # prompt tokens served by the prefix cache, set on first schedule
     num_preemptions: int = 0
-    first_token_time: float | None = None
-    finish_time: float | None = None
+    first_scheduled_time: float | None = None
     finish_reason: str | None = None  # "stop", "length" or "abort"
     stop_reason: int | str | None = None
-    output_text: str = ""
-    generator: torch.Generator | None = None  # only when params.seed is set
     parent_id: str | None = None  # the user's request id when SamplingParams.n > 1
     index: int = 0  # which of the n completions this is
-    detokenizer: object = None  # tokenizer.DetokenizerState while text is produced
     spec_token_ids: list[int] = field(default_factory=list)  # drafts to verify in the next step
-    spec_probs: torch.Tensor | None = None  # the drafter's distribution for each draft (None: point mass)
     num_spec_proposed: int = 0
     num_spec_accepted: int = 0
+    block_hashes: list[BlockHash] = field(default_factory=list)  # names of its full blocks (block_hash.py)
     # prompt + output as one list, kept in step by append_output: read every step, so never rebuilt
     all_token_ids: list[int] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.all_token_ids = self.prompt_token_ids + self.output_token_ids
+        if self.parent_id is None:
+            self.parent_id = self.request_id
 
     def append_output(self, token: int) -> None:
         self.output_token_ids.append(token)
@@ -73,6 +73,11 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status == RequestStatus.FINISHED
+
+    @property
+    def sample_seed(self) -> int | None:
+        """The seed of its own random stream: the i-th of n samples of a seeded request gets seed + i."""
+        return None if self.params.seed is None else self.params.seed + self.index
 
     @property
     def max_total_tokens(self) -> int:

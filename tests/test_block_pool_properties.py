@@ -1,22 +1,31 @@
 """Property tests: under random workloads the block pool and scheduler never leak, double-free or overspend.
 
-The scheduler and KV-cache manager are plain Python, so these drive them directly with fake requests: a
-"step" advances every scheduled request exactly as the engine would, without a model.
+They drive the real engine step (`LLMEngine.step`: schedule, run a tiny random model, update, outputs) with
+random arrivals, aborts, n > 1, lengths, chunking, preemption and shared prefixes, and check the block
+bookkeeping after every step through a step observer, the way a chapter would watch the engine.
 """
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from minivllm import EngineConfig, LLMEngine, SamplingParams
 from minivllm.core.block_pool import BlockPool
 from minivllm.core.kv_cache_manager import KVCacheManager
-from minivllm.core.scheduler import Scheduler
-from minivllm.request import Request, RequestStatus
-from minivllm.sampling_params import SamplingParams
+from minivllm.request import RequestStatus
+from tests.conftest import build_checkpoint
 
 
-def check_invariants(kv: KVCacheManager, live: list[Request]) -> None:
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("prop") / "llama"
+    build_checkpoint("llama", path, num_hidden_layers=1, hidden_size=32, intermediate_size=64)
+    return path
+
+
+def check_invariants(kv: KVCacheManager, scheduler) -> None:
     pool = kv.pool
     owners = {}
     for rid, table in kv.block_tables.items():
@@ -28,10 +37,11 @@ def check_invariants(kv: KVCacheManager, live: list[Request]) -> None:
         assert (block.block_id in pool.free_queue) == (block.ref_cnt == 0)
     for h, b in pool.cached.items():
         assert pool.blocks[b].block_hash == h
-    assert {r.request_id for r in live if r.status == RequestStatus.RUNNING} <= set(kv.block_tables)
-    for r in live:
-        if r.request_id in kv.block_tables:
-            assert len(kv.block_tables[r.request_id]) * kv.block_size >= r.num_computed_tokens
+    assert {r.request_id for r in scheduler.running} <= set(kv.block_tables)
+    assert all(r.status == RequestStatus.RUNNING for r in scheduler.running)
+    for r in scheduler.running:
+        assert len(kv.block_tables[r.request_id]) * kv.block_size >= r.num_computed_tokens
+        assert r.num_computed_tokens <= r.num_tokens
 
 
 workload = st.fixed_dictionaries({
@@ -40,54 +50,53 @@ workload = st.fixed_dictionaries({
     "budget": st.integers(1, 64),
     "max_seqs": st.integers(1, 8),
     "caching": st.booleans(),
+    "chunking": st.booleans(),
     "seed": st.integers(0, 10_000),
-    "requests": st.lists(st.tuples(st.integers(1, 40), st.integers(1, 30), st.integers(0, 12)),
-                         min_size=1, max_size=12),  # (prompt length, max_tokens, arrival step)
+    "requests": st.lists(st.tuples(st.integers(1, 40), st.integers(1, 30), st.integers(0, 12), st.integers(1, 2)),
+                         min_size=1, max_size=10),  # (prompt length, max_tokens, arrival step, n)
 })
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(workload)
-def test_scheduler_never_leaks_or_overspends(w):
+def test_engine_steps_never_leak_or_overspend(tiny_path, w):
     rng = random.Random(w["seed"])
-    kv = KVCacheManager(w["num_blocks"], w["block_size"], w["caching"])
-    sched = Scheduler(kv, w["max_seqs"], w["budget"])
+    budget = w["budget"] if w["chunking"] else max(w["budget"], w["num_blocks"] * w["block_size"])
+    engine = LLMEngine(EngineConfig(tiny_path, block_size=w["block_size"], num_kv_blocks=w["num_blocks"],
+                                    max_num_seqs=w["max_seqs"], max_num_batched_tokens=budget,
+                                    enable_prefix_caching=w["caching"], enable_chunked_prefill=w["chunking"],
+                                    trace_steps=0, seed=w["seed"]))
     capacity = w["num_blocks"] * w["block_size"]
-    pending = []
-    for i, (plen, max_tokens, arrival) in enumerate(w["requests"]):
+
+    def check(eng, record):
+        assert record.scheduler_output.num_tokens <= budget
+        assert len(eng.scheduler.running) <= w["max_seqs"]
+        check_invariants(eng.kv, eng.scheduler)
+
+    engine.add_step_observer(check)
+    pending, live, finished = [], set(), set()
+    for i, (plen, max_tokens, arrival, n) in enumerate(w["requests"]):
         plen = min(plen, capacity - 1)
         max_tokens = min(max_tokens, capacity - plen)
         prompt = [rng.randrange(3) for _ in range(plen)]  # tiny alphabet: many shared prefixes
-        pending.append((arrival, Request(str(i), prompt, SamplingParams(max_tokens=max_tokens),
-                                         max_model_len=capacity)))
-    live: list[Request] = []
-    for step in range(2000):
-        for _, req in [p for p in pending if p[0] == step]:
-            sched.add(req)
-            live.append(req)
+        pending.append((arrival, str(i), prompt, SamplingParams(n=n, max_tokens=max_tokens, temperature=1.0)))
+    for step in range(3000):
+        for _, rid, prompt, params in [p for p in pending if p[0] == step]:
+            engine.add_request(rid, prompt, params)
+            live.add(rid)
         if rng.random() < 0.05 and live:  # abort someone, wherever it is
-            victim = rng.choice(live)
-            sched.finish(victim, "abort")
-            live.remove(victim)
-        out = sched.schedule()
-        assert out.num_tokens <= w["budget"]
-        assert len(sched.running) <= w["max_seqs"]
-        check_invariants(kv, live)
-        sched.update_after_step(out)
-        for s in out.scheduled:
-            req = s.request
-            assert req.num_computed_tokens <= req.num_tokens
-            if s.samples:
-                req.append_output(rng.randrange(3))
-                if req.num_tokens >= req.max_total_tokens:
-                    sched.finish(req, "length")
-                    live.remove(req)
-        check_invariants(kv, live)
-        if not live and all(p[0] <= step for p in pending):
+            engine.abort_request(rng.choice(sorted(live)))
+        for out in engine.step():
+            if out.finished:
+                assert out.request_id not in finished, "a request finishes once"
+                finished.add(out.request_id)
+                live.discard(out.request_id)
+        check_invariants(engine.kv, engine.scheduler)
+        if not engine.has_unfinished_requests() and all(p[0] <= step for p in pending):
             break
-    assert not live and not sched.has_unfinished(), "every request finishes (no livelock)"
-    assert kv.num_free_blocks == w["num_blocks"], "every block is free at the end"
-    assert not kv.block_tables
+    assert finished == {p[1] for p in pending}, "every request finishes or is aborted (no livelock)"
+    assert engine.kv.num_free_blocks == w["num_blocks"], "every block is free at the end"
+    assert not engine.kv.block_tables and not engine.scheduler.requests
 
 
 @settings(max_examples=200, deadline=None)

@@ -94,7 +94,7 @@ def test_draft_model_decodes_through_graphs(checkpoints, tmp_path):
     build_checkpoint("llama", tmp_path / "draft", num_hidden_layers=1, hidden_size=32, num_attention_heads=2,
                      num_key_value_heads=1, intermediate_size=64)
     llm = LLM(path, block_size=4, num_kv_blocks=64, speculative_model=tmp_path / "draft", num_speculative_tokens=3)
-    graphs = attach_graphs(llm, [1, 2, 4], num_splits=1, runner=llm.engine.proposer.runner)
+    graphs = attach_graphs(llm, [1, 2, 4], num_splits=1, runner=llm.engine.runner.proposer.runner)
     prompts = [[3, 4, 5, 6], list(range(30, 47)), [9] * 6]
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)

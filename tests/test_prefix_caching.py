@@ -3,7 +3,8 @@
 import pytest
 
 from minivllm import LLM, SamplingParams
-from minivllm.core.kv_cache_manager import KVCacheManager, hash_block
+from minivllm.core.block_hash import extend_block_hashes, hash_block
+from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.request import Request
 
 SYSTEM = list(range(10, 43))  # 33 tokens: 8 full blocks of 4, then one more token
@@ -20,6 +21,17 @@ def prompts():
 def test_hash_is_chained_to_the_parent():
     assert hash_block(None, [1, 2]) == hash_block(None, [1, 2])
     assert hash_block(hash_block(None, [1, 2]), [3, 4]) != hash_block(hash_block(None, [9, 9]), [3, 4])
+    # Python's hash() of small int tuples collides easily (hash(-1) == hash(-2)); a strong hash does not
+    assert hash_block(None, [-1]) != hash_block(None, [-2])
+    assert hash_block(None, [1, 2]) != hash_block(None, [258]), "token ids are not run together as bytes"
+
+
+def test_block_hashes_are_computed_once_per_full_block():
+    hashes = extend_block_hashes([], list(range(10)), 4)
+    assert len(hashes) == 2 and hashes[1] == hash_block(hashes[0], [4, 5, 6, 7])
+    first = list(hashes)
+    assert extend_block_hashes(hashes, list(range(13)), 4) is hashes
+    assert hashes[:2] == first and len(hashes) == 3, "known blocks are kept, only the new full one is hashed"
 
 
 def test_outputs_identical_with_caching_on_and_off(llama_path):

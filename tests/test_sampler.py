@@ -4,15 +4,13 @@ import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.request import Request
 from minivllm.sampling.sampler import Sampler, SamplingBatch, apply_top_k_top_p_min_p
 
 INF = float("-inf")
 
 
 def batch_for(params: list[SamplingParams], history=None):
-    reqs = [Request(str(i), history or [0], p) for i, p in enumerate(params)]
-    return SamplingBatch.from_requests(reqs, "cpu")
+    return SamplingBatch.build(params, [history or [0]] * len(params), "cpu")
 
 
 def test_top_k_keeps_k_largest():

@@ -40,7 +40,8 @@ def test_greedy_output_is_unchanged_with_preemption(models, drafter, k):
     stats = llm.engine.stats()
     assert stats["num_preemptions"] > 0 and stats["spec_num_proposed"] > 0
     assert stats["num_free_blocks"] == stats["num_total_blocks"]
-    proposer = llm.engine.proposer
+    proposer = llm.engine.runner.proposer
+    llm.engine.step()  # the runner hears of the last finished requests with the next step, as in vLLM
     if drafter != "[ngram]":
         assert proposer.kv.num_free_blocks == proposer.kv.pool.num_blocks, "the draft cache is empty too"
         assert not proposer.shadows
@@ -52,7 +53,7 @@ def test_abort_frees_both_caches(models):
     root, _, _ = models
     llm = LLM(root / "target", block_size=4, num_kv_blocks=40, speculative_model=root / "small",
               num_speculative_tokens=3)
-    eng, draft = llm.engine, llm.engine.proposer
+    eng, draft = llm.engine, llm.engine.runner.proposer
     for i, p in enumerate(PROMPTS):
         eng.add_request(str(i), p, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
     for _ in range(4):
@@ -63,7 +64,9 @@ def test_abort_frees_both_caches(models):
     while eng.has_unfinished_requests():
         eng.step()
     assert eng.stats()["num_free_blocks"] == eng.stats()["num_total_blocks"]
+    eng.step()  # nothing to run: the runner only forgets the requests that finished last step
     assert draft.kv.num_free_blocks == draft.kv.pool.num_blocks and not draft.shadows
+    assert not eng.runner.requests
 
 
 def test_self_drafting_needs_fewer_steps(models):
@@ -165,14 +168,18 @@ def test_bad_speculative_configs(models, tmp_path):
 
 def test_draft_memory_is_reserved_for(models):
     """On a GPU the target sizes its cache for itself and the draft: what the draft will need, in bytes."""
+    from dataclasses import replace
+
     from minivllm.config import EngineConfig
     from minivllm.core.kv_sizing import kv_bytes_per_block
     from minivllm.model import read_model_config
     from minivllm.spec_decode.draft_model import draft_extra_blocks, draft_memory_needs
 
     root, _, _ = models
-    config = EngineConfig(root / "target", device="cpu", block_size=8, max_num_seqs=10)
-    fixed, per_block = draft_memory_needs(root / "small", config, num_speculative_tokens=3)
+    config = EngineConfig(root / "target", device="cpu", block_size=8, max_num_seqs=10,
+                          speculative_model=root / "small", num_speculative_tokens=3)
+    assert draft_memory_needs(config) == (0, 0), "off the GPU nothing is reserved"
+    fixed, per_block = draft_memory_needs(replace(config, device="cuda", dtype="float32"))
     mc = read_model_config(root / "small")
     assert per_block == kv_bytes_per_block(mc.num_layers, 8, mc.num_kv_heads, mc.head_dim, 4)  # fp32 on CPU
     weights = sum(f.stat().st_size for f in (root / "small").glob("*.safetensors"))

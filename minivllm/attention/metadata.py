@@ -24,8 +24,9 @@ class AttentionMetadata:
     query_lens_cpu: list[int]
     seq_lens_cpu: list[int]
     num_splits: int | None = None  # decode split-K slices: fixed inside a CUDA graph, else chosen per step
-    # what every layer would otherwise recompute from the fields above (the torch backend's groups and masks)
-    per_step: dict = field(default_factory=dict, repr=False)
+    # the torch backend's grouping of this step's requests (rows, block ids, masks): built by the first layer,
+    # reused by the others; keyed by (query length, GQA group size, the requests' batch indices)
+    group_plans: dict = field(default_factory=dict, repr=False)
 
     @property
     def num_seqs(self) -> int:

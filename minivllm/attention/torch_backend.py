@@ -81,11 +81,11 @@ def attend_batched(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     others reuse them (kept on the step's metadata).
     """
     m, group = q.shape[1], q.shape[2] // k_cache.shape[2]
-    key = ("attend_batched", m, group, tuple(reqs), id(meta.block_tables), id(meta.seq_lens))
-    if key not in meta.per_step:
-        meta.per_step[key] = _plan_groups(meta, reqs, m, group, k_cache.shape[1])
+    key = (m, group, tuple(reqs))
+    if key not in meta.group_plans:
+        meta.group_plans[key] = _plan_groups(meta, reqs, m, group, k_cache.shape[1])
     out = torch.empty_like(q)
-    for rows, block_ids, mask in meta.per_step[key]:
+    for rows, block_ids, mask in meta.group_plans[key]:
         out[rows] = _attend_group(q[rows], k_cache, v_cache, block_ids, mask, scale)
     return out
 

@@ -14,12 +14,14 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from minivllm.core.block_hash import BlockHash
+
 
 @dataclass
 class Block:
     block_id: int
     ref_cnt: int = 0
-    block_hash: int | None = None  # set once the block is full and cached
+    block_hash: BlockHash | None = None  # set once the block is full and cached
 
 
 class BlockPool:
@@ -28,7 +30,7 @@ class BlockPool:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
-        self.cached: dict[int, int] = {}  # block hash -> block id
+        self.cached: dict[BlockHash, int] = {}  # block hash -> block id
 
     @property
     def num_blocks(self) -> int:
@@ -65,14 +67,14 @@ class BlockPool:
             if block.block_hash is None:
                 self.free_queue.move_to_end(block_id, last=False)
 
-    def cache(self, block_id: int, block_hash: int) -> None:
+    def cache(self, block_id: int, block_hash: BlockHash) -> None:
         """Record that a full block holds the tokens named by `block_hash` (first writer wins)."""
         if block_hash in self.cached:
             return
         self.blocks[block_id].block_hash = block_hash
         self.cached[block_hash] = block_id
 
-    def lookup(self, block_hash: int) -> int | None:
+    def lookup(self, block_hash: BlockHash) -> int | None:
         return self.cached.get(block_hash)
 
     def reset_prefix_cache(self) -> None:

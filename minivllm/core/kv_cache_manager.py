@@ -1,21 +1,17 @@
 """KVCacheManager: each request's block table (logical block -> physical block) and prefix caching.
 
 Blocks are allocated on demand as a sequence grows and returned when it finishes, is aborted or is
-preempted. With prefix caching, every *full* block is named by a hash chained to its parent's, so the
-same tokens after the same prefix always get the same hash, and a new request can reuse those blocks.
+preempted. With prefix caching, every *full* block is named by a hash chained to its parent's (block_hash.py),
+so the same tokens after the same prefix always get the same name, and a new request can reuse those blocks.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from minivllm.core.block_hash import extend_block_hashes
 from minivllm.core.block_pool import BlockPool
 from minivllm.request import Request
-
-
-def hash_block(parent_hash: int | None, token_ids: Sequence[int]) -> int:
-    """The name of a full block: its tokens *and* everything before them, through the parent's hash."""
-    return hash((parent_hash, tuple(token_ids)))
 
 
 class KVCacheManager:
@@ -24,7 +20,7 @@ class KVCacheManager:
         self.pool = BlockPool(num_blocks)
         self.enable_prefix_caching = enable_prefix_caching
         self.block_tables: dict[str, list[int]] = {}
-        self.block_hashes: dict[str, list[int]] = {}  # hashes of a request's full, computed blocks
+        self.num_registered: dict[str, int] = {}  # how many of a request's blocks the pool knows by name
         self.events: list[tuple[str, str, int]] = []  # ("alloc"|"hit"|"free", request id, block id)
         self.prefix_cache_queries = 0  # prompt tokens looked up
         self.prefix_cache_hits = 0  # of which found in the cache
@@ -45,11 +41,10 @@ class KVCacheManager:
         if not self.enable_prefix_caching:
             return []
         tokens = request.all_token_ids
-        usable = (len(tokens) - 1) // self.block_size
-        hits, parent = [], None
-        for i in range(usable):
-            parent = hash_block(parent, tokens[i * self.block_size : (i + 1) * self.block_size])
-            block_id = self.pool.lookup(parent)
+        hashes = extend_block_hashes(request.block_hashes, tokens, self.block_size)
+        hits = []
+        for block_hash in hashes[: (len(tokens) - 1) // self.block_size]:
+            block_id = self.pool.lookup(block_hash)
             if block_id is None:
                 break
             hits.append(block_id)
@@ -76,24 +71,24 @@ class KVCacheManager:
             table.append(self.pool.allocate())
             self.events.append(("alloc", rid, table[-1]))
         if cached_blocks:
-            self.block_hashes[rid] = [self.pool.blocks[b].block_hash for b in cached_blocks]
-        self._hash_full_blocks(request, min(num_tokens, request.num_tokens))  # drafts are not final: skip
+            self.num_registered[rid] = len(cached_blocks)
+        self._register_full_blocks(request, min(num_tokens, request.num_tokens))  # drafts are not final: skip
         return True
 
-    def _hash_full_blocks(self, request: Request, num_tokens: int) -> None:
-        """Name every block this step fills, as soon as it is scheduled.
+    def _register_full_blocks(self, request: Request, num_tokens: int) -> None:
+        """Give the pool the name of every block this step fills, as soon as it is scheduled.
 
         Requests scheduled later in the same step can then share it already: each layer stores the whole
         batch's K/V before any attention reads it, so their queries see what this request writes.
         """
         if not self.enable_prefix_caching:
             return
-        rid, bs = request.request_id, self.block_size
-        hashes = self.block_hashes.setdefault(rid, [])
-        tokens, table = request.all_token_ids, self.block_tables[rid]
-        for i in range(len(hashes), num_tokens // bs):
-            hashes.append(hash_block(hashes[-1] if hashes else None, tokens[i * bs : (i + 1) * bs]))
-            self.pool.cache(table[i], hashes[-1])
+        rid = request.request_id
+        hashes = extend_block_hashes(request.block_hashes, request.all_token_ids, self.block_size)
+        table, start, end = self.block_tables[rid], self.num_registered.get(rid, 0), num_tokens // self.block_size
+        for i in range(start, end):
+            self.pool.cache(table[i], hashes[i])
+        self.num_registered[rid] = max(start, end)
 
     def record_prefix_lookup(self, num_prompt_tokens: int, num_hit_tokens: int) -> None:
         self.prefix_cache_queries += num_prompt_tokens
@@ -105,7 +100,7 @@ class KVCacheManager:
         for block_id in reversed(self.block_tables.pop(rid, [])):
             self.pool.free(block_id)
             self.events.append(("free", rid, block_id))
-        self.block_hashes.pop(rid, None)
+        self.num_registered.pop(rid, None)
 
     def drain_events(self) -> list[tuple[str, str, int]]:
         events, self.events = self.events, []

@@ -1,52 +1,30 @@
-"""Scheduler: which requests run this step, and how many tokens each, within a token budget.
+"""Scheduler: which requests run this step and how many tokens each, and what the step's results mean for them.
 
-Running requests come first (a decode is 1 token; a half-prefilled prompt continues its next chunk), so
-streams already under way stay smooth; then waiting requests are admitted first come, first served,
-their prompts cut into chunks that fit what is left of `max_num_batched_tokens`. When the KV cache runs
-out of blocks, the newest running request is preempted by recompute: its blocks are freed and it goes
+`schedule()`: running requests come first (a decode is 1 token; a half-prefilled prompt continues its next
+chunk), so streams already under way stay smooth; then waiting requests are admitted first come, first
+served, their prompts cut into chunks that fit what is left of `max_num_batched_tokens`. When the KV cache
+runs out of blocks, the newest running request is preempted by recompute: its blocks are freed and it goes
 back to the head of the waiting queue, to be prefilled again later (prompt plus what it already wrote).
+
+`update_from_output()`: the runner's sampled tokens are appended, rejected drafts are not counted as
+computed, and the token-level stop conditions (EOS, stop token ids, length) finish requests and free their
+blocks. Stop *strings* are text, so the output processor finds them and calls `finish_requests`.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
-from dataclasses import dataclass, field
 
 from minivllm.core.kv_cache_manager import KVCacheManager
+from minivllm.core.step_io import (
+    EngineCoreOutput,
+    NewRequestData,
+    RunnerOutput,
+    ScheduledRequest,
+    SchedulerOutput,
+)
 from minivllm.request import Request, RequestStatus
-
-
-@dataclass
-class ScheduledRequest:
-    request: Request
-    num_new_tokens: int  # includes the speculative tokens, if any
-    num_computed_before: int  # tokens already in the cache when this step starts
-    spec_token_ids: list[int] = field(default_factory=list)  # drafted tokens the target verifies
-
-    @property
-    def is_prefill(self) -> bool:
-        """Decode = computing the one token sampled last step (plus drafts); anything else is (re)prefill."""
-        req = self.request
-        return not (self.num_new_tokens == 1 + len(self.spec_token_ids) and req.output_token_ids and
-                    self.num_computed_before == req.num_tokens - 1)
-
-    @property
-    def samples(self) -> bool:
-        """Only a step that reaches the end of the sequence produces logits worth sampling."""
-        return self.num_computed_before + self.num_new_tokens - len(self.spec_token_ids) == self.request.num_tokens
-
-
-@dataclass
-class SchedulerOutput:
-    scheduled: list[ScheduledRequest] = field(default_factory=list)
-    preempted: list[str] = field(default_factory=list)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
-
-    def __bool__(self) -> bool:
-        return bool(self.scheduled)
 
 
 class Scheduler:
@@ -58,14 +36,18 @@ class Scheduler:
         self.enable_chunked_prefill = enable_chunked_prefill
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}  # every unfinished request, by id
         self.num_preemptions = 0
+        self._finished_ids: list[str] = []  # finished since the runner last heard: it drops their state
 
     def add(self, request: Request) -> None:
+        self.requests[request.request_id] = request
         self.waiting.append(request)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    # ---- 1. what to compute ------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
@@ -77,16 +59,19 @@ class Scheduler:
             n = min(req.num_tokens - req.num_computed_tokens, budget)
             # a decoding request with drafts verifies them in the same pass, as far as the budget allows
             spec = req.spec_token_ids[: budget - n] if n == 1 else []
-            n += len(spec)
-            while not self.kv.allocate(req, n):
+            num_blocks = len(self.kv.block_tables.get(req.request_id, ()))
+            while not self.kv.allocate(req, n + len(spec)):
                 victim = self.running.pop()  # the newest request gives its blocks back
                 self._preempt(victim)
                 out.preempted.append(victim.request_id)
                 if victim is req:
                     break
             else:
-                out.scheduled.append(ScheduledRequest(req, n, req.num_computed_tokens, spec))
-                budget -= n
+                added = self.kv.block_tables[req.request_id][num_blocks:]
+                if added:
+                    out.new_block_ids[req.request_id] = added
+                out.scheduled.append(self._entry(req, n + len(spec), spec))
+                budget -= n + len(spec)
                 i += 1
 
         # 2. Waiting requests, first come first served, unless this step already had to preempt.
@@ -103,13 +88,25 @@ class Scheduler:
             self.waiting.popleft()
             if req.num_cached_tokens < 0:  # the first time it is scheduled, not after a preemption
                 req.num_cached_tokens = num_cached
+                req.first_scheduled_time = time.monotonic()
                 self.kv.record_prefix_lookup(req.num_prompt_tokens, num_cached)
             req.num_computed_tokens = num_cached
             req.status = RequestStatus.RUNNING
             self.running.append(req)
-            out.scheduled.append(ScheduledRequest(req, n, num_cached))
+            out.new_requests.append(NewRequestData(req.request_id, list(req.all_token_ids), req.num_prompt_tokens,
+                                                   req.params, list(self.kv.block_tables[req.request_id]),
+                                                   req.max_total_tokens, req.sample_seed))
+            out.scheduled.append(self._entry(req, n, []))
             budget -= n
+        out.finished, self._finished_ids = self._finished_ids, []
         return out
+
+    @staticmethod
+    def _entry(req: Request, num_new: int, spec: list[int]) -> ScheduledRequest:
+        before = req.num_computed_tokens
+        decode = num_new == 1 + len(spec) and bool(req.output_token_ids) and before == req.num_tokens - 1
+        return ScheduledRequest(req.request_id, num_new, before, list(spec), is_prefill=not decode,
+                                samples=before + num_new - len(spec) == req.num_tokens)
 
     def _preempt(self, req: Request) -> None:
         self.kv.free(req)
@@ -120,25 +117,75 @@ class Scheduler:
         self.waiting.appendleft(req)
         self.num_preemptions += 1
 
-    def update_after_step(self, out: SchedulerOutput, num_rejected: dict[str, int] | None = None) -> None:
-        """The runner computed the scheduled tokens: advance each request.
+    # ---- 2. what the step's results mean -------------------------------------------------------------
+    def update_from_output(self, sched: SchedulerOutput, result: RunnerOutput) -> list[EngineCoreOutput]:
+        """Advance every scheduled request by what the runner computed; finish those that hit a stop.
 
         K/V written for rejected draft tokens is rolled back simply by not counting it: the next step
         overwrites those slots (and drafts are never hashed into the prefix cache).
         """
-        num_rejected = num_rejected or {}
-        for s in out.scheduled:
-            req = s.request
-            computed = req.num_computed_tokens + s.num_new_tokens - num_rejected.get(req.request_id, 0)
-            req.num_computed_tokens = min(computed, req.num_tokens)  # a stop inside the accepted drafts
+        outputs = []
+        for s in sched.scheduled:
+            req = self.requests[s.request_id]
+            tokens = result.sampled_token_ids.get(s.request_id, [])
+            accepted = len(tokens) - 1 if s.spec_token_ids and tokens else len(s.spec_token_ids)
+            req.num_computed_tokens += s.num_new_tokens - (len(s.spec_token_ids) - accepted)
+            req.num_spec_accepted += accepted if s.spec_token_ids else 0
             req.spec_token_ids = []
+            if not tokens:  # a prefill chunk that does not reach the end of the prompt
+                continue
+            new = []
+            for token in tokens:
+                req.append_output(token)
+                new.append(token)
+                reason = self._check_stop(req, token)
+                if reason is not None:
+                    self.finish(req, reason)
+                    break
+            req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens)  # a stop inside the drafts
+            outputs.append(EngineCoreOutput(
+                req.request_id, new, req.finish_reason, req.stop_reason, max(req.num_cached_tokens, 0),
+                req.num_preemptions, req.num_spec_proposed, req.num_spec_accepted, req.first_scheduled_time))
+        for rid, drafts in result.spec_token_ids.items():
+            req = self.requests.get(rid)
+            if req is not None and req.status is RequestStatus.RUNNING:
+                req.spec_token_ids = drafts
+                req.num_spec_proposed += len(drafts)
+        return outputs
 
-    def finish(self, req: Request, reason: str) -> None:
+    @staticmethod
+    def _check_stop(req: Request, token: int) -> str | None:
+        """The stops a token id alone decides (stop strings need text: the output processor's job)."""
+        params = req.params
+        if token in params.stop_token_ids:
+            req.stop_reason = token
+            return "stop"
+        if not params.ignore_eos and token == req.eos_token_id:
+            return "stop"
+        if req.num_tokens >= req.max_total_tokens:
+            return "length"
+        return None
+
+    # ---- 3. leaving ----------------------------------------------------------------------------------
+    def finish(self, req: Request, reason: str, stop_reason: int | str | None = None) -> None:
         """Retire a request (stop, length or abort) from wherever it is, and return its blocks."""
-        if req in self.running:
+        if req.is_finished:
+            return
+        if req.status is RequestStatus.RUNNING:
             self.running.remove(req)
-        elif req in self.waiting:
+        else:
             self.waiting.remove(req)
         self.kv.free(req)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
+        if stop_reason is not None:
+            req.stop_reason = stop_reason
+        del self.requests[req.request_id]
+        self._finished_ids.append(req.request_id)
+
+    def finish_requests(self, request_ids: list[str], reason: str,
+                        stop_reasons: dict[str, int | str] | None = None) -> None:
+        """Finish requests by id (aborts, stop strings); ids already gone are ignored."""
+        for rid in request_ids:
+            if rid in self.requests:
+                self.finish(self.requests[rid], reason, (stop_reasons or {}).get(rid))

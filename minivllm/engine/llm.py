@@ -40,10 +40,10 @@ class LLM:
             if len(params) != len(prompts):
                 raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
         params = self._final_only(params)
-        batch = [self.engine.make_requests(str(next(self._ids)), p, sp) for p, sp in zip(prompts, params)]
-        for reqs in batch:  # everything validated: now queue it
-            self.engine.enqueue(reqs)
-        order = {reqs[0].parent_id: i for i, reqs in enumerate(batch)}
+        batch = [self.engine.process_request(str(next(self._ids)), p, sp) for p, sp in zip(prompts, params)]
+        for request in batch:  # everything validated: now queue it
+            self.engine.enqueue(request)
+        order = {request.request_id: i for i, request in enumerate(batch)}
         results: list[RequestOutput | None] = [None] * len(batch)
         with tqdm(total=len(batch), desc="generate", disable=not use_tqdm) as bar:
             stats, t0 = self.engine.stats(), time.perf_counter()
@@ -62,7 +62,7 @@ class LLM:
         final, copies, out = RequestOutputKind.FINAL_ONLY, {}, []
         for sp in params:
             sp = SamplingParams() if sp is None else sp
-            if isinstance(sp, SamplingParams) and sp.output_kind is not final:  # others fail in make_requests
+            if isinstance(sp, SamplingParams) and sp.output_kind is not final:  # others fail in process_request
                 if id(sp) not in copies:  # one copy per distinct params object, not per prompt
                     copies[id(sp)] = replace(sp, output_kind=final)
                 sp = copies[id(sp)]

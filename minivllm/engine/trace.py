@@ -1,13 +1,34 @@
 """StepTrace: what one engine step did, recorded so notebooks and widgets can replay real engine state.
 
-`LLMEngine.trace` keeps the most recent steps (`trace_steps` in the config). Each record is plain data:
+`TraceRecorder` is a step observer: after every step the engine hands it a `StepRecord` (the step's plain
+data) and it keeps the most recent `trace_steps` as StepTraces in `LLMEngine.trace`. Each is plain data:
 who was scheduled for how many tokens (prefill or decode), which blocks were allocated, re-used from the
 prefix cache or freed, who was preempted or finished, and every live block table after the step.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from minivllm.core.step_io import EngineCoreOutput, RunnerOutput, SchedulerOutput
+
+if TYPE_CHECKING:
+    from minivllm.engine.llm_engine import LLMEngine
+
+
+@dataclass
+class StepRecord:
+    """Everything one step produced, handed to each step observer (trace, counters, a chapter's own)."""
+
+    step: int
+    duration_s: float
+    scheduler_output: SchedulerOutput
+    runner_output: RunnerOutput
+    core_outputs: list[EngineCoreOutput]
+    finished: dict[str, str]  # request id -> finish reason (token stops and stop strings)
+    kv_events: list[tuple[str, str, int]]  # ("alloc"|"hit"|"free", request id, block id), in order
 
 
 @dataclass
@@ -60,3 +81,59 @@ def group_events(events: list[tuple[str, str, int]], kind: str) -> dict[str, lis
         if k == kind:
             out.setdefault(rid, []).append(block)
     return out
+
+
+def scheduled_entries(record: StepRecord) -> list[ScheduledEntry]:
+    """Each scheduled request's line of the step: its work, the drafts it verified and the tokens it got."""
+    sampled = record.runner_output.sampled_token_ids
+    appended = {c.request_id: c.new_token_ids for c in record.core_outputs}
+    entries = []
+    for s in record.scheduler_output.scheduled:
+        entry = ScheduledEntry(s.request_id, s.num_new_tokens, "prefill" if s.is_prefill else "decode",
+                               s.num_computed_before, spec_token_ids=list(s.spec_token_ids))
+        tokens = appended.get(s.request_id)
+        if tokens:
+            entry.new_token_ids, entry.sampled_token = list(tokens), tokens[-1]
+            entry.num_accepted = len(sampled[s.request_id]) - 1 if s.spec_token_ids else 0
+        entries.append(entry)
+    return entries
+
+
+class TraceRecorder:
+    """The step observer behind `LLMEngine.trace`: keeps the last `max_steps` steps as StepTraces."""
+
+    def __init__(self, max_steps: int) -> None:
+        self.steps: deque[StepTrace] = deque(maxlen=max_steps)
+        self._snapshots: dict[str, tuple[list[int], list[int]]] = {}  # request id -> (live table, trace copy)
+
+    def __call__(self, engine: LLMEngine, record: StepRecord) -> None:
+        if self.steps.maxlen == 0:
+            return
+        kv, scheduler = engine.kv, engine.scheduler
+        pool, events = kv.pool, record.kv_events
+        tables = self._table_snapshots(kv.block_tables)
+        self.steps.append(StepTrace(
+            step=record.step, duration_s=record.duration_s, scheduled=scheduled_entries(record),
+            preempted=list(record.scheduler_output.preempted), finished=dict(record.finished),
+            allocated=group_events(events, "alloc"), cache_hits=group_events(events, "hit"),
+            freed=group_events(events, "free"), block_tables=tables,
+            waiting=[r.request_id for r in scheduler.waiting], running=[r.request_id for r in scheduler.running],
+            num_free_blocks=pool.num_free_blocks, num_total_blocks=pool.num_blocks, block_size=kv.block_size,
+            num_computed_tokens={r.request_id: r.num_computed_tokens for r in scheduler.running},
+            # a block used by several requests is in several tables: no need to scan the whole pool
+            shared_blocks={b: pool.blocks[b].ref_cnt for t in tables.values() for b in t
+                           if pool.blocks[b].ref_cnt > 1}))
+
+    def _table_snapshots(self, block_tables: dict[str, list[int]]) -> dict[str, list[int]]:
+        """Copies of the block tables, reusing last step's copy of every table that did not grow.
+
+        A table only grows (appends) until it is freed whole, so the same list object with the same length
+        holds the same blocks. Most steps add no block to most tables: this keeps the trace's memory and
+        time per step small at large batch sizes. (Copies are shared between steps: read them, never edit.)
+        """
+        previous, self._snapshots = self._snapshots, {}
+        for rid, table in block_tables.items():
+            old = previous.get(rid)
+            unchanged = old is not None and old[0] is table and len(old[1]) == len(table)
+            self._snapshots[rid] = old if unchanged else (table, list(table))
+        return {rid: copy for rid, (_, copy) in self._snapshots.items()}

@@ -1,14 +1,17 @@
-"""ModelRunner: owns the weights, the KV cache tensor and the sampler; executes one scheduled step.
+"""ModelRunner: owns the weights, the KV cache tensor, the sampler and the drafter; executes one scheduled step.
 
-All requests' new tokens are flattened into one batch with no padding. Per token it builds the position
-and the cache slot to write; per request the block table and context length the attention kernels read.
-On a GPU, decode batches replay CUDA graphs instead (padded to a captured size: see cuda_graphs.py).
+It sees the step only as `SchedulerOutput` (plain data) and keeps what it needs between steps in a
+`RequestState` per request id. All requests' new tokens are flattened into one batch with no padding. Per
+token it builds the position and the cache slot to write; per request the block table and context length
+the attention kernels read. On a GPU, decode batches replay CUDA graphs instead (see cuda_graphs.py).
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -22,11 +25,30 @@ from minivllm.core.kv_sizing import (
     max_useful_blocks,
     num_blocks_for_budget,
 )
-from minivllm.core.scheduler import ScheduledRequest, SchedulerOutput
-from minivllm.model import load_model, read_model_config
+from minivllm.core.step_io import RunnerOutput, SchedulerOutput
+from minivllm.model import load_model
+from minivllm.runner.request_state import RequestState
 from minivllm.sampling import Sampler, SamplingBatch
 from minivllm.sampling.rejection_sampler import verify_greedy, verify_sampled
 from minivllm.sampling.sampler import processed_probs
+
+LogitsObserver = Callable[[list[str], torch.Tensor], None]
+
+
+@dataclass(slots=True)
+class ForwardItem:
+    """One sequence's share of a forward pass: which of its tokens to compute, and where its blocks are."""
+
+    token_ids: list[int]  # the sequence's known tokens (drafts excluded)
+    num_computed: int  # tokens already in the cache
+    num_new: int  # tokens to compute now, drafts included
+    block_table: list[int]
+    spec_token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def samples(self) -> bool:
+        """Only a pass that reaches the end of the known tokens produces logits worth sampling."""
+        return self.num_computed + self.num_new - len(self.spec_token_ids) == len(self.token_ids)
 
 
 @dataclass
@@ -44,35 +66,39 @@ class StepInputs:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, reserved_bytes: int = 0, companion_bytes_per_block: int = 0) -> None:
-        """reserved_bytes and companion_bytes_per_block: GPU memory a speculative draft model will take after
-        this runner sizes its KV cache (its weights, and one of its KV blocks for each of ours)."""
+    def __init__(self, config: EngineConfig) -> None:
+        """`config` must be resolved (EngineConfig.resolve): its model config, dtype and max_model_len are final."""
         self.config = config
-        self.reserved_bytes, self.companion_bytes_per_block = reserved_bytes, companion_bytes_per_block
         self.device = torch.device(config.device)
         if self.device.type == "cuda" and self.device.index is None:  # tensors say cuda:0: so must we, or
             self.device = torch.device("cuda", torch.cuda.current_device())  # device checks would never match
-        self.model_config = read_model_config(config.model)
-        self.dtype = config.resolve_dtype(self.model_config.torch_dtype)
+        self.model_config = mc = config.model_config
+        self.dtype = config.dtype
         self.backend = get_attention_backend(config.attention_backend, config.device)
-        self.model = load_model(config.model, self.model_config, self.backend, self.dtype, config.device)
+        self.model = load_model(config.model, mc, self.backend, self.dtype, config.device)
         self.sampler = Sampler(config.seed)
-        mc = self.model_config
+        self.requests: dict[str, RequestState] = {}
+        self.logits_observers: list[LogitsObserver] = []
         self.bytes_per_block = kv_bytes_per_block(mc.num_layers, config.block_size, mc.num_kv_heads,
                                                   mc.head_dim, self.dtype.itemsize)
+        # a draft model is loaded after our cache: size the cache so that its weights and blocks still fit
+        from minivllm.spec_decode import draft_memory_needs, make_proposer
+
+        self.reserved_bytes, self.companion_bytes_per_block = draft_memory_needs(config)
         self.num_blocks = config.num_kv_blocks or self._blocks_from_memory()
         if self.num_blocks < 1:
             raise ValueError("no memory left for the KV cache: lower the model size or raise the budget")
         # [layers, K/V, blocks, block_size, kv_heads, head_dim]; zeros so unused slots are never NaN
         self.kv_cache = torch.zeros(mc.num_layers, 2, self.num_blocks, config.block_size, mc.num_kv_heads,
                                     mc.head_dim, dtype=self.dtype, device=self.device)
-        self.graphs = None  # DecodeGraphs, once capture_decode_graphs has run
+        self.graphs = None  # DecodeGraphs, where they can run
+        self.capture_decode_graphs()
+        self.proposer = make_proposer(config, self.num_blocks, mc.vocab_size)
 
     def _blocks_from_memory(self) -> int:
         """As many blocks as the budget holds, but no more than the sequences could ever fill."""
         cfg = self.config
-        max_len = cfg.max_model_len or self.model_config.max_position_embeddings
-        return min(self._blocks_in_budget(), max_useful_blocks(cfg.max_num_seqs, max_len, cfg.block_size))
+        return min(self._blocks_in_budget(), max_useful_blocks(cfg.max_num_seqs, cfg.max_model_len, cfg.block_size))
 
     def _blocks_in_budget(self) -> int:
         cfg = self.config
@@ -111,12 +137,10 @@ class ModelRunner:
         del cache, hidden
         return torch.cuda.max_memory_allocated() - base if cuda else 0
 
-    def capture_decode_graphs(self, max_model_len: int) -> None:
-        """Record decode steps as CUDA graphs, where they can run (CUDA, Triton backend, not enforce_eager).
-
-        Called once the engine knows max_model_len (how wide a block table can get).
-        """
+    def capture_decode_graphs(self) -> None:
+        """Record decode steps as CUDA graphs, where they can run (CUDA, Triton backend, not enforce_eager)."""
         cfg = self.config
+        max_model_len = cfg.max_model_len
         if self.device.type != "cuda" or self.backend.name != "triton" or cfg.enforce_eager:
             return
         from minivllm.runner.cuda_graphs import DecodeGraphs, capture_sizes
@@ -153,43 +177,112 @@ class ModelRunner:
             max_query_len=max(inputs.query_lens), max_seq_len=max(inputs.seq_lens),
             query_lens_cpu=inputs.query_lens, seq_lens_cpu=inputs.seq_lens)
 
-    def prepare_inputs(self, sched: SchedulerOutput, block_tables: dict[str, list[int]]) -> StepInputs:
+    # ---- one step ----------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput) -> RunnerOutput:
+        """Run one step: the tokens each request gets (accepted drafts + 1; none for a prefill chunk),
+        and, with a drafter, the drafts the next step will verify."""
+        self._update_states(sched)
+        if not sched.scheduled:  # nothing to compute: only finished requests to forget
+            return RunnerOutput()
+        states = [self.requests[s.request_id] for s in sched.scheduled]
+        items = [ForwardItem(st.token_ids, s.num_computed_before, s.num_new_tokens, st.block_table,
+                             s.spec_token_ids) for s, st in zip(sched.scheduled, states)]
+        logits, counts = self.forward(items)
+        out = RunnerOutput()
+        offsets = [0, *itertools.accumulate(counts)]  # where each request's logit rows start
+        plain = [i for i, s in enumerate(sched.scheduled) if counts[i] == 1 and not s.spec_token_ids]
+        if plain:
+            rows = [offsets[i] for i in plain]
+            plain_logits = logits if len(rows) == len(logits) else logits[rows]
+            for observe in self.logits_observers:
+                observe([states[i].request_id for i in plain], plain_logits)
+            picked = [states[i] for i in plain]
+            batch = SamplingBatch.build([st.params for st in picked], [st.token_ids for st in picked], self.device,
+                                        [st.generator for st in picked])
+            for i, tok in zip(plain, self.sampler(plain_logits, batch).tolist()):
+                out.sampled_token_ids[states[i].request_id] = [tok]
+        for i, s in enumerate(sched.scheduled):
+            if s.spec_token_ids and counts[i]:
+                out.sampled_token_ids[s.request_id] = self.verify(logits[offsets[i] : offsets[i] + counts[i]],
+                                                                  states[i], s.spec_token_ids)
+        for s, st in zip(sched.scheduled, states):
+            tokens = out.sampled_token_ids.get(s.request_id, [])
+            rejected = len(s.spec_token_ids) - (len(tokens) - 1) if s.spec_token_ids else 0
+            st.num_computed_tokens = s.num_computed_before + s.num_new_tokens - rejected
+            st.token_ids.extend(tokens)
+            st.spec_probs = None
+        if self.proposer is not None:
+            self._propose([st for st in states if st.request_id in out.sampled_token_ids], out)
+        return out
+
+    def _update_states(self, sched: SchedulerOutput) -> None:
+        """Forget finished requests, take in new ones, and extend the tables of the others."""
+        for rid in sched.finished:
+            self.requests.pop(rid, None)
+        for rid in [*sched.finished, *sched.preempted]:  # a preempted request is recomputed: its drafts go too
+            if self.proposer is not None:
+                self.proposer.free(rid)
+        for new in sched.new_requests:
+            old = self.requests.get(new.request_id)  # back after a preemption: keep its random stream
+            generator = old.generator if old is not None else self._generator(new.seed)
+            self.requests[new.request_id] = RequestState(
+                new.request_id, list(new.token_ids), new.num_prompt_tokens, new.params, list(new.block_ids),
+                new.max_total_tokens, generator=generator)
+        for rid, blocks in sched.new_block_ids.items():
+            self.requests[rid].block_table.extend(blocks)
+
+    def _generator(self, seed: int | None) -> torch.Generator | None:
+        """A seeded request's own random stream."""
+        return None if seed is None else torch.Generator(device=self.device).manual_seed(seed)
+
+    def _propose(self, states: list[RequestState], out: RunnerOutput) -> None:
+        """Drafts for every request that just sampled, never past its max_tokens (see spec_decode)."""
+        k = self.config.num_speculative_tokens
+        budget = [0 if st.params.repetition_penalty != 1.0 else  # the penalty would differ per draft
+                  max(min(k, st.max_total_tokens - len(st.token_ids) - 1), 0) for st in states]
+        start = time.perf_counter()
+        for st, (drafts, probs) in zip(states, self.proposer.propose(states, budget)):
+            st.spec_probs = probs
+            if drafts:
+                out.spec_token_ids[st.request_id] = drafts
+        out.propose_seconds = time.perf_counter() - start
+
+    def prepare_inputs(self, items: Sequence[ForwardItem]) -> StepInputs:
         """Flatten the step on the host: each token's id, position and cache slot; each request's table."""
-        bs, scheduled = self.config.block_size, sched.scheduled
-        n = sched.num_tokens
+        bs = self.config.block_size
+        n = sum(it.num_new for it in items)
         input_ids, positions, slots = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
-        tables = np.zeros((len(scheduled), max(len(block_tables[s.request.request_id]) for s in scheduled)),
-                          dtype=np.int32)
+        tables = np.zeros((len(items), max(len(it.block_table) for it in items)), dtype=np.int32)
         query_lens, seq_lens, rows, counts = [], [], [], []
         t = 0  # where this request's tokens start in the flat batch
-        for i, s in enumerate(scheduled):
-            req, start, q = s.request, s.num_computed_before, s.num_new_tokens
-            table = block_tables[req.request_id]
+        for i, it in enumerate(items):
+            start, q, table = it.num_computed, it.num_new, it.block_table
             tables[i, : len(table)] = table
             if q == 1:  # a decode (most of them): plain integers are faster than building arrays
-                input_ids[t], positions[t] = req.all_token_ids[start], start
+                input_ids[t], positions[t] = it.token_ids[start], start
                 slots[t] = table[start // bs] * bs + start % bs
             else:
                 pos = np.arange(start, start + q)
-                input_ids[t : t + q] = req.all_token_ids[start : start + q - len(s.spec_token_ids)] + s.spec_token_ids
+                input_ids[t : t + q] = it.token_ids[start : start + q - len(it.spec_token_ids)] + it.spec_token_ids
                 positions[t : t + q] = pos
                 slots[t : t + q] = tables[i, pos // bs].astype(np.int64) * bs + pos % bs
             t += q
             query_lens.append(q)
             seq_lens.append(start + q)
-            n_rows = 1 + len(s.spec_token_ids) if s.samples else 0
+            n_rows = 1 + len(it.spec_token_ids) if it.samples else 0
             rows += range(t - n_rows, t)
             counts.append(n_rows)
         return StepInputs(input_ids, positions, slots, tables, query_lens, seq_lens, rows, counts)
 
     @torch.inference_mode()
-    def forward(self, sched: SchedulerOutput, block_tables: dict[str, list[int]]) -> tuple[torch.Tensor, list[int]]:
+    def forward(self, items: Sequence[ForwardItem]) -> tuple[torch.Tensor, list[int]]:
         """One forward pass over the step's flat batch: replayed from a CUDA graph when it is a decode batch.
 
-        Returns logits for the rows that matter, and how many rows each scheduled request got: 1 for the
-        last token of a sequence, 1 + k when k drafts are verified, 0 for an unfinished prefill chunk.
+        Returns logits for the rows that matter, and how many rows each item got: 1 for the last token of
+        a sequence, 1 + k when k drafts are verified, 0 for an unfinished prefill chunk.
         """
-        inputs = self.prepare_inputs(sched, block_tables)
+        inputs = self.prepare_inputs(items)
         if self.graphs is not None and self.graphs.can_run(inputs):
             hidden = self.graphs.run(inputs)
         else:
@@ -198,29 +291,12 @@ class ModelRunner:
         rows = inputs.logit_rows
         return self.model.compute_logits(hidden if len(rows) == len(hidden) else hidden[rows]), inputs.counts
 
-    @torch.inference_mode()
-    def execute(self, sched: SchedulerOutput, block_tables: dict[str, list[int]]) -> list[list[int]]:
-        """Run one step; for each scheduled request the tokens to append (none for a prefill chunk)."""
-        logits, counts = self.forward(sched, block_tables)
-        plain = [i for i, s in enumerate(sched.scheduled) if counts[i] == 1 and not s.spec_token_ids]
-        offsets = [0, *itertools.accumulate(counts)]  # where each request's logit rows start
-        out: list[list[int]] = [[] for _ in sched.scheduled]
-        if plain:
-            batch = SamplingBatch.from_requests([sched.scheduled[i].request for i in plain], self.device)
-            rows = [offsets[i] for i in plain]
-            tokens = self.sampler(logits if len(rows) == len(logits) else logits[rows], batch)
-            for i, tok in zip(plain, tokens.tolist()):
-                out[i] = [tok]
-        for i, s in enumerate(sched.scheduled):
-            if s.spec_token_ids and counts[i]:
-                out[i] = self.verify(logits[offsets[i] : offsets[i] + counts[i]], s)
-        return out
-
-    def verify(self, logits: torch.Tensor, s: ScheduledRequest) -> list[int]:
+    def verify(self, logits: torch.Tensor, state: RequestState, drafts: list[int]) -> list[int]:
         """Check one request's drafts against the target's k+1 predictions (see rejection_sampler)."""
-        req = s.request
-        if req.params.greedy:
-            return verify_greedy(logits, s.spec_token_ids)
-        probs = processed_probs(logits, SamplingBatch.from_requests([req] * len(logits), self.device))
-        generator = req.generator or self.sampler.generator_for(self.device)
-        return verify_sampled(probs, s.spec_token_ids, req.spec_probs, generator)
+        if state.params.greedy:
+            return verify_greedy(logits, drafts)
+        batch = SamplingBatch.build([state.params] * len(logits), [state.token_ids] * len(logits), self.device)
+        probs = processed_probs(logits, batch)
+        draft_probs = None if state.spec_probs is None else state.spec_probs[: len(drafts)]  # budget may cut
+        generator = state.generator or self.sampler.generator_for(self.device)
+        return verify_sampled(probs, drafts, draft_probs, generator)

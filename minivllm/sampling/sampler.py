@@ -10,43 +10,47 @@ with its own `seed` take its noise from its own generator, so its tokens do not 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from minivllm.request import Request
+from minivllm.sampling_params import SamplingParams
 
 
 @dataclass
 class SamplingBatch:
-    """Per-row parameters as tensors, built once per step from the requests being sampled."""
+    """Per-row parameters as tensors, built once per step from the rows being sampled."""
 
     temperature: torch.Tensor  # [B] float, 0 = greedy
     top_k: torch.Tensor  # [B] long, 0 = off
     top_p: torch.Tensor  # [B] float, 1 = off
     min_p: torch.Tensor  # [B] float, 0 = off
     repetition_penalty: torch.Tensor  # [B] float, 1 = off
-    requests: list[Request]
+    params: list[SamplingParams]
+    token_ids: list[list[int]]  # each row's prompt + output so far (the penalty looks at them)
+    generators: list[torch.Generator | None]  # a seeded row draws from its own stream
     # decided on the host, so a GPU step need not wait for the device to answer "any row filtering?"
     all_greedy: bool = False
     any_filter: bool = True
 
     @classmethod
-    def from_requests(cls, requests: list[Request], device: torch.device | str) -> SamplingBatch:
+    def build(cls, params: Sequence[SamplingParams], token_ids: Sequence[list[int]], device: torch.device | str,
+              generators: Sequence[torch.Generator | None] | None = None) -> SamplingBatch:
         def col(name, dtype):
-            return torch.tensor([getattr(r.params, name) for r in requests], dtype=dtype, device=device)
+            return torch.tensor([getattr(p, name) for p in params], dtype=dtype, device=device)
 
-        params = [r.params for r in requests]
         return cls(col("temperature", torch.float32), col("top_k", torch.long), col("top_p", torch.float32),
-                   col("min_p", torch.float32), col("repetition_penalty", torch.float32), requests,
+                   col("min_p", torch.float32), col("repetition_penalty", torch.float32), list(params),
+                   list(token_ids), list(generators) if generators is not None else [None] * len(params),
                    all_greedy=all(p.greedy for p in params),
                    any_filter=any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params))
 
 
 def apply_repetition_penalty(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """Make every token already in the prompt or the output less likely (divide if > 0, multiply if < 0)."""
-    for i in [i for i, r in enumerate(batch.requests) if r.params.repetition_penalty != 1.0]:
-        seen = torch.tensor(sorted(set(batch.requests[i].all_token_ids)), device=logits.device)
+    for i in [i for i, p in enumerate(batch.params) if p.repetition_penalty != 1.0]:
+        seen = torch.tensor(sorted(set(batch.token_ids[i])), device=logits.device)
         penalty = batch.repetition_penalty[i]
         picked = logits[i, seen]
         logits[i, seen] = torch.where(picked > 0, picked / penalty, picked * penalty)
@@ -102,9 +106,9 @@ class Sampler:
     def _exponential_noise(self, probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         self.generator_for(probs.device)
         noise = torch.empty_like(probs).exponential_(generator=self.generator)
-        for i, req in enumerate(batch.requests):
-            if req.generator is not None:  # seeded requests draw from their own stream
-                noise[i].exponential_(generator=req.generator)
+        for i, generator in enumerate(batch.generators):
+            if generator is not None:  # seeded requests draw from their own stream
+                noise[i].exponential_(generator=generator)
         return noise
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

@@ -190,13 +190,13 @@ class AsyncEngine:
                 result.errors.append(None)
                 continue
             try:
-                batch = [eng.make_requests(rid, p() if callable(p) else p, op.params, op.arrival_time)
+                batch = [eng.process_request(rid, p() if callable(p) else p, op.params, op.arrival_time)
                          for rid, p in op.prompts]  # validate every prompt before queueing any
             except Exception as e:  # handed to this request's handler; the loop goes on
                 result.errors.append(e)
                 continue
-            for reqs in batch:
-                eng.enqueue(reqs)
+            for request in batch:
+                eng.enqueue(request)
             result.errors.append(None)
         if eng.has_unfinished_requests():
             result.outputs = eng.step()

@@ -7,17 +7,17 @@ code edits, quoting) and simply proposes nothing when there is no match.
 
 from __future__ import annotations
 
-from minivllm.request import Request
+from minivllm.runner.request_state import RequestState
+from minivllm.spec_decode.proposer import Draft
 
 
 class NgramProposer:
     def __init__(self, num_speculative_tokens: int, max_n: int = 4, min_n: int = 1) -> None:
         self.k, self.max_n, self.min_n = num_speculative_tokens, max_n, min_n
 
-    def propose(self, requests: list[Request], num_drafts: list[int]) -> None:
-        """Set `spec_token_ids` (and no `spec_probs`: a lookup is a point mass) on each request."""
-        for req, k in zip(requests, num_drafts):
-            req.spec_token_ids, req.spec_probs = self.lookup(req.all_token_ids, k), None
+    def propose(self, requests: list[RequestState], num_drafts: list[int]) -> list[Draft]:
+        """Drafts for each request, with no distribution: a lookup is a point mass."""
+        return [(self.lookup(req.token_ids, k) if k > 0 else [], None) for req, k in zip(requests, num_drafts)]
 
     def lookup(self, tokens: list[int], k: int) -> list[int]:
         for n in range(min(self.max_n, len(tokens) - 1), self.min_n - 1, -1):

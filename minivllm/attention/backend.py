@@ -1,0 +1,19 @@
+"""The attention backend interface: what every decoder layer asks of its attention, whoever implements it."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from minivllm.attention.metadata import AttentionMetadata
+
+
+class AttentionBackend(Protocol):
+    name: str  # "torch", "triton": CUDA graphs are only captured for backends whose kernels allow it
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        """Store the step's new K/V ([T, kv_heads, dim]) in their cache slots, then attend each new query
+        ([T, heads, dim]) over its request's whole context; returns [T, heads, dim]."""
+        ...

@@ -1,0 +1,80 @@
+"""The plain data one engine step passes between its parts, in the order it flows:
+
+    Scheduler.schedule()            -> SchedulerOutput   (what to compute: token counts, new blocks)
+    ModelRunner.execute(...)        -> RunnerOutput      (what came out: sampled tokens, next drafts)
+    Scheduler.update_from_output()  -> EngineCoreOutput  (per request: tokens appended, why it stopped)
+    OutputProcessor.process(...)    -> RequestOutput     (text, for the caller)
+
+No part hands another a live object of its own: the runner never sees a scheduler `Request`, the
+scheduler never a tensor. Each side keeps its own per-request state, keyed by request id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from minivllm.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class NewRequestData:
+    """A request the runner has not seen yet, or must rebuild after a preemption took its blocks."""
+
+    request_id: str
+    token_ids: list[int]  # prompt + output so far (after a preemption, everything is recomputed)
+    num_prompt_tokens: int
+    params: SamplingParams
+    block_ids: list[int]  # its whole block table
+    max_total_tokens: int  # prompt + the most output it may produce: drafts never run past it
+    seed: int | None = None  # its own random stream's seed (the i-th of n samples gets params.seed + i)
+
+
+@dataclass(slots=True)
+class ScheduledRequest:
+    """One request's share of the step."""
+
+    request_id: str
+    num_new_tokens: int  # includes the speculative tokens, if any
+    num_computed_before: int  # tokens already in the cache when this step starts
+    spec_token_ids: list[int] = field(default_factory=list)  # drafted tokens the target verifies
+    is_prefill: bool = True  # (re)computing a prompt or a chunk of it, rather than the last sampled token
+    samples: bool = True  # the step reaches the end of the known tokens, so its logits are sampled
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)  # in batch order
+    new_requests: list[NewRequestData] = field(default_factory=list)
+    new_block_ids: dict[str, list[int]] = field(default_factory=dict)  # known requests: blocks added this step
+    preempted: list[str] = field(default_factory=list)  # their blocks are gone; they come back as new requests
+    finished: list[str] = field(default_factory=list)  # finished or aborted since the last step: forget them
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    def __bool__(self) -> bool:
+        """Anything for the runner: work, or finished requests to forget."""
+        return bool(self.scheduled or self.finished)
+
+
+@dataclass
+class RunnerOutput:
+    sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)  # accepted drafts + 1 new token
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)  # drafts for the next step
+    propose_seconds: float = 0.0  # time spent drafting (a measured share of the step, for chapter 07)
+
+
+@dataclass(slots=True)
+class EngineCoreOutput:
+    """What a step did to one request, as the output processor needs it: no tensors, no live objects."""
+
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: str | None = None  # "stop", "length" or "abort"
+    stop_reason: int | str | None = None
+    num_cached_tokens: int = 0
+    num_preemptions: int = 0
+    num_spec_proposed: int = 0
+    num_spec_accepted: int = 0
+    first_scheduled_time: float | None = None

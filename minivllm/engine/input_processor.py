@@ -1,0 +1,84 @@
+"""InputProcessor: a prompt and its SamplingParams become validated, tokenized scheduler Requests.
+
+Everything that can be wrong with a request is found here, before it is queued: a bad prompt fails alone
+with a ValueError naming the problem, and the engine never starts work it cannot finish.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from minivllm.config import EngineConfig
+from minivllm.request import Request
+from minivllm.sampling_params import SamplingParams
+from minivllm.tokenizer import Tokenizer
+
+PromptType = str | list[int] | dict
+
+
+@dataclass
+class EngineRequest:
+    """One user request, ready to queue: its prompt as given and as ids, and its n sequences."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float
+    sequences: list[Request]
+
+
+class InputProcessor:
+    def __init__(self, config: EngineConfig, tokenizer: Tokenizer | None, eos_token_id: int | None,
+                 num_kv_blocks: int) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.vocab_size = config.model_config.vocab_size
+        self.eos_token_id = eos_token_id
+        self.num_kv_blocks = num_kv_blocks
+
+    def process(self, request_id: str, prompt: PromptType, params: SamplingParams | None = None,
+                arrival_time: float | None = None) -> EngineRequest:
+        """Validate and tokenize one request (n sequences), without queueing it: errors come before work."""
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+        text, ids = self._tokenize(prompt)
+        if not ids:
+            raise ValueError("prompt is empty")
+        bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
+        max_len = self.config.max_model_len
+        if len(ids) >= max_len:
+            raise ValueError(f"prompt has {len(ids)} tokens; max_model_len is {max_len}, "
+                             f"which leaves no room for output")
+        arrival = time.monotonic() if arrival_time is None else arrival_time
+        sequences = [Request(request_id if params.n == 1 else f"{request_id}#{i}", list(ids), params,
+                             self.eos_token_id, max_len, arrival, parent_id=request_id, index=i)
+                     for i in range(params.n)]
+        block_size = self.config.block_size
+        need = -(-sequences[0].max_total_tokens // block_size)
+        if need > self.num_kv_blocks:
+            raise ValueError(f"request needs up to {need} KV blocks but the cache has only "
+                             f"{self.num_kv_blocks}: lower max_tokens or add blocks")
+        return EngineRequest(request_id, text, list(ids), params, arrival, sequences)
+
+    def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            if "prompt" in prompt:
+                prompt = prompt["prompt"]
+            else:
+                raise ValueError("a dict prompt needs 'prompt' or 'prompt_token_ids'")
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt is empty")
+            if self.tokenizer is None:
+                raise ValueError(f"{self.config.model} has no tokenizer: pass prompt_token_ids instead of text")
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, (list, tuple)):
+            return None, list(prompt)
+        raise ValueError(f"prompt must be a str, a list of token ids or a dict, got {type(prompt).__name__}")

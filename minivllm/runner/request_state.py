@@ -1,0 +1,28 @@
+"""RequestState: what the runner remembers about a request between steps, keyed by its id.
+
+The scheduler sends a request's tokens and block table once, when it first runs (or runs again after a
+preemption); afterwards only what changed: new blocks, and drafts to verify. The runner appends the tokens
+it sampled itself. Torch objects live here, never on the scheduler's `Request`: a seeded request's random
+generator (kept across preemptions, so its draws do not restart) and the drafter's distributions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from minivllm.sampling_params import SamplingParams
+
+
+@dataclass(eq=False)
+class RequestState:
+    request_id: str
+    token_ids: list[int]  # prompt + output so far (drafts excluded)
+    num_prompt_tokens: int
+    params: SamplingParams
+    block_table: list[int]
+    max_total_tokens: int
+    num_computed_tokens: int = 0  # tokens whose K/V the cache holds
+    generator: torch.Generator | None = None  # only when the request has a seed
+    spec_probs: torch.Tensor | None = None  # the drafter's distribution for each pending draft (None: point mass)
