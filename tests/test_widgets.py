@@ -9,9 +9,8 @@ matplotlib.use("Agg")
 import pytest  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-import widgets  # noqa: E402
-from minivllm import LLM, SamplingParams  # noqa: E402
-from widgets import blocks, colors, journey, timelines, workloads  # noqa: E402
+from minivllm import LLM, SamplingParams, widgets  # noqa: E402
+from minivllm.widgets import blocks, colors, journey, timelines, workloads  # noqa: E402
 
 TOY = [(0, 10), (1, 5), (3, 15), (5, 3), (6, 7)]  # the material's (arrival step, tokens) schedule
 

@@ -9,11 +9,10 @@ matplotlib.use("Agg")
 
 import pytest  # noqa: E402
 
-import widgets  # noqa: E402
-from minivllm import LLM, SamplingParams  # noqa: E402
+from minivllm import LLM, SamplingParams, widgets  # noqa: E402
 from minivllm.engine.trace import ScheduledEntry, StepTrace  # noqa: E402
+from minivllm.widgets import speculation  # noqa: E402
 from tests.conftest import build_checkpoint, build_noisy_copy  # noqa: E402
-from widgets import speculation  # noqa: E402
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11]
 
