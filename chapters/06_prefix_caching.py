@@ -323,6 +323,7 @@ assert cold.shared_blocks, "the prefix blocks are shared from the first step"
 while engine.has_unfinished_requests():
     engine.step()
 
+# %% [markdown]
 # ## Eviction under memory pressure: least recently used, tail first
 #
 # A finished request's blocks join the free queue in an order chosen with care
