@@ -18,7 +18,7 @@ demo: $(STAMP)
 		--max-tokens 32 --journey
 
 lint: $(STAMP)
-	$(PYTHON) -m ruff check minivllm widgets tests bench data chapters
+	$(PYTHON) -m ruff check minivllm tests bench data chapters
 
 # pytest exits 5 when it collects nothing: for us that is a failure, not a pass.
 test: $(STAMP) lint

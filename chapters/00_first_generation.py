@@ -38,8 +38,7 @@ if "google.colab" in sys.modules:
 # %%
 from IPython.display import display
 
-import widgets
-from minivllm import LLM, SamplingParams
+from minivllm import LLM, SamplingParams, widgets
 from minivllm.engine.journey import format_journey
 
 # %% [markdown]

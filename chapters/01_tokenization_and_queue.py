@@ -36,8 +36,7 @@ import inspect
 
 from IPython.display import HTML, display
 
-import widgets
-from minivllm import LLM, SamplingParams
+from minivllm import LLM, SamplingParams, widgets
 from minivllm.request import RequestStatus
 from minivllm.tokenizer import Tokenizer
 

@@ -41,8 +41,7 @@ import torch
 from matplotlib.figure import Figure
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-import widgets
-from minivllm import LLM, SamplingParams
+from minivllm import LLM, SamplingParams, widgets
 from minivllm.core import kv_sizing
 from minivllm.core.kv_sizing import kv_bytes_per_block, kv_bytes_per_token, num_blocks_for_budget
 from minivllm.model.loader import read_model_config

@@ -39,8 +39,7 @@ import random
 from IPython.display import display
 from matplotlib.figure import Figure
 
-import widgets
-from minivllm import LLM, SamplingParams
+from minivllm import LLM, SamplingParams, widgets
 from minivllm.core.block_pool import BlockPool
 from minivllm.core.kv_cache_manager import KVCacheManager
 

@@ -38,8 +38,7 @@ import inspect
 from IPython.display import display
 from matplotlib.figure import Figure
 
-import widgets
-from minivllm import LLM, EngineConfig, SamplingParams
+from minivllm import LLM, EngineConfig, SamplingParams, widgets
 from minivllm.core.scheduler import Scheduler
 
 llm = LLM()

@@ -36,8 +36,7 @@ if "google.colab" in sys.modules:
 import torch
 from matplotlib.figure import Figure
 
-import widgets
-from minivllm import LLM, SamplingParams
+from minivllm import LLM, SamplingParams, widgets
 from minivllm.sampling import sampler as sampler_module
 from minivllm.sampling.sampler import SamplingBatch, apply_repetition_penalty, apply_top_k_top_p_min_p
 

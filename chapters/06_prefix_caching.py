@@ -44,8 +44,7 @@ import torch
 from IPython.display import display
 from matplotlib.figure import Figure
 
-import widgets
-from minivllm import LLM, SamplingParams
+from minivllm import LLM, SamplingParams, widgets
 from minivllm.core.block_hash import extend_block_hashes, hash_block
 from minivllm.core.block_pool import BlockPool
 from minivllm.core.kv_cache_manager import KVCacheManager
@@ -328,6 +327,7 @@ assert cold.shared_blocks, "the prefix blocks are shared from the first step"
 while engine.has_unfinished_requests():
     engine.step()
 
+# %% [markdown]
 # ## Eviction under memory pressure: least recently used, tail first
 #
 # A finished request's blocks join the free queue in an order chosen with care

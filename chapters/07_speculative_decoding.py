@@ -46,8 +46,7 @@ import torch
 from IPython.display import display
 from matplotlib.figure import Figure
 
-import widgets
-from minivllm import LLM, SamplingParams
+from minivllm import LLM, SamplingParams, widgets
 from minivllm.config import DEFAULT_DRAFT_MODEL
 from minivllm.sampling import rejection_sampler
 from minivllm.spec_decode import DraftModelProposer, NgramProposer

@@ -50,8 +50,7 @@ import time
 
 from matplotlib.figure import Figure
 
-import widgets
-from minivllm import LLM, SamplingParams
+from minivllm import LLM, SamplingParams, widgets
 from minivllm.attention.metadata import AttentionMetadata
 from minivllm.attention.torch_backend import paged_attention_ref, paged_decode_ref
 from minivllm.kernels import interpreted, paged_decode, paged_decode_attention, paged_prefill_attention

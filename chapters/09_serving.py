@@ -52,8 +52,7 @@ import openai
 import uvicorn
 from matplotlib.figure import Figure
 
-import widgets
-from minivllm import LLM, EngineConfig, SamplingParams
+from minivllm import LLM, EngineConfig, SamplingParams, widgets
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.server import async_engine, build_app
 

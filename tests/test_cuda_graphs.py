@@ -106,7 +106,7 @@ def test_graph_batch_view_shows_the_real_buffers(checkpoints):
     """widgets.graph_batch_html renders the buffers the last replay read: 3 requests, then 1 padding column."""
     import re
 
-    import widgets
+    from minivllm import widgets
 
     path, _ = checkpoints["llama"]
     llm = LLM(path, block_size=4, num_kv_blocks=40)

@@ -6,8 +6,9 @@ from minivllm import LLM, SamplingParams
 from minivllm.engine.journey import format_journey
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def llm(llama_path):
+    """A fresh engine for each test: request ids, free blocks and the trace never carry over between tests."""
     return LLM(llama_path, block_size=4, num_kv_blocks=48, max_num_batched_tokens=16)
 
 

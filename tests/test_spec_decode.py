@@ -1,5 +1,7 @@
 """Speculative decoding: same greedy tokens, same sampling distribution, no leaked blocks in either cache."""
 
+import math
+
 import pytest
 import torch
 
@@ -126,15 +128,50 @@ def test_sampling_distribution_matches_the_target(models):
         assert total_variation(counts, draft_exact[pos]) > total_variation(counts, exact[pos])
 
 
+def sequence_log10_probability(model, prompt: list[int], tokens: list[int], temperature: float) -> float:
+    """log10 P(the target samples exactly `tokens` after `prompt`) at this temperature (speculation keeps it)."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].double() / temperature
+    return logits.log_softmax(-1).gather(1, torch.tensor(tokens)[:, None]).sum().item() / math.log(10)
+
+
 def test_seeded_sampling_with_speculation_repeats(models):
-    root, _, _ = models
-    params = SamplingParams(temperature=0.8, seed=11, max_tokens=20, ignore_eos=True)
-    runs = []
-    for _ in range(2):
-        llm = LLM(root / "target", block_size=4, num_kv_blocks=100, speculative_model=root / "noisy",
+    """A seed fixes a request's tokens, alone or batched with others; another seed, or none, gives other tokens.
+
+    Speculation keeps the target's distribution, so a request whose seed were ignored would still sample from it,
+    just from the engine-wide stream: it would then differ from its seeded twin and from itself run alone; and
+    an engine that gave every seeded request one fixed stream would repeat seed 11's tokens for seed 12.
+    Temperature 2 flattens the tiny target (its likeliest next token has probability ~0.1 or less on random
+    contexts; 0.29 at temperature 1.5, 0.59 at 1), and 24 tokens make any given output improbable: two independent
+    streams give the same 24 tokens with probability p(output), which the test computes under the target and
+    requires to be < 1e-6 (it is about 1e-52). So "same tokens" cannot happen by coincidence and "other tokens" cannot
+    fail by one; and every stream here is seeded (the unseeded request draws from the engine's seed-0 stream),
+    so the outcome is the same on every run.
+    """
+    root, target, _ = models
+    temperature, n = 2.0, 24
+
+    def params(seed):
+        return SamplingParams(temperature=temperature, seed=seed, max_tokens=n, ignore_eos=True)
+
+    def run(prompts, sampling_params):
+        llm = LLM(root / "target", block_size=4, num_kv_blocks=200, speculative_model=root / "noisy",
                   num_speculative_tokens=3)
-        runs.append(llm.generate({"prompt_token_ids": PROMPTS[1]}, params, use_tqdm=False)[0].outputs[0].token_ids)
-    assert runs[0] == runs[1] and len(runs[0]) == 20
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sampling_params, use_tqdm=False)
+        assert llm.engine.stats()["spec_num_proposed"] > 0
+        return [o.outputs[0].token_ids for o in outs]
+
+    prompt = PROMPTS[1]
+    alone = run([prompt], params(11))[0]
+    assert len(alone) == n and run([prompt], params(11))[0] == alone, "a fresh engine repeats a seeded request"
+    log10_p = sequence_log10_probability(target, prompt, alone, temperature)
+    assert log10_p < -6, f"p(output) = 1e{log10_p:.1f}: too likely for the inequalities below to mean anything"
+    # one batch: another prompt first (so no twin sits in row 0), then the same seed twice, another seed, no seed
+    batch = run([PROMPTS[0], prompt, PROMPTS[3], prompt, prompt, prompt],
+                [params(None), params(11), params(3), params(11), params(12), params(None)])
+    assert batch[1] == alone and batch[3] == alone, "same seed, same tokens, alone or batched with others"
+    assert batch[4] != alone, "another seed, other tokens"
+    assert batch[5] != alone, "no seed: the engine's stream, other tokens"
 
 
 def test_verify_rules():

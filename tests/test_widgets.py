@@ -1,6 +1,9 @@
 """The chapters' widgets, driven by a real engine: click the buttons, move the sliders, read what they draw."""
 
-import inspect
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import matplotlib
 
@@ -9,9 +12,10 @@ matplotlib.use("Agg")
 import pytest  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-import widgets  # noqa: E402
-from minivllm import LLM, SamplingParams  # noqa: E402
-from widgets import blocks, colors, journey, timelines, workloads  # noqa: E402
+from minivllm import LLM, SamplingParams, widgets  # noqa: E402
+from minivllm.widgets import colors  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
 
 TOY = [(0, 10), (1, 5), (3, 15), (5, 3), (6, 7)]  # the material's (arrival step, tokens) schedule
 
@@ -32,9 +36,75 @@ def recorded(llama_path):
     return eng, list(eng.trace)
 
 
-def test_render_modules_are_pure():
-    for module in (blocks, colors, journey, timelines, workloads):
-        assert "import ipywidgets" not in inspect.getsource(module), module.__name__
+# Run in a fresh interpreter where ipywidgets and IPython cannot be imported (and, for the HTML and data views,
+# matplotlib neither): the render functions must work there on a real engine's trace. A finder at the front of
+# sys.meta_path refuses the blocked packages, so any import of them, however indirect, fails.
+PURE_SCRIPT = r"""
+import sys
+
+BLOCKED = {"ipywidgets", "IPython", "matplotlib"}
+
+
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked by the test)", name=name)
+        return None
+
+
+sys.meta_path.insert(0, Refuse())
+
+import minivllm.widgets as w
+from minivllm import LLM, SamplingParams
+from minivllm.widgets import blocks, colors, graphs, journey, speculation, timelines, traces, workloads
+
+greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+llm = LLM(sys.argv[1], block_size=4, num_kv_blocks=24, max_num_batched_tokens=16, speculative_model="[ngram]",
+          num_speculative_tokens=3)
+rec = w.run_arrivals(llm.engine, [w.Arrival("a", 0, [1, 2, 3, 1, 2, 3, 1, 2], greedy),
+                                  w.Arrival("b", 1, list(range(5, 26)), greedy)], "continuous")
+steps = rec.steps
+assert rec.finished.keys() == {"a", "b"} and len(steps) >= 3
+assert any(e.kind == "prefill" for e in steps[0].scheduled)
+assert "prefill" in w.step_html(steps[0], 0, len(steps)) and "a" in w.block_table_html(steps[0], 4)
+assert len(w.pool_cells(steps[0])) == 24 and w.request_ids(steps) == ["a", "b"]
+assert w.timeline(steps, rec.clock, rec.arrivals).request_ids == ["a", "b"]
+assert w.kv_occupancy(steps, 4)[0].blocks == 24 - steps[0].num_free_blocks
+rounds = w.spec_rounds(steps, "a")
+assert sum(len(r.new_token_ids) for r in rounds) == 6 and llm.engine.stats()["spec_num_proposed"] > 0
+assert "minivllm-spec" in w.speculation_html(rounds[-1])
+assert w.request_ids(w.relabel_requests(steps, {"a": "alice"})) == ["alice", "b"]
+assert "no decode step" in w.graph_batch_html(type("NoReplay", (), {"last_replay": None})())
+try:
+    w.JourneyStepper
+except ModuleNotFoundError as e:
+    assert e.name == "ipywidgets" and "minivllm[notebook]" in str(e), e
+else:
+    raise AssertionError("the ipywidgets wiring imported without ipywidgets")
+
+# matplotlib is allowed from here on, ipywidgets and IPython still are not: the figures draw
+BLOCKED.discard("matplotlib")
+fig = w.block_table_figure(steps[-1], max_blocks=24)
+assert len(fig.axes[1].patches) == 24 and w.figure_png(fig)[:4] == b"\x89PNG"
+assert len(w.timeline_figure(w.timeline(steps)).axes[0].patches) > 0
+assert not [m for m in sys.modules if m.split(".")[0] in ("ipywidgets", "IPython")]
+print("pure ok")
+"""
+
+
+def test_render_functions_work_without_ipywidgets(llama_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", PURE_SCRIPT, str(llama_path)], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=300)
+    assert done.returncode == 0 and "pure ok" in done.stdout, done.stderr[-3000:]
+
+
+def test_palette_is_matplotlibs_tab20_and_tab20b():
+    from matplotlib import colormaps
+    from matplotlib.colors import to_hex
+
+    palette = [to_hex(c) for name in ("tab20", "tab20b") for c in colormaps[name].colors]
+    assert list(colors.PALETTE) == palette[1::2] + palette[0::2]
 
 
 def test_step_html_names_the_batch_queues_and_blocks(recorded):

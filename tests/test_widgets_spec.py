@@ -1,6 +1,5 @@
 """The speculation stepper: drafts, verdicts and the target's own tokens, read from a real engine's trace."""
 
-import inspect
 import re
 
 import matplotlib
@@ -9,11 +8,9 @@ matplotlib.use("Agg")
 
 import pytest  # noqa: E402
 
-import widgets  # noqa: E402
-from minivllm import LLM, SamplingParams  # noqa: E402
+from minivllm import LLM, SamplingParams, widgets  # noqa: E402
 from minivllm.engine.trace import ScheduledEntry, StepTrace  # noqa: E402
 from tests.conftest import build_checkpoint, build_noisy_copy  # noqa: E402
-from widgets import speculation  # noqa: E402
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11]
 
@@ -43,10 +40,6 @@ def round_of(drafted, accepted, new, step=7, before=(1, 2)):
     first = StepTrace(step - 1, 0.0, [ScheduledEntry("r", 9, "prefill", 0, before[-1], [], 0, list(before))],
                       [], {}, {}, {}, {}, {"r": [0]}, [], ["r"], 3, 4)
     return widgets.spec_rounds([first, trace], "r")
-
-
-def test_render_module_is_pure():
-    assert "import ipywidgets" not in inspect.getsource(speculation)
 
 
 def test_the_materials_example_disagreement_at_token_3():

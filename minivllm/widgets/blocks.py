@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass
-
-from matplotlib.figure import Figure
-from matplotlib.patches import Rectangle
+from typing import TYPE_CHECKING
 
 from minivllm.engine.trace import StepTrace
-from widgets.colors import FREE_COLOR, SHARED_COLOR, request_colors
+from minivllm.widgets.colors import FREE_COLOR, SHARED_COLOR, request_colors
+
+if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn, so the HTML views work without it
+    from matplotlib.figure import Figure
 
 _LABEL_BOX = dict(boxstyle="square,pad=0.1", facecolor="white", edgecolor="none")
 
@@ -91,6 +92,9 @@ def block_table_figure(step: StepTrace, max_blocks: int = 64, columns: int = 16,
     Free blocks are white with a dashed edge; a block in several tables (a shared prefix-cache block) is
     hatched (grey in the pool) and labelled with its reference count.
     """
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
+
     cells = pool_cells(step)
     shown = blocks_to_show(step, max_blocks, columns)
     colors = colors or request_colors(step.block_tables)

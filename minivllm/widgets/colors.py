@@ -4,9 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from matplotlib import colormaps
-from matplotlib.colors import to_hex
-
 from minivllm.engine.trace import StepTrace
 
 FREE_COLOR = "#ffffff"
@@ -26,8 +23,16 @@ def request_ids(steps: Iterable[StepTrace]) -> list[str]:
     return list(seen)
 
 
+# matplotlib's tab20 then tab20b, every second colour first (the light halves of tab20: black text stays
+# readable), written out so that the HTML views need no matplotlib; tests/test_widgets.py checks it against
+# matplotlib's own colormaps.
+PALETTE = ("#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2", "#c7c7c7", "#dbdb8d",
+           "#9edae5", "#5254a3", "#9c9ede", "#8ca252", "#cedb9c", "#bd9e39", "#e7cb94", "#ad494a", "#e7969c",
+           "#a55194", "#de9ed6", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+           "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#6b6ecf", "#637939", "#b5cf6b", "#8c6d31", "#e7ba52",
+           "#843c39", "#d6616b", "#7b4173", "#ce6dbd")
+
+
 def request_colors(ids: Iterable[str]) -> dict[str, str]:
     """A distinct pastel per request (tab20 then tab20b, cycling), in the order given."""
-    palette = [to_hex(c) for name in ("tab20", "tab20b") for c in colormaps[name].colors]
-    palette = palette[1::2] + palette[0::2]  # the light halves first: black text stays readable
-    return {rid: palette[i % len(palette)] for i, rid in enumerate(dict.fromkeys(ids))}
+    return {rid: PALETTE[i % len(PALETTE)] for i, rid in enumerate(dict.fromkeys(ids))}

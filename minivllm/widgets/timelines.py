@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-
-from matplotlib.axes import Axes
-from matplotlib.figure import Figure
-from matplotlib.patches import Patch, Rectangle
-from matplotlib.ticker import MaxNLocator
+from typing import TYPE_CHECKING
 
 from minivllm.engine.trace import StepTrace
-from widgets.colors import KIND_COLORS, request_ids
+from minivllm.widgets.colors import KIND_COLORS, request_ids
+
+if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn, so `timeline` works without it
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 STATES = ("prefill", "decode", "waiting", "idle", "preempted")
 
@@ -82,6 +82,10 @@ def timeline(steps: Sequence[StepTrace], clock: Sequence[int] | None = None,
 
 def timeline_figure(tl: Timeline, title: str = "", ax: Axes | None = None, xlabel: str = "engine step") -> Figure:
     """Draw the timeline; prefill cells carry their token count, a black bar marks where a request finished."""
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch, Rectangle
+    from matplotlib.ticker import MaxNLocator
+
     if ax is None:
         fig = Figure(figsize=(min(2 + 0.32 * (tl.last_x + 2), 16), 0.9 + 0.42 * max(len(tl.request_ids), 1)))
         ax = fig.add_subplot()

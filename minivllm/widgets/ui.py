@@ -1,30 +1,27 @@
 """Thin ipywidgets wiring around the pure render functions: buttons and a slider over recorded steps.
 
 Each widget object keeps its state (the recorded steps and the current position) and re-renders with the
-functions in `widgets.blocks` / `widgets.journey` / `widgets.speculation` whenever the position changes. Display
+functions in `minivllm.widgets.blocks` / `.journey` / `.speculation` whenever the position changes. Display
 it as the last expression of a cell, or with `IPython.display.display(obj)`.
 """
 
 from __future__ import annotations
 
-import io
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import ipywidgets as ipw
-from matplotlib.figure import Figure
 
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.engine.trace import StepTrace
-from widgets.blocks import block_table_figure, block_table_html
-from widgets.colors import request_colors, request_ids
-from widgets.journey import empty_html, step_html
-from widgets.speculation import SpecRound, spec_rounds, speculation_html
+from minivllm.widgets.blocks import block_table_figure, block_table_html
+from minivllm.widgets.colors import request_colors, request_ids
+from minivllm.widgets.figures import figure_png
+from minivllm.widgets.journey import empty_html, step_html
+from minivllm.widgets.speculation import SpecRound, spec_rounds, speculation_html
 
-
-def figure_png(fig: Figure, dpi: int = 90) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
-    return buf.getvalue()
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 class _StepWidget:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 
 from minivllm.engine.trace import StepTrace
-from widgets.colors import KIND_COLORS, request_colors
+from minivllm.widgets.colors import KIND_COLORS, request_colors
 
 
 def _ids(ids) -> str:

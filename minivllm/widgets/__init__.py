@@ -1,0 +1,45 @@
+"""Widgets for the chapters: pure render functions of recorded engine state, plus thin ipywidgets wiring.
+
+Render functions (no ipywidgets; they return matplotlib Figures, HTML strings or plain data; matplotlib is
+imported only where a figure is drawn):
+    blocks:    pool_cells, block_table_html, block_table_figure   (the block-table viewer)
+    journey:   step_html                                           (one step of a prompt's journey)
+    timelines: timeline, timeline_figure                           (the batching timeline)
+    workloads: run_arrivals, kv_occupancy                          (drive a real engine; measure its trace)
+    speculation: spec_rounds, speculation_html                   (speculative decoding, token by token)
+    traces:    relabel_requests                                    (rename the requests of a recording)
+    graphs:    graph_batch_html                                    (a CUDA-graph decode step's padded buffers)
+    figures:   figure_png, show                                    (a Figure as PNG bytes; shown in a notebook)
+Widgets (ipywidgets, the `notebook` extra): JourneyStepper, BlockTableViewer, SpeculationStepper. They live in
+`ui`, which is imported on first use of one of those names, so `import minivllm.widgets` needs no ipywidgets.
+"""
+
+from minivllm.widgets.blocks import BlockCell, block_table_figure, block_table_html, pool_cells
+from minivllm.widgets.colors import request_colors, request_ids
+from minivllm.widgets.figures import figure_png, show
+from minivllm.widgets.graphs import graph_batch_html
+from minivllm.widgets.journey import step_html
+from minivllm.widgets.speculation import SpecRound, spec_rounds, speculation_html
+from minivllm.widgets.timelines import Timeline, timeline, timeline_figure
+from minivllm.widgets.traces import relabel_requests
+from minivllm.widgets.workloads import Arrival, Occupancy, Recording, kv_occupancy, new_steps, run_arrivals
+
+_UI = ("BlockTableViewer", "JourneyStepper", "SpeculationStepper")
+
+
+def __getattr__(name: str):
+    """The ipywidgets classes, imported from `ui` the first time one is asked for."""
+    if name in _UI:
+        try:
+            from minivllm.widgets import ui
+        except ModuleNotFoundError as e:
+            raise ModuleNotFoundError(f"minivllm.widgets.{name} needs {e.name}: pip install 'minivllm[notebook]'",
+                                      name=e.name) from e
+        return getattr(ui, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["Arrival", "BlockCell", "BlockTableViewer", "JourneyStepper", "Occupancy", "Recording", "SpecRound",
+           "SpeculationStepper", "Timeline", "block_table_figure", "block_table_html", "figure_png", "graph_batch_html",
+           "kv_occupancy", "new_steps", "pool_cells", "relabel_requests", "request_colors", "request_ids",
+           "run_arrivals", "show", "spec_rounds", "speculation_html", "step_html", "timeline", "timeline_figure"]
