@@ -147,18 +147,23 @@ def decode_launch_config(head_dim: int, group: int, block_size: int, num_splits:
     """The decode kernel's constexprs and launch options: one pure function, so that the launcher and the
     ahead-of-time compile test (tests/test_aot_compile.py) see the very same variants.
 
-    arch is the GPU's compute capability as an int (75 for a T4), None off CUDA. On sm_75 a 64-position
-    tile needs more than the 255 registers a thread may have and spills (Turing has no asynchronous copies
-    and holds the K and V tiles in registers): there the default tile is 32 positions.
+    arch is the GPU's compute capability as an int (75 for a T4), None off CUDA. Compiled ahead of time
+    (bench/kernel_report.py), 64-position tiles need more than the 255 registers a thread may have and
+    spill on sm_75 and in fp32: there the default tile is 32 positions.
     """
     if block_n is None:
-        block_n = 32 if arch is not None and arch < 80 else 64
+        block_n = 32 if small_tiles(arch, dtype) else 64
     assert block_n >= 16 and block_n & (block_n - 1) == 0, "tl.dot needs a power of two >= 16"
     return dict(QUERY_GROUP=group, KV_BLOCK_SIZE=block_size, NUM_SPLITS=num_splits,
                 BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
                 BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
                 DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
                 num_warps=num_warps, num_stages=num_stages)
+
+
+def small_tiles(arch: int | None, dtype: torch.dtype) -> bool:
+    """On a GPU where 64-wide attention tiles spill: sm_75 (T4), or fp32 (twice the registers per value)."""
+    return arch is not None and (arch < 80 or dtype == torch.float32)
 
 
 def split_reduce_config(head_dim: int, num_splits: int) -> dict:

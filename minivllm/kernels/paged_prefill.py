@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minivllm.kernels.paged_decode import device_arch
+from minivllm.kernels.paged_decode import device_arch, small_tiles
 
 
 @triton.jit
@@ -102,13 +102,15 @@ def prefill_launch_config(head_dim: int, group: int, block_size: int, max_query_
     compile test (tests/test_aot_compile.py) so that both see the same variants.
 
     block_m None: tiles no taller than the batch needs (decode-heavy batches need no 64-row tiles; tl.dot
-    wants >= 16 rows). block_n None: 64 key positions, but 32 on sm_75, where 64 spills (see
-    `decode_launch_config`). arch is the compute capability as an int, None off CUDA.
+    wants >= 16 rows). Where 64-wide tiles spill (sm_75, fp32: see `small_tiles`), tiles are at most 32
+    rows by 16 key positions (32 still spills at head_dim 128). arch: compute capability, None off CUDA.
     """
+    small = small_tiles(arch, dtype)
     if block_m is None:
-        block_m = max(min(64, max(16, triton.next_power_of_2(max_query_len * group))), triton.next_power_of_2(group))
+        block_m = max(min(32 if small else 64, max(16, triton.next_power_of_2(max_query_len * group))),
+                      triton.next_power_of_2(group))
     if block_n is None:
-        block_n = 32 if arch is not None and arch < 80 else 64
+        block_n = 16 if small else 32 if arch is not None and arch < 90 and head_dim > 64 else 64  # sm_80: spills
     for size in (block_m, block_n):
         assert size >= 16 and size & (size - 1) == 0, "tl.dot needs powers of two >= 16"
     assert block_m >= group, "a tile must hold every query head of at least one query"
