@@ -346,7 +346,8 @@ def section(records: list[dict], seconds: float) -> str:
         "## Kernels compiled ahead of time (`python bench/kernel_report.py --write-results`)", "",
         f"Every kernel variant the launchers choose, compiled on CPU by triton {triton.__version__} and its "
         f"bundled ptxas for T4 (sm_75), A100 (sm_80) and H100 (sm_90): {len(records)} compiles ({counts}) in "
-        f"{seconds:.0f} s on 2 cores. Model shapes: " + ", ".join(m.name for m in MODELS) + "; dtypes fp16 "
+        f"{seconds:.0f} s on 2 cores (less when Triton's on-disk cache holds them; about 60 s cold on an idle 2-core "
+        "machine). Model shapes: " + ", ".join(m.name for m in MODELS) + "; dtypes fp16 "
         "everywhere, bf16 from sm_80, fp32 (opt-in on GPU) everywhere. Occupancy: resident warps per SM over "
         "the maximum (32 on sm_75, 64 on sm_80/sm_90), from registers (64K per SM), shared memory (64/164/228 "
         "KiB per SM, 1 KiB reserved per block from sm_80), max blocks and threads per SM. Ranges are min–max "
