@@ -23,13 +23,18 @@ def _silu_and_mul_kernel(gate_up_ptr, out_ptr, stride_gt, stride_ot, intermediat
     tl.store(out_ptr + t.to(tl.int64) * stride_ot + cols, (silu * up).to(out_ptr.dtype.element_ty), mask=mask)
 
 
+def silu_and_mul_config(intermediate: int, block: int = 1024) -> dict:
+    """The kernel's constexprs, shared with the ahead-of-time compile test (tests/test_aot_compile.py)."""
+    return dict(BLOCK=min(block, triton.next_power_of_2(intermediate)))
+
+
 def silu_and_mul(gate_up: torch.Tensor, block: int = 1024) -> torch.Tensor:
     """gate_up [T, 2 * I] (gate first, as the fused projection lays it out) -> silu(gate) * up, [T, I]."""
     assert gate_up.stride(-1) == 1 and gate_up.shape[-1] % 2 == 0
     num_tokens, intermediate = gate_up.shape[0], gate_up.shape[-1] // 2
     out = torch.empty(num_tokens, intermediate, dtype=gate_up.dtype, device=gate_up.device)
     if num_tokens:
-        block = min(block, triton.next_power_of_2(intermediate))
-        _silu_and_mul_kernel[(num_tokens, triton.cdiv(intermediate, block))](
-            gate_up, out, gate_up.stride(0), out.stride(0), intermediate, BLOCK=block)
+        config = silu_and_mul_config(intermediate, block)
+        _silu_and_mul_kernel[(num_tokens, triton.cdiv(intermediate, config["BLOCK"]))](
+            gate_up, out, gate_up.stride(0), out.stride(0), intermediate, **config)
     return out

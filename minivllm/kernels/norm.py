@@ -41,6 +41,11 @@ def _rms_norm_kernel(
     tl.store(out_ptr + t.to(tl.int64) * stride_ot + h * stride_oh + offs, y, mask=mask)
 
 
+def rms_norm_config(dim: int, has_residual: bool) -> dict:
+    """The kernel's constexprs, shared with the ahead-of-time compile test (tests/test_aot_compile.py)."""
+    return dict(HAS_RESIDUAL=has_residual, BLOCK_D=triton.next_power_of_2(dim))
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
              residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """x [T, dim] or [T, heads, dim] (last dim contiguous) -> (normalised x, x + residual or None).
@@ -62,6 +67,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
             x3.stride(0), x3.stride(1), residual.stride(0) if residual is not None else 0,
             out.stride(0), out.stride(1),
             num_heads, dim, eps,
-            HAS_RESIDUAL=residual is not None, BLOCK_D=triton.next_power_of_2(dim),
+            **rms_norm_config(dim, residual is not None),
         )
     return out.view(x.shape), residual_out

@@ -141,6 +141,46 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sm
     return max(1, min(wanted, max_seq_len // MIN_TOKENS_PER_SPLIT, MAX_SPLITS))
 
 
+def decode_launch_config(head_dim: int, group: int, block_size: int, num_splits: int, dtype: torch.dtype,
+                         arch: int | None = None, block_n: int | None = None, num_warps: int = 4,
+                         num_stages: int = 2) -> dict:
+    """The decode kernel's constexprs and launch options: one pure function, so that the launcher and the
+    ahead-of-time compile test (tests/test_aot_compile.py) see the very same variants.
+
+    arch is the GPU's compute capability as an int (75 for a T4), None off CUDA. Compiled ahead of time
+    (bench/kernel_report.py), 64-position tiles need more than the 255 registers a thread may have and
+    spill on sm_75 and in fp32: there the default tile is 32 positions.
+    """
+    if block_n is None:
+        block_n = 32 if small_tiles(arch, dtype) else 64
+    assert block_n >= 16 and block_n & (block_n - 1) == 0, "tl.dot needs a power of two >= 16"
+    return dict(QUERY_GROUP=group, KV_BLOCK_SIZE=block_size, NUM_SPLITS=num_splits,
+                BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
+                BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+                DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
+                num_warps=num_warps, num_stages=num_stages)
+
+
+def small_tiles(arch: int | None, dtype: torch.dtype) -> bool:
+    """On a GPU where 64-wide attention tiles spill: sm_75 (T4), or fp32 (twice the registers per value)."""
+    return arch is not None and (arch < 80 or dtype == torch.float32)
+
+
+def split_reduce_config(head_dim: int, num_splits: int) -> dict:
+    """The split-K reduce kernel's constexprs (it runs only when num_splits > 1)."""
+    return dict(NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits),
+                BLOCK_D=max(16, triton.next_power_of_2(head_dim)))
+
+
+@functools.lru_cache
+def device_arch(device: torch.device) -> int | None:
+    """Compute capability as an int (75, 80, 90), None off CUDA: some launch choices depend on it."""
+    if device.type != "cuda":
+        return None
+    major, minor = torch.cuda.get_device_capability(device)
+    return 10 * major + minor
+
+
 @functools.lru_cache
 def num_sms(device: torch.device) -> int:
     if device.type == "cuda":
@@ -151,19 +191,19 @@ def num_sms(device: torch.device) -> int:
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
                            max_seq_len: int | None = None, num_splits: int | None = None,
-                           block_n: int = 64, num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
+                           block_n: int | None = None, num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
     """Attention of one query per request over its paged context: q [B, H, D] -> [B, H, D].
 
     caches: [num_blocks, block_size, kv_heads, D]; block_tables [B, max_blocks] int32; seq_lens [B] int32
     (context length including the token being decoded). max_seq_len (a host int, so no device sync)
-    drives the automatic split-K choice; num_splits forces it (1 = no split). block_n, num_warps and
-    num_stages are the tuning knobs `bench/gpu_kernels.py --sweep` explores on a GPU.
+    drives the automatic split-K choice; num_splits forces it (1 = no split). block_n (None: the choice of
+    `decode_launch_config` for this GPU), num_warps and num_stages are the tuning knobs
+    `bench/gpu_kernels.py --sweep` explores on a GPU.
     """
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     assert num_heads % num_kv_heads == 0 and k_cache.stride() == v_cache.stride()
     assert k_cache.stride(-1) == 1 and block_tables.stride(-1) == 1
-    assert block_n >= 16 and block_n & (block_n - 1) == 0, "tl.dot needs a power of two >= 16"
     q = q if q.stride(-1) == 1 else q.contiguous()
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if num_seqs == 0:
@@ -172,8 +212,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         if max_seq_len is None:
             max_seq_len = int(seq_lens.max())
         num_splits = choose_num_splits(num_seqs, num_kv_heads, max_seq_len, num_sms(q.device))
-    group = num_heads // num_kv_heads
-    block_d = max(16, triton.next_power_of_2(head_dim))
+    config = decode_launch_config(head_dim, num_heads // num_kv_heads, k_cache.shape[1], num_splits, q.dtype,
+                                  device_arch(q.device), block_n, num_warps, num_stages)
     if num_splits > 1:
         shape = (num_seqs, num_heads, num_splits)
         part_acc = torch.empty(*shape, head_dim, dtype=torch.float32, device=q.device)
@@ -188,14 +228,11 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         block_tables.stride(0),
         out.stride(0), out.stride(1),
         head_dim,
-        QUERY_GROUP=group, KV_BLOCK_SIZE=k_cache.shape[1], NUM_SPLITS=num_splits,
-        BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=num_warps, num_stages=num_stages,
+        **config,
     )
     if num_splits > 1:
         _split_reduce_kernel[(num_seqs, num_heads)](
             part_acc, part_m, part_l, out, out.stride(0), out.stride(1), num_heads, head_dim,
-            NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
+            **split_reduce_config(head_dim, num_splits),
         )
     return out

@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from minivllm.kernels.paged_decode import device_arch, small_tiles
+
 
 @triton.jit
 def _paged_prefill_kernel(
@@ -94,10 +96,33 @@ def _paged_prefill_kernel(
              out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
 
 
+def prefill_launch_config(head_dim: int, group: int, block_size: int, max_query_len: int, dtype: torch.dtype,
+                          arch: int | None = None, block_m: int | None = None, block_n: int | None = None) -> dict:
+    """The prefill kernel's constexprs and launch options, shared by the launcher and the ahead-of-time
+    compile test (tests/test_aot_compile.py) so that both see the same variants.
+
+    block_m None: tiles no taller than the batch needs (decode-heavy batches need no 64-row tiles; tl.dot
+    wants >= 16 rows). Where 64-wide tiles spill (sm_75, fp32: see `small_tiles`), tiles are at most 32
+    rows by 16 key positions (32 still spills at head_dim 128). arch: compute capability, None off CUDA.
+    """
+    small = small_tiles(arch, dtype)
+    if block_m is None:
+        block_m = max(min(32 if small else 64, max(16, triton.next_power_of_2(max_query_len * group))),
+                      triton.next_power_of_2(group))
+    if block_n is None:
+        block_n = 16 if small else 32 if arch is not None and arch < 90 and head_dim > 64 else 64  # sm_80: spills
+    for size in (block_m, block_n):
+        assert size >= 16 and size & (size - 1) == 0, "tl.dot needs powers of two >= 16"
+    assert block_m >= group, "a tile must hold every query head of at least one query"
+    return dict(QUERY_GROUP=group, QUERIES_PER_TILE=block_m // group, KV_BLOCK_SIZE=block_size,
+                BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+                DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32", num_warps=4, num_stages=2)
+
+
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             block_tables: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
                             scale: float, max_query_len: int, block_m: int | None = None,
-                            block_n: int = 64) -> torch.Tensor:
+                            block_n: int | None = None) -> torch.Tensor:
     """Causal attention of each request's new queries over its paged context: q [T, H, D] -> [T, H, D].
 
     caches: [num_blocks, block_size, kv_heads, D]; block_tables [B, max_blocks] int32; query_start_loc
@@ -113,15 +138,9 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     num_seqs = seq_lens.shape[0]
     if num_tokens == 0 or num_seqs == 0:
         return out
-    group = num_heads // num_kv_heads
-    if block_m is None:  # decode-heavy batches need no 64-row tiles (tl.dot wants >= 16 rows)
-        block_m = max(min(64, max(16, triton.next_power_of_2(max_query_len * group))),
-                      triton.next_power_of_2(group))
-    for size in (block_m, block_n):
-        assert size >= 16 and size & (size - 1) == 0, "tl.dot needs powers of two >= 16"
-    assert block_m >= group, "a tile must hold every query head of at least one query"
-    queries_per_tile = block_m // group
-    grid = (num_seqs, triton.cdiv(max_query_len, queries_per_tile), num_kv_heads)
+    config = prefill_launch_config(head_dim, num_heads // num_kv_heads, k_cache.shape[1], max_query_len, q.dtype,
+                                   device_arch(q.device), block_m, block_n)
+    grid = (num_seqs, triton.cdiv(max_query_len, config["QUERIES_PER_TILE"]), num_kv_heads)
     _paged_prefill_kernel[grid](
         q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out, scale,
         q.stride(0), q.stride(1),
@@ -129,9 +148,6 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         block_tables.stride(0),
         out.stride(0), out.stride(1),
         head_dim,
-        QUERY_GROUP=group, QUERIES_PER_TILE=queries_per_tile, KV_BLOCK_SIZE=k_cache.shape[1],
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=4, num_stages=2,
+        **config,
     )
     return out

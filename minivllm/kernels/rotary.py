@@ -51,6 +51,12 @@ def _rotary_kernel(
                   BLOCK_KH, BLOCK_HALF)
 
 
+def rotary_config(num_q_heads: int, num_k_heads: int, head_dim: int) -> dict:
+    """The kernel's constexprs, shared with the ahead-of-time compile test (tests/test_aot_compile.py)."""
+    return dict(BLOCK_QH=triton.next_power_of_2(num_q_heads), BLOCK_KH=triton.next_power_of_2(num_k_heads),
+                BLOCK_HALF=triton.next_power_of_2(head_dim // 2))
+
+
 def apply_rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                  cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """q [T, heads, dim], k [T, kv_heads, dim] (last dim contiguous), positions [T] -> rotated copies."""
@@ -66,7 +72,6 @@ def apply_rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1),
             q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1),
             num_q_heads, k.shape[1], half,
-            BLOCK_QH=triton.next_power_of_2(num_q_heads), BLOCK_KH=triton.next_power_of_2(k.shape[1]),
-            BLOCK_HALF=triton.next_power_of_2(half),
+            **rotary_config(num_q_heads, k.shape[1], head_dim),
         )
     return q_out, k_out

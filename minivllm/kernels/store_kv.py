@@ -39,6 +39,12 @@ def _store_kv_kernel(
     tl.store(v_cache_ptr + dst, v, mask=mask)
 
 
+def store_kv_config(num_kv_heads: int, head_dim: int, block_size: int) -> dict:
+    """The kernel's constexprs, shared with the ahead-of-time compile test (tests/test_aot_compile.py)."""
+    return dict(KV_BLOCK_SIZE=block_size, BLOCK_H=triton.next_power_of_2(num_kv_heads),
+                BLOCK_D=triton.next_power_of_2(head_dim))
+
+
 def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     """The kernels address rows by stride but assume the head_dim elements of a row are adjacent."""
     return x if x.stride(-1) == 1 else x.contiguous()
@@ -61,6 +67,5 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_ca
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         num_kv_heads, head_dim,
-        KV_BLOCK_SIZE=k_cache.shape[1],
-        BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim),
+        **store_kv_config(num_kv_heads, head_dim, k_cache.shape[1]),
     )
