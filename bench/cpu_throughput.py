@@ -34,7 +34,7 @@ def main() -> None:
     args = ap.parse_args()
 
     llm = LLM(args.model, trace_steps=0)
-    vocab = llm.engine.vocab_size
+    vocab = llm.engine.config.model_config.vocab_size
     work = make_workload(args.requests, (args.min_len, args.max_len), (args.min_len, args.max_len), vocab)
     total_out = sum(n for _, n in work)
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}")

@@ -21,7 +21,13 @@ DEFAULT_DRAFT_MODEL = DEFAULT_MODEL.parent / "minivllm-tiny-draft"  # its specul
 
 @dataclass
 class EngineConfig:
-    model: str | Path | None = None  # None: the embedded default in data/models/minivllm-tiny
+    model: str | Path | None = None  # a local directory or a Hub repo id; None: the embedded minivllm-tiny
+    tokenizer: str | Path | None = None  # None: the model's own
+    revision: str | None = None  # of a Hub model: branch, tag or commit
+    tokenizer_revision: str | None = None
+    download_dir: str | Path | None = None  # where Hub downloads go (default: the Hugging Face cache)
+    generation_config: str = "auto"  # "auto": the checkpoint's EOS ids and sampling defaults; "vllm": ignore them
+    served_model_name: str | None = None  # the name the server answers to (default: the Hub id or directory name)
     dtype: str | torch.dtype = "auto"
     device: str = "auto"
     block_size: int = 16
@@ -37,14 +43,17 @@ class EngineConfig:
     enforce_eager: bool = False  # True: never capture CUDA graphs (they only ever run on CUDA with Triton)
     seed: int = 0
     trace_steps: int = 1000  # how many recent steps the step trace keeps (0: none)
-    speculative_model: str | Path | None = None  # a draft checkpoint, "[ngram]", or None (off)
+    speculative_model: str | Path | None = None  # a draft checkpoint (or Hub id), "[ngram]", or None (off)
     num_speculative_tokens: int = 0
+    prompt_lookup_max: int = 4  # n-gram drafting: the longest and shortest suffix looked up
+    prompt_lookup_min: int = 1
     model_config: ModelConfig | None = field(default=None, repr=False)  # set by resolve()
 
     def __post_init__(self) -> None:
         if self.model is None:
             self.model = DEFAULT_MODEL
-        self.model = Path(self.model)
+        if self.generation_config not in ("auto", "vllm"):
+            raise ValueError(f"generation_config must be 'auto' or 'vllm', got {self.generation_config!r}")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
@@ -58,31 +67,41 @@ class EngineConfig:
             if not isinstance(self.num_speculative_tokens, int) or self.num_speculative_tokens < 1:
                 raise ValueError("num_speculative_tokens must be >= 1 when speculative_model is set, "
                                  f"got {self.num_speculative_tokens!r}")
-            if self.speculative_model != "[ngram]":
-                self.speculative_model = Path(self.speculative_model)
+            if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+                raise ValueError(f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got "
+                                 f"{self.prompt_lookup_min} and {self.prompt_lookup_max}")
         if self.device == "auto":
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(f"attention_backend must be 'auto', 'torch' or 'triton', got {self.attention_backend!r}")
 
     def resolve(self) -> EngineConfig:
-        """A copy with the checkpoint's config read, the dtype chosen and max_model_len fixed.
+        """A copy with Hub ids turned into local directories, the checkpoint's config read, the dtype chosen
+        and max_model_len fixed.
 
         max_model_len defaults to the model's window, capped by what the KV cache can hold where that is
         known before loading (num_kv_blocks, or a byte budget off the GPU). A GPU's cache is sized by
         profiling; a request that could outgrow it is refused when it arrives (InputProcessor).
         """
         from minivllm.core.kv_sizing import DEFAULT_CPU_KV_CACHE_BYTES, kv_bytes_per_block
-        from minivllm.model import read_model_config
+        from minivllm.model import read_model_config, resolve_model_path
 
-        mc = self.model_config or read_model_config(self.model)
+        model = resolve_model_path(self.model, self.revision, self.download_dir)
+        tokenizer = (model if self.tokenizer is None else
+                     resolve_model_path(self.tokenizer, self.tokenizer_revision, self.download_dir, "tokenizer"))
+        draft = self.speculative_model
+        if draft not in (None, "[ngram]"):
+            draft = resolve_model_path(draft, None, self.download_dir, "draft model")
+        mc = self.model_config or read_model_config(model)
         dtype = self.resolve_dtype(mc.torch_dtype)
         max_len = self.max_model_len
-        if max_len is not None and max_len > mc.max_position_embeddings:
-            raise ValueError(f"max_model_len {max_len} exceeds the model's "
-                             f"max_position_embeddings {mc.max_position_embeddings}")
+        limit, why = mc.max_position_embeddings, "max_position_embeddings"
+        if mc.sliding_window is not None and mc.sliding_window < limit:  # not implemented: stay inside it
+            limit, why = mc.sliding_window, "sliding_window (sliding-window attention is not implemented)"
+        if max_len is not None and max_len > limit:
+            raise ValueError(f"max_model_len {max_len} exceeds the model's {why} {limit}")
         if max_len is None:
-            max_len = mc.max_position_embeddings
+            max_len = limit
             blocks = self.num_kv_blocks
             if blocks is None and (self.kv_cache_memory_bytes or not self.device.startswith("cuda")):
                 per_block = kv_bytes_per_block(mc.num_layers, self.block_size, mc.num_kv_heads, mc.head_dim,
@@ -90,7 +109,13 @@ class EngineConfig:
                 blocks = (self.kv_cache_memory_bytes or DEFAULT_CPU_KV_CACHE_BYTES) // per_block
             if blocks is not None:
                 max_len = min(max_len, blocks * self.block_size)
-        return replace(self, model_config=mc, dtype=dtype, max_model_len=max_len)
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < max_len:
+            raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than max_model_len "
+                             f"({max_len}): without chunked prefill a long prompt could never be scheduled. Raise "
+                             f"max_num_batched_tokens, lower max_model_len, or enable chunked prefill")
+        name = self.served_model_name or (str(self.model) if model != Path(self.model).expanduser() else model.name)
+        return replace(self, model=model, tokenizer=tokenizer, served_model_name=name, speculative_model=draft,
+                       model_config=mc, dtype=dtype, max_model_len=max_len)
 
     def resolve_dtype(self, checkpoint_dtype: torch.dtype | None) -> torch.dtype:
         """float32 on CPU; on CUDA the checkpoint's half type, bf16 only where the GPU supports it (sm >= 8.0)."""

@@ -33,9 +33,11 @@ class Tokenizer:
     def decode(self, token_ids: list[int]) -> str:
         return self.hf.decode(token_ids, skip_special_tokens=True)
 
-    def apply_chat_template(self, messages: list[dict]) -> list[int]:
-        text = self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return self.hf(text, add_special_tokens=False).input_ids
+    def apply_chat_template(self, messages: list[dict], **kwargs) -> tuple[str, list[int]]:
+        """The conversation rendered by the chat template (kwargs: transformers' own), as text and as ids."""
+        kwargs.setdefault("add_generation_prompt", True)
+        text = self.hf.apply_chat_template(messages, tokenize=False, **kwargs)
+        return text, self.hf(text, add_special_tokens=False).input_ids
 
     def start_detokenizer(self, num_prompt_tokens: int) -> DetokenizerState:
         """The window starts a few prompt tokens back, so the first output token gets its leading space."""
@@ -68,8 +70,11 @@ class Tokenizer:
         tokens = self.hf.convert_ids_to_tokens(all_token_ids[state.prefix_offset :])
         return self._join(tokens[: state.read_offset - state.prefix_offset]), self._join(tokens)
 
-    def _join(self, tokens: list[str]) -> str:
-        return self.hf.convert_tokens_to_string([t for t in tokens if t not in self.special_tokens])
+    def _join(self, tokens: list[str | None]) -> str:
+        """Tokens to text. An id beyond the tokenizer's vocabulary has no token (None): real checkpoints pad
+        their embedding matrix past the tokenizer (Qwen2: 151,936 rows for 151,646 tokens), and a model can
+        sample such an id. Like vLLM, it decodes to nothing."""
+        return self.hf.convert_tokens_to_string([t for t in tokens if t is not None and t not in self.special_tokens])
 
 
 def find_stop_string(text: str, new_len: int, stops: list[str]) -> tuple[int, str] | None:

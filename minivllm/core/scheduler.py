@@ -160,7 +160,7 @@ class Scheduler:
         if token in params.stop_token_ids:
             req.stop_reason = token
             return "stop"
-        if not params.ignore_eos and token == req.eos_token_id:
+        if not params.ignore_eos and token in req.eos_token_ids:
             return "stop"
         if req.num_tokens >= req.max_total_tokens:
             return "length"

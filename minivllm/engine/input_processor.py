@@ -30,12 +30,12 @@ class EngineRequest:
 
 
 class InputProcessor:
-    def __init__(self, config: EngineConfig, tokenizer: Tokenizer | None, eos_token_id: int | None,
+    def __init__(self, config: EngineConfig, tokenizer: Tokenizer | None, eos_token_ids: tuple[int, ...],
                  num_kv_blocks: int) -> None:
         self.config = config
         self.tokenizer = tokenizer
         self.vocab_size = config.model_config.vocab_size
-        self.eos_token_id = eos_token_id
+        self.eos_token_ids = eos_token_ids
         self.num_kv_blocks = num_kv_blocks
 
     def process(self, request_id: str, prompt: PromptType, params: SamplingParams | None = None,
@@ -56,7 +56,7 @@ class InputProcessor:
                              f"which leaves no room for output")
         arrival = time.monotonic() if arrival_time is None else arrival_time
         sequences = [Request(request_id if params.n == 1 else f"{request_id}#{i}", list(ids), params,
-                             self.eos_token_id, max_len, arrival, parent_id=request_id, index=i)
+                             self.eos_token_ids, max_len, arrival, parent_id=request_id, index=i)
                      for i in range(params.n)]
         block_size = self.config.block_size
         need = -(-sequences[0].max_total_tokens // block_size)

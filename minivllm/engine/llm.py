@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from tqdm.auto import tqdm
 
-from minivllm.config import EngineConfig
+from minivllm.engine.engine_args import engine_config_from_kwargs
 from minivllm.engine.llm_engine import LLMEngine, PromptType
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
@@ -19,12 +19,29 @@ class LLM:
     """Load a model once, then generate for batches of prompts with continuous batching underneath."""
 
     def __init__(self, model: str | None = None, **kwargs) -> None:
-        self.engine = LLMEngine(EngineConfig(model=model, **kwargs))
+        """`model`: a local checkpoint directory or a Hub repo id (None: the embedded model). kwargs: EngineConfig
+        fields and vLLM's own arguments (see engine_args.py)."""
+        self.engine = LLMEngine(engine_config_from_kwargs(model, kwargs))
         self._ids = itertools.count()
 
     @property
+    def llm_engine(self) -> LLMEngine:
+        """vLLM's name for the engine underneath."""
+        return self.engine
+
+    @property
     def tokenizer(self):
+        """Our tokenizer wrapper (incremental detokenization); get_tokenizer() gives the Hugging Face one."""
         return self.engine.tokenizer
+
+    def get_tokenizer(self):
+        """The Hugging Face tokenizer, as vLLM's LLM.get_tokenizer() returns."""
+        return None if self.engine.tokenizer is None else self.engine.tokenizer.hf
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What generate() uses when given none: the checkpoint's generation_config.json sampling defaults
+        (temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens), as vLLM does."""
+        return SamplingParams(**self.engine.default_sampling_overrides)
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -33,7 +50,9 @@ class LLM:
         if not isinstance(prompts, (list, tuple)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         prompts = list(prompts)
-        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+        if sampling_params is None:
+            sampling_params = self.get_default_sampling_params()
+        if isinstance(sampling_params, SamplingParams):
             params = [sampling_params] * len(prompts)
         else:
             params = list(sampling_params)
@@ -70,12 +89,23 @@ class LLM:
         return out
 
     def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | None = None,
-             use_tqdm: bool = True) -> list[RequestOutput]:
-        """Generate replies to conversations, formatted by the tokenizer's chat template."""
+             use_tqdm: bool = True, chat_template: str | None = None, add_generation_prompt: bool = True,
+             continue_final_message: bool = False, chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+        """Generate replies to conversations, formatted by the tokenizer's chat template (or `chat_template`)."""
         if self.tokenizer is None:
             raise ValueError("this model has no tokenizer, so it has no chat template")
+        if add_generation_prompt and continue_final_message:
+            raise ValueError("continue_final_message and add_generation_prompt cannot both be True")
         convos = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [{"prompt_token_ids": self.tokenizer.apply_chat_template(c)} for c in convos]
+        kwargs = dict(chat_template_kwargs or {}, chat_template=chat_template,
+                      add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message)
+        prompts = []
+        for convo in convos:
+            try:
+                text, ids = self.tokenizer.apply_chat_template(convo, **kwargs)
+            except Exception as e:  # no template, or messages that do not fit it: transformers raises many kinds
+                raise ValueError(f"chat template failed: {e}") from e
+            prompts.append({"prompt": text, "prompt_token_ids": ids})
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def _speed(self, before: dict, t0: float) -> str:

@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from minivllm.config import EngineConfig
@@ -21,6 +21,7 @@ from minivllm.engine.input_processor import EngineRequest, InputProcessor, Promp
 from minivllm.engine.output_processor import OutputProcessor
 from minivllm.engine.stats import StepCounters
 from minivllm.engine.trace import StepRecord, TraceRecorder
+from minivllm.model import read_generation_config
 from minivllm.outputs import RequestOutput
 from minivllm.runner.model_runner import ModelRunner
 from minivllm.sampling_params import SamplingParams
@@ -36,12 +37,19 @@ class LLMEngine:
         self.config = config = config.resolve()
         self.runner = ModelRunner(config)
         mc = config.model_config
-        has_tokenizer = any((Path(config.model) / f).is_file() for f in ("tokenizer.json", "tokenizer.model"))
-        self.tokenizer = Tokenizer(config.model) if has_tokenizer else None
-        eos = self.tokenizer.eos_token_id if self.tokenizer else None
-        if eos is None:
-            eos = mc.eos_token_id[0] if isinstance(mc.eos_token_id, list) else mc.eos_token_id
-        self.input_processor = InputProcessor(config, self.tokenizer, eos, self.runner.num_blocks)
+        has_tokenizer = any((Path(config.tokenizer) / f).is_file() for f in ("tokenizer.json", "tokenizer.model"))
+        self.tokenizer = Tokenizer(config.tokenizer) if has_tokenizer else None
+        generation = read_generation_config(config.model) if config.generation_config == "auto" else {}
+        # Every id that ends a sequence: the tokenizer's EOS and generation_config.json's list (Llama 3 and Qwen
+        # name several: end of text, end of turn), or config.json's without a tokenizer
+        eos = [self.tokenizer.eos_token_id if self.tokenizer else None]
+        for ids in (generation.get("eos_token_id"), None if self.tokenizer else mc.eos_token_id):
+            eos += ids if isinstance(ids, list) else [ids]
+        self.eos_token_ids = tuple(dict.fromkeys(i for i in eos if i is not None))
+        self.default_sampling_overrides = {  # generation_config.json's sampling defaults, in SamplingParams' names
+            {"max_new_tokens": "max_tokens"}.get(k, k): v for k, v in generation.items()
+            if k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens")}
+        self.input_processor = InputProcessor(config, self.tokenizer, self.eos_token_ids, self.runner.num_blocks)
         self.kv = KVCacheManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.enable_chunked_prefill)
@@ -62,7 +70,8 @@ class LLMEngine:
 
     @property
     def eos_token_id(self) -> int | None:
-        return self.input_processor.eos_token_id
+        """The main EOS id (the tokenizer's); `eos_token_ids` has every id that ends a sequence."""
+        return self.eos_token_ids[0] if self.eos_token_ids else None
 
     def add_step_observer(self, observer: StepObserver) -> None:
         """Call `observer(engine, record)` after every step that ran the model (see trace.StepRecord)."""
@@ -88,12 +97,14 @@ class LLMEngine:
                     arrival_time: float | None = None) -> None:
         self.enqueue(self.process_request(request_id, prompt, params, arrival_time))
 
-    def abort_request(self, request_id: str) -> None:
-        """Stop a request wherever it is; its blocks go back at once, its output comes with the next step."""
-        sequence_ids, output = self.output_processor.abort(request_id)
-        self.scheduler.finish_requests(sequence_ids, "abort")
-        if output is not None:
-            self._pending.append(output)
+    def abort_request(self, request_id: str | Iterable[str]) -> None:
+        """Stop requests (one id or several) wherever they are; their blocks go back at once, their outputs
+        come with the next step. Unknown or finished ids are ignored, as in vLLM."""
+        for rid in [request_id] if isinstance(request_id, str) else request_id:
+            sequence_ids, output = self.output_processor.abort(rid)
+            self.scheduler.finish_requests(sequence_ids, "abort")
+            if output is not None:
+                self._pending.append(output)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._pending)

@@ -32,6 +32,9 @@ class SequenceText:
     first_token_time: float | None = None
     finish_time: float | None = None
     core: EngineCoreOutput | None = None  # the scheduler's latest counters for it (cache hits, drafts, ...)
+    num_sent_tokens: int = 0  # output tokens and characters already reported (RequestOutputKind.DELTA)
+    num_sent_chars: int = 0
+    num_silent_tokens: int = 0  # 1 when the last token stopped the sequence and adds no text
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -56,7 +59,7 @@ def streams_text(params: SamplingParams) -> bool:
     Otherwise (FINAL_ONLY, as in LLM.generate) it is decoded once when the request finishes: per-token
     detokenization took about 11 us a token on the 2-core test machine, 2.8 ms a step at a batch of 256.
     """
-    return params.output_kind is RequestOutputKind.CUMULATIVE or bool(params.stop_strings)
+    return params.output_kind is not RequestOutputKind.FINAL_ONLY or bool(params.stop_strings)
 
 
 def visible_text(seq: SequenceText, params: SamplingParams) -> str:
@@ -100,8 +103,14 @@ class OutputProcessor:
             seq.core = core
             if seq.first_token_time is None:
                 seq.first_token_time = now
-            for token in core.new_token_ids:
+            # a stop token's text (EOS, stop_token_ids) is left out, as a stop string is, unless asked for
+            silent_last = (core.finish_reason == "stop" and not isinstance(core.stop_reason, str)
+                           and not params.include_stop_str_in_output)
+            for i, token in enumerate(core.new_token_ids):
                 seq.token_ids.append(token)
+                if silent_last and i == len(core.new_token_ids) - 1:
+                    seq.num_silent_tokens = 1
+                    break
                 hit = self._stream_text(seq, params)
                 if hit is not None:
                     seq.finish_reason, seq.stop_reason = "stop", hit
@@ -113,7 +122,7 @@ class OutputProcessor:
                 self._finish_text(seq, params, now)
             touched[group.request.request_id] = group
         outputs = [self._output(g) for g in touched.values()
-                   if g.request.params.output_kind is RequestOutputKind.CUMULATIVE or g.finished]
+                   if g.request.params.output_kind is not RequestOutputKind.FINAL_ONLY or g.finished]
         return outputs, stopped
 
     def abort(self, request_id: str) -> tuple[list[str], RequestOutput | None]:
@@ -138,19 +147,27 @@ class OutputProcessor:
         hit = find_stop_string(seq.text, len(seq.text) - before, params.stop_strings)
         if hit is None:
             return None
-        seq.text = seq.text[: hit[0]]
-        return hit[1]
+        start, stop = hit
+        seq.text = seq.text[: start + len(stop) if params.include_stop_str_in_output else start]
+        return stop
 
     def _finish_text(self, seq: SequenceText, params: SamplingParams, now: float) -> None:
         """A sequence that did not stream its text gets all of it now, in one decode."""
         seq.finish_time = now
         if self.tokenizer is not None and not streams_text(params):
-            seq.text += self.tokenizer.detokenize_rest(seq.token_ids, seq.detokenizer)
+            end = len(seq.token_ids) - seq.num_silent_tokens
+            seq.text += self.tokenizer.detokenize_rest(seq.token_ids[:end], seq.detokenizer)
 
     def _output(self, group: RequestGroup) -> RequestOutput:
         req, seqs = group.request, list(group.sequences.values())
-        completions = [CompletionOutput(s.index, visible_text(s, req.params), list(s.output_token_ids),
-                                        s.finish_reason, s.stop_reason) for s in seqs]
+        delta = req.params.output_kind is RequestOutputKind.DELTA
+        completions = []
+        for s in seqs:
+            text, tokens = visible_text(s, req.params), s.output_token_ids
+            if delta:  # only what the caller has not seen yet
+                text, tokens, s.num_sent_chars, s.num_sent_tokens = (
+                    text[s.num_sent_chars :], tokens[s.num_sent_tokens :], len(text), len(tokens))
+            completions.append(CompletionOutput(s.index, text, list(tokens), s.finish_reason, s.stop_reason))
         cores = [s.core for s in seqs if s.core is not None]
         times = [s.first_token_time for s in seqs if s.first_token_time is not None]
         scheduled = [c.first_scheduled_time for c in cores if c.first_scheduled_time is not None]
@@ -164,7 +181,7 @@ class OutputProcessor:
             del self.groups[req.request_id]
             for rid in group.sequences:
                 self.parent_of.pop(rid, None)
-        first = seqs[0].core
-        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, completions, finished,
-                             first.num_cached_tokens if first else 0, metrics,
-                             sum(c.num_preemptions for c in cores))
+        # of its n samples, the one the prefix cache served best (the first computes what the others reuse)
+        num_cached = max((c.num_cached_tokens for c in cores), default=0)
+        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, completions, finished, num_cached,
+                             metrics, sum(c.num_preemptions for c in cores))

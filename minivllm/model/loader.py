@@ -6,6 +6,7 @@ straight into the (possibly fused) parameters, so nothing is held twice in memor
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +43,7 @@ class ModelConfig:
     torch_dtype: torch.dtype | None
     eos_token_id: int | list[int] | None
     hf_config: object = None
+    sliding_window: int | None = None  # tokens a query may look back, where the model limits it (Mistral v0.1)
 
 
 def read_model_config(path: str | Path) -> ModelConfig:
@@ -77,7 +79,20 @@ def read_model_config(path: str | Path) -> ModelConfig:
         qk_norm=hf.model_type == "qwen3",
         torch_dtype=getattr(torch, dtype) if isinstance(dtype, str) else dtype,
         eos_token_id=hf.eos_token_id, hf_config=hf,
+        # Qwen2/3 configs carry a window that is off unless use_sliding_window says otherwise
+        sliding_window=getattr(hf, "sliding_window", None) if getattr(hf, "use_sliding_window", True) else None,
     )
+
+
+def read_generation_config(path: str | Path) -> dict:
+    """generation_config.json as a dict ({} when the checkpoint has none): EOS ids and sampling defaults."""
+    file = Path(path) / "generation_config.json"
+    if not file.is_file():
+        return {}
+    try:
+        return json.loads(file.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"malformed generation_config.json in {path}: {e}") from e
 
 
 def load_model(path: str | Path, cfg: ModelConfig, backend, dtype: torch.dtype, device: str) -> LlamaForCausalLM:

@@ -11,7 +11,6 @@ import logging
 import signal
 import threading
 import time
-from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -32,7 +31,7 @@ log = logging.getLogger("minivllm.server")
 
 def build_app(engine: LLMEngine, model_name: str | None = None) -> FastAPI:
     """An app serving `engine` under `model_name` (default: the checkpoint directory's name)."""
-    name = model_name or Path(engine.config.model).name
+    name = model_name or engine.config.served_model_name
     async_engine = AsyncEngine(engine)
     metrics = ServerMetrics()
     async_engine.add_listener(metrics.observe)

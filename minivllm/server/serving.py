@@ -106,7 +106,8 @@ class OpenAIServing:
 
         def prompt() -> dict:  # runs in the engine's owner thread, next to every other tokenizer call
             try:
-                return {"prompt_token_ids": tokenizer.apply_chat_template(conversation)}
+                text, ids = tokenizer.apply_chat_template(conversation)
+                return {"prompt": text, "prompt_token_ids": ids}
             except (ValueError, TypeError, jinja2.TemplateError) as e:  # no template, or the messages do not fit it
                 raise ValueError(f"chat template failed: {e}") from e
 
