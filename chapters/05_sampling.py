@@ -33,12 +33,24 @@ if "google.colab" in sys.modules:
     sys.path.insert(0, "/content/minivllm")
 
 # %%
+import inspect
+import json
+import math
+
 import torch
 from matplotlib.figure import Figure
 
 from minivllm import LLM, SamplingParams, widgets
 from minivllm.sampling import sampler as sampler_module
-from minivllm.sampling.sampler import SamplingBatch, apply_repetition_penalty, apply_top_k_top_p_min_p
+from minivllm.sampling.sampler import (
+    SamplingBatch,
+    apply_frequency_presence_penalties,
+    apply_logits_processors,
+    apply_repetition_penalty,
+    apply_top_k_top_p_min_p,
+    processed_probs,
+)
+from minivllm.sampling_params import StructuredOutputsParams
 
 llm = LLM(dtype="float32")  # the CPU default; on a GPU it keeps batch-size rounding out of the comparisons
 tok = llm.tokenizer
@@ -86,24 +98,51 @@ assert int(logits.argmax()) == greedy_out.outputs[0].token_ids[0]
 print("greedy picks", repr(tok.decode([int(logits.argmax())])))
 
 # %% [markdown]
+# ## The engine's own logprobs
+#
+# Ask for `logprobs=k` and every generated token comes back with its log-probability, its rank and the k
+# most likely alternatives (`prompt_logprobs=k` does the same for the prompt). They are the model's own
+# numbers, a log-softmax of the raw logits computed on the device for just the requests that asked, before
+# temperature or any filter: what the model thought, not what the sampler then did. Here are the first four
+# steps of the greedy generation above, as the engine reports them.
+
+# %%
+traced = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=4, logprobs=8), use_tqdm=False)[0]
+fig = Figure(figsize=(10, 2.6))
+for step, (ax, position) in enumerate(zip(fig.subplots(1, 4, sharey=True), traced.outputs[0].logprobs)):
+    chosen = traced.outputs[0].token_ids[step]
+    ranked = sorted(position.items(), key=lambda kv: kv[1].rank)[:8]
+    ax.bar(range(len(ranked)), [math.exp(lp.logprob) for _, lp in ranked],
+           color=["#dd8452" if t == chosen else "#4c72b0" for t, _ in ranked])
+    ax.set_xticks(range(len(ranked)), [lp.decoded_token for _, lp in ranked], rotation=60, fontsize=7)
+    ax.set_title(f"step {step}: picked {tok.decode([chosen])!r}", fontsize=9)
+widgets.show(fig)
+first = traced.outputs[0].logprobs[0]
+assert all(abs(lp.logprob - float(logits.log_softmax(-1)[t])) < 1e-4 for t, lp in first.items()), \
+    "the logprobs are the log-softmax of the logits the sampler saw"
+print("cumulative logprob of the 4 tokens:", round(traced.outputs[0].cumulative_logprob, 3))
+
+# %% [markdown]
 # ## Temperature
 #
 # Logits are divided by the temperature before the softmax: below 1 sharpens the distribution toward
-# the top token, above 1 flattens it.
+# the top token, above 1 flattens it. The bars come from the engine's own `processed_probs` (what a
+# sampling request draws from), one row per setting, on the logits of step 0.
 
 # %%
+settings = [SamplingParams(temperature=t) for t in (0.3, 1.0, 2.0)]
+reshaped = processed_probs(logits.expand(3, -1).clone(), SamplingBatch.build(settings, [[]] * 3, "cpu"))
 fig = Figure(figsize=(9, 2.8))
 axes = fig.subplots(1, 3, sharey=True)
 entropy = {}
 top_ids = probs.topk(8).indices
-for ax, t in zip(axes, (0.5, 1.0, 2.0)):
-    p = (logits / t).softmax(-1)
-    entropy[t] = float(-(p * p.clamp_min(1e-30).log()).sum())
+for ax, p, sp in zip(axes, reshaped, settings):
+    entropy[sp.temperature] = float(-(p * p.clamp_min(1e-30).log()).sum())
     ax.bar(range(8), p[top_ids].tolist(), color="#4c72b0")
     ax.set_xticks(range(8), [tok.decode([i]) for i in top_ids.tolist()], rotation=60, fontsize=7)
-    ax.set_title(f"temperature {t}: entropy {entropy[t]:.2f}", fontsize=9)
+    ax.set_title(f"temperature {sp.temperature}: entropy {entropy[sp.temperature]:.2f}", fontsize=9)
 widgets.show(fig)
-assert entropy[0.5] < entropy[1.0] < entropy[2.0]
+assert entropy[0.3] < entropy[1.0] < entropy[2.0]
 
 # %% [markdown]
 # ## Top-k, top-p, min-p
@@ -204,6 +243,80 @@ print(f"seeds 0-3 gave {len(other_seeds)} different continuations")
 assert mixed[0].outputs[0].token_ids == alone.token_ids, "a seeded request does not depend on its neighbours"
 assert mixed[2].outputs[0].token_ids == greedy_out.outputs[0].token_ids, "greedy is greedy, in any batch"
 assert len(other_seeds) > 1
+
+# %% [markdown]
+# ## Presence and frequency penalties
+#
+# OpenAI's two penalties look only at the output so far: `frequency_penalty` subtracts its value once per
+# occurrence of a token, `presence_penalty` once for any token that occurred at all. (The repetition penalty
+# above also counts the prompt, and divides rather than subtracts.) On a made-up output, with the engine's
+# function:
+
+# %%
+history = tok.encode(prompt) + tok.hf(" little little little cat", add_special_tokens=False).input_ids
+batch = SamplingBatch.build([SamplingParams(frequency_penalty=0.5, presence_penalty=0.3)], [history], "cpu",
+                            num_prompt_tokens=[len(tok.encode(prompt))])
+adjusted = apply_frequency_presence_penalties(logits[None].clone(), batch)[0]
+for word in (" little", " cat", " dog"):
+    i = tok.hf(word, add_special_tokens=False).input_ids[0]
+    print(f"{word!r:9} {float(logits[i]):7.2f} -> {float(adjusted[i]):7.2f}")
+little = tok.hf(" little", add_special_tokens=False).input_ids[0]
+assert abs(float(logits[little] - adjusted[little]) - (3 * 0.5 + 0.3)) < 1e-5
+
+# %%
+for fp in (0.0, 1.0):
+    out = llm.generate(["Once upon a time"], SamplingParams(temperature=0, max_tokens=40, frequency_penalty=fp),
+                       use_tqdm=False)[0].outputs[0]
+    print(f"frequency_penalty={fp}: {len(set(out.token_ids))} distinct tokens of {len(out.token_ids)}: {out.text!r}")
+
+# %% [markdown]
+# ## The order of the operations
+#
+# The engine applies them in vLLM's order: first the masks (`allowed_token_ids`, `bad_words`), then
+# `min_tokens` (no EOS or stop id before that many tokens) and `logit_bias`, then the repetition, frequency
+# and presence penalties; greedy rows then take the argmax, and sampling rows go through temperature, min-p,
+# top-k and top-p before the draw. Structured output (next) masks the logits before all of it.
+
+# %%
+print(inspect.getsource(apply_logits_processors))
+
+# %% [markdown]
+# ## Structured output: a grammar decides what may come next
+#
+# With `structured_outputs` (a JSON schema, a regex, a list of choices or a grammar), every step the
+# scheduler asks the request's grammar (llguidance) for a bitmask over the vocabulary: which tokens can
+# continue a valid output. The runner sets the others to minus infinity before sampling, so whatever is
+# drawn keeps the text valid. A step observer reads each step's mask from the scheduler's output and counts
+# how many of the vocabulary's tokens the grammar still allowed.
+
+# %%
+schema = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+          "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer", "minimum": 1,
+                                                                          "maximum": 99}}}
+allowed_per_step = []
+
+
+def count_allowed(engine, record):
+    out = record.scheduler_output
+    if "json" in out.grammar_rows:
+        row = out.grammar_bitmask[out.grammar_rows["json"]]
+        allowed_per_step.append(sum(bin(int(w) & 0xFFFFFFFF).count("1") for w in row[: (tok.vocab_size + 31) // 32]))
+
+
+llm.engine.add_step_observer(count_allowed)
+llm.engine.add_request("json", "Tom said:", SamplingParams(
+    temperature=0.8, seed=3, max_tokens=40, structured_outputs=StructuredOutputsParams(json=schema)))
+while llm.engine.has_unfinished_requests():
+    for out in llm.engine.step():
+        result = out
+llm.engine.remove_step_observer(count_allowed)
+ids = result.outputs[0].token_ids
+for step, (n, t) in enumerate(zip(allowed_per_step, ids)):
+    print(f"step {step:2d}: {n:5d} of {tok.vocab_size} tokens allowed -> {tok.decode([t])!r}")
+print(result.outputs[0].text)
+value = json.loads(result.outputs[0].text)
+assert set(value) == {"name", "age"} and 1 <= value["age"] <= 99 and len(value["name"]) <= 8
+assert min(allowed_per_step) == 1 and max(allowed_per_step) > 100, "sometimes one way on, sometimes many"
 
 # %% [markdown]
 # That is the whole journey: text to ids, the queue, prefill and decode over a paged KV cache, continuous

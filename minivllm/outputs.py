@@ -6,12 +6,26 @@ from dataclasses import dataclass, field
 
 
 @dataclass
+class Logprob:
+    """One token's log-probability at one position, its rank there (1 = most likely) and its text."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+SampleLogprobs = list[dict[int, Logprob]]  # per position: token id -> Logprob (the chosen token and the top k)
+
+
+@dataclass
 class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
     finish_reason: str | None = None  # "stop", "length" or "abort"
     stop_reason: int | str | None = None  # the stop string or stop token id that ended it
+    logprobs: SampleLogprobs | None = None  # when SamplingParams.logprobs is set
+    cumulative_logprob: float | None = None  # the sum of the chosen tokens' logprobs (same condition)
 
     @property
     def finished(self) -> bool:
@@ -43,3 +57,4 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     num_preemptions: int = 0
     extra: dict = field(default_factory=dict)
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # when SamplingParams.prompt_logprobs is set

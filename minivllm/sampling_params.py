@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 # Temperatures below this are greedy, as in vLLM: dividing logits by ~1e-39 overflows to inf/NaN.
 SAMPLING_EPS = 1e-5
+MAX_LOGPROBS = 20  # vLLM's default max_logprobs: top-k alternatives a request may ask for (-1: the whole vocab)
 
 
 class RequestOutputKind(enum.Enum):
@@ -23,26 +24,67 @@ class RequestOutputKind(enum.Enum):
 
 
 @dataclass
+class StructuredOutputsParams:
+    """Constrain the output to a grammar (vLLM's StructuredOutputsParams): exactly one of these."""
+
+    json: str | dict | None = None  # a JSON schema (dict or its text)
+    regex: str | None = None
+    choice: list[str] | None = None  # one of these strings, exactly
+    grammar: str | None = None  # a Lark grammar (llguidance's format; GBNF is converted)
+    json_object: bool = False  # any JSON object
+
+    def __post_init__(self) -> None:
+        given = [k for k in ("json", "regex", "choice", "grammar") if getattr(self, k) is not None]
+        given += ["json_object"] if self.json_object else []
+        if len(given) != 1:
+            raise ValueError(f"structured outputs need exactly one of json, regex, choice, grammar, json_object; "
+                             f"got {given or 'none'}")
+        if self.choice is not None and (not self.choice or not all(isinstance(c, str) and c for c in self.choice)):
+            raise ValueError("structured outputs: choice must be a non-empty list of non-empty strings")
+
+
+GuidedDecodingParams = StructuredOutputsParams  # vLLM's older name
+
+
+@dataclass
 class SamplingParams:
     """Per-request decoding settings. Validation happens here, before any work starts.
 
     temperature 0 (or below 1e-5) means greedy; top_k 0 (or -1) and top_p 1 disable those filters, as in vLLM.
+    The order of operations (sampling/sampler.py) is vLLM's: allowed_token_ids and bad_words masks, min_tokens
+    and logit_bias, then the repetition / frequency / presence penalties, then temperature, min_p, top_k, top_p.
+    logprobs are the model's own, before any of that (vLLM's default "raw_logprobs").
     """
 
     n: int = 1
+    presence_penalty: float = 0.0  # subtracted once from every token already in the output
+    frequency_penalty: float = 0.0  # subtracted once per occurrence in the output
+    repetition_penalty: float = 1.0  # divides (multiplies, if negative) tokens in the prompt or output
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
     min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    max_tokens: int | None = 16
+    seed: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
-    ignore_eos: bool = False
+    bad_words: list[str] | None = None  # words never to produce (as tokens, with and without a leading space)
     include_stop_str_in_output: bool = False  # keep the stop string (or stop token's text) at the end of the text
-    seed: int | None = None
+    ignore_eos: bool = False
+    max_tokens: int | None = 16
+    min_tokens: int = 0  # EOS and stop_token_ids are masked until this many tokens are out
+    logprobs: int | None = None  # per generated token: the chosen token's logprob and the top k
+    prompt_logprobs: int | None = None  # the same for every prompt token (the first gets None)
+    detokenize: bool = True
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit
+    allowed_token_ids: list[int] | None = None  # only these may be sampled
+    truncate_prompt_tokens: int | None = None  # keep only the last k prompt tokens
+    structured_outputs: StructuredOutputsParams | None = None
+    guided_decoding: StructuredOutputsParams | None = None  # vLLM's older name for structured_outputs
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     stop_strings: list[str] = field(init=False, repr=False)
+    bad_words_token_ids: list[list[int]] = field(init=False, repr=False, default_factory=list)  # set on arrival
 
     def __post_init__(self) -> None:
         def fail(name: str, why: str) -> None:
@@ -51,30 +93,68 @@ class SamplingParams:
         def number(value) -> bool:  # a real, finite number: NaN and inf would poison every logit
             return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
-        if not isinstance(self.n, int) or self.n < 1:
+        def integer(value) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool)
+
+        if not integer(self.n) or self.n < 1:
             fail("n", "must be an integer >= 1")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not number(getattr(self, name)) or not -2 <= getattr(self, name) <= 2:
+                fail(name, "must be a number in [-2, 2]")
         if not number(self.temperature) or self.temperature < 0:
             fail("temperature", "must be a number >= 0")
         if not number(self.top_p) or not 0 < self.top_p <= 1:
             fail("top_p", "must be in (0, 1]")
-        if not isinstance(self.top_k, int) or self.top_k < -1:
+        if not integer(self.top_k) or self.top_k < -1:
             fail("top_k", "must be an integer: -1 or 0 disables it, otherwise >= 1")
         if not number(self.min_p) or not 0 <= self.min_p <= 1:
             fail("min_p", "must be in [0, 1]")
         if not number(self.repetition_penalty) or self.repetition_penalty <= 0:
             fail("repetition_penalty", "must be > 0")
-        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
+        if self.max_tokens is not None and (not integer(self.max_tokens) or self.max_tokens < 1):
             fail("max_tokens", "must be an integer >= 1 (or None for up to max_model_len)")
-        if self.seed is not None and not isinstance(self.seed, int):
+        if not integer(self.min_tokens) or self.min_tokens < 0 or (
+                self.max_tokens is not None and self.min_tokens > self.max_tokens):
+            fail("min_tokens", "must be an integer in [0, max_tokens]")
+        if self.seed is not None and not integer(self.seed):
             fail("seed", "must be an integer or None")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not integer(value) or not (value == -1 or 0 <= value <= MAX_LOGPROBS)):
+                fail(name, f"must be None, -1 (the whole vocabulary) or an integer in [0, {MAX_LOGPROBS}]")
+        if self.truncate_prompt_tokens is not None and (
+                not integer(self.truncate_prompt_tokens) or self.truncate_prompt_tokens < 1):
+            fail("truncate_prompt_tokens", "must be an integer >= 1")
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if not all(isinstance(s, str) and s for s in stop):
             fail("stop", "must be a non-empty string or a list of non-empty strings")
         self.stop_strings = stop
-        ids = self.stop_token_ids or []
-        if not all(isinstance(t, int) and t >= 0 for t in ids):
-            fail("stop_token_ids", "must be a list of non-negative integers")
-        self.stop_token_ids = list(ids)
+        if stop and not self.detokenize:
+            fail("stop", "needs detokenize=True (stop strings are found in the text)")
+        for name in ("stop_token_ids", "allowed_token_ids"):
+            ids = getattr(self, name)
+            if ids is not None and (not isinstance(ids, (list, tuple)) or
+                                    not all(integer(t) and t >= 0 for t in ids)):
+                fail(name, "must be a list of non-negative integers")
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.allowed_token_ids is not None:
+            if not self.allowed_token_ids:
+                fail("allowed_token_ids", "must not be empty (nothing could be sampled)")
+            self.allowed_token_ids = list(self.allowed_token_ids)
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict) or not all(
+                    integer(int(k) if isinstance(k, str) and k.lstrip("-").isdigit() else k) and number(v)
+                    for k, v in self.logit_bias.items()):
+                fail("logit_bias", "must map token ids to finite numbers")
+            self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
+        if self.bad_words is not None and not all(isinstance(w, str) and w.strip() for w in self.bad_words):
+            fail("bad_words", "must be a list of non-empty strings")
+        if self.guided_decoding is not None:
+            if self.structured_outputs is not None:
+                fail("guided_decoding", "and structured_outputs cannot both be set")
+            self.structured_outputs, self.guided_decoding = self.guided_decoding, None
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            fail("structured_outputs", "must be a StructuredOutputsParams")
         if not isinstance(self.output_kind, RequestOutputKind):
             fail("output_kind", "must be a RequestOutputKind")
         if self.top_k == -1:
@@ -85,3 +165,10 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def position_dependent(self) -> bool:
+        """Processing that depends on the tokens before each position (penalties, bad words, min_tokens): a
+        draft's k positions cannot share one set of logits adjustments, so such requests are not drafted for."""
+        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+                or bool(self.bad_words) or self.min_tokens > 0)

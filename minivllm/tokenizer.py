@@ -16,6 +16,8 @@ from pathlib import Path
 class DetokenizerState:
     prefix_offset: int  # start of the context window, in all_token_ids
     read_offset: int  # tokens before this are already turned into text
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
 
 
 class Tokenizer:
@@ -39,9 +41,15 @@ class Tokenizer:
         text = self.hf.apply_chat_template(messages, tokenize=False, **kwargs)
         return text, self.hf(text, add_special_tokens=False).input_ids
 
-    def start_detokenizer(self, num_prompt_tokens: int) -> DetokenizerState:
+    def start_detokenizer(self, num_prompt_tokens: int, skip_special_tokens: bool = True,
+                          spaces_between_special_tokens: bool = True) -> DetokenizerState:
         """The window starts a few prompt tokens back, so the first output token gets its leading space."""
-        return DetokenizerState(max(num_prompt_tokens - 5, 0), num_prompt_tokens)
+        return DetokenizerState(max(num_prompt_tokens - 5, 0), num_prompt_tokens, skip_special_tokens,
+                                spaces_between_special_tokens)
+
+    def token_text(self, token_id: int) -> str:
+        """One token alone as text (a logprob's decoded_token): "" for an id the tokenizer does not have."""
+        return self._join(self.hf.convert_ids_to_tokens([token_id]), skip_special_tokens=False)
 
     def detokenize_step(self, all_token_ids: list[int], state: DetokenizerState) -> str:
         """Text contributed by the tokens after `state.read_offset` (may be empty while a char is split)."""
@@ -68,13 +76,29 @@ class Tokenizer:
     def _window(self, all_token_ids: list[int], state: DetokenizerState) -> tuple[str, str]:
         """The text of the window before the unread tokens, and of the whole window including them."""
         tokens = self.hf.convert_ids_to_tokens(all_token_ids[state.prefix_offset :])
-        return self._join(tokens[: state.read_offset - state.prefix_offset]), self._join(tokens)
+        options = (state.skip_special_tokens, state.spaces_between_special_tokens)
+        return self._join(tokens[: state.read_offset - state.prefix_offset], *options), self._join(tokens, *options)
 
-    def _join(self, tokens: list[str | None]) -> str:
+    def _join(self, tokens: list[str | None], skip_special_tokens: bool = True,
+              spaces_between_special_tokens: bool = True) -> str:
         """Tokens to text. An id beyond the tokenizer's vocabulary has no token (None): real checkpoints pad
         their embedding matrix past the tokenizer (Qwen2: 151,936 rows for 151,646 tokens), and a model can
-        sample such an id. Like vLLM, it decodes to nothing."""
-        return self.hf.convert_tokens_to_string([t for t in tokens if t is not None and t not in self.special_tokens])
+        sample such an id. Like vLLM, it decodes to nothing. Special tokens are left out, or kept (set apart
+        by spaces, as transformers' slow tokenizers do, if spaces_between_special_tokens)."""
+        tokens = [t for t in tokens if t is not None]
+        if skip_special_tokens:
+            return self.hf.convert_tokens_to_string([t for t in tokens if t not in self.special_tokens])
+        parts, run = [], []
+        for t in tokens + [None]:
+            if t is None or t in self.special_tokens:
+                if run:
+                    parts.append(self.hf.convert_tokens_to_string(run))
+                    run = []
+                if t is not None:
+                    parts.append(t)
+            else:
+                run.append(t)
+        return (" " if spaces_between_special_tokens else "").join(parts)
 
 
 def find_stop_string(text: str, new_len: int, stops: list[str]) -> tuple[int, str] | None:

@@ -38,8 +38,8 @@ class KVCacheManager:
         The last token is never served from the cache: its forward pass is what yields the logits for the
         next token, so a fully cached prompt still computes one token.
         """
-        if not self.enable_prefix_caching:
-            return []
+        if not self.enable_prefix_caching or request.params.prompt_logprobs is not None:
+            return []  # prompt logprobs need every prompt position's logits: nothing may be skipped (as vLLM)
         tokens = request.all_token_ids
         hashes = extend_block_hashes(request.block_hashes, tokens, self.block_size)
         hits = []

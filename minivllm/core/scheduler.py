@@ -25,12 +25,14 @@ from minivllm.core.step_io import (
     SchedulerOutput,
 )
 from minivllm.request import Request, RequestStatus
+from minivllm.structured_output import StructuredOutputManager
 
 
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
-                 enable_chunked_prefill: bool = True) -> None:
+                 enable_chunked_prefill: bool = True, structured: StructuredOutputManager | None = None) -> None:
         self.kv = kv
+        self.structured = structured  # grammars of requests with structured outputs (needs a tokenizer)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.enable_chunked_prefill = enable_chunked_prefill
@@ -41,6 +43,10 @@ class Scheduler:
         self._finished_ids: list[str] = []  # finished since the runner last heard: it drops their state
 
     def add(self, request: Request) -> None:
+        if request.params.structured_outputs is not None:
+            if self.structured is None:
+                raise ValueError("structured outputs need a tokenizer, and this model has none")
+            self.structured.add(request.request_id, request.params.structured_outputs)
         self.requests[request.request_id] = request
         self.waiting.append(request)
 
@@ -95,10 +101,14 @@ class Scheduler:
             self.running.append(req)
             out.new_requests.append(NewRequestData(req.request_id, list(req.all_token_ids), req.num_prompt_tokens,
                                                    req.params, list(self.kv.block_tables[req.request_id]),
-                                                   req.max_total_tokens, req.sample_seed))
+                                                   req.max_total_tokens, req.sample_seed, req.eos_token_ids))
             out.scheduled.append(self._entry(req, n, []))
             budget -= n
         out.finished, self._finished_ids = self._finished_ids, []
+        constrained = [(s.request_id, s.spec_token_ids) for s in out.scheduled
+                       if s.samples and self.structured is not None and s.request_id in self.structured.matchers]
+        if constrained:
+            out.grammar_bitmask, out.grammar_rows = self.structured.bitmask(constrained)
         return out
 
     @staticmethod
@@ -132,7 +142,8 @@ class Scheduler:
             req.num_computed_tokens += s.num_new_tokens - (len(s.spec_token_ids) - accepted)
             req.num_spec_accepted += accepted if s.spec_token_ids else 0
             req.spec_token_ids = []
-            if not tokens:  # a prefill chunk that does not reach the end of the prompt
+            prompt_logprobs = result.prompt_logprobs.get(s.request_id)
+            if not tokens and prompt_logprobs is None:  # a prefill chunk that does not reach the end of the prompt
                 continue
             new = []
             for token in tokens:
@@ -143,9 +154,11 @@ class Scheduler:
                     self.finish(req, reason)
                     break
             req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens)  # a stop inside the drafts
+            logprobs = result.logprobs.get(s.request_id)
             outputs.append(EngineCoreOutput(
                 req.request_id, new, req.finish_reason, req.stop_reason, max(req.num_cached_tokens, 0),
-                req.num_preemptions, req.num_spec_proposed, req.num_spec_accepted, req.first_scheduled_time))
+                req.num_preemptions, req.num_spec_proposed, req.num_spec_accepted, req.first_scheduled_time,
+                logprobs[: len(new)] if logprobs is not None else None, prompt_logprobs))
         for rid, drafts in result.spec_token_ids.items():
             req = self.requests.get(rid)
             if req is not None and req.status is RequestStatus.RUNNING:
@@ -153,14 +166,19 @@ class Scheduler:
                 req.num_spec_proposed += len(drafts)
         return outputs
 
-    @staticmethod
-    def _check_stop(req: Request, token: int) -> str | None:
+    def _check_stop(self, req: Request, token: int) -> str | None:
         """The stops a token id alone decides (stop strings need text: the output processor's job)."""
         params = req.params
+        constrained = params.structured_outputs is not None
+        if constrained and self.structured.accept(req.request_id, token):
+            return "stop"  # the grammar is complete: nothing more may follow
         if token in params.stop_token_ids:
             req.stop_reason = token
             return "stop"
-        if not params.ignore_eos and token in req.eos_token_ids:
+        # an EOS id ends a constrained output only where the grammar could end (a checkpoint may name a
+        # plain text token as EOS, which the grammar then allows as text)
+        if not params.ignore_eos and token in req.eos_token_ids and (
+                not constrained or self.structured.can_end(req.request_id)):
             return "stop"
         if req.num_tokens >= req.max_total_tokens:
             return "length"
@@ -182,6 +200,8 @@ class Scheduler:
             req.stop_reason = stop_reason
         del self.requests[req.request_id]
         self._finished_ids.append(req.request_id)
+        if self.structured is not None:
+            self.structured.free(req.request_id)
 
     def finish_requests(self, request_ids: list[str], reason: str,
                         stop_reasons: dict[str, int | str] | None = None) -> None:

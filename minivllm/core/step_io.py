@@ -13,7 +13,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from minivllm.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class TokenLogprobs:
+    """One position's logprobs: the token that is there first, then the k most likely (vLLM's shape, as ids)."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    ranks: list[int]  # 1 = the most likely token
 
 
 @dataclass(slots=True)
@@ -27,6 +38,7 @@ class NewRequestData:
     block_ids: list[int]  # its whole block table
     max_total_tokens: int  # prompt + the most output it may produce: drafts never run past it
     seed: int | None = None  # its own random stream's seed (the i-th of n samples gets params.seed + i)
+    eos_token_ids: tuple[int, ...] = ()  # masked while min_tokens is not reached
 
 
 @dataclass(slots=True)
@@ -48,6 +60,9 @@ class SchedulerOutput:
     new_block_ids: dict[str, list[int]] = field(default_factory=dict)  # known requests: blocks added this step
     preempted: list[str] = field(default_factory=list)  # their blocks are gone; they come back as new requests
     finished: list[str] = field(default_factory=list)  # finished or aborted since the last step: forget them
+    # structured output: a token bitmask row per sampled position of each constrained request (bit set = allowed)
+    grammar_bitmask: np.ndarray | None = None  # [rows, ceil(vocab / 32)] int32
+    grammar_rows: dict[str, int] = field(default_factory=dict)  # request id -> its first row
 
     @property
     def num_tokens(self) -> int:
@@ -62,6 +77,8 @@ class SchedulerOutput:
 class RunnerOutput:
     sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)  # accepted drafts + 1 new token
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)  # drafts for the next step
+    logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)  # one per sampled token, if asked
+    prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)  # prompt positions done now
     propose_seconds: float = 0.0  # time spent drafting (a measured share of the step, for chapter 07)
 
 
@@ -78,3 +95,5 @@ class EngineCoreOutput:
     num_spec_proposed: int = 0
     num_spec_accepted: int = 0
     first_scheduled_time: float | None = None
+    logprobs: list[TokenLogprobs] | None = None  # for new_token_ids, when the request asked
+    prompt_logprobs: list[TokenLogprobs] | None = None  # for the prompt positions computed in this step

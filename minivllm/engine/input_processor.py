@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from minivllm.config import EngineConfig
 from minivllm.request import Request
 from minivllm.sampling_params import SamplingParams
+from minivllm.structured_output import StructuredOutputManager
 from minivllm.tokenizer import Tokenizer
 
 PromptType = str | list[int] | dict
@@ -31,9 +32,10 @@ class EngineRequest:
 
 class InputProcessor:
     def __init__(self, config: EngineConfig, tokenizer: Tokenizer | None, eos_token_ids: tuple[int, ...],
-                 num_kv_blocks: int) -> None:
+                 num_kv_blocks: int, structured: StructuredOutputManager | None = None) -> None:
         self.config = config
         self.tokenizer = tokenizer
+        self.structured = structured
         self.vocab_size = config.model_config.vocab_size
         self.eos_token_ids = eos_token_ids
         self.num_kv_blocks = num_kv_blocks
@@ -47,6 +49,9 @@ class InputProcessor:
         text, ids = self._tokenize(prompt)
         if not ids:
             raise ValueError("prompt is empty")
+        if params.truncate_prompt_tokens is not None:
+            ids = ids[-params.truncate_prompt_tokens :]  # the last k, as vLLM keeps
+        self._check_params(params)
         bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"prompt token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
@@ -64,6 +69,26 @@ class InputProcessor:
             raise ValueError(f"request needs up to {need} KV blocks but the cache has only "
                              f"{self.num_kv_blocks}: lower max_tokens or add blocks")
         return EngineRequest(request_id, text, list(ids), params, arrival, sequences)
+
+    def _check_params(self, params: SamplingParams) -> None:
+        """What SamplingParams alone cannot check: ids against the vocabulary, words and grammars against the
+        tokenizer. Bad words become token ids here (vLLM's update_from_tokenizer)."""
+        for name in ("stop_token_ids", "allowed_token_ids"):
+            bad = [t for t in getattr(params, name) or [] if t >= self.vocab_size]
+            if bad:
+                raise ValueError(f"SamplingParams.{name} outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
+        bad = [t for t in params.logit_bias or {} if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"SamplingParams.logit_bias ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
+        needs_tokenizer = [name for name in ("bad_words", "structured_outputs") if getattr(params, name)]
+        if needs_tokenizer and self.tokenizer is None:
+            raise ValueError(f"{needs_tokenizer[0]} needs a tokenizer, and {self.config.model} has none")
+        if params.bad_words and not params.bad_words_token_ids:
+            words = {tuple(self.tokenizer.hf(prefix + w.strip(), add_special_tokens=False).input_ids)
+                     for w in params.bad_words for prefix in ("", " ")}
+            params.bad_words_token_ids = [list(w) for w in sorted(words) if w]
+        if params.structured_outputs is not None:
+            self.structured.validate(params.structured_outputs)
 
     def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         if isinstance(prompt, dict):

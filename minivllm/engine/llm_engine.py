@@ -25,6 +25,7 @@ from minivllm.model import read_generation_config
 from minivllm.outputs import RequestOutput
 from minivllm.runner.model_runner import ModelRunner
 from minivllm.sampling_params import SamplingParams
+from minivllm.structured_output import StructuredOutputManager
 from minivllm.tokenizer import Tokenizer
 
 StepObserver = Callable[["LLMEngine", StepRecord], None]
@@ -49,10 +50,13 @@ class LLMEngine:
         self.default_sampling_overrides = {  # generation_config.json's sampling defaults, in SamplingParams' names
             {"max_new_tokens": "max_tokens"}.get(k, k): v for k, v in generation.items()
             if k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens")}
-        self.input_processor = InputProcessor(config, self.tokenizer, self.eos_token_ids, self.runner.num_blocks)
+        structured = (StructuredOutputManager(self.tokenizer.hf, mc.vocab_size, self.eos_token_ids)
+                      if self.tokenizer else None)
+        self.input_processor = InputProcessor(config, self.tokenizer, self.eos_token_ids, self.runner.num_blocks,
+                                              structured)
         self.kv = KVCacheManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
-                                   config.enable_chunked_prefill)
+                                   config.enable_chunked_prefill, structured)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.counters = StepCounters()
         self.trace_recorder = TraceRecorder(config.trace_steps or 0)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from minivllm.core.step_io import EngineCoreOutput
+from minivllm.core.step_io import EngineCoreOutput, TokenLogprobs
 from minivllm.engine.input_processor import EngineRequest
-from minivllm.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from minivllm.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 from minivllm.tokenizer import DetokenizerState, Tokenizer, find_stop_string
 
@@ -35,6 +35,8 @@ class SequenceText:
     num_sent_tokens: int = 0  # output tokens and characters already reported (RequestOutputKind.DELTA)
     num_sent_chars: int = 0
     num_silent_tokens: int = 0  # 1 when the last token stopped the sequence and adds no text
+    logprobs: list[dict[int, Logprob]] | None = None  # per output token, when asked
+    cumulative_logprob: float | None = None
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -47,6 +49,7 @@ class RequestGroup:
 
     request: EngineRequest
     sequences: dict[str, SequenceText] = field(default_factory=dict)  # scheduler request id -> its text
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # from its first sequence, when asked
 
     @property
     def finished(self) -> bool:
@@ -59,7 +62,7 @@ def streams_text(params: SamplingParams) -> bool:
     Otherwise (FINAL_ONLY, as in LLM.generate) it is decoded once when the request finishes: per-token
     detokenization took about 11 us a token on the 2-core test machine, 2.8 ms a step at a batch of 256.
     """
-    return params.output_kind is not RequestOutputKind.FINAL_ONLY or bool(params.stop_strings)
+    return params.detokenize and (params.output_kind is not RequestOutputKind.FINAL_ONLY or bool(params.stop_strings))
 
 
 def visible_text(seq: SequenceText, params: SamplingParams) -> str:
@@ -84,11 +87,17 @@ class OutputProcessor:
         return request_id in self.groups
 
     def add_request(self, request: EngineRequest) -> None:
+        params = request.params
         group = self.groups[request.request_id] = RequestGroup(request)
+        if params.prompt_logprobs is not None:
+            group.prompt_logprobs = [None]  # the first prompt token has nothing before it
         for seq in request.sequences:
-            detok = self.tokenizer.start_detokenizer(len(seq.prompt_token_ids)) if self.tokenizer else None
-            group.sequences[seq.request_id] = SequenceText(seq.index, list(seq.prompt_token_ids),
-                                                           len(seq.prompt_token_ids), detok)
+            detok = self.tokenizer.start_detokenizer(len(seq.prompt_token_ids), params.skip_special_tokens,
+                                                     params.spaces_between_special_tokens) if self.tokenizer else None
+            group.sequences[seq.request_id] = SequenceText(
+                seq.index, list(seq.prompt_token_ids), len(seq.prompt_token_ids), detok,
+                logprobs=[] if params.logprobs is not None else None,
+                cumulative_logprob=0.0 if params.logprobs is not None else None)
             self.parent_of[seq.request_id] = request.request_id
 
     def process(self, core_outputs: list[EngineCoreOutput]) -> tuple[list[RequestOutput], dict[str, str]]:
@@ -101,11 +110,17 @@ class OutputProcessor:
             group = self.groups[self.parent_of[core.request_id]]
             seq, params = group.sequences[core.request_id], group.request.params
             seq.core = core
+            if core.prompt_logprobs and seq.index == 0:
+                group.prompt_logprobs += [self._logprob_dict(p, params) for p in core.prompt_logprobs]
+            if not core.new_token_ids:  # a prompt chunk that only brought prompt logprobs
+                continue
             if seq.first_token_time is None:
                 seq.first_token_time = now
+            num_before = len(seq.output_token_ids)
             # a stop token's text (EOS, stop_token_ids) is left out, as a stop string is, unless asked for
-            silent_last = (core.finish_reason == "stop" and not isinstance(core.stop_reason, str)
-                           and not params.include_stop_str_in_output)
+            last = core.new_token_ids[-1]
+            silent_last = (core.finish_reason == "stop" and not params.include_stop_str_in_output and
+                           (last == core.stop_reason or last in group.request.sequences[0].eos_token_ids))
             for i, token in enumerate(core.new_token_ids):
                 seq.token_ids.append(token)
                 if silent_last and i == len(core.new_token_ids) - 1:
@@ -116,6 +131,10 @@ class OutputProcessor:
                     seq.finish_reason, seq.stop_reason = "stop", hit
                     stopped[core.request_id] = hit
                     break
+            if seq.logprobs is not None and core.logprobs is not None:  # as far as the tokens kept
+                kept = core.logprobs[: len(seq.output_token_ids) - num_before]
+                seq.logprobs += [self._logprob_dict(p, params) for p in kept]
+                seq.cumulative_logprob += sum(p.logprobs[0] for p in kept)
             if seq.finish_reason is None and core.finish_reason is not None:
                 seq.finish_reason, seq.stop_reason = core.finish_reason, core.stop_reason
             if seq.finish_reason is not None:
@@ -138,6 +157,15 @@ class OutputProcessor:
                 ids.append(rid)
         return ids, self._output(group)
 
+    def _logprob_dict(self, position: TokenLogprobs, params: SamplingParams) -> dict[int, Logprob]:
+        """vLLM's shape: token id -> Logprob, the token at the position first, then the top k."""
+        text = self.tokenizer.token_text if self.tokenizer is not None and params.detokenize else lambda _: None
+        out: dict[int, Logprob] = {}
+        for t, lp, rank in zip(position.token_ids, position.logprobs, position.ranks):
+            if t not in out:  # the chosen token may be among the top k too
+                out[t] = Logprob(lp, rank, text(t))
+        return out
+
     def _stream_text(self, seq: SequenceText, params: SamplingParams) -> str | None:
         """Extend the text by the newest token (if this request streams it); the stop string it completed, if any."""
         if self.tokenizer is None or not streams_text(params):
@@ -154,7 +182,7 @@ class OutputProcessor:
     def _finish_text(self, seq: SequenceText, params: SamplingParams, now: float) -> None:
         """A sequence that did not stream its text gets all of it now, in one decode."""
         seq.finish_time = now
-        if self.tokenizer is not None and not streams_text(params):
+        if self.tokenizer is not None and params.detokenize and not streams_text(params):
             end = len(seq.token_ids) - seq.num_silent_tokens
             seq.text += self.tokenizer.detokenize_rest(seq.token_ids[:end], seq.detokenizer)
 
@@ -163,11 +191,13 @@ class OutputProcessor:
         delta = req.params.output_kind is RequestOutputKind.DELTA
         completions = []
         for s in seqs:
-            text, tokens = visible_text(s, req.params), s.output_token_ids
+            text, tokens, logprobs = visible_text(s, req.params), s.output_token_ids, s.logprobs
             if delta:  # only what the caller has not seen yet
+                logprobs = None if logprobs is None else logprobs[s.num_sent_tokens :]
                 text, tokens, s.num_sent_chars, s.num_sent_tokens = (
                     text[s.num_sent_chars :], tokens[s.num_sent_tokens :], len(text), len(tokens))
-            completions.append(CompletionOutput(s.index, text, list(tokens), s.finish_reason, s.stop_reason))
+            completions.append(CompletionOutput(s.index, text, list(tokens), s.finish_reason, s.stop_reason,
+                                                None if logprobs is None else list(logprobs), s.cumulative_logprob))
         cores = [s.core for s in seqs if s.core is not None]
         times = [s.first_token_time for s in seqs if s.first_token_time is not None]
         scheduled = [c.first_scheduled_time for c in cores if c.first_scheduled_time is not None]
@@ -184,4 +214,4 @@ class OutputProcessor:
         # of its n samples, the one the prefix cache served best (the first computes what the others reuse)
         num_cached = max((c.num_cached_tokens for c in cores), default=0)
         return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, completions, finished, num_cached,
-                             metrics, sum(c.num_preemptions for c in cores))
+                             metrics, sum(c.num_preemptions for c in cores), prompt_logprobs=group.prompt_logprobs)

@@ -25,12 +25,13 @@ from minivllm.core.kv_sizing import (
     max_useful_blocks,
     num_blocks_for_budget,
 )
-from minivllm.core.step_io import RunnerOutput, SchedulerOutput
+from minivllm.core.step_io import RunnerOutput, SchedulerOutput, TokenLogprobs
 from minivllm.model import load_model
 from minivllm.runner.request_state import RequestState
 from minivllm.sampling import Sampler, SamplingBatch
 from minivllm.sampling.rejection_sampler import verify_greedy, verify_sampled
-from minivllm.sampling.sampler import processed_probs
+from minivllm.sampling.sampler import apply_logits_processors, processed_probs
+from minivllm.structured_output import apply_grammar_bitmask
 
 LogitsObserver = Callable[[list[str], torch.Tensor], None]
 
@@ -44,11 +45,18 @@ class ForwardItem:
     num_new: int  # tokens to compute now, drafts included
     block_table: list[int]
     spec_token_ids: list[int] = field(default_factory=list)
+    all_logits: bool = False  # logits for every new token, not only the sampled ones (prompt logprobs)
 
     @property
     def samples(self) -> bool:
         """Only a pass that reaches the end of the known tokens produces logits worth sampling."""
         return self.num_computed + self.num_new - len(self.spec_token_ids) == len(self.token_ids)
+
+    @property
+    def num_logit_rows(self) -> int:
+        if self.all_logits:
+            return self.num_new
+        return 1 + len(self.spec_token_ids) if self.samples else 0
 
 
 @dataclass
@@ -180,34 +188,46 @@ class ModelRunner:
     # ---- one step ----------------------------------------------------------------------------------
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
-        """Run one step: the tokens each request gets (accepted drafts + 1; none for a prefill chunk),
-        and, with a drafter, the drafts the next step will verify."""
+        """Run one step: the tokens each request gets (accepted drafts + 1; none for a prefill chunk), their
+        logprobs where asked, and, with a drafter, the drafts the next step will verify."""
         self._update_states(sched)
         if not sched.scheduled:  # nothing to compute: only finished requests to forget
             return RunnerOutput()
         states = [self.requests[s.request_id] for s in sched.scheduled]
         items = [ForwardItem(st.token_ids, s.num_computed_before, s.num_new_tokens, st.block_table,
-                             s.spec_token_ids) for s, st in zip(sched.scheduled, states)]
+                             s.spec_token_ids, st.params.prompt_logprobs is not None
+                             and s.num_computed_before < st.num_prompt_tokens - 1)
+                 for s, st in zip(sched.scheduled, states)]
         logits, counts = self.forward(items)
+        ends = list(itertools.accumulate(counts))  # each request's logit rows end here
+        # the rows each request samples from: its last one, or the last 1 + k when it verifies k drafts
+        sample_rows = [range(ends[i] - (1 + len(it.spec_token_ids)), ends[i]) if it.samples else range(0)
+                       for i, it in enumerate(items)]
         out = RunnerOutput()
-        offsets = [0, *itertools.accumulate(counts)]  # where each request's logit rows start
-        plain = [i for i, s in enumerate(sched.scheduled) if counts[i] == 1 and not s.spec_token_ids]
+        raw = self._prompt_logprobs_and_raw(logits, items, states, ends, sample_rows, out)
+        if sched.grammar_bitmask is not None:  # structured output: invalid continuations are -inf
+            for rid, first in sched.grammar_rows.items():
+                rows = sample_rows[next(i for i, st in enumerate(states) if st.request_id == rid)]
+                apply_grammar_bitmask(logits[rows.start : rows.stop], sched.grammar_bitmask[first : first + len(rows)])
+        plain = [i for i, it in enumerate(items) if it.samples and not it.spec_token_ids]
         if plain:
-            rows = [offsets[i] for i in plain]
+            rows = [sample_rows[i].start for i in plain]
             plain_logits = logits if len(rows) == len(logits) else logits[rows]
             for observe in self.logits_observers:
                 observe([states[i].request_id for i in plain], plain_logits)
-            picked = [states[i] for i in plain]
-            batch = SamplingBatch.build([st.params for st in picked], [st.token_ids for st in picked], self.device,
-                                        [st.generator for st in picked])
+            batch = self._sampling_batch([states[i] for i in plain])
             for i, tok in zip(plain, self.sampler(plain_logits, batch).tolist()):
                 out.sampled_token_ids[states[i].request_id] = [tok]
-        for i, s in enumerate(sched.scheduled):
-            if s.spec_token_ids and counts[i]:
-                out.sampled_token_ids[s.request_id] = self.verify(logits[offsets[i] : offsets[i] + counts[i]],
-                                                                  states[i], s.spec_token_ids)
-        for s, st in zip(sched.scheduled, states):
+        for i, it in enumerate(items):
+            if it.spec_token_ids and it.samples:
+                rows = sample_rows[i]
+                out.sampled_token_ids[states[i].request_id] = self.verify(logits[rows.start : rows.stop], states[i],
+                                                                          it.spec_token_ids)
+        for i, (s, st) in enumerate(zip(sched.scheduled, states)):
             tokens = out.sampled_token_ids.get(s.request_id, [])
+            if i in raw:
+                out.logprobs[s.request_id] = [token_logprobs(raw[i][j], tok, st.params.logprobs)
+                                              for j, tok in enumerate(tokens)]
             rejected = len(s.spec_token_ids) - (len(tokens) - 1) if s.spec_token_ids else 0
             st.num_computed_tokens = s.num_computed_before + s.num_new_tokens - rejected
             st.token_ids.extend(tokens)
@@ -215,6 +235,37 @@ class ModelRunner:
         if self.proposer is not None:
             self._propose([st for st in states if st.request_id in out.sampled_token_ids], out)
         return out
+
+    def _prompt_logprobs_and_raw(self, logits: torch.Tensor, items: list[ForwardItem], states: list[RequestState],
+                                 ends: list[int], sample_rows: list[range], out: RunnerOutput) -> dict:
+        """Logprobs from the model's raw logits (before grammar, penalties, temperature), for the requests that
+        asked: prompt positions go straight into `out`; the sample rows' log-softmax is returned by batch index,
+        for the tokens about to be chosen. One log_softmax over just those rows: no cost to anyone else."""
+        raw = {}
+        for i, (it, st) in enumerate(zip(items, states)):
+            wants_sample = st.params.logprobs is not None and len(sample_rows[i])
+            if not (wants_sample or it.all_logits):
+                continue
+            first = ends[i] - it.num_logit_rows
+            logprobs = torch.log_softmax(logits[first : ends[i]].float(), dim=-1)
+            if wants_sample:
+                raw[i] = logprobs[sample_rows[i].start - first :]
+            if it.all_logits:  # row j sits at position num_computed + j and predicts the next prompt token
+                start, done = it.num_computed, st.num_prompt_logprobs_done
+                targets = range(max(start + 1, done), min(start + it.num_new + 1, st.num_prompt_tokens))
+                out.prompt_logprobs[st.request_id] = [
+                    token_logprobs(logprobs[t - 1 - start], st.token_ids[t], st.params.prompt_logprobs)
+                    for t in targets]
+                st.num_prompt_logprobs_done = max(done, targets.stop)
+        return raw
+
+    def _sampling_batch(self, states: list[RequestState], rows: int | None = None) -> SamplingBatch:
+        """The sampling parameters of these requests (or of one request repeated over `rows` rows)."""
+        if rows is not None:
+            states = states * rows
+        return SamplingBatch.build([st.params for st in states], [st.token_ids for st in states], self.device,
+                                   [st.generator for st in states], [st.num_prompt_tokens for st in states],
+                                   [st.eos_token_ids for st in states])
 
     def _update_states(self, sched: SchedulerOutput) -> None:
         """Forget finished requests, take in new ones, and extend the tables of the others."""
@@ -228,7 +279,8 @@ class ModelRunner:
             generator = old.generator if old is not None else self._generator(new.seed)
             self.requests[new.request_id] = RequestState(
                 new.request_id, list(new.token_ids), new.num_prompt_tokens, new.params, list(new.block_ids),
-                new.max_total_tokens, generator=generator)
+                new.max_total_tokens, eos_token_ids=new.eos_token_ids, generator=generator,
+                num_prompt_logprobs_done=old.num_prompt_logprobs_done if old is not None else 1)
         for rid, blocks in sched.new_block_ids.items():
             self.requests[rid].block_table.extend(blocks)
 
@@ -239,7 +291,7 @@ class ModelRunner:
     def _propose(self, states: list[RequestState], out: RunnerOutput) -> None:
         """Drafts for every request that just sampled, never past its max_tokens (see spec_decode)."""
         k = self.config.num_speculative_tokens
-        budget = [0 if st.params.repetition_penalty != 1.0 else  # the penalty would differ per draft
+        budget = [0 if st.params.position_dependent else  # e.g. a penalty would differ per draft position
                   max(min(k, st.max_total_tokens - len(st.token_ids) - 1), 0) for st in states]
         start = time.perf_counter()
         for st, (drafts, probs) in zip(states, self.proposer.propose(states, budget)):
@@ -270,7 +322,7 @@ class ModelRunner:
             t += q
             query_lens.append(q)
             seq_lens.append(start + q)
-            n_rows = 1 + len(it.spec_token_ids) if it.samples else 0
+            n_rows = it.num_logit_rows
             rows += range(t - n_rows, t)
             counts.append(n_rows)
         return StepInputs(input_ids, positions, slots, tables, query_lens, seq_lens, rows, counts)
@@ -293,10 +345,25 @@ class ModelRunner:
 
     def verify(self, logits: torch.Tensor, state: RequestState, drafts: list[int]) -> list[int]:
         """Check one request's drafts against the target's k+1 predictions (see rejection_sampler)."""
-        if state.params.greedy:
+        params = state.params
+        batch = None if params.greedy and not (params.logit_bias or params.allowed_token_ids) else \
+            self._sampling_batch([state], rows=len(logits))
+        if batch is not None:  # logit_bias, allowed_token_ids: the same at every position
+            logits = apply_logits_processors(logits, batch)
+        if params.greedy:
             return verify_greedy(logits, drafts)
-        batch = SamplingBatch.build([state.params] * len(logits), [state.token_ids] * len(logits), self.device)
         probs = processed_probs(logits, batch)
         draft_probs = None if state.spec_probs is None else state.spec_probs[: len(drafts)]  # budget may cut
         generator = state.generator or self.sampler.generator_for(self.device)
         return verify_sampled(probs, drafts, draft_probs, generator)
+
+
+def token_logprobs(row: torch.Tensor, token: int, k: int | None) -> TokenLogprobs:
+    """One position's logprobs from its log-softmax row: the token that is there, then the top k (-1: all)."""
+    k = row.shape[-1] if k is None or k < 0 else k
+    top = row.topk(k) if k else None
+    chosen = float(row[token])
+    rank = int((row > row[token]).sum()) + 1
+    ids, values = ([token] + top.indices.tolist(), [chosen] + top.values.tolist()) if top is not None else \
+        ([token], [chosen])
+    return TokenLogprobs(ids, values, [rank] + list(range(1, k + 1)))

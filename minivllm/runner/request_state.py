@@ -24,5 +24,7 @@ class RequestState:
     block_table: list[int]
     max_total_tokens: int
     num_computed_tokens: int = 0  # tokens whose K/V the cache holds
+    eos_token_ids: tuple[int, ...] = ()
+    num_prompt_logprobs_done: int = 1  # prompt positions reported (the first has none); kept across preemptions
     generator: torch.Generator | None = None  # only when the request has a seed
     spec_probs: torch.Tensor | None = None  # the drafter's distribution for each pending draft (None: point mass)

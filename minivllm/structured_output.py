@@ -1,0 +1,118 @@
+"""Structured output: keep the output inside a grammar (JSON schema, regex, a choice list, a Lark grammar).
+
+Each step, before sampling, every constrained request gets a token bitmask from its grammar's matcher: one bit
+per vocabulary entry, set where that token can continue a valid output. The runner sets the logits of the
+others to -inf, so whatever the sampler picks keeps the text valid. When the scheduler appends a token, the
+matcher advances over it; once the grammar can take nothing more, the request stops.
+
+With speculative decoding a request verifies k drafts in one pass, so it needs k + 1 masks: the matcher walks
+through the drafts (as far as the grammar accepts them) to compute them, then rolls back; only the tokens the
+verifier accepts are consumed for good, so rejected drafts leave no trace in the grammar state.
+
+The grammar engine is llguidance (Microsoft's Rust library, used by vLLM too): a 3 MB wheel with no Python
+dependencies that runs on any CPU, against xgrammar's tvm-ffi, pydantic and triton requirements.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import torch
+
+from minivllm.sampling_params import StructuredOutputsParams
+
+
+def grammar_text(spec: StructuredOutputsParams) -> str:
+    """The llguidance grammar for one request's constraint."""
+    from llguidance import LLMatcher
+    from llguidance.gbnf_to_lark import any_to_lark
+
+    if spec.json is not None or spec.json_object:
+        schema = {"type": "object"} if spec.json_object else spec.json
+        schema = json.loads(schema) if isinstance(schema, str) else dict(schema)
+        # JSON with fixed separators and no free whitespace: a model cannot wander off into endless newlines
+        return LLMatcher.grammar_from_json_schema({**schema, "x-guidance": {"whitespace_flexible": False}})
+    if spec.regex is not None:
+        return LLMatcher.grammar_from_regex(spec.regex)
+    if spec.choice is not None:
+        return LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in spec.choice))
+    return LLMatcher.grammar_from_lark(any_to_lark(spec.grammar))  # Lark as is; GBNF converted
+
+
+class StructuredOutputManager:
+    """The matchers of the constrained requests, keyed by request id, and the bitmasks they give."""
+
+    def __init__(self, hf_tokenizer, vocab_size: int, eos_token_ids: tuple[int, ...] = ()) -> None:
+        self.hf_tokenizer, self.vocab_size, self.eos_token_ids = hf_tokenizer, vocab_size, list(eos_token_ids)
+        self._ll_tokenizer = None  # built on first use: it walks the whole vocabulary
+        self.matchers: dict = {}
+
+    @property
+    def ll_tokenizer(self):
+        if self._ll_tokenizer is None:
+            import llguidance.hf
+
+            # every id that ends a sequence is an end for the grammar too, so none of them can slip into the text
+            self._ll_tokenizer = llguidance.hf.from_tokenizer(self.hf_tokenizer, n_vocab=self.vocab_size,
+                                                              eos_token=self.eos_token_ids or None)
+        return self._ll_tokenizer
+
+    def validate(self, spec: StructuredOutputsParams) -> str:
+        """The grammar for `spec`, or a ValueError saying why it cannot be used (before any work starts)."""
+        from llguidance import LLMatcher
+
+        try:
+            grammar = grammar_text(spec)
+        except Exception as e:  # bad JSON, a schema or regex llguidance rejects: all one kind of error here
+            raise ValueError(f"structured outputs: {e}") from e
+        error = LLMatcher.validate_grammar(grammar, self.ll_tokenizer)
+        if error:
+            raise ValueError(f"structured outputs: invalid grammar: {error}")
+        return grammar
+
+    def add(self, request_id: str, spec: StructuredOutputsParams) -> None:
+        from llguidance import LLMatcher
+
+        self.matchers[request_id] = LLMatcher(self.ll_tokenizer, self.validate(spec))
+
+    def free(self, request_id: str) -> None:
+        self.matchers.pop(request_id, None)
+
+    def bitmask(self, requests: list[tuple[str, list[int]]]) -> tuple[np.ndarray, dict[str, int]]:
+        """Masks for (request id, drafts) pairs: 1 + len(drafts) rows each. Returns the int32 bitmask [rows,
+        words] and each request's first row."""
+        import llguidance.torch as ll_torch
+
+        rows = sum(1 + len(drafts) for _, drafts in requests)
+        mask = ll_torch.allocate_token_bitmask(rows, self.vocab_size)
+        first, row = {}, 0
+        for rid, drafts in requests:
+            matcher, consumed = self.matchers[rid], 0
+            first[rid] = row
+            for i in range(len(drafts) + 1):
+                ll_torch.fill_next_token_bitmask(matcher, mask, row + i)
+                if i < len(drafts) and consumed == i and matcher.try_consume_tokens([drafts[i]]) == 1:
+                    consumed += 1
+            if consumed:
+                matcher.rollback(consumed)
+            row += len(drafts) + 1
+        return mask.numpy(), first
+
+    def can_end(self, request_id: str) -> bool:
+        """Whether the output so far is complete under the grammar (an EOS id may then end it)."""
+        return self.matchers[request_id].is_accepting()
+
+    def accept(self, request_id: str, token: int) -> bool:
+        """Advance the grammar over a token the request produced; True once the grammar is complete."""
+        matcher = self.matchers[request_id]
+        matcher.consume_token(token)
+        return matcher.is_stopped() or matcher.is_error()
+
+
+def apply_grammar_bitmask(logits: torch.Tensor, bitmask: np.ndarray) -> None:
+    """Set to -inf, in place, the logits of tokens whose bit is clear: logits [n, vocab], bitmask [n, words]."""
+    bits = torch.from_numpy(bitmask).to(logits.device)
+    shifts = torch.arange(32, device=logits.device, dtype=torch.int32)
+    allowed = ((bits[:, :, None] >> shifts) & 1).bool().flatten(1)[:, : logits.shape[-1]]
+    logits.masked_fill_(~allowed, float("-inf"))
