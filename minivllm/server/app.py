@@ -26,7 +26,7 @@ from minivllm.config import EngineConfig
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.server import openapi
 from minivllm.server.async_engine import AsyncEngine
-from minivllm.server.auth import APIKeyAuth
+from minivllm.server.auth import APIKeyAuth, resolve_api_key
 from minivllm.server.limits import BodySizeLimit, ServerLimits
 from minivllm.server.metrics import ServerMetrics
 from minivllm.server.preprocess import Preprocessor
@@ -208,7 +208,7 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 8000, m
           limits: ServerLimits | None = None, **engine_kwargs) -> None:
     """Load the model, then serve it until SIGTERM or Ctrl-C (see shutdown.py)."""
     configure_logging(log_level, log_format)
-    api_key = api_key or os.environ.get("VLLM_API_KEY") or None
+    api_key = resolve_api_key(api_key, os.environ)
     engine = LLMEngine(EngineConfig(model=model, trace_steps=0, **engine_kwargs))
     log.info("serving %s on http://%s:%d (%d KV blocks of %d tokens, max_model_len %d%s)", engine.config.model,
              host, port, engine.kv.pool.num_blocks, engine.config.block_size, engine.config.max_model_len,
