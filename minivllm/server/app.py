@@ -145,10 +145,12 @@ def build_app(engine: LLMEngine, model_name: str | None = None, *, limits: Serve
             return JSONResponse({"status": "error", "error": repr(async_engine.error)}, status_code=503)
         return JSONResponse({"status": "ok"})
 
-    @app.api_route("/ping", methods=["GET", "POST"], responses=openapi.json_object("status"))
+    @app.get("/ping", responses=openapi.json_object("status"))
     async def ping() -> Response:
-        """SageMaker's probe, as vLLM serves it: the same as /health."""
+        """SageMaker's probe, as vLLM serves it (GET and POST): the same as /health."""
         return await health()
+
+    app.post("/ping", responses=openapi.json_object("status"), operation_id="ping_post")(ping)
 
     @app.get("/version", responses=openapi.json_object("version"))
     async def version() -> dict:
