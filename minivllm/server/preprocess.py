@@ -9,8 +9,7 @@ outputs. The engine then only queues requests that are already checked.
 from __future__ import annotations
 
 import asyncio
-import os
-import threading
+import queue
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
@@ -34,28 +33,33 @@ def check_unicode(text: str, what: str) -> None:
 
 
 class Preprocessor:
-    def __init__(self, engine: LLMEngine, workers: int | None = None) -> None:
+    """`workers` threads and as many InputProcessors, each with its own tokenizer, loaded here (at start-up,
+    not while the first burst of clients waits); a job borrows one for its duration."""
+
+    def __init__(self, engine: LLMEngine, workers: int = 2) -> None:
         self.config = engine.config
         self.max_model_len = engine.config.max_model_len
-        self._eos, self._blocks = engine.eos_token_ids, engine.runner.num_blocks
         self.has_tokenizer = engine.tokenizer is not None
-        self._local = threading.local()
-        self._pool = ThreadPoolExecutor(workers or min(4, max(2, os.cpu_count() or 1)),
-                                        thread_name_prefix="minivllm-preprocess")
+        self._free: queue.SimpleQueue[InputProcessor] = queue.SimpleQueue()
+        for _ in range(workers):
+            tok = Tokenizer(self.config.tokenizer) if self.has_tokenizer else None
+            self._free.put(InputProcessor(self.config, tok, engine.eos_token_ids, engine.runner.num_blocks))
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="minivllm-preprocess")
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     async def run(self, fn: Callable[[InputProcessor], T]) -> T:
-        """`fn(processor)` in a pool thread, with that thread's own InputProcessor and tokenizer."""
-        return await asyncio.get_running_loop().run_in_executor(self._pool, lambda: fn(self._processor()))
+        """`fn(processor)` in a pool thread, with an InputProcessor (and tokenizer) no other thread is using."""
 
-    def _processor(self) -> InputProcessor:
-        proc = getattr(self._local, "processor", None)
-        if proc is None:
-            tok = Tokenizer(self.config.tokenizer) if self.has_tokenizer else None
-            proc = self._local.processor = InputProcessor(self.config, tok, self._eos, self._blocks)
-        return proc
+        def job() -> T:
+            proc = self._free.get()  # never waits: there are as many processors as threads
+            try:
+                return fn(proc)
+            finally:
+                self._free.put(proc)
+
+        return await asyncio.get_running_loop().run_in_executor(self._pool, job)
 
     # ---- the jobs ----------------------------------------------------------------------------------------
     async def requests(self, prompts: list[tuple[str, PromptType]], params: SamplingParams, arrival: float,
