@@ -46,8 +46,10 @@ def percentile(xs: list[float], q: float) -> float:
     return xs[max(0, math.ceil(q / 100 * len(xs)) - 1)]
 
 
-async def one_request(client: httpx.AsyncClient, url: str, body: dict) -> Result:
+async def one_request(client: httpx.AsyncClient, url: str, body: dict, leave_after: int = 0) -> Result | None:
+    """One streamed request to its end; or, with `leave_after`, hang up after that many chunks (returns None)."""
     start = time.perf_counter()
+    chunks = 0
     first = last = None
     tokens = 0
     async with client.stream("POST", url + "/v1/completions", json=body) as r:
@@ -57,6 +59,9 @@ async def one_request(client: httpx.AsyncClient, url: str, body: dict) -> Result
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
+            chunks += 1
+            if leave_after and chunks >= leave_after:
+                return None  # leaving the `async with` closes the connection: the server must abort the request
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
             if chunk["choices"]:
@@ -69,24 +74,29 @@ async def one_request(client: httpx.AsyncClient, url: str, body: dict) -> Result
 
 
 async def run_load(url: str, clients: int, requests: int, duration: float, prompt_tokens: int, max_tokens: int,
-                   vocab: int, seed: int) -> tuple[list[Result], int, float]:
-    """Returns (finished results, errors, wall seconds)."""
+                   vocab: int, seed: int, disconnect_every: int = 0) -> tuple[list[Result], int, float, int]:
+    """Returns (finished results, errors, wall seconds, requests the client hung up on)."""
     rng = random.Random(seed)
     prompts = [[rng.randrange(10, vocab) for _ in range(prompt_tokens)] for _ in range(requests)]
     todo = iter(range(requests))
     results: list[Result] = []
-    errors = 0
+    errors = left = 0
     stop_at = time.perf_counter() + duration
 
     async def worker(client: httpx.AsyncClient) -> None:
-        nonlocal errors
+        nonlocal errors, left
         for i in todo:
             if time.perf_counter() >= stop_at:
                 return
             body = {"prompt": prompts[i], "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0,
                     "stream": True, "stream_options": {"include_usage": True}}
+            leave = 3 if disconnect_every and i % disconnect_every == disconnect_every - 1 else 0
             try:
-                results.append(await one_request(client, url, body))
+                result = await one_request(client, url, body, leave)
+                if result is None:
+                    left += 1
+                else:
+                    results.append(result)
             except (httpx.HTTPError, RuntimeError) as e:
                 errors += 1
                 print(f"request {i} failed: {e}", file=sys.stderr)
@@ -100,7 +110,22 @@ async def run_load(url: str, clients: int, requests: int, duration: float, promp
             t.cancel()
         await asyncio.gather(*late, return_exceptions=True)
         wall = time.perf_counter() - start
-    return results, errors, wall
+    return results, errors, wall, left
+
+
+def server_blocks(url: str, wait: float = 10.0) -> dict[str, float]:
+    """Once the server is idle (or after `wait` s): running, waiting, and KV blocks held, from /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    deadline = time.monotonic() + wait
+    while True:
+        m = {s.name: s.value for f in text_string_to_metric_families(httpx.get(url + "/metrics").text)
+             for s in f.samples}
+        idle = m["vllm:num_requests_running"] == m["vllm:num_requests_waiting"] == 0
+        if idle or time.monotonic() > deadline:
+            return {"running": m["vllm:num_requests_running"], "waiting": m["vllm:num_requests_waiting"],
+                    "blocks_held": m["minivllm:kv_blocks_total"] - m["minivllm:kv_blocks_free"]}
+        time.sleep(0.1)
 
 
 def random_model(path: Path) -> Path:
@@ -145,6 +170,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--max-token-id", type=int, default=256, help="prompts use token ids below this")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--disconnect-every", type=int, default=0,
+                    help="every K-th request hangs up after 3 chunks (0: none); the server must abort it")
     ap.add_argument("--server-arg", action="append", default=[], help="passed to `minivllm serve` (repeatable)")
     ap.add_argument("--json", action="store_true", help="also print the figures as one JSON line")
     args = ap.parse_args()
@@ -168,9 +195,10 @@ def main() -> None:
     try:
         info = httpx.get(url + "/v1/models").json()["data"][0]
         asyncio.run(run_load(url, 1, 1, 60, args.prompt_tokens, 4, args.max_token_id, args.seed + 1))  # warm-up
-        results, errors, wall = asyncio.run(run_load(url, args.clients, args.requests, args.duration,
-                                                     args.prompt_tokens, args.max_tokens, args.max_token_id,
-                                                     args.seed))
+        results, errors, wall, left = asyncio.run(run_load(url, args.clients, args.requests, args.duration,
+                                                           args.prompt_tokens, args.max_tokens, args.max_token_id,
+                                                           args.seed, args.disconnect_every))
+        after = server_blocks(url)
     finally:
         if proc is not None:
             proc.send_signal(signal.SIGINT)
@@ -186,6 +214,7 @@ def main() -> None:
     tokens = sum(r.tokens for r in results)
     figures = {
         "model": info["id"], "clients": args.clients, "requests_done": len(results), "errors": errors,
+        "hung_up": left, "blocks_held_after": after["blocks_held"],
         "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens, "wall_s": round(wall, 2),
         "requests_per_s": round(len(results) / wall, 3), "output_tokens_per_s": round(tokens / wall, 1),
         "ttft_p50_s": round(statistics.median(ttft), 4) if ttft else None,
@@ -199,6 +228,8 @@ def main() -> None:
     print(f"throughput: {figures['requests_per_s']} requests/s, {figures['output_tokens_per_s']} output tokens/s")
     print(f"time to first token: p50 {figures['ttft_p50_s']} s, p99 {figures['ttft_p99_s']} s")
     print(f"time per output token: p50 {figures['tpot_p50_s']} s, p99 {figures['tpot_p99_s']} s")
+    print(f"clients that hung up: {left}; afterwards {after['running']:.0f} running, {after['waiting']:.0f} waiting, "
+          f"{after['blocks_held']:.0f} KV blocks held (cached blocks count as free: 0 means none leaked)")
     if args.json:
         print(json.dumps(figures))
 

@@ -41,6 +41,9 @@ if "google.colab" in sys.modules:
 
 # %%
 import inspect
+import io
+import json
+import logging
 import re
 import socket
 import threading
@@ -51,6 +54,8 @@ import httpx
 import openai
 import uvicorn
 from matplotlib.figure import Figure
+from prometheus_client.parser import text_string_to_metric_families
+from pythonjsonlogger.json import JsonFormatter
 
 from minivllm import LLM, EngineConfig, SamplingParams, widgets
 from minivllm.engine.llm_engine import LLMEngine
@@ -130,6 +135,37 @@ assert content_type.startswith("text/event-stream") and lines[-1] == "data: [DON
 assert all(line.startswith("data: ") for line in lines)
 
 # %% [markdown]
+# ## The request log
+#
+# Every request leaves one log record per event: `received` (the handler took it), `first_token`
+# (with the time spent queued and the time to first token) and `finished` or `aborted` (tokens, timings,
+# why it stopped). They are standard `logging` records on the `minivllm.server.requests` logger with their
+# fields attached; `minivllm serve --log-format json` prints each as one JSON object, through
+# python-json-logger's formatter, as here. The request id is the client's `X-Request-Id` header when it
+# sends one (and is echoed back), so a call can be followed from a proxy's logs into the server's.
+
+# %%
+log_lines = io.StringIO()
+handler = logging.StreamHandler(log_lines)
+handler.setFormatter(JsonFormatter("%(asctime)s %(name)s %(message)s"))
+request_logger = logging.getLogger("minivllm.server.requests")
+request_logger.addHandler(handler)
+request_logger.setLevel(logging.INFO)
+body = {"model": MODEL, "prompt": "Hello there", "max_tokens": 8, "temperature": 0, "stream": True}
+with httpx.stream("POST", URL + "/v1/completions", json=body, headers={"X-Request-Id": "chapter-09"}) as r:
+    echoed = r.headers["x-request-id"]
+    chunks = [line for line in r.iter_lines() if line]
+deadline = time.monotonic() + 5
+while log_lines.getvalue().count("\n") < 3 and time.monotonic() < deadline:
+    time.sleep(0.01)
+request_logger.removeHandler(handler)
+records = [json.loads(line) for line in log_lines.getvalue().splitlines()]
+for rec in records:
+    print(json.dumps(rec))
+assert echoed == "chapter-09" and [rec["event"] for rec in records] == ["received", "first_token", "finished"]
+assert all(rec["request_id"] == "chapter-09" for rec in records) and records[-1]["output_tokens"] == 8
+
+# %% [markdown]
 # ## Many clients, one batch
 #
 # Eight clients, each in its own thread with its own connection, start 5 ms apart and stream completions
@@ -140,12 +176,13 @@ assert all(line.startswith("data: ") for line in lines)
 
 # %%
 def metrics() -> dict[str, float]:
-    """Every sample of /metrics, by name (labels included)."""
+    """Every sample of /metrics, by name; labels but model_name (one model here) in braces, as in
+    'vllm:request_success_total{finished_reason="abort"}'."""
     out = {}
-    for line in httpx.get(URL + "/metrics").text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
+    for family in text_string_to_metric_families(httpx.get(URL + "/metrics").text):
+        for s in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in s.labels.items() if k != "model_name")
+            out[s.name + (f"{{{labels}}}" if labels else "")] = s.value
     return out
 
 
@@ -170,8 +207,8 @@ def sampler():
     t_start = time.perf_counter()
     while not done.is_set():
         m = metrics()
-        samples.append((time.perf_counter() - t_start, m["minivllm_num_requests_running"],
-                        m["minivllm_num_requests_waiting"], m["minivllm_kv_blocks_free"]))
+        samples.append((time.perf_counter() - t_start, m["vllm:num_requests_running"],
+                        m["vllm:num_requests_waiting"], m["minivllm:kv_blocks_free"], m["vllm:kv_cache_usage_perc"]))
         time.sleep(0.01)
 
 
@@ -186,7 +223,7 @@ wall = time.perf_counter() - t0
 done.set()
 poller.join()
 after = metrics()
-generated = after["minivllm_generation_tokens_total"] - before["minivllm_generation_tokens_total"]
+generated = after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
 for r in results:
     print(f"client {r['client']}: {r['tokens']:2d} tokens, first after {r['ttft'] * 1e3:5.0f} ms, "
           f"done after {r['last'] * 1e3:5.0f} ms")
@@ -216,8 +253,11 @@ widgets.show(fig)
 #
 # ## What /metrics said while it ran
 #
-# The gauges are read from the engine's latest stats at scrape time: sequences running and waiting (the
-# queue depth), and free KV blocks (KV-cache usage).
+# The metrics carry vLLM's names (`vllm:num_requests_running`, `vllm:kv_cache_usage_perc`,
+# `vllm:time_to_first_token_seconds`, ...) and a `model_name` label, so a Grafana dashboard built for vLLM
+# plots them unchanged. The gauges are read from the engine's latest stats at scrape time: sequences
+# running and waiting (the queue depth), and the fraction of KV blocks in use. This is what such a
+# dashboard would have drawn from the samples taken every 10 ms during the load above.
 
 # %%
 fig = Figure(figsize=(9, 2.8))
@@ -227,10 +267,10 @@ ax1.step(ts, [s[1] for s in samples], where="post", label="running")
 ax1.step(ts, [s[2] for s in samples], where="post", label="waiting (queue depth)")
 ax1.set_xlabel("seconds")
 ax1.legend(fontsize=8)
-total_blocks = after["minivllm_kv_blocks_total"]
-ax2.step(ts, [1 - s[3] / total_blocks for s in samples], where="post", color="#c44e52")
+total_blocks = after["minivllm:kv_blocks_total"]
+ax2.step(ts, [s[4] for s in samples], where="post", color="#c44e52")
 ax2.set_xlabel("seconds")
-ax2.set_ylabel("KV-cache usage")
+ax2.set_ylabel("vllm:kv_cache_usage_perc")
 widgets.show(fig)
 assert max(s[1] for s in samples) <= 4 and most_waiting >= 1, "a queue formed behind the 4 running sequences"
 
@@ -250,8 +290,8 @@ def histogram(m: dict, name: str) -> list[tuple[float, float]]:
 
 
 fig = Figure(figsize=(9, 2.8))
-for ax, name, label in zip(fig.subplots(1, 2), ("minivllm_time_to_first_token_seconds",
-                                                "minivllm_time_per_output_token_seconds"),
+for ax, name, label in zip(fig.subplots(1, 2), ("vllm:time_to_first_token_seconds",
+                                                "vllm:time_per_output_token_seconds"),
                            ("time to first token", "time per output token")):
     buckets = [(le, c) for le, c in histogram(after, name) if le != float("inf")]
     ax.bar(range(len(buckets)), [c for _, c in buckets], color="#4c72b0")
@@ -263,12 +303,12 @@ for ax, name, label in zip(fig.subplots(1, 2), ("minivllm_time_to_first_token_se
 widgets.show(fig)
 
 # %%
-assert after["minivllm_time_to_first_token_seconds_count"] == 1 + 1 + 8, "one observation per request so far"
-assert after["minivllm_time_per_output_token_seconds_count"] == 1 + 1 + 8
+assert after["vllm:time_to_first_token_seconds_count"] == 1 + 1 + 1 + 8, "one observation per request so far"
+assert after["vllm:time_per_output_token_seconds_count"] == 1 + 1 + 1 + 8
 finished = {re.search(r'"(\w+)"', k).group(1): int(v) for k, v in after.items()
-            if k.startswith("minivllm_requests_finished_total")}
+            if k.startswith("vllm:request_success_total")}
 print("requests finished, by reason:", finished)
-assert sum(finished.values()) == 10 and after["minivllm_kv_blocks_free"] == total_blocks
+assert sum(finished.values()) == 11 and after["minivllm:kv_blocks_free"] == total_blocks
 
 # %% [markdown]
 # ## A client that leaves
@@ -277,28 +317,28 @@ assert sum(finished.values()) == 10 and after["minivllm_kv_blocks_free"] == tota
 # the request, and its KV blocks return to the free pool at once; the abort is counted.
 
 # %%
-ABORTED = 'minivllm_requests_finished_total{finish_reason="abort"}'
+ABORTED = 'vllm:request_success_total{finished_reason="abort"}'
 stream = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=300, temperature=0,
                                    stream=True, extra_body={"ignore_eos": True})
 for n, _ in enumerate(stream):
     if n == 2:
         break
 during = metrics()
-print(f"while streaming: {during['minivllm_kv_blocks_free']:.0f} of {total_blocks:.0f} blocks free, "
-      f"{during['minivllm_num_requests_running']:.0f} running")
+print(f"while streaming: {during['minivllm:kv_blocks_free']:.0f} of {total_blocks:.0f} blocks free, "
+      f"{during['vllm:num_requests_running']:.0f} running")
 stream.close()  # the client hangs up
 deadline, now = time.monotonic() + 10, during
 while time.monotonic() < deadline:
     now = metrics()
-    if now.get(ABORTED, 0) >= 1 and now["minivllm_kv_blocks_free"] == now["minivllm_kv_blocks_total"]:
+    if now.get(ABORTED, 0) >= 1 and now["minivllm:kv_blocks_free"] == now["minivllm:kv_blocks_total"]:
         break
     time.sleep(0.05)
-print(f"after it left:   {now['minivllm_kv_blocks_free']:.0f} of {total_blocks:.0f} blocks free, "
-      f"{now['minivllm_num_requests_running']:.0f} running, {now.get(ABORTED, 0):.0f} aborted")
-assert during["minivllm_kv_blocks_free"] < total_blocks and during["minivllm_num_requests_running"] == 1
-assert now["minivllm_kv_blocks_free"] == now["minivllm_kv_blocks_total"] and now[ABORTED] == 1
-assert now["minivllm_num_requests_running"] == 0
-left_after = now["minivllm_generation_tokens_total"] - after["minivllm_generation_tokens_total"]
+print(f"after it left:   {now['minivllm:kv_blocks_free']:.0f} of {total_blocks:.0f} blocks free, "
+      f"{now['vllm:num_requests_running']:.0f} running, {now.get(ABORTED, 0):.0f} aborted")
+assert during["minivllm:kv_blocks_free"] < total_blocks and during["vllm:num_requests_running"] == 1
+assert now["minivllm:kv_blocks_free"] == now["minivllm:kv_blocks_total"] and now[ABORTED] == 1
+assert now["vllm:num_requests_running"] == 0
+left_after = now["vllm:generation_tokens_total"] - after["vllm:generation_tokens_total"]
 print(f"it received {n + 1} chunks; the engine generated {left_after:.0f} of the 300 tokens asked for")
 assert left_after < 300, "it stopped generating for nobody"
 

@@ -44,6 +44,16 @@ def main(argv: list[str] | None = None) -> int:
     srv.add_argument("--port", type=int, default=8000)
     srv.add_argument("--served-model-name", default=None, help="the name clients use (default: the directory's)")
     srv.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    srv.add_argument("--log-format", default="text", choices=["text", "json"],
+                     help="json: one JSON object per log record (request events carry the request id)")
+    srv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (default: $VLLM_API_KEY)")
+    srv.add_argument("--allowed-origins", default="", help="comma-separated CORS origins, or '*' (default: none)")
+    srv.add_argument("--shutdown-timeout", type=float, default=30.0,
+                     help="seconds in-flight requests get after SIGTERM before they are aborted")
+    srv.add_argument("--max-request-bytes", type=int, default=4 * 2**20, help="larger request bodies get 413")
+    srv.add_argument("--max-n", type=int, default=128, help="the largest n a request may ask for")
+    srv.add_argument("--max-tokens-times-n", type=int, default=2**17,
+                     help="the most output tokens one request may ask for: max_tokens x n x prompts")
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args)
@@ -76,8 +86,13 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"error: {e}; install the server extra: pip install 'minivllm[serve]'", file=sys.stderr)
         return 2
     try:
+        from minivllm.server.limits import ServerLimits
+
+        limits = ServerLimits(args.max_request_bytes, min(args.max_n, 128), args.max_tokens_times_n)
+        origins = [o.strip() for o in args.allowed_origins.split(",") if o.strip()]
         serve(args.model, host=args.host, port=args.port, model_name=args.served_model_name,
-              log_level=args.log_level, **engine_kwargs(args))
+              log_level=args.log_level, log_format=args.log_format, api_key=args.api_key, allowed_origins=origins,
+              shutdown_timeout=args.shutdown_timeout, limits=limits, **engine_kwargs(args))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -20,6 +20,7 @@ import time
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from minivllm import LLM, SamplingParams
 from minivllm.config import EngineConfig
@@ -105,14 +106,17 @@ def offline(chat_ckpt):
     return LLM(chat_ckpt, block_size=8, num_kv_blocks=256, trace_steps=0)
 
 
-def metrics(url: str) -> dict[str, float]:
-    """The unlabelled samples (and finish-reason counters) of /metrics, by name."""
-    text = httpx.get(url + "/metrics").text
+def metrics(url: str, model: str = MODEL) -> dict[str, float]:
+    """Every sample of /metrics, parsed by prometheus_client, by name; labels other than model_name (which must
+    be the served model's) in braces, e.g. 'vllm:request_success_total{finished_reason="abort"}'."""
     out = {}
-    for line in text.splitlines():
-        m = re.match(r'^(minivllm_\w+(?:\{finish_reason="\w+"\})?) (\S+)$', line)
-        if m:
-            out[m.group(1)] = float(m.group(2))
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+        for s in family.samples:
+            if not s.name.startswith(("vllm:", "minivllm:")):
+                continue
+            assert s.labels.get("model_name") == model, s
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()) if k != "model_name")
+            out[s.name + (f"{{{labels}}}" if labels else "")] = s.value
     return out
 
 
@@ -244,16 +248,28 @@ def test_a_slow_step_does_not_block_the_event_loop(server, monkeypatch):
         done.join(10)
 
 
-def test_one_json_log_line_per_request(client, caplog):
+def test_request_events_are_logged_with_the_client_request_id(server, caplog):
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 4, "ignore_eos": True, "stream": True}
     with caplog.at_level(logging.INFO, logger="minivllm.server.requests"):
-        resp = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, extra_body={"ignore_eos": True})
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, headers={"X-Request-Id": "trace-42"}) as r:
+            assert r.headers["x-request-id"] == "trace-42"
+            chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
         deadline = time.monotonic() + 2
-        while not caplog.records and time.monotonic() < deadline:
+        while not any(getattr(x, "event", None) == "finished" for x in caplog.records) and time.monotonic() < deadline:
             time.sleep(0.01)
-    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "minivllm.server.requests"]
-    assert len(lines) == 1 and lines[0]["request_id"].startswith(resp.id)
-    assert lines[0]["prompt_tokens"] == resp.usage.prompt_tokens and lines[0]["output_tokens"] == 4
-    assert lines[0]["finish_reason"] == "length" and 0 < lines[0]["ttft_s"] <= lines[0]["total_s"]
+    assert chunks[0]["id"] == "cmpl-trace-42"
+    events = [x for x in caplog.records if getattr(x, "request_id", None) == "trace-42"]
+    assert [e.event for e in events] == ["received", "first_token", "finished"]
+    received, first, finished = events
+    assert received.stream is True and received.max_tokens == 4 and received.endpoint == "/v1/completions"
+    assert finished.output_tokens == 4 and finished.finish_reason == "length"
+    assert 0 < first.ttft_s == finished.ttft_s <= finished.total_s
+    assert "finished trace-42" in finished.getMessage(), "the default format stays readable"
+    # a fresh id when the client sends none (or a silly one), echoed back all the same
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 1},
+                   headers={"X-Request-Id": "bad id\twith spaces"})
+    fresh = r.headers["x-request-id"]
+    assert re.fullmatch(r"[0-9a-f]{32}", fresh) and r.json()["id"].endswith(fresh)
 
 
 def test_a_failing_step_gives_503s_instead_of_hanging(chat_ckpt):
@@ -316,15 +332,15 @@ def test_32_concurrent_streams_some_disconnecting(server):
     deadline, after = time.monotonic() + 5, {}
     while time.monotonic() < deadline:
         after = metrics(server.url)
-        if after["minivllm_kv_blocks_free"] == after["minivllm_kv_blocks_total"] and \
-                after["minivllm_num_requests_running"] == after["minivllm_num_requests_waiting"] == 0:
+        if after["minivllm:kv_blocks_free"] == after["minivllm:kv_blocks_total"] and \
+                after["vllm:num_requests_running"] == after["vllm:num_requests_waiting"] == 0:
             break
         time.sleep(0.1)
-    assert after["minivllm_kv_blocks_free"] == after["minivllm_kv_blocks_total"] > 0
-    assert after["minivllm_num_requests_running"] == after["minivllm_num_requests_waiting"] == 0
-    aborted = 'minivllm_requests_finished_total{finish_reason="abort"}'
+    assert after["minivllm:kv_blocks_free"] == after["minivllm:kv_blocks_total"] > 0
+    assert after["vllm:num_requests_running"] == after["vllm:num_requests_waiting"] == 0
+    aborted = 'vllm:request_success_total{finished_reason="abort"}'
     assert after.get(aborted, 0) - before.get(aborted, 0) == 12, "every client that left was aborted"
-    generated = after["minivllm_generation_tokens_total"] - before["minivllm_generation_tokens_total"]
+    generated = after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
     assert 20 * max_tokens <= generated < 20 * max_tokens + 12 * long_tokens
     steps = server.engine.num_steps - steps_before
     assert steps < generated / 4, f"{steps} steps for {generated} tokens: clients were not batched together"
@@ -337,24 +353,32 @@ def test_client_leaving_a_non_streaming_request_aborts_it(server, monkeypatch):
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(server.url + "/v1/completions", json=body, timeout=0.5)
     deadline, after = time.monotonic() + 5, before
-    key = 'minivllm_requests_finished_total{finish_reason="abort"}'
+    key = 'vllm:request_success_total{finished_reason="abort"}'
     while time.monotonic() < deadline and after.get(key, 0) == before.get(key, 0):
         time.sleep(0.05)
         after = metrics(server.url)
     assert after.get(key, 0) == before.get(key, 0) + 1
-    assert after["minivllm_kv_blocks_free"] == after["minivllm_kv_blocks_total"]
+    assert after["minivllm:kv_blocks_free"] == after["minivllm:kv_blocks_total"]
 
 
-def test_metrics_exposition(server):
-    text = httpx.get(server.url + "/metrics").text
-    for name in ("minivllm_num_requests_running", "minivllm_num_requests_waiting", "minivllm_kv_blocks_total",
-                 "minivllm_kv_blocks_free", "minivllm_prefix_cache_hit_rate", "minivllm_generation_tokens_total",
-                 'minivllm_time_to_first_token_seconds_bucket{le="+Inf"}',
-                 'minivllm_time_per_output_token_seconds_bucket{le="+Inf"}'):
-        assert re.search(rf"^{re.escape(name)} \S+$", text, re.M), name
+def test_metrics_exposition_uses_vllm_names(server):
+    families = {f.name: f for f in text_string_to_metric_families(httpx.get(server.url + "/metrics").text)}
+    kinds = {"vllm:num_requests_running": "gauge", "vllm:num_requests_waiting": "gauge",
+             "vllm:kv_cache_usage_perc": "gauge", "vllm:time_to_first_token_seconds": "histogram",
+             "vllm:time_per_output_token_seconds": "histogram", "vllm:e2e_request_latency_seconds": "histogram",
+             "vllm:request_queue_time_seconds": "histogram", "vllm:prompt_tokens": "counter",
+             "vllm:generation_tokens": "counter", "vllm:request_success": "counter", "vllm:num_preemptions": "counter",
+             "vllm:prefix_cache_queries": "counter", "vllm:prefix_cache_hits": "counter",
+             "minivllm:kv_blocks_total": "gauge", "minivllm:kv_blocks_free": "gauge"}
+    for name, kind in kinds.items():
+        assert name in families and families[name].type == kind, name
+        assert all(s.labels["model_name"] == MODEL for s in families[name].samples), name
+    reasons = {s.labels["finished_reason"] for s in families["vllm:request_success"].samples}
+    assert reasons == {"stop", "length", "abort"}
     m = metrics(server.url)
-    assert m["minivllm_time_to_first_token_seconds_count"] > 0 and m["minivllm_time_to_first_token_seconds_sum"] > 0
-    assert m["minivllm_kv_blocks_total"] == 1024 and 0 <= m["minivllm_prefix_cache_hit_rate"] <= 1
+    assert m["vllm:time_to_first_token_seconds_count"] > 0 and m["vllm:time_to_first_token_seconds_sum"] > 0
+    assert m["vllm:e2e_request_latency_seconds_count"] > 0 and m["vllm:prompt_tokens_total"] > 0
+    assert m["minivllm:kv_blocks_total"] == 1024 and 0 <= m["vllm:kv_cache_usage_perc"] <= 1
 
 
 # ---- bad requests ---------------------------------------------------------------------------------------
@@ -366,7 +390,6 @@ BAD = [
     ("completions", {"prompt": "fox " * 400}, "prompt", "max_model_len"),
     ("completions", {"prompt": [5, 99999]}, "prompt", "vocabulary"),
     ("completions", {"prompt": ""}, "prompt", "empty"),
-    ("completions", {"prompt": PROMPT, "model": "gpt-7"}, "model", "gpt-7"),
     ("completions", {"prompt": PROMPT, "logprobs": 3}, "logprobs", "not supported"),
     ("completions", {"max_tokens": 3}, "prompt", "required"),
     ("completions", {"prompt": PROMPT, "stop": 5}, "stop", "string"),
@@ -393,7 +416,7 @@ def test_invalid_json_and_the_server_keeps_serving(server, client):
         client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=-1)
     assert client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3).usage.completion_tokens >= 1
     assert httpx.get(server.url + "/health").status_code == 200
-    assert metrics(server.url)["minivllm_kv_blocks_free"] == 1024
+    assert metrics(server.url)["minivllm:kv_blocks_free"] == 1024
 
 
 def test_cli_serve_subprocess(chat_ckpt):

@@ -1,15 +1,16 @@
-"""The FastAPI app: OpenAI-compatible routes, health, metrics, and every error in OpenAI's error shape.
+"""The FastAPI app: OpenAI- and vLLM-compatible routes, health, metrics, and every error in OpenAI's shape.
 
 `build_app(engine)` wraps an existing LLMEngine (tests build small ones); `serve(...)` loads a model and runs
-uvicorn, as `minivllm serve` does.
+uvicorn, as `minivllm serve` does. Around the routes, outermost first: CORS (answers browser preflights),
+request ids (X-Request-Id), the API key, and the body-size cap, so a rejected request costs almost nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
-import signal
-import threading
+import os
 import time
 
 import uvicorn
@@ -18,57 +19,145 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 
+import minivllm
 from minivllm.config import EngineConfig
 from minivllm.engine.llm_engine import LLMEngine
+from minivllm.server import openapi
 from minivllm.server.async_engine import AsyncEngine
+from minivllm.server.auth import APIKeyAuth, resolve_api_key
+from minivllm.server.limits import BodySizeLimit, ServerLimits
 from minivllm.server.metrics import ServerMetrics
-from minivllm.server.protocol import APIError, ChatCompletionRequest, CompletionRequest
+from minivllm.server.preprocess import Preprocessor
+from minivllm.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, engine_error
+from minivllm.server.request_log import RequestIdMiddleware, RequestLog, configure_logging
 from minivllm.server.serving import OpenAIServing
+from minivllm.server.shutdown import GracefulServer
+from minivllm.server.tokenization import DetokenizeRequest, TokenizeChatRequest, TokenizeCompletionRequest
 
 log = logging.getLogger("minivllm.server")
 
 
-def build_app(engine: LLMEngine, model_name: str | None = None) -> FastAPI:
+class ErrorJSON(JSONResponse):
+    """JSON with non-ASCII escaped: an error may echo the client's input, lone surrogates included."""
+
+    def render(self, content) -> bytes:
+        return json.dumps(content, separators=(",", ":")).encode()
+
+
+def api_error_response(err: APIError, headers: dict | None = None) -> ErrorJSON:
+    return ErrorJSON(err.body(), status_code=err.status, headers=headers)
+
+
+def build_app(engine: LLMEngine, model_name: str | None = None, *, limits: ServerLimits | None = None,
+              api_key: str | None = None, allowed_origins: list[str] | tuple[str, ...] = ()) -> FastAPI:
     """An app serving `engine` under `model_name` (default: the checkpoint directory's name)."""
     name = model_name or engine.config.served_model_name
+    limits = limits or ServerLimits()
     async_engine = AsyncEngine(engine)
-    metrics = ServerMetrics()
+    metrics = ServerMetrics(name)
+    request_log = RequestLog()
     async_engine.add_listener(metrics.observe)
-    serving = OpenAIServing(async_engine, name)
+    async_engine.add_listener(request_log.observe)
+    pre = Preprocessor(engine)
+    serving = OpenAIServing(async_engine, name, pre, limits, request_log)
     created = int(time.time())
+    max_model_len = engine.config.max_model_len
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         async_engine.start()
         yield
         await async_engine.stop()
+        pre.close()
+        stats = async_engine.stats
+        log.info("engine stopped: %d of %d KV blocks free", stats["num_free_blocks"], stats["num_total_blocks"])
 
-    app = FastAPI(title="minivllm", lifespan=lifespan)
+    app = FastAPI(title="minivllm", version=minivllm.__version__, lifespan=lifespan)
     app.state.engine = async_engine
     app.state.metrics = metrics
+    app.state.limits = limits
     _add_error_handlers(app)
+    openapi.install(app)
+    app.add_middleware(BodySizeLimit, max_bytes=limits.max_request_bytes)
+    if api_key:
+        app.add_middleware(APIKeyAuth, api_key=api_key)
+    app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["*"],
+                       allow_headers=["*"], expose_headers=["X-Request-Id"], allow_credentials=False)
 
-    @app.post("/v1/completions")
+    def model_card() -> dict:
+        return {"id": name, "object": "model", "created": created, "owned_by": "minivllm",
+                "max_model_len": max_model_len}
+
+    @app.post("/v1/completions", responses={**openapi.json_object("choices", streams=True), **openapi.body_errors(),
+                                            **openapi.errors(404)})
     async def completions(body: CompletionRequest, request: Request) -> Response:
         return await serving.completions(body, request)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses={**openapi.json_object("choices", streams=True),
+                                                 **openapi.body_errors(), **openapi.errors(404)})
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         return await serving.chat(body, request)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses={**openapi.json_object("object", "data"), **openapi.errors(401)})
     async def models() -> dict:
-        return {"object": "list", "data": [{"id": name, "object": "model", "created": created, "owned_by": "minivllm",
-                                            "max_model_len": engine.config.max_model_len}]}
+        return {"object": "list", "data": [model_card()]}
 
-    @app.get("/health")
+    @app.get("/v1/models/{model_id:path}", responses={**openapi.json_object("id", "object"),
+                                                       **openapi.errors(401, 404)})
+    async def model(model_id: str) -> dict:
+        serving.check_model(model_id)
+        return model_card()
+
+    @app.post("/tokenize", responses={**openapi.json_object("count", "max_model_len", "tokens"),
+                                      **openapi.body_errors(), **openapi.errors(404)})
+    async def tokenize(body: TokenizeCompletionRequest | TokenizeChatRequest) -> dict:
+        serving.check_model(body.model)
+        try:
+            if isinstance(body, TokenizeChatRequest):
+                if not body.messages:
+                    raise APIError("messages must not be empty", param="messages")
+                conversation = [m.as_template_input() for m in body.messages]
+                chat = await pre.chat_prompt(conversation, body.add_generation_prompt)
+                tokens = chat["prompt_token_ids"]
+                if body.add_special_tokens:
+                    tokens = await pre.tokenize(chat["prompt"], True)
+            else:
+                tokens = await pre.tokenize(body.prompt, body.add_special_tokens)
+        except ValueError as e:
+            raise engine_error(e) from e
+        return {"count": len(tokens), "max_model_len": max_model_len, "tokens": tokens, "token_strs": None}
+
+    @app.post("/detokenize", responses={**openapi.json_object("prompt"), **openapi.body_errors(),
+                                        **openapi.errors(404)})
+    async def detokenize(body: DetokenizeRequest) -> dict:
+        serving.check_model(body.model)
+        try:
+            return {"prompt": await pre.detokenize(body.tokens)}
+        except ValueError as e:
+            raise APIError(str(e), param="tokens") from e
+
+    @app.get("/health", responses={**openapi.json_object("status"), 503: {"description": "The engine died"}})
     async def health() -> Response:
         if async_engine.error is not None:
             return JSONResponse({"status": "error", "error": repr(async_engine.error)}, status_code=503)
         return JSONResponse({"status": "ok"})
 
-    @app.get("/metrics")
+    @app.get("/ping", responses=openapi.json_object("status"))
+    async def ping() -> Response:
+        """SageMaker's probe, as vLLM serves it (GET and POST): the same as /health."""
+        return await health()
+
+    app.post("/ping", responses=openapi.json_object("status"), operation_id="ping_post")(ping)
+
+    @app.get("/version", responses=openapi.json_object("version"))
+    async def version() -> dict:
+        return {"version": minivllm.__version__}
+
+    @app.get("/metrics", response_class=Response,
+             responses={200: {"description": "Prometheus text format", "content": {"text/plain": {}}}})
     async def prometheus() -> Response:
         return Response(metrics.render(async_engine.stats), media_type=CONTENT_TYPE_LATEST)
 
@@ -77,24 +166,22 @@ def build_app(engine: LLMEngine, model_name: str | None = None) -> FastAPI:
 
 def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
-    async def api_error(request: Request, exc: APIError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
+    async def api_error(request: Request, exc: APIError) -> Response:
+        return api_error_response(exc)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse(validation_error(exc.errors()).body(), status_code=400)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> Response:
+        return api_error_response(validation_error(exc.errors()))
 
     @app.exception_handler(HTTPException)
-    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: HTTPException) -> Response:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return JSONResponse(APIError(str(exc.detail), status=exc.status_code, type=kind).body(),
-                            status_code=exc.status_code)
+        return api_error_response(APIError(str(exc.detail), status=exc.status_code, type=kind), exc.headers)
 
     @app.exception_handler(Exception)
-    async def server_error(request: Request, exc: Exception) -> JSONResponse:
+    async def server_error(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error in %s", request.url.path, exc_info=exc)
-        return JSONResponse(APIError(f"internal error: {exc!r}", status=500, type="server_error").body(),
-                            status_code=500)
+        return api_error_response(APIError(f"internal error: {exc!r}", status=500, type="server_error"))
 
 
 def validation_error(errors: list[dict]) -> APIError:
@@ -105,7 +192,9 @@ def validation_error(errors: list[dict]) -> APIError:
     by_field: dict[str, list[str]] = {}
     for err in errors:
         loc = err["loc"]
-        field = str(loc[1]) if len(loc) > 1 and loc[0] == "body" else "body"
+        # a union body (/tokenize) puts the branch's name before the field: skip it
+        rest = [p for p in loc[1:] if not (isinstance(p, str) and p.endswith("Request"))] if loc[0] == "body" else []
+        field = str(rest[0]) if rest else "body"
         msgs = by_field.setdefault(field, [])
         detail = err["msg"] if err["type"] == "missing" else f"{err['msg']} (got {err.get('input')!r:.60})"
         if detail not in msgs:
@@ -116,30 +205,18 @@ def validation_error(errors: list[dict]) -> APIError:
 
 
 def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 8000, model_name: str | None = None,
-          log_level: str = "info", **engine_kwargs) -> None:
-    """Load the model, then serve it until interrupted."""
-
-    logging.basicConfig(level=getattr(logging, log_level.upper()), format="%(asctime)s %(name)s %(message)s")
+          log_level: str = "info", log_format: str = "text", api_key: str | None = None,
+          allowed_origins: list[str] | tuple[str, ...] = (), shutdown_timeout: float = 30.0,
+          limits: ServerLimits | None = None, **engine_kwargs) -> None:
+    """Load the model, then serve it until SIGTERM or Ctrl-C (see shutdown.py)."""
+    configure_logging(log_level, log_format)
+    api_key = resolve_api_key(api_key, os.environ)
     engine = LLMEngine(EngineConfig(model=model, trace_steps=0, **engine_kwargs))
-    log.info("serving %s on http://%s:%d (%d KV blocks of %d tokens, max_model_len %d)", engine.config.model,
-             host, port, engine.kv.pool.num_blocks, engine.config.block_size, engine.config.max_model_len)
-    config = uvicorn.Config(build_app(engine, model_name), host=host, port=port, log_level=log_level)
-    QuietExitServer(config).run()
-
-
-class QuietExitServer(uvicorn.Server):
-    """uvicorn re-raises Ctrl-C or SIGTERM after its graceful shutdown, which prints a KeyboardInterrupt traceback
-    from inside asyncio.run (or dies of SIGTERM); a command line should just exit 0 after a clean shutdown. So here
-    the signals only ask the server to exit (a second one forces it), as uvicorn's own handler does."""
-
-    @contextlib.contextmanager
-    def capture_signals(self):
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+    log.info("serving %s on http://%s:%d (%d KV blocks of %d tokens, max_model_len %d%s)", engine.config.model,
+             host, port, engine.kv.pool.num_blocks, engine.config.block_size, engine.config.max_model_len,
+             ", API key required" if api_key else "")
+    app = build_app(engine, model_name, limits=limits, api_key=api_key, allowed_origins=allowed_origins)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                            log_config=None if log_format == "json" else uvicorn.config.LOGGING_CONFIG,
+                            timeout_graceful_shutdown=shutdown_timeout + 10)
+    GracefulServer(config, app.state.engine, shutdown_timeout).run()

@@ -1,7 +1,8 @@
 """AsyncEngine: one asyncio task owns the LLMEngine; HTTP handlers only send it messages.
 
 Why a single owner: LLMEngine is not thread-safe (add, abort and step all touch the scheduler and the block
-pool), so only the owner task touches it. Why a worker thread: a step is CPU-bound torch work (up to seconds on
+pool), so only the owner task touches it; requests reach it already tokenized and checked (preprocess.py), so
+a huge prompt never holds up a step. Why a worker thread: a step is CPU-bound torch work (up to seconds on
 a CPU), and on the event loop it would stall every connection. So the owner runs the adds and aborts queued
 since the last step, then one `step()`, in a worker thread (`asyncio.to_thread`) and awaits it: the event loop
 keeps serving HTTP meanwhile, nothing else touches the engine, and requests that arrive during a step are added
@@ -11,20 +12,17 @@ right before the next one, so they join the running batch (continuous batching a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from minivllm.engine.llm_engine import LLMEngine, PromptType
+from minivllm.engine.input_processor import EngineRequest
+from minivllm.engine.llm_engine import LLMEngine
 from minivllm.outputs import RequestOutput
-from minivllm.sampling_params import SamplingParams
 
 log = logging.getLogger("minivllm.server")
 
-# A prompt, or a function the owner calls to build one (chat templates run there, not in the handler, since
-# the tokenizer is shared with the engine and not safe to use from two threads at once).
-PromptSource = PromptType | Callable[[], PromptType]
 StepListener = Callable[[list[RequestOutput], dict], None]
 
 
@@ -45,6 +43,7 @@ class RequestStream:
         self._latest: dict[str, RequestOutput] = {}
         self._ready = asyncio.Event()
         self._error: BaseException | None = None
+        self.aborted = False  # the server aborted it (shutdown), not the client
 
     @property
     def finished(self) -> bool:
@@ -52,6 +51,11 @@ class RequestStream:
 
     def _put(self, out: RequestOutput) -> None:
         self._latest[out.request_id] = out
+        self._ready.set()
+
+    def _abort(self) -> None:
+        self.aborted = True
+        self.unfinished.clear()
         self._ready.set()
 
     def _fail(self, exc: BaseException) -> None:
@@ -77,9 +81,7 @@ class RequestStream:
 
 @dataclass
 class _Add:
-    prompts: list[tuple[str, PromptSource]]
-    params: SamplingParams
-    arrival_time: float
+    requests: list[EngineRequest]
     stream: RequestStream
     accepted: asyncio.Future
 
@@ -109,6 +111,7 @@ class AsyncEngine:
         self._listeners: list[StepListener] = []
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
+        self._stopping = False
 
     # ---- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -116,14 +119,19 @@ class AsyncEngine:
         self._wake = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._run(), name="minivllm-engine-loop")
 
-    async def stop(self) -> None:
-        """Stop stepping; anyone still waiting hears so instead of hanging (uvicorn drains requests first)."""
+    async def stop(self, timeout: float = 10.0) -> None:
+        """Abort whatever still runs, let the owner free its blocks (bounded by `timeout`), then stop it;
+        anyone still waiting hears so instead of hanging (uvicorn drains requests first)."""
         if self._task is not None:
-            self._task.cancel()
+            self.abort_all()
+            self._stopping = True
+            self._wake.set()
             try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+                await asyncio.wait_for(asyncio.shield(self._task), timeout)
+            except (asyncio.TimeoutError, asyncio.CancelledError):
+                self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task
             self._task = None
         self._fail_all(EngineDeadError("the server is shutting down"), [])
 
@@ -132,15 +140,18 @@ class AsyncEngine:
         self._listeners.append(listener)
 
     # ---- the API handlers use ----------------------------------------------------------------------
-    async def generate(self, prompts: Sequence[tuple[str, PromptSource]], params: SamplingParams,
-                       arrival_time: float | None = None) -> RequestStream:
-        """Queue one engine request per (request id, prompt); all go in or none (ValueError names why)."""
-        if self.error is not None or self._task is None:
+    async def generate(self, requests: Sequence[EngineRequest]) -> RequestStream:
+        """Queue checked requests (preprocess.py makes them); all go in or none (ValueError names why)."""
+        if self.error is not None or self._task is None or self._stopping:
             raise EngineDeadError(f"the engine is not running: {self.error!r}")
-        stream = RequestStream([rid for rid, _ in prompts])
+        ids = [r.request_id for r in requests]
+        queued = {r.request_id for op in self._ops if isinstance(op, _Add) for r in op.requests}
+        taken = [rid for rid in ids if rid in self._streams or rid in queued]
+        if taken or len(set(ids)) < len(ids):
+            raise ValueError(f"request id {(taken or ids)[0]!r} is already in use")
+        stream = RequestStream(ids)
         accepted = asyncio.get_running_loop().create_future()
-        arrival = time.monotonic() if arrival_time is None else arrival_time
-        self._ops.append(_Add(list(prompts), params, arrival, stream, accepted))
+        self._ops.append(_Add(list(requests), stream, accepted))
         self._wake.set()
         try:
             await accepted
@@ -161,11 +172,30 @@ class AsyncEngine:
         if self._wake is not None:
             self._wake.set()
 
+    def abort_all(self) -> int:
+        """Abort every request in flight (shutdown): each stream ends with `aborted` set; returns how many."""
+        streams = set(self._streams.values())
+        for op in self._ops:
+            if isinstance(op, _Add) and not op.accepted.done():
+                streams.add(op.stream)
+        ids = [rid for stream in streams for rid in stream.request_ids if rid in stream.unfinished]
+        for stream in streams:
+            stream._abort()
+        for rid in ids:
+            self._streams.pop(rid, None)
+        if ids:
+            self._ops.append(_Abort(ids))
+            if self._wake is not None:
+                self._wake.set()
+        return len(ids)
+
     # ---- the owner ---------------------------------------------------------------------------------
     async def _run(self) -> None:
         has_work = False
         while True:
             if not self._ops and not has_work:
+                if self._stopping:
+                    return
                 self._wake.clear()
                 await self._wake.wait()
                 continue
@@ -189,13 +219,10 @@ class AsyncEngine:
                     eng.abort_request(rid)
                 result.errors.append(None)
                 continue
-            try:
-                batch = [eng.process_request(rid, p() if callable(p) else p, op.params, op.arrival_time)
-                         for rid, p in op.prompts]  # validate every prompt before queueing any
-            except Exception as e:  # handed to this request's handler; the loop goes on
-                result.errors.append(e)
+            if op.stream.aborted:  # aborted (shutdown) before it went in
+                result.errors.append(EngineDeadError("the server is shutting down"))
                 continue
-            for request in batch:
+            for request in op.requests:
                 eng.enqueue(request)
             result.errors.append(None)
         if eng.has_unfinished_requests():
@@ -215,7 +242,7 @@ class AsyncEngine:
                 continue
             if op.accepted.done():  # cancelled: the caller queued an abort for these right after
                 continue
-            for rid, _ in op.prompts:
+            for rid in op.stream.request_ids:
                 self._streams[rid] = op.stream
             op.accepted.set_result(None)
         for out in result.outputs:

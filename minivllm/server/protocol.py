@@ -9,9 +9,10 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from minivllm.sampling_params import SamplingParams
+from minivllm.server.limits import MAX_N
 
 # OpenAI fields this engine cannot honour: rejected when set, rather than silently ignored.
 UNSUPPORTED = ("logprobs", "top_logprobs", "echo", "suffix", "logit_bias", "tools", "tool_choice", "functions",
@@ -62,10 +63,10 @@ class SamplingRequest(BaseModel):
     top_k: int | None = None
     min_p: float | None = None
     repetition_penalty: float | None = None
-    n: int | None = None
+    n: int | None = Field(None, le=MAX_N)  # the server's cap; ServerLimits.max_n may lower it
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)  # torch seeds are 64-bit, as vLLM's
     ignore_eos: bool | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None

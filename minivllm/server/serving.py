@@ -9,17 +9,18 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-import jinja2
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from minivllm.engine.llm_engine import PromptType
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
-from minivllm.server.async_engine import AsyncEngine, EngineDeadError, PromptSource, RequestStream
+from minivllm.server.async_engine import AsyncEngine, EngineDeadError, RequestStream
+from minivllm.server.limits import ServerLimits
+from minivllm.server.preprocess import Preprocessor
 from minivllm.server.protocol import (
     APIError,
     ChatCompletionRequest,
@@ -29,6 +30,7 @@ from minivllm.server.protocol import (
     finish_reason,
     usage,
 )
+from minivllm.server.request_log import RequestLog
 
 
 class SSEResponse(StreamingResponse):
@@ -78,50 +80,71 @@ class _Call:
 
 
 class OpenAIServing:
-    def __init__(self, engine: AsyncEngine, model_name: str) -> None:
+    def __init__(self, engine: AsyncEngine, model_name: str, preprocessor: Preprocessor, limits: ServerLimits,
+                 request_log: RequestLog) -> None:
         self.engine = engine
         self.model_name = model_name
+        self.pre = preprocessor
+        self.limits = limits
+        self.request_log = request_log
 
-    def check_model(self, req: SamplingRequest) -> None:
-        if req.model is not None and req.model != self.model_name:
-            raise APIError(f"the model {req.model!r} does not exist; this server serves {self.model_name!r}",
-                           param="model", code="model_not_found")
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise APIError(f"the model {model!r} does not exist; this server serves {self.model_name!r}",
+                           param="model", code="model_not_found", status=404)
+
+    def check_limits(self, params: SamplingParams, num_prompts: int) -> None:
+        """n and the output tokens one call may ask for are capped, so one request cannot hold the engine."""
+        if params.n > self.limits.max_n:
+            raise APIError(f"n is {params.n}; this server allows at most {self.limits.max_n}", param="n")
+        per_seq = params.max_tokens or self.pre.max_model_len
+        total = per_seq * params.n * num_prompts
+        if total > self.limits.max_tokens_times_n:
+            raise APIError(f"max_tokens x n x prompts = {per_seq} x {params.n} x {num_prompts} = {total} output "
+                           f"tokens; this server allows at most {self.limits.max_tokens_times_n} per request",
+                           param="max_tokens" if params.n == 1 else "n")
 
     async def completions(self, req: CompletionRequest, raw: Request) -> Response:
         arrival = time.monotonic()
-        self.check_model(req)
+        self.check_model(req.model)
         req.check_supported()
         params = req.sampling_params(default_max_tokens=16)
-        return await self._serve(req, raw, "cmpl", "text_completion", req.prompts(), params, arrival)
+        prompts: list[PromptType] = list(req.prompts())
+        return await self._serve(req, raw, "cmpl", "text_completion", prompts, params, arrival)
 
     async def chat(self, req: ChatCompletionRequest, raw: Request) -> Response:
         arrival = time.monotonic()
-        self.check_model(req)
+        self.check_model(req.model)
         req.check_supported()
         params = req.sampling_params(default_max_tokens=None)  # as OpenAI: up to the context window
-        tokenizer = self.engine.engine.tokenizer
-        if tokenizer is None:
+        if not self.pre.has_tokenizer:
             raise APIError("this model has no tokenizer, so it has no chat template", param="messages")
         conversation = req.conversation()
-
-        def prompt() -> dict:  # runs in the engine's owner thread, next to every other tokenizer call
-            try:
-                text, ids = tokenizer.apply_chat_template(conversation)
-                return {"prompt": text, "prompt_token_ids": ids}
-            except (ValueError, TypeError, jinja2.TemplateError) as e:  # no template, or the messages do not fit it
-                raise ValueError(f"chat template failed: {e}") from e
-
-        return await self._serve(req, raw, "chatcmpl", "chat.completion", [prompt], params, arrival)
-
-    async def _serve(self, req: SamplingRequest, raw: Request, prefix: str, obj: str, prompts: list[PromptSource],
-                     params: SamplingParams, arrival: float) -> Response:
-        base = f"{prefix}-{uuid.uuid4().hex}"
-        ids = [f"{base}-{i}" for i in range(len(prompts))]
+        self.check_limits(params, 1)
         try:
-            stream = await self.engine.generate(list(zip(ids, prompts)), params, arrival)
+            prompt = await self.pre.chat_prompt(conversation)
         except ValueError as e:
             raise engine_error(e) from e
+        return await self._serve(req, raw, "chatcmpl", "chat.completion", [prompt], params, arrival)
+
+    async def _serve(self, req: SamplingRequest, raw: Request, prefix: str, obj: str, prompts: list[PromptType],
+                     params: SamplingParams, arrival: float) -> Response:
+        self.check_limits(params, len(prompts))
+        request_id: str = raw.state.request_id
+        base = f"{prefix}-{request_id}"
+        ids = [f"{base}-{i}" for i in range(len(prompts))]
+        self.request_log.received(request_id, ids, arrival, endpoint=raw.url.path, prompts=len(prompts), n=params.n,
+                                  max_tokens=params.max_tokens, stream=bool(req.stream))
+        try:
+            requests = await self.pre.requests(list(zip(ids, prompts)), params, arrival,
+                                               strict_max_tokens=req.requested_max_tokens() is not None)
+            stream = await self.engine.generate(requests)
+        except ValueError as e:
+            err = engine_error(e)
+            self.request_log.rejected(request_id, ids, err.status, err.message)
+            raise err from e
         except EngineDeadError as e:
+            self.request_log.rejected(request_id, ids, 503, str(e))
             raise APIError(str(e), status=503, type="server_error", code="engine_dead") from e
         is_chat = obj == "chat.completion"
         call = _Call(base, obj + (".chunk" if is_chat and req.stream else ""), self.model_name, ids, params,
@@ -166,6 +189,12 @@ class OpenAIServing:
                         else:
                             choice = {"index": i, "text": delta}
                         yield call.chunk([{**choice, "logprobs": None, "finish_reason": reason}])
+            if stream.aborted:  # the server is shutting down: say so to every choice still open
+                for i in range(call.num_choices):
+                    if i not in call.done:
+                        call.done.add(i)
+                        empty = {"delta": {}} if is_chat else {"text": ""}
+                        yield call.chunk([{"index": i, **empty, "logprobs": None, "finish_reason": "abort"}])
             if call.include_usage:
                 yield call.chunk([], usage=call.usage())
         except EngineDeadError as e:
@@ -208,7 +237,8 @@ class OpenAIServing:
                 i = call.choice_index(out, c.index)
                 call.completion_tokens[i] = len(c.token_ids)
                 body = {"message": {"role": "assistant", "content": c.text}} if is_chat else {"text": c.text}
-                choices.append({"index": i, **body, "logprobs": None, "finish_reason": finish_reason(c.finish_reason)})
+                reason = finish_reason(c.finish_reason) if c.finished else "abort"  # unfinished: the server aborted
+                choices.append({"index": i, **body, "logprobs": None, "finish_reason": reason})
         choices.sort(key=lambda ch: ch["index"])
         return {"id": call.id, "object": call.object, "created": call.created, "model": call.model,
                 "choices": choices, "usage": call.usage()}
