@@ -30,7 +30,10 @@ def completion_logprobs(token_ids: list[int], positions: list[dict[int, Logprob]
         text = _text(token, lp) if lp is not None else ""
         out["tokens"].append(text)
         out["token_logprobs"].append(lp.logprob if lp is not None else None)
-        out["top_logprobs"].append({_text(t, p): p.logprob for t, p in _top(position, k)} if position else None)
+        top: dict[str, float] = {}
+        for t, p in _top(position, k) if position else ():
+            top.setdefault(_text(t, p), p.logprob)  # two byte pieces may read alike: the likelier one keeps the key
+        out["top_logprobs"].append(top if position else None)
         out["text_offset"].append(text_offset)
         text_offset += len(text)
     return out

@@ -19,6 +19,7 @@ import jinja2
 from minivllm.engine.input_processor import EngineRequest, InputProcessor
 from minivllm.engine.llm_engine import LLMEngine, PromptType
 from minivllm.sampling_params import SamplingParams
+from minivllm.structured_output import StructuredOutputManager
 from minivllm.tokenizer import Tokenizer
 
 T = TypeVar("T")
@@ -43,7 +44,10 @@ class Preprocessor:
         self._free: queue.SimpleQueue[InputProcessor] = queue.SimpleQueue()
         for _ in range(workers):
             tok = Tokenizer(self.config.tokenizer) if self.has_tokenizer else None
-            self._free.put(InputProcessor(self.config, tok, engine.eos_token_ids, engine.runner.num_blocks))
+            structured = (StructuredOutputManager(tok.hf, self.config.model_config.vocab_size, engine.eos_token_ids)
+                          if tok is not None else None)  # grammars are checked here too, before the engine sees them
+            self._free.put(InputProcessor(self.config, tok, engine.eos_token_ids, engine.runner.num_blocks,
+                                          structured))
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="minivllm-preprocess")
 
     def close(self) -> None:

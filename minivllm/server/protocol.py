@@ -6,17 +6,24 @@ tells it; value ranges are left to SamplingParams, the one place that defines th
 
 from __future__ import annotations
 
+import logging
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from minivllm.sampling_params import SamplingParams
+from minivllm.sampling_params import MAX_LOGPROBS, SamplingParams, StructuredOutputsParams
 from minivllm.server.limits import MAX_N
 
+log = logging.getLogger("minivllm.server")
+
 # OpenAI fields this engine cannot honour: rejected when set, rather than silently ignored.
-UNSUPPORTED = ("logprobs", "top_logprobs", "echo", "suffix", "logit_bias", "tools", "tool_choice", "functions",
-               "function_call", "response_format", "presence_penalty", "frequency_penalty")
+UNSUPPORTED = ("suffix", "tools", "tool_choice", "functions", "function_call")
+# Fields passed to SamplingParams as they are, when given: OpenAI's and vLLM's extra sampling parameters.
+PASSED_THROUGH = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+                  "frequency_penalty", "n", "stop", "stop_token_ids", "seed", "ignore_eos", "min_tokens",
+                  "include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens",
+                  "truncate_prompt_tokens", "allowed_token_ids", "bad_words", "prompt_logprobs")
 
 
 class APIError(Exception):
@@ -41,6 +48,8 @@ def engine_error(e: ValueError) -> APIError:
         param = "max_tokens"
     elif "chat template" in msg or "chat_template" in msg:
         param = "messages"
+    elif msg.startswith("structured outputs"):
+        param = "structured_outputs"
     else:
         param = "prompt"
     return APIError(msg, param=param)
@@ -49,6 +58,23 @@ def engine_error(e: ValueError) -> APIError:
 class StreamOptions(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM: usage in every chunk, not only the last
+
+
+class JSONSchemaFormat(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+    name: str | None = None
+    description: str | None = None
+    schema_: dict | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's response_format: plain text, any JSON object, or JSON following a schema."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
 
 
 class SamplingRequest(BaseModel):
@@ -72,12 +98,33 @@ class SamplingRequest(BaseModel):
     stream_options: StreamOptions | None = None
     user: str | None = None
     best_of: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None  # token id (as a string, JSON keys are) -> bias
+    response_format: ResponseFormat | None = None
+    # vLLM's extra sampling parameters
+    min_tokens: int | None = None
+    include_stop_str_in_output: bool | None = None
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+    truncate_prompt_tokens: int | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    prompt_logprobs: int | None = None
+    guided_json: str | dict | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    structured_outputs: dict[str, Any] | None = None  # vLLM's newer spelling: {"json": ...} / {"regex": ...} ...
 
     def check_supported(self) -> None:
         for name in UNSUPPORTED:
             value = (self.model_extra or {}).get(name)
             if value not in (None, False, 0, 0.0, [], {}):
                 raise APIError(f"{name} is not supported by minivllm", param=name, code="unsupported_parameter")
+        ignored = sorted(set(self.model_extra or {}) - set(UNSUPPORTED))
+        if ignored:  # vLLM's rule for fields it does not know: serve the request, say what was ignored
+            log.warning("the request's fields %s are not known to minivllm and were ignored", ignored)
         if self.best_of is not None and self.best_of != (self.n or 1):
             raise APIError("best_of is not supported by minivllm (only best_of == n)", param="best_of",
                            code="unsupported_parameter")
@@ -85,26 +132,78 @@ class SamplingRequest(BaseModel):
             raise APIError("stream_options is only allowed when stream is true", param="stream_options")
 
     def sampling_params(self, default_max_tokens: int | None) -> SamplingParams:
-        names = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "n", "stop", "stop_token_ids",
-                 "seed", "ignore_eos")
-        kwargs = {k: getattr(self, k) for k in names if getattr(self, k) is not None}
+        kwargs = {k: getattr(self, k) for k in PASSED_THROUGH if getattr(self, k) is not None}
         max_tokens = self.requested_max_tokens()
         max_tokens = default_max_tokens if max_tokens is None else max_tokens
         try:
-            return SamplingParams(max_tokens=max_tokens, **kwargs)
+            logit_bias = None if self.logit_bias is None else {int(k): v for k, v in self.logit_bias.items()}
+        except ValueError as e:
+            raise APIError(f"logit_bias keys must be token ids, got {list(self.logit_bias)[:3]}",
+                           param="logit_bias") from e
+        try:
+            return SamplingParams(max_tokens=max_tokens, logit_bias=logit_bias, logprobs=self.sample_logprobs(),
+                                  structured_outputs=self.structured(), **kwargs)
         except ValueError as e:
             raise engine_error(e) from e
+
+    def sample_logprobs(self) -> int | None:
+        """How many top alternatives per generated token the client asked for (None: no logprobs)."""
+        return None
+
+    def structured(self) -> StructuredOutputsParams | None:
+        """The output constraint, from response_format, vLLM's guided_* fields or structured_outputs (one only)."""
+        given = {}
+        if self.response_format is not None and self.response_format.type != "text":
+            fmt = self.response_format
+            if fmt.type == "json_object":
+                given["response_format"] = StructuredOutputsParams(json_object=True)
+            elif fmt.json_schema is None or fmt.json_schema.schema_ is None:
+                raise APIError("response_format json_schema needs a json_schema.schema", param="response_format")
+            else:
+                given["response_format"] = StructuredOutputsParams(json=fmt.json_schema.schema_)
+        for field, key in (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
+                           ("guided_grammar", "grammar")):
+            if getattr(self, field) is not None:
+                given[field] = {key: getattr(self, field)}
+        if self.structured_outputs:
+            given["structured_outputs"] = self.structured_outputs
+        if len(given) > 1:
+            raise APIError(f"give one output constraint, not {sorted(given)}", param=sorted(given)[1])
+        if not given:
+            return None
+        (field, spec), = given.items()
+        if isinstance(spec, StructuredOutputsParams):
+            return spec
+        try:
+            return StructuredOutputsParams(**spec)
+        except (TypeError, ValueError) as e:
+            raise APIError(f"{field}: {e}", param=field) from e
 
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
 
     @property
     def include_usage(self) -> bool:
-        return self.stream_options is not None and self.stream_options.include_usage
+        return self.stream_options is not None and (self.stream_options.include_usage or self.continuous_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.continuous_usage_stats
 
 
 class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # top alternatives per token, OpenAI's legacy form
+    echo: bool | None = False  # the prompt before the completion (with its logprobs, if asked)
+
+    def sample_logprobs(self) -> int | None:
+        return self.logprobs
+
+    def sampling_params(self, default_max_tokens: int | None) -> SamplingParams:
+        params = super().sampling_params(default_max_tokens)
+        if self.echo and self.logprobs is not None and params.prompt_logprobs is None:
+            params.prompt_logprobs = self.logprobs  # echo shows the prompt's logprobs too
+        return params
 
     def prompts(self) -> list[str | dict]:
         """The engine prompts: one per string or token-id list."""
@@ -139,6 +238,13 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+
+    def sample_logprobs(self) -> int | None:
+        if self.top_logprobs and not self.logprobs:
+            raise APIError("top_logprobs needs logprobs: true", param="top_logprobs")
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def conversation(self) -> list[dict]:
         if not self.messages:

@@ -20,6 +20,7 @@ from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
 from minivllm.server.async_engine import AsyncEngine, EngineDeadError, RequestStream
 from minivllm.server.limits import ServerLimits
+from minivllm.server.logprobs_format import chat_logprobs, completion_logprobs
 from minivllm.server.preprocess import Preprocessor
 from minivllm.server.protocol import (
     APIError,
@@ -54,6 +55,10 @@ class _Call:
     request_ids: list[str]
     params: SamplingParams
     include_usage: bool
+    continuous_usage: bool = False  # usage in every chunk (vLLM's stream_options.continuous_usage_stats)
+    top_logprobs: int | None = None  # None: no logprobs; k: each token's logprob and the top k
+    echo: bool = False  # completions: the prompt (and its logprobs) before the completion
+    prefix_len: dict[int, int] = field(default_factory=dict)  # choice index -> characters of echoed prompt
     created: int = field(default_factory=lambda: int(time.time()))
     sent: dict[int, int] = field(default_factory=dict)  # choice index -> characters sent
     sent_tokens: dict[int, int] = field(default_factory=dict)  # choice index -> tokens covered by chunks sent
@@ -75,7 +80,7 @@ class _Call:
         body = {"id": self.id, "object": self.object, "created": self.created, "model": self.model,
                 "choices": choices, **extra}
         if self.include_usage and "usage" not in body:
-            body["usage"] = None
+            body["usage"] = self.usage() if self.continuous_usage and choices else None
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
 
@@ -148,7 +153,7 @@ class OpenAIServing:
             raise APIError(str(e), status=503, type="server_error", code="engine_dead") from e
         is_chat = obj == "chat.completion"
         call = _Call(base, obj + (".chunk" if is_chat and req.stream else ""), self.model_name, ids, params,
-                     req.include_usage)
+                     req.include_usage, req.continuous_usage, params.logprobs, bool(getattr(req, "echo", False)))
         if req.stream:
             return SSEResponse(self._sse(call, stream, is_chat), media_type="text/event-stream",
                                headers={"Cache-Control": "no-cache"})
@@ -158,7 +163,7 @@ class OpenAIServing:
             raise APIError(str(e), status=503, type="server_error", code="engine_dead") from e
         if final is None:
             return Response(status_code=499)  # nobody is listening; nginx's "client closed request"
-        return JSONResponse(self._response(call, final, is_chat))
+        return JSONResponse(await self._response(call, final, is_chat))
 
     # ---- streaming ---------------------------------------------------------------------------------
     async def _sse(self, call: _Call, stream: RequestStream, is_chat: bool) -> AsyncIterator[str]:
@@ -175,10 +180,14 @@ class OpenAIServing:
                         call.completion_tokens[i] = len(c.token_ids)
                         if i in call.done:
                             continue
-                        sent = call.sent.get(i, 0)
+                        sent, sent_tokens = call.sent.get(i, 0), call.sent_tokens.get(i, 0)
                         delta = c.text[sent:]  # the engine holds back text that may start a stop string
-                        if not delta and not c.finished and len(c.token_ids) == call.sent_tokens.get(i, 0):
+                        if not delta and not c.finished and len(c.token_ids) == sent_tokens:
                             continue  # one chunk per step with new tokens, even when their text is held back
+                        prefix = ""
+                        if call.echo and i not in call.sent:  # the first chunk of an echoing choice
+                            prefix = await self._prompt_text(out)
+                            call.prefix_len[i] = len(prefix)
                         call.sent[i] = len(c.text)
                         call.sent_tokens[i] = len(c.token_ids)
                         if c.finished:
@@ -187,8 +196,11 @@ class OpenAIServing:
                         if is_chat:
                             choice = {"index": i, "delta": {"content": delta} if delta or not c.finished else {}}
                         else:
-                            choice = {"index": i, "text": delta}
-                        yield call.chunk([{**choice, "logprobs": None, "finish_reason": reason}])
+                            choice = {"index": i, "text": prefix + delta}
+                        # text_offset: where this chunk's first token starts in the choice's whole text
+                        logprobs = self._logprobs(call, out, c, sent_tokens, is_chat, echo=bool(prefix),
+                                                  offset=0 if prefix else call.prefix_len.get(i, 0) + sent)
+                        yield call.chunk([{**choice, "logprobs": logprobs, "finish_reason": reason}])
             if stream.aborted:  # the server is shutting down: say so to every choice still open
                 for i in range(call.num_choices):
                     if i not in call.done:
@@ -229,16 +241,35 @@ class OpenAIServing:
         work.result()  # re-raise an engine failure
         return final
 
-    def _response(self, call: _Call, final: dict[str, RequestOutput], is_chat: bool) -> dict:
+    async def _response(self, call: _Call, final: dict[str, RequestOutput], is_chat: bool) -> dict:
         choices = []
         for out in final.values():
             call.prompt_tokens[out.request_id] = len(out.prompt_token_ids)
+            prefix = await self._prompt_text(out) if call.echo else ""
             for c in out.outputs:
                 i = call.choice_index(out, c.index)
                 call.completion_tokens[i] = len(c.token_ids)
-                body = {"message": {"role": "assistant", "content": c.text}} if is_chat else {"text": c.text}
+                body = {"message": {"role": "assistant", "content": c.text}} if is_chat else {"text": prefix + c.text}
                 reason = finish_reason(c.finish_reason) if c.finished else "abort"  # unfinished: the server aborted
-                choices.append({"index": i, **body, "logprobs": None, "finish_reason": reason})
+                logprobs = self._logprobs(call, out, c, 0, is_chat, echo=call.echo)
+                choices.append({"index": i, **body, "logprobs": logprobs, "finish_reason": reason})
         choices.sort(key=lambda ch: ch["index"])
         return {"id": call.id, "object": call.object, "created": call.created, "model": call.model,
                 "choices": choices, "usage": call.usage()}
+
+    async def _prompt_text(self, out: RequestOutput) -> str:
+        """What echo puts before the completion: the prompt as sent, or its ids decoded."""
+        return out.prompt if out.prompt is not None else await self.pre.detokenize(out.prompt_token_ids)
+
+    @staticmethod
+    def _logprobs(call: _Call, out: RequestOutput, c, start: int, is_chat: bool, echo: bool = False,
+                  offset: int = 0) -> dict | None:
+        """The logprobs of tokens start.. of a choice in OpenAI's format (with the prompt's first, if echoing)."""
+        if call.top_logprobs is None or c.logprobs is None:
+            return None
+        tokens, positions = c.token_ids[start:], c.logprobs[start:]
+        if is_chat:
+            return chat_logprobs(tokens, positions, call.top_logprobs)
+        if echo and out.prompt_logprobs is not None:
+            tokens, positions = out.prompt_token_ids + tokens, out.prompt_logprobs + positions
+        return completion_logprobs(tokens, positions, call.top_logprobs, offset)
