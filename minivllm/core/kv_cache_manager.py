@@ -21,7 +21,7 @@ class KVCacheManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.block_tables: dict[str, list[int]] = {}
         self.num_registered: dict[str, int] = {}  # how many of a request's blocks the pool knows by name
-        self.events: list[tuple[str, str, int]] = []  # ("alloc"|"hit"|"free", request id, block id)
+        self.events: list[tuple[str, str, int]] = []  # (alloc|hit|free|swap_out|swap_in, request id, block)
         self.prefix_cache_queries = 0  # prompt tokens looked up
         self.prefix_cache_hits = 0  # of which found in the cache
 
@@ -89,6 +89,11 @@ class KVCacheManager:
         for i in range(start, end):
             self.pool.cache(table[i], hashes[i])
         self.num_registered[rid] = max(start, end)
+
+    def register_computed_blocks(self, request: Request) -> None:
+        """Name the full blocks that hold computed tokens (after a swap-in put them in fresh blocks)."""
+        self.num_registered[request.request_id] = 0
+        self._register_full_blocks(request, request.num_computed_tokens)
 
     def record_prefix_lookup(self, num_prompt_tokens: int, num_hit_tokens: int) -> None:
         self.prefix_cache_queries += num_prompt_tokens

@@ -48,14 +48,17 @@ class SchedulerOutput:
     new_block_ids: dict[str, list[int]] = field(default_factory=dict)  # known requests: blocks added this step
     preempted: list[str] = field(default_factory=list)  # their blocks are gone; they come back as new requests
     finished: list[str] = field(default_factory=list)  # finished or aborted since the last step: forget them
+    # preemption by swap (core/swap.py): the runner copies these (src, dst) block pairs before the forward pass
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # (GPU block, host block)
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)  # (host block, GPU block)
 
     @property
     def num_tokens(self) -> int:
         return sum(s.num_new_tokens for s in self.scheduled)
 
     def __bool__(self) -> bool:
-        """Anything for the runner: work, or finished requests to forget."""
-        return bool(self.scheduled or self.finished)
+        """Anything for the runner: work, blocks to move, or requests to forget."""
+        return bool(self.scheduled or self.finished or self.preempted or self.blocks_to_swap_in)
 
 
 @dataclass

@@ -45,8 +45,9 @@ class LLM:
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
-        """Run every prompt to completion; outputs come back in input order."""
+                 use_tqdm: bool = True, priority: Sequence[int] | None = None) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs come back in input order. `priority`: one per prompt
+        (scheduling_policy="priority"; lower runs first), as in vLLM."""
         if not isinstance(prompts, (list, tuple)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         prompts = list(prompts)
@@ -59,7 +60,11 @@ class LLM:
             if len(params) != len(prompts):
                 raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
         params = self._final_only(params)
-        batch = [self.engine.process_request(str(next(self._ids)), p, sp) for p, sp in zip(prompts, params)]
+        priority = [0] * len(prompts) if priority is None else list(priority)
+        if len(priority) != len(prompts):
+            raise ValueError(f"got {len(priority)} priorities for {len(prompts)} prompts")
+        batch = [self.engine.process_request(str(next(self._ids)), p, sp, priority=pr)
+                 for p, sp, pr in zip(prompts, params, priority)]
         for request in batch:  # everything validated: now queue it
             self.engine.enqueue(request)
         order = {request.request_id: i for i, request in enumerate(batch)}
