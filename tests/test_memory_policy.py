@@ -168,3 +168,25 @@ def test_swap_space_unit():
     pairs = swap.swap_in(kv, req, 1)
     assert [h for h, _ in pairs] == [0, 1, 2] and len(kv.block_tables["r"]) == 3 and swap.num_free_blocks == 3
     assert isinstance(swap.pool, BlockPool)
+
+
+# ---- the server ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_server_accepts_priority_as_vllm_does(llama_path, policy):
+    import httpx
+
+    from minivllm.server import build_app
+    from tests.test_server import ServerThread
+
+    srv = ServerThread(build_app(LLMEngine(EngineConfig(llama_path, num_kv_blocks=32, scheduling_policy=policy))))
+    try:
+        url = f"http://127.0.0.1:{srv.port}/v1/completions"
+        body = {"prompt": [1, 2, 3], "max_tokens": 3, "temperature": 0, "priority": 2}
+        r = httpx.post(url, json=body, timeout=30)
+        if policy == "priority":
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+        else:
+            assert r.status_code == 400 and r.json()["error"]["param"] == "priority"
+        assert httpx.post(url, json={**body, "priority": "high"}, timeout=30).status_code in (400, 422)
+    finally:
+        srv.stop()

@@ -82,6 +82,7 @@ class _Add:
     arrival_time: float
     stream: RequestStream
     accepted: asyncio.Future
+    priority: int = 0
 
 
 @dataclass
@@ -133,14 +134,14 @@ class AsyncEngine:
 
     # ---- the API handlers use ----------------------------------------------------------------------
     async def generate(self, prompts: Sequence[tuple[str, PromptSource]], params: SamplingParams,
-                       arrival_time: float | None = None) -> RequestStream:
+                       arrival_time: float | None = None, priority: int = 0) -> RequestStream:
         """Queue one engine request per (request id, prompt); all go in or none (ValueError names why)."""
         if self.error is not None or self._task is None:
             raise EngineDeadError(f"the engine is not running: {self.error!r}")
         stream = RequestStream([rid for rid, _ in prompts])
         accepted = asyncio.get_running_loop().create_future()
         arrival = time.monotonic() if arrival_time is None else arrival_time
-        self._ops.append(_Add(list(prompts), params, arrival, stream, accepted))
+        self._ops.append(_Add(list(prompts), params, arrival, stream, accepted, priority))
         self._wake.set()
         try:
             await accepted
@@ -190,7 +191,7 @@ class AsyncEngine:
                 result.errors.append(None)
                 continue
             try:
-                batch = [eng.process_request(rid, p() if callable(p) else p, op.params, op.arrival_time)
+                batch = [eng.process_request(rid, p() if callable(p) else p, op.params, op.arrival_time, op.priority)
                          for rid, p in op.prompts]  # validate every prompt before queueing any
             except Exception as e:  # handed to this request's handler; the loop goes on
                 result.errors.append(e)

@@ -38,6 +38,8 @@ def engine_error(e: ValueError) -> APIError:
         param = m.group(1)
     elif "max_tokens" in msg or "KV blocks" in msg:
         param = "max_tokens"
+    elif "priority" in msg:
+        param = "priority"
     elif "chat template" in msg or "chat_template" in msg:
         param = "messages"
     else:
@@ -71,6 +73,7 @@ class SamplingRequest(BaseModel):
     stream_options: StreamOptions | None = None
     user: str | None = None
     best_of: int | None = None
+    priority: int = 0  # vLLM's extra field: with --scheduling-policy priority, lower runs first
 
     def check_supported(self) -> None:
         for name in UNSUPPORTED:

@@ -118,7 +118,7 @@ class OpenAIServing:
         base = f"{prefix}-{uuid.uuid4().hex}"
         ids = [f"{base}-{i}" for i in range(len(prompts))]
         try:
-            stream = await self.engine.generate(list(zip(ids, prompts)), params, arrival)
+            stream = await self.engine.generate(list(zip(ids, prompts)), params, arrival, req.priority)
         except ValueError as e:
             raise engine_error(e) from e
         except EngineDeadError as e:
