@@ -51,6 +51,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}  # every unfinished request, by id
         self.num_preemptions = 0
         self._finished_ids: list[str] = []  # finished since the runner last heard: it drops their state
+        self._forked: list[Request] = []  # forked since the runner last heard: it learns them as new requests
 
     def add(self, request: Request) -> None:
         self.requests[request.request_id] = request
@@ -81,6 +82,9 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n = min(req.num_tokens - req.num_computed_tokens, budget)
+            if n <= 0:  # a beam waiting for its siblings' logits (beam_search.py): nothing to compute
+                i += 1
+                continue
             # a decoding request with drafts verifies them in the same pass, as far as the budget allows
             spec = req.spec_token_ids[: budget - n] if n == 1 else []
             num_blocks = len(self.kv.block_tables.get(req.request_id, ()))
@@ -98,6 +102,12 @@ class Scheduler:
                 out.scheduled.append(self._entry(req, n + len(spec), spec))
                 budget -= n + len(spec)
                 i += 1
+
+        for child in self._forked:  # forks the runner has not met: their whole (copied-on-write) table, once
+            if child.status is RequestStatus.RUNNING:
+                out.new_block_ids.pop(child.request_id, None)
+                out.new_requests.append(self._new_request_data(child))
+        self._forked = []
 
         # 2. Waiting requests in policy order, unless the running ones already had to preempt in this step.
         blocked = bool(out.preempted)
@@ -128,13 +138,35 @@ class Scheduler:
             req.num_computed_tokens = num_done
             req.status = RequestStatus.RUNNING
             self.running.append(req)
-            out.new_requests.append(NewRequestData(req.request_id, list(req.all_token_ids), req.num_prompt_tokens,
-                                                   req.params, list(self.kv.block_tables[req.request_id]),
-                                                   req.max_total_tokens, req.sample_seed))
+            out.new_requests.append(self._new_request_data(req))
             out.scheduled.append(self._entry(req, n, []))
             budget -= n
+        out.blocks_to_copy = self.kv.drain_copies()
         out.finished, self._finished_ids = self._finished_ids, []
         return out
+
+    def _new_request_data(self, req: Request) -> NewRequestData:
+        return NewRequestData(req.request_id, list(req.all_token_ids), req.num_prompt_tokens, req.params,
+                              list(self.kv.block_tables[req.request_id]), req.max_total_tokens, req.sample_seed)
+
+    def fork(self, parent: Request, child_id: str, token: int) -> Request:
+        """A new sequence: the parent's tokens plus `token` (beam search). A running parent's blocks are shared
+        by reference (kv.fork) and copied on write; a parent that was preempted meanwhile has none, so the
+        child waits to be computed from scratch."""
+        child = Request(child_id, parent.prompt_token_ids, parent.params, parent.eos_token_ids, parent.max_model_len,
+                        parent.arrival_time, [*parent.output_token_ids, token], parent_id=parent.parent_id,
+                        index=parent.index, priority=parent.priority, block_hashes=list(parent.block_hashes),
+                        num_cached_tokens=parent.num_cached_tokens, first_scheduled_time=parent.first_scheduled_time)
+        self.requests[child_id] = child
+        if parent.status is RequestStatus.RUNNING:
+            self.kv.fork(parent.request_id, child)
+            child.num_computed_tokens = parent.num_computed_tokens
+            child.status = RequestStatus.RUNNING
+            self.running.append(child)
+            self._forked.append(child)
+        else:
+            self._enqueue(child, preempted=True)
+        return child
 
     @staticmethod
     def _entry(req: Request, num_new: int, spec: list[int]) -> ScheduledRequest:

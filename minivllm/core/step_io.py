@@ -48,9 +48,11 @@ class SchedulerOutput:
     new_block_ids: dict[str, list[int]] = field(default_factory=dict)  # known requests: blocks added this step
     preempted: list[str] = field(default_factory=list)  # their blocks are gone; they come back as new requests
     finished: list[str] = field(default_factory=list)  # finished or aborted since the last step: forget them
-    # preemption by swap (core/swap.py): the runner copies these (src, dst) block pairs before the forward pass
+    # the runner copies these (src, dst) block pairs before the forward pass, in this order: swap out, copy, swap in
+    # (a block swapped out may be reused by a copy-on-write; a swap-in may reuse a block a copy just read)
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # (GPU block, host block)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)  # (host block, GPU block)
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write of a shared block (GPU)
 
     @property
     def num_tokens(self) -> int:
@@ -58,7 +60,7 @@ class SchedulerOutput:
 
     def __bool__(self) -> bool:
         """Anything for the runner: work, blocks to move, or requests to forget."""
-        return bool(self.scheduled or self.finished or self.preempted or self.blocks_to_swap_in)
+        return bool(self.scheduled or self.finished or self.preempted or self.blocks_to_swap_in or self.blocks_to_copy)
 
 
 @dataclass

@@ -44,7 +44,8 @@ class SwapSpace:
         used = kv.block_tables.get(rid, [])[: kv.blocks_needed(request.num_computed_tokens)]
         if self.pool is None or not used or len(used) > self.pool.num_free_blocks:
             return None
-        pairs = [(gpu, self.pool.allocate()) for gpu in used]
+        pending = {dst: src for src, dst in kv.copies}  # a copy-on-write not yet done: its source has the data
+        pairs = [(pending.get(gpu, gpu), self.pool.allocate()) for gpu in used]
         self.tables[rid] = [host for _, host in pairs]
         kv.events += [("swap_out", rid, gpu) for gpu in used]
         kv.free(request)  # after the copy the GPU blocks are free; a hashed one stays in the prefix cache

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from tqdm.auto import tqdm
 
+from minivllm.engine.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from minivllm.engine.engine_args import engine_config_from_kwargs
 from minivllm.engine.llm_engine import LLMEngine, PromptType
 from minivllm.outputs import RequestOutput
@@ -79,6 +80,14 @@ class LLM:
                 if use_tqdm:
                     bar.set_postfix_str(self._speed(stats, t0))
         return results
+
+    def beam_search(self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams,
+                    use_tqdm: bool = False) -> list[BeamSearchOutput]:
+        """Beam search (vLLM's API and scoring) over forked, copy-on-write block tables (engine/beam_search.py).
+        Needs an idle engine; returns one BeamSearchOutput per prompt, best sequences first."""
+        if not isinstance(prompts, (list, tuple)) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        return BeamSearch(self.engine).run(list(prompts), params)
 
     @staticmethod
     def _final_only(params: list) -> list:

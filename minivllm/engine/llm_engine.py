@@ -148,6 +148,8 @@ class LLMEngine:
             "num_free_host_blocks": self.swap.num_free_blocks,
             "num_blocks_swapped_out": self.swap.num_swapped_out,
             "num_blocks_swapped_in": self.swap.num_swapped_in,
+            "num_forked_blocks": kv.num_forked_blocks,  # blocks forks shared rather than copied
+            "num_cow_copies": kv.num_cow_copies,  # blocks copied on a write into a shared one
             **self.counters.as_dict(),
             "prefix_cache_queries": kv.prefix_cache_queries,
             "prefix_cache_hits": kv.prefix_cache_hits,

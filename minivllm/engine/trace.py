@@ -64,6 +64,8 @@ class StepTrace:
     shared_blocks: dict[int, int] = field(default_factory=dict)  # block id -> ref count, where > 1
     swapped_out: dict[str, list[int]] = field(default_factory=dict)  # request id -> GPU blocks copied to the host
     swapped_in: dict[str, list[int]] = field(default_factory=dict)  # request id -> GPU blocks filled from the host
+    forked: dict[str, list[int]] = field(default_factory=dict)  # new sequence -> the blocks it shares with its parent
+    copied: dict[str, list[int]] = field(default_factory=dict)  # request id -> its copy-on-write blocks (the copies)
     num_swap_bytes: int = 0  # KV bytes this step moved between GPU and host, both ways
     num_free_host_blocks: int = 0
     num_total_host_blocks: int = 0
@@ -129,6 +131,7 @@ class TraceRecorder:
             # a block used by several requests is in several tables: no need to scan the whole pool
             shared_blocks={b: pool.blocks[b].ref_cnt for t in tables.values() for b in t
                            if pool.blocks[b].ref_cnt > 1},
+            forked=group_events(events, "fork"), copied=group_events(events, "cow"),
             swapped_out=group_events(events, "swap_out"), swapped_in=group_events(events, "swap_in"),
             num_swap_bytes=engine.runner.bytes_per_block * (len(record.scheduler_output.blocks_to_swap_out)
                                                             + len(record.scheduler_output.blocks_to_swap_in)),

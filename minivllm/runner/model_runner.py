@@ -130,18 +130,21 @@ class ModelRunner:
                            pin_memory=self.device.type == "cuda")
 
     def swap_blocks(self, sched: SchedulerOutput) -> None:
-        """Move swapped blocks before the forward pass: out to the host first (their GPU blocks may be handed
-        to someone else in this very step), then back in. Plain (src, dst) block ids, as the scheduler chose."""
-        if not (sched.blocks_to_swap_out or sched.blocks_to_swap_in):
+        """Move blocks before the forward pass, as the scheduler chose them by id: swap-outs to the host first
+        (their GPU blocks may be handed to someone else in this very step), then copy-on-write copies, then
+        swap-ins back from the host."""
+        if not (sched.blocks_to_swap_out or sched.blocks_to_copy or sched.blocks_to_swap_in):
             return
         start = time.perf_counter()
         for pairs, src_cache, dst_cache in ((sched.blocks_to_swap_out, self.kv_cache, self.host_kv_cache),
+                                            (sched.blocks_to_copy, self.kv_cache, self.kv_cache),
                                             (sched.blocks_to_swap_in, self.host_kv_cache, self.kv_cache)):
             if pairs:
                 src = torch.tensor([a for a, _ in pairs], device=src_cache.device)
                 dst = torch.tensor([b for _, b in pairs], device=dst_cache.device)
                 dst_cache.index_copy_(2, dst, src_cache.index_select(2, src).to(dst_cache.device))
-                self.swap_bytes += len(pairs) * self.bytes_per_block
+                if src_cache is not dst_cache:
+                    self.swap_bytes += len(pairs) * self.bytes_per_block
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.swap_seconds += time.perf_counter() - start
