@@ -16,6 +16,7 @@ from minivllm import EngineConfig, LLMEngine, SamplingParams
 from minivllm.core.block_pool import BlockPool
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.kv_sizing import kv_bytes_per_block
+from minivllm.engine.beam_search import BeamSearch, BeamSearchParams
 from minivllm.request import RequestStatus
 from tests.conftest import build_checkpoint
 
@@ -135,6 +136,32 @@ def test_engine_steps_never_leak_or_overspend(tiny_path, w):
     for a, b in zip(ran, ran[1:]):
         if keys[a][0] == keys[b][0]:
             assert first_scheduled[a] <= first_scheduled[b], f"{b} overtook {a} within priority {keys[a][0]}"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.fixed_dictionaries({
+    "num_blocks": st.integers(6, 30), "block_size": st.sampled_from([1, 2, 4]), "caching": st.booleans(),
+    "swap_blocks": st.sampled_from([0, 3, 64]), "width": st.integers(1, 3), "max_tokens": st.integers(1, 6),
+    "prompts": st.lists(st.integers(1, 12), min_size=1, max_size=3), "seed": st.integers(0, 10_000)}))
+def test_beam_search_under_a_tiny_pool_never_leaks(tiny_path, w):
+    """Forked tables and copy-on-write under preemption: ref counts always equal the tables holding a block."""
+    rng = random.Random(w["seed"])
+    bs = w["block_size"]
+    engine = LLMEngine(EngineConfig(tiny_path, block_size=bs, num_kv_blocks=w["num_blocks"], trace_steps=0,
+                                    max_num_batched_tokens=16, enable_prefix_caching=w["caching"],
+                                    preemption_mode="swap" if w["swap_blocks"] else "recompute",
+                                    swap_space=w["swap_blocks"] * kv_bytes_per_block(1, bs, 2, 8, 4) / 2**30))
+    engine.add_step_observer(lambda eng, record: check_invariants(eng.kv, eng.scheduler))
+    capacity = w["num_blocks"] * bs
+    max_tokens = min(w["max_tokens"], capacity // 2)
+    prompts = [[rng.randrange(3) for _ in range(min(n, capacity - max_tokens))] for n in w["prompts"]]
+    outs = BeamSearch(engine).run(prompts, BeamSearchParams(beam_width=w["width"], max_tokens=max_tokens))
+    assert [len(o.sequences) for o in outs] == [w["width"]] * len(prompts)
+    assert all(len(s.tokens) == len(p) + max_tokens for o, p in zip(outs, prompts) for s in o.sequences)
+    assert engine.kv.num_free_blocks == w["num_blocks"] and not engine.kv.block_tables
+    assert not engine.scheduler.requests and not engine.runner.requests
+    assert engine.swap.num_free_blocks == engine.swap.num_blocks
+    event(f"preempted: {engine.scheduler.num_preemptions > 0}, copied on write: {engine.kv.num_cow_copies > 0}")
 
 
 @settings(max_examples=200, deadline=None)
