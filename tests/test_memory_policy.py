@@ -190,3 +190,24 @@ def test_server_accepts_priority_as_vllm_does(llama_path, policy):
         assert httpx.post(url, json={**body, "priority": "high"}, timeout=30).status_code in (400, 422)
     finally:
         srv.stop()
+
+
+# ---- the widgets -----------------------------------------------------------------------------------------
+def test_widgets_draw_swaps_forks_and_copies(llama_path):
+    from minivllm import BeamSearchParams, widgets
+
+    eng = engine(llama_path, 12, preemption_mode="swap", swap_space=0.01)
+    run(eng, PROMPTS[:3], greedy(24))
+    trace = list(eng.trace)
+    totals = widgets.swap_totals(trace)
+    assert totals["blocks_out"] == totals["blocks_in"] == eng.stats()["num_blocks_swapped_out"] > 0
+    assert totals["bytes"] == eng.runner.swap_bytes
+    assert widgets.timeline(trace).count("swapped out") == sum(len(t.swapped_out) for t in trace)
+
+    llm = LLM(llama_path, block_size=4, num_kv_blocks=64)
+    llm.beam_search([PROMPTS[1]], BeamSearchParams(beam_width=3, max_tokens=4))
+    rows = widgets.fork_rows(llm.engine.trace)
+    kinds = {kind for row in rows for _, kind in row.blocks}
+    assert {"shared", "copied"} <= kinds and any(row.forked for row in rows)
+    page = widgets.fork_html(llm.engine.trace)
+    assert "(forked)" in page and "×3" in page
