@@ -195,9 +195,10 @@ widgets.show(fig)
 # %% [markdown]
 # Under FCFS the urgent requests queue behind the batch. Under priority they take the blocks of the newest
 # low-priority requests at once and finish first; within one priority level the order stays first come,
-# first served, so nobody at a given level starves behind later arrivals of the same level (the property
-# tests check both). The same `priority` goes through `LLM.generate(..., priority=[...])` and the server's
-# request body, as in vLLM.
+# first served, so nobody at a given level starves behind later arrivals of the same level (the tests
+# check both: `tests/test_memory_policy.py`, and the property tests of `tests/test_block_pool_properties.py`).
+# The same `priority` goes through `LLM.generate(..., priority=[...])` and the server's request body, as in
+# vLLM.
 
 # %% [markdown]
 # ## Beam search on copy-on-write blocks

@@ -8,6 +8,11 @@ Like the GPU pool, this only decides block ids: a host `BlockPool` (no prefix ca
 per swapped request. The scheduler puts the resulting (src, dst) pairs in `SchedulerOutput.blocks_to_swap_out`
 / `blocks_to_swap_in`, and the runner moves `kv_cache[:, :, src]` to and from its host tensor before the
 forward pass. When the host pool is full, the scheduler falls back to recompute (vLLM V0 raised instead).
+
+The mode is explicit (`EngineConfig.preemption_mode`), not vLLM V0's automatic rule (swap only groups of
+several sequences, such as beam search, whose shared blocks recompute could not restore cheaply): which one
+wins depends on context length, link bandwidth and FLOPs, and chapter 11 runs one workload both ways to
+measure it. Beams here survive recompute (their forks are computed afresh), so no rule is needed for them.
 """
 
 from __future__ import annotations

@@ -84,7 +84,8 @@ class LLM:
     def beam_search(self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams,
                     use_tqdm: bool = False) -> list[BeamSearchOutput]:
         """Beam search (vLLM's API and scoring) over forked, copy-on-write block tables (engine/beam_search.py).
-        Needs an idle engine; returns one BeamSearchOutput per prompt, best sequences first."""
+        Needs an idle engine; returns one BeamSearchOutput per prompt, best sequences first. (`use_tqdm` is
+        accepted for vLLM's signature; no bar is shown.)"""
         if not isinstance(prompts, (list, tuple)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         return BeamSearch(self.engine).run(list(prompts), params)
