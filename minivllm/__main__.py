@@ -17,13 +17,18 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps")
     parser.add_argument("--speculative-model", default=None, help='a draft checkpoint directory, or "[ngram]"')
     parser.add_argument("--num-speculative-tokens", type=int, default=0)
+    parser.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"])
+    parser.add_argument("--preemption-mode", default="recompute", choices=["recompute", "swap"])
+    parser.add_argument("--swap-space", type=float, default=4, help="GiB of host memory for swapped KV blocks")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
     return dict(device=args.device, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                 num_kv_blocks=args.num_kv_blocks, attention_backend=args.attention_backend,
                 enforce_eager=args.enforce_eager,
-                speculative_model=args.speculative_model, num_speculative_tokens=args.num_speculative_tokens)
+                speculative_model=args.speculative_model, num_speculative_tokens=args.num_speculative_tokens,
+                scheduling_policy=args.scheduling_policy, preemption_mode=args.preemption_mode,
+                swap_space=args.swap_space)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -47,6 +47,9 @@ class EngineConfig:
     num_speculative_tokens: int = 0
     prompt_lookup_max: int = 4  # n-gram drafting: the longest and shortest suffix looked up
     prompt_lookup_min: int = 1
+    scheduling_policy: str = "fcfs"  # "fcfs", or "priority": lower value first, ties by arrival (as vLLM)
+    preemption_mode: str = "recompute"  # what a preempted request loses: "recompute" (its blocks) or "swap"
+    swap_space: float = 4  # GiB of host memory for swapped-out blocks (vLLM's name and default); used by "swap"
     model_config: ModelConfig | None = field(default=None, repr=False)  # set by resolve()
 
     def __post_init__(self) -> None:
@@ -70,6 +73,15 @@ class EngineConfig:
             if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
                 raise ValueError(f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got "
                                  f"{self.prompt_lookup_min} and {self.prompt_lookup_max}")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}")
+        if self.preemption_mode not in ("recompute", "swap"):
+            raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
+        if not isinstance(self.swap_space, (int, float)) or self.swap_space < 0:
+            raise ValueError(f"swap_space must be a non-negative number of GiB, got {self.swap_space!r}")
+        if self.preemption_mode == "swap" and self.speculative_model not in (None, "[ngram]"):
+            raise ValueError("preemption_mode='swap' does not swap a draft model's cache: use 'recompute' "
+                             "with a draft speculative_model")
         if self.device == "auto":
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
         if self.attention_backend not in ("auto", "torch", "triton"):

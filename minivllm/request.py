@@ -49,6 +49,7 @@ class Request:
     spec_token_ids: list[int] = field(default_factory=list)  # drafts to verify in the next step
     num_spec_proposed: int = 0
     num_spec_accepted: int = 0
+    priority: int = 0  # with scheduling_policy="priority": lower runs first (vLLM's meaning)
     block_hashes: list[BlockHash] = field(default_factory=list)  # names of its full blocks (block_hash.py)
     # prompt + output as one list, kept in step by append_output: read every step, so never rebuilt
     all_token_ids: list[int] = field(init=False, repr=False)
@@ -61,6 +62,11 @@ class Request:
     def append_output(self, token: int) -> None:
         self.output_token_ids.append(token)
         self.all_token_ids.append(token)
+
+    @property
+    def priority_key(self) -> tuple[int, float]:
+        """Its place in a priority queue: lower value first, ties by arrival (the largest key is preempted)."""
+        return self.priority, self.arrival_time
 
     @property
     def num_tokens(self) -> int:

@@ -1,19 +1,22 @@
 """Property tests: under random workloads the block pool and scheduler never leak, double-free or overspend.
 
 They drive the real engine step (`LLMEngine.step`: schedule, run a tiny random model, update, outputs) with
-random arrivals, aborts, n > 1, lengths, chunking, preemption and shared prefixes, and check the block
-bookkeeping after every step through a step observer, the way a chapter would watch the engine.
+random arrivals, priorities, aborts, n > 1, lengths, chunking, preemption (by recompute or by swap to a tiny
+host pool) and shared prefixes, and check the block bookkeeping of both pools after every step through a step
+observer, the way a chapter would watch the engine.
 """
 
 import random
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from minivllm import EngineConfig, LLMEngine, SamplingParams
 from minivllm.core.block_pool import BlockPool
 from minivllm.core.kv_cache_manager import KVCacheManager
+from minivllm.core.kv_sizing import kv_bytes_per_block
+from minivllm.engine.beam_search import BeamSearch, BeamSearchParams
 from minivllm.request import RequestStatus
 from tests.conftest import build_checkpoint
 
@@ -25,7 +28,22 @@ def tiny_path(tmp_path_factory):
     return path
 
 
+def check_host_pool(scheduler) -> None:
+    """Host blocks: each held by exactly one swapped request, which waits and holds no GPU block."""
+    swap = scheduler.swap
+    if swap is None:
+        return
+    held = [b for table in swap.tables.values() for b in table]
+    assert len(held) == len(set(held)), "a host block is held twice"
+    for block in swap.pool.blocks:
+        assert block.ref_cnt == (block.block_id in held)
+        assert (block.block_id in swap.pool.free_queue) == (block.ref_cnt == 0)
+    waiting = {r.request_id for r in scheduler.waiting}
+    assert set(swap.tables) <= waiting and not set(swap.tables) & set(scheduler.kv.block_tables)
+
+
 def check_invariants(kv: KVCacheManager, scheduler) -> None:
+    check_host_pool(scheduler)
     pool = kv.pool
     owners = {}
     for rid, table in kv.block_tables.items():
@@ -52,8 +70,11 @@ workload = st.fixed_dictionaries({
     "caching": st.booleans(),
     "chunking": st.booleans(),
     "seed": st.integers(0, 10_000),
-    "requests": st.lists(st.tuples(st.integers(1, 40), st.integers(1, 30), st.integers(0, 12), st.integers(1, 2)),
-                         min_size=1, max_size=10),  # (prompt length, max_tokens, arrival step, n)
+    "policy": st.sampled_from(["fcfs", "priority"]),
+    "swap_blocks": st.sampled_from([0, 4, 64]),  # 0: recompute; else swap to a host pool of that many blocks
+    "requests": st.lists(st.tuples(st.integers(1, 40), st.integers(1, 30), st.integers(0, 12), st.integers(1, 2),
+                                   st.integers(0, 2)),
+                         min_size=1, max_size=10),  # (prompt length, max_tokens, arrival step, n, priority)
 })
 
 
@@ -62,27 +83,38 @@ workload = st.fixed_dictionaries({
 def test_engine_steps_never_leak_or_overspend(tiny_path, w):
     rng = random.Random(w["seed"])
     budget = w["budget"] if w["chunking"] else max(w["budget"], w["num_blocks"] * w["block_size"])
+    bytes_per_block = kv_bytes_per_block(1, w["block_size"], 2, 8, 4)  # 1 layer, 2 kv heads of 8, float32
     engine = LLMEngine(EngineConfig(tiny_path, block_size=w["block_size"], num_kv_blocks=w["num_blocks"],
                                     max_num_seqs=w["max_seqs"], max_num_batched_tokens=budget,
                                     enable_prefix_caching=w["caching"], enable_chunked_prefill=w["chunking"],
-                                    trace_steps=0, seed=w["seed"]))
+                                    trace_steps=0, seed=w["seed"], scheduling_policy=w["policy"],
+                                    preemption_mode="swap" if w["swap_blocks"] else "recompute",
+                                    swap_space=w["swap_blocks"] * bytes_per_block / 2**30))
+    assert engine.swap.num_blocks <= w["swap_blocks"]
     capacity = w["num_blocks"] * w["block_size"]
+    first_scheduled: dict[str, int] = {}  # request id -> the step it first ran
+    keys: dict[str, tuple] = {}  # request id -> (priority, arrival, n>1 index)
 
     def check(eng, record):
         assert record.scheduler_output.num_tokens <= budget
         assert len(eng.scheduler.running) <= w["max_seqs"]
         check_invariants(eng.kv, eng.scheduler)
+        for s in record.scheduler_output.scheduled:
+            first_scheduled.setdefault(s.request_id, record.step)
 
     engine.add_step_observer(check)
     pending, live, finished = [], set(), set()
-    for i, (plen, max_tokens, arrival, n) in enumerate(w["requests"]):
+    for i, (plen, max_tokens, arrival, n, priority) in enumerate(w["requests"]):
         plen = min(plen, capacity - 1)
         max_tokens = min(max_tokens, capacity - plen)
         prompt = [rng.randrange(3) for _ in range(plen)]  # tiny alphabet: many shared prefixes
-        pending.append((arrival, str(i), prompt, SamplingParams(n=n, max_tokens=max_tokens, temperature=1.0)))
+        pending.append((arrival, str(i), prompt, SamplingParams(n=n, max_tokens=max_tokens, temperature=1.0),
+                        priority if w["policy"] == "priority" else 0))
     for step in range(3000):
-        for _, rid, prompt, params in [p for p in pending if p[0] == step]:
-            engine.add_request(rid, prompt, params)
+        for _, rid, prompt, params, priority in [p for p in pending if p[0] == step]:
+            engine.add_request(rid, prompt, params, priority=priority)
+            for seq in engine.scheduler.waiting:
+                keys.setdefault(seq.request_id, (*seq.priority_key, seq.index))
             live.add(rid)
         if rng.random() < 0.05 and live:  # abort someone, wherever it is
             engine.abort_request(rng.choice(sorted(live)))
@@ -97,6 +129,39 @@ def test_engine_steps_never_leak_or_overspend(tiny_path, w):
     assert finished == {p[1] for p in pending}, "every request finishes or is aborted (no livelock)"
     assert engine.kv.num_free_blocks == w["num_blocks"], "every block is free at the end"
     assert not engine.kv.block_tables and not engine.scheduler.requests
+    assert engine.swap.num_free_blocks == engine.swap.num_blocks and not engine.swap.tables
+    event(f"preempted: {engine.scheduler.num_preemptions > 0}, swapped: {engine.swap.num_swapped_out > 0}")
+    # no starvation within a priority level: first runs follow (priority level, arrival) order there
+    ran = sorted(first_scheduled, key=lambda rid: keys[rid])
+    for a, b in zip(ran, ran[1:]):
+        if keys[a][0] == keys[b][0]:
+            assert first_scheduled[a] <= first_scheduled[b], f"{b} overtook {a} within priority {keys[a][0]}"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.fixed_dictionaries({
+    "num_blocks": st.integers(6, 30), "block_size": st.sampled_from([1, 2, 4]), "caching": st.booleans(),
+    "swap_blocks": st.sampled_from([0, 3, 64]), "width": st.integers(1, 3), "max_tokens": st.integers(1, 6),
+    "prompts": st.lists(st.integers(1, 12), min_size=1, max_size=3), "seed": st.integers(0, 10_000)}))
+def test_beam_search_under_a_tiny_pool_never_leaks(tiny_path, w):
+    """Forked tables and copy-on-write under preemption: ref counts always equal the tables holding a block."""
+    rng = random.Random(w["seed"])
+    bs = w["block_size"]
+    engine = LLMEngine(EngineConfig(tiny_path, block_size=bs, num_kv_blocks=w["num_blocks"], trace_steps=0,
+                                    max_num_batched_tokens=16, enable_prefix_caching=w["caching"],
+                                    preemption_mode="swap" if w["swap_blocks"] else "recompute",
+                                    swap_space=w["swap_blocks"] * kv_bytes_per_block(1, bs, 2, 8, 4) / 2**30))
+    engine.add_step_observer(lambda eng, record: check_invariants(eng.kv, eng.scheduler))
+    capacity = w["num_blocks"] * bs
+    max_tokens = min(w["max_tokens"], capacity // 2)
+    prompts = [[rng.randrange(3) for _ in range(min(n, capacity - max_tokens))] for n in w["prompts"]]
+    outs = BeamSearch(engine).run(prompts, BeamSearchParams(beam_width=w["width"], max_tokens=max_tokens))
+    assert [len(o.sequences) for o in outs] == [w["width"]] * len(prompts)
+    assert all(len(s.tokens) == len(p) + max_tokens for o, p in zip(outs, prompts) for s in o.sequences)
+    assert engine.kv.num_free_blocks == w["num_blocks"] and not engine.kv.block_tables
+    assert not engine.scheduler.requests and not engine.runner.requests
+    assert engine.swap.num_free_blocks == engine.swap.num_blocks
+    event(f"preempted: {engine.scheduler.num_preemptions > 0}, copied on write: {engine.kv.num_cow_copies > 0}")
 
 
 @settings(max_examples=200, deadline=None)

@@ -1,8 +1,12 @@
-"""KVCacheManager: each request's block table (logical block -> physical block) and prefix caching.
+"""KVCacheManager: each request's block table (logical block -> physical block), prefix caching, and forks.
 
 Blocks are allocated on demand as a sequence grows and returned when it finishes, is aborted or is
 preempted. With prefix caching, every *full* block is named by a hash chained to its parent's (block_hash.py),
 so the same tokens after the same prefix always get the same name, and a new request can reuse those blocks.
+
+A fork (beam search) shares *every* block of its parent, the partly filled last one included, by reference
+count. Nothing is copied until a sequence writes into a block it shares: `allocate` then gives it its own
+copy first (copy-on-write) and records the (src, dst) pair, which the runner copies before the forward pass.
 """
 
 from __future__ import annotations
@@ -21,9 +25,12 @@ class KVCacheManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.block_tables: dict[str, list[int]] = {}
         self.num_registered: dict[str, int] = {}  # how many of a request's blocks the pool knows by name
-        self.events: list[tuple[str, str, int]] = []  # ("alloc"|"hit"|"free", request id, block id)
+        self.events: list[tuple[str, str, int]] = []  # (alloc|hit|free|fork|cow|swap_*, request, block)
         self.prefix_cache_queries = 0  # prompt tokens looked up
         self.prefix_cache_hits = 0  # of which found in the cache
+        self.copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) pairs not yet handed to the runner
+        self.num_forked_blocks = 0  # blocks forks shared instead of copying their parent's whole table
+        self.num_cow_copies = 0  # blocks copied because a sequence wrote into a shared one
 
     @property
     def num_free_blocks(self) -> int:
@@ -60,9 +67,17 @@ class KVCacheManager:
         num_tokens = request.num_computed_tokens + len(cached_blocks) * self.block_size + num_new_tokens
         num_new_blocks = max(self.blocks_needed(num_tokens) - len(table) - len(cached_blocks), 0)
         idle_hits = sum(1 for b in cached_blocks if self.pool.blocks[b].ref_cnt == 0)
-        if num_new_blocks + idle_hits > self.pool.num_free_blocks:
+        write_at = request.num_computed_tokens // self.block_size  # the block the first new token goes into
+        cow = not cached_blocks and write_at < len(table) and self.pool.blocks[table[write_at]].ref_cnt > 1
+        if num_new_blocks + idle_hits + cow > self.pool.num_free_blocks:
             return False
         table = self.block_tables.setdefault(rid, [])
+        if cow:  # a shared, partly filled block: write into our own copy, leave the others theirs
+            src, table[write_at] = table[write_at], self.pool.allocate()
+            self.pool.free(src)
+            self.copies.append((src, table[write_at]))
+            self.events.append(("cow", rid, table[write_at]))
+            self.num_cow_copies += 1
         for block_id in cached_blocks:
             self.pool.touch(block_id)
             table.append(block_id)
@@ -89,6 +104,25 @@ class KVCacheManager:
         for i in range(start, end):
             self.pool.cache(table[i], hashes[i])
         self.num_registered[rid] = max(start, end)
+
+    def fork(self, parent_id: str, child: Request) -> None:
+        """Give `child` the parent's whole table by reference: one more reader per block, no copy yet."""
+        table = self.block_tables[parent_id]
+        for block_id in table:
+            self.pool.touch(block_id)
+            self.events.append(("fork", child.request_id, block_id))
+        self.block_tables[child.request_id] = list(table)
+        self.num_registered[child.request_id] = self.num_registered.get(parent_id, 0)
+        self.num_forked_blocks += len(table)
+
+    def drain_copies(self) -> list[tuple[int, int]]:
+        copies, self.copies = self.copies, []
+        return copies
+
+    def register_computed_blocks(self, request: Request) -> None:
+        """Name the full blocks that hold computed tokens (after a swap-in put them in fresh blocks)."""
+        self.num_registered[request.request_id] = 0
+        self._register_full_blocks(request, request.num_computed_tokens)
 
     def record_prefix_lookup(self, num_prompt_tokens: int, num_hit_tokens: int) -> None:
         self.prefix_cache_queries += num_prompt_tokens

@@ -1,10 +1,18 @@
 """Scheduler: which requests run this step and how many tokens each, and what the step's results mean for them.
 
 `schedule()`: running requests come first (a decode is 1 token; a half-prefilled prompt continues its next
-chunk), so streams already under way stay smooth; then waiting requests are admitted first come, first
-served, their prompts cut into chunks that fit what is left of `max_num_batched_tokens`. When the KV cache
-runs out of blocks, the newest running request is preempted by recompute: its blocks are freed and it goes
-back to the head of the waiting queue, to be prefilled again later (prompt plus what it already wrote).
+chunk), so streams already under way stay smooth; then waiting requests are admitted in queue order, their
+prompts cut into chunks that fit what is left of `max_num_batched_tokens`.
+
+The queue order is the policy. "fcfs": first come, first served. "priority" (vLLM's meaning): lower
+`priority` first, ties by arrival; a waiting request whose blocks do not fit may preempt running requests of
+lower priority (larger (priority, arrival)), as vLLM does, so urgent work overtakes.
+
+When the KV cache runs out of blocks, a running request is preempted: the newest under "fcfs", the one with
+the largest (priority, arrival) under "priority". By *recompute* its blocks are freed and it goes back to
+the waiting queue (its head under "fcfs") to be prefilled again later (prompt plus what it already wrote). By
+*swap* (swap.py), its computed blocks are first copied to host memory and copied back when it resumes, so it
+keeps its `num_computed_tokens`. Either way a request preempted in a step is not readmitted in that step.
 
 `update_from_output()`: the runner's sampled tokens are appended, rejected drafts are not counted as
 computed, and the token-level stop conditions (EOS, stop token ids, length) finish requests and free their
@@ -24,23 +32,30 @@ from minivllm.core.step_io import (
     ScheduledRequest,
     SchedulerOutput,
 )
+from minivllm.core.swap import SwapSpace
 from minivllm.request import Request, RequestStatus
 from minivllm.structured_output import StructuredOutputManager
 
 
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
-                 enable_chunked_prefill: bool = True, structured: StructuredOutputManager | None = None) -> None:
+                 enable_chunked_prefill: bool = True, policy: str = "fcfs", swap: SwapSpace | None = None,
+                 structured: StructuredOutputManager | None = None) -> None:
+        """`policy`: "fcfs" or "priority"; `swap`: where preempted blocks go (None: preemption by recompute);
+        `structured`: the grammars of requests with structured outputs (None without a tokenizer)."""
         self.kv = kv
         self.structured = structured  # grammars of requests with structured outputs (needs a tokenizer)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.enable_chunked_prefill = enable_chunked_prefill
-        self.waiting: deque[Request] = deque()
+        self.policy = policy
+        self.swap = swap
+        self.waiting: deque[Request] = deque()  # in policy order: the head is admitted next
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}  # every unfinished request, by id
         self.num_preemptions = 0
         self._finished_ids: list[str] = []  # finished since the runner last heard: it drops their state
+        self._forked: list[Request] = []  # forked since the runner last heard: it learns them as new requests
 
     def add(self, request: Request) -> None:
         if request.params.structured_outputs is not None:
@@ -48,7 +63,19 @@ class Scheduler:
                 raise ValueError("structured outputs need a tokenizer, and this model has none")
             self.structured.add(request.request_id, request.params.structured_outputs)
         self.requests[request.request_id] = request
-        self.waiting.append(request)
+        self._enqueue(request)
+
+    def _enqueue(self, request: Request, preempted: bool = False) -> None:
+        """Into the waiting queue at its place: FCFS appends (a preempted request goes first, it is the oldest);
+        "priority" keeps the queue sorted by (priority, arrival), a preempted request included."""
+        if self.policy == "priority":
+            key = request.priority_key
+            at = next((i for i, r in enumerate(self.waiting) if r.priority_key > key), len(self.waiting))
+            self.waiting.insert(at, request)
+        elif preempted:
+            self.waiting.appendleft(request)
+        else:
+            self.waiting.append(request)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -63,13 +90,17 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n = min(req.num_tokens - req.num_computed_tokens, budget)
+            if n <= 0:  # a beam waiting for its siblings' logits (beam_search.py): nothing to compute
+                i += 1
+                continue
             # a decoding request with drafts verifies them in the same pass, as far as the budget allows
             spec = req.spec_token_ids[: budget - n] if n == 1 else []
             num_blocks = len(self.kv.block_tables.get(req.request_id, ()))
             while not self.kv.allocate(req, n + len(spec)):
-                victim = self.running.pop()  # the newest request gives its blocks back
-                self._preempt(victim)
-                out.preempted.append(victim.request_id)
+                victim = self._victim()
+                if self.running.index(victim) < i:  # already scheduled in this step: taken back
+                    i -= 1
+                budget += self._preempt(victim, out)
                 if victim is req:
                     break
             else:
@@ -80,36 +111,75 @@ class Scheduler:
                 budget -= n + len(spec)
                 i += 1
 
-        # 2. Waiting requests, first come first served, unless this step already had to preempt.
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not out.preempted:
+        for child in self._forked:  # forks the runner has not met: their whole (copied-on-write) table, once
+            if child.status is RequestStatus.RUNNING:
+                out.new_block_ids.pop(child.request_id, None)
+                out.new_requests.append(self._new_request_data(child))
+        self._forked = []
+
+        # 2. Waiting requests in policy order, unless the running ones already had to preempt in this step.
+        blocked = bool(out.preempted)
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not blocked:
             req = self.waiting[0]
-            cached = self.kv.find_cached_prefix(req)
-            num_cached = len(cached) * self.kv.block_size
-            n = req.num_tokens - num_cached
+            if req.request_id in out.preempted:  # pushed out in this very step: not back before the next
+                break
+            swapped = self.swap is not None and self.swap.is_swapped(req)
+            cached = [] if swapped else self.kv.find_cached_prefix(req)
+            num_done = req.num_computed_tokens if swapped else len(cached) * self.kv.block_size
+            n = req.num_tokens - num_done
             if n > budget and not self.enable_chunked_prefill:
                 break
             n = min(n, budget)
-            if not self.kv.allocate(req, n, cached):
-                break
+            swap_in = self.swap.swap_in(self.kv, req, n) if swapped else None
+            if not (swap_in is not None if swapped else self.kv.allocate(req, n, cached)):
+                victim = self._victim(outranked_by=req)
+                if victim is None:
+                    break
+                budget += self._preempt(victim, out)
+                continue
+            out.blocks_to_swap_in += swap_in or []
             self.waiting.popleft()
             if req.num_cached_tokens < 0:  # the first time it is scheduled, not after a preemption
-                req.num_cached_tokens = num_cached
+                req.num_cached_tokens = num_done
                 req.first_scheduled_time = time.monotonic()
-                self.kv.record_prefix_lookup(req.num_prompt_tokens, num_cached)
-            req.num_computed_tokens = num_cached
+                self.kv.record_prefix_lookup(req.num_prompt_tokens, num_done)
+            req.num_computed_tokens = num_done
             req.status = RequestStatus.RUNNING
             self.running.append(req)
-            out.new_requests.append(NewRequestData(req.request_id, list(req.all_token_ids), req.num_prompt_tokens,
-                                                   req.params, list(self.kv.block_tables[req.request_id]),
-                                                   req.max_total_tokens, req.sample_seed, req.eos_token_ids))
+            out.new_requests.append(self._new_request_data(req))
             out.scheduled.append(self._entry(req, n, []))
             budget -= n
+        out.blocks_to_copy = self.kv.drain_copies()
         out.finished, self._finished_ids = self._finished_ids, []
         constrained = [(s.request_id, s.spec_token_ids) for s in out.scheduled
                        if s.samples and self.structured is not None and s.request_id in self.structured.matchers]
         if constrained:
             out.grammar_bitmask, out.grammar_rows = self.structured.bitmask(constrained)
         return out
+
+    def _new_request_data(self, req: Request) -> NewRequestData:
+        return NewRequestData(req.request_id, list(req.all_token_ids), req.num_prompt_tokens, req.params,
+                              list(self.kv.block_tables[req.request_id]), req.max_total_tokens, req.sample_seed,
+                              req.eos_token_ids)
+
+    def fork(self, parent: Request, child_id: str, token: int) -> Request:
+        """A new sequence: the parent's tokens plus `token` (beam search). A running parent's blocks are shared
+        by reference (kv.fork) and copied on write; a parent that was preempted meanwhile has none, so the
+        child waits to be computed from scratch."""
+        child = Request(child_id, parent.prompt_token_ids, parent.params, parent.eos_token_ids, parent.max_model_len,
+                        parent.arrival_time, [*parent.output_token_ids, token], parent_id=parent.parent_id,
+                        index=parent.index, priority=parent.priority, block_hashes=list(parent.block_hashes),
+                        num_cached_tokens=parent.num_cached_tokens, first_scheduled_time=parent.first_scheduled_time)
+        self.requests[child_id] = child
+        if parent.status is RequestStatus.RUNNING:
+            self.kv.fork(parent.request_id, child)
+            child.num_computed_tokens = parent.num_computed_tokens
+            child.status = RequestStatus.RUNNING
+            self.running.append(child)
+            self._forked.append(child)
+        else:
+            self._enqueue(child, preempted=True)
+        return child
 
     @staticmethod
     def _entry(req: Request, num_new: int, spec: list[int]) -> ScheduledRequest:
@@ -118,14 +188,41 @@ class Scheduler:
         return ScheduledRequest(req.request_id, num_new, before, list(spec), is_prefill=not decode,
                                 samples=before + num_new - len(spec) == req.num_tokens)
 
-    def _preempt(self, req: Request) -> None:
-        self.kv.free(req)
-        req.num_computed_tokens = 0
+    def _victim(self, outranked_by: Request | None = None) -> Request | None:
+        """Whom to preempt when blocks run out: the newest running request ("fcfs"), or the one with the largest
+        (priority, arrival) ("priority"). For a waiting request (`outranked_by`), only a strictly lower-priority
+        one under "priority", and none under "fcfs" (it waits)."""
+        if outranked_by is None:
+            return max(self.running, key=lambda r: r.priority_key) if self.policy == "priority" else self.running[-1]
+        if self.policy != "priority" or not self.running:
+            return None
+        victim = max(self.running, key=lambda r: r.priority_key)
+        return victim if victim.priority_key > outranked_by.priority_key else None
+
+    def _preempt(self, req: Request, out: SchedulerOutput) -> int:
+        """Take a running request's blocks back, by swap when the host has room, else by recompute. If this step
+        already scheduled it, that is undone; returns the token budget this gives back."""
+        self.running.remove(req)
+        budget_back = 0
+        for j, s in enumerate(out.scheduled):
+            if s.request_id == req.request_id:
+                budget_back = s.num_new_tokens
+                del out.scheduled[j]
+                break
+        out.new_block_ids.pop(req.request_id, None)
+        swap_out = self.swap.swap_out(self.kv, req) if self.swap is not None else None
+        if swap_out is None:  # recompute: everything it had computed is gone
+            self.kv.free(req)
+            req.num_computed_tokens = 0
+        else:
+            out.blocks_to_swap_out += swap_out
         req.spec_token_ids = []
         req.num_preemptions += 1
         req.status = RequestStatus.PREEMPTED
-        self.waiting.appendleft(req)
+        self._enqueue(req, preempted=True)
+        out.preempted.append(req.request_id)
         self.num_preemptions += 1
+        return budget_back
 
     # ---- 2. what the step's results mean -------------------------------------------------------------
     def update_from_output(self, sched: SchedulerOutput, result: RunnerOutput) -> list[EngineCoreOutput]:
@@ -194,6 +291,8 @@ class Scheduler:
         else:
             self.waiting.remove(req)
         self.kv.free(req)
+        if self.swap is not None:
+            self.swap.free(req)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
         if stop_reason is not None:

@@ -63,14 +63,19 @@ class SchedulerOutput:
     # structured output: a token bitmask row per sampled position of each constrained request (bit set = allowed)
     grammar_bitmask: np.ndarray | None = None  # [rows, ceil(vocab / 32)] int32
     grammar_rows: dict[str, int] = field(default_factory=dict)  # request id -> its first row
+    # the runner copies these (src, dst) block pairs before the forward pass, in this order: swap out, copy, swap in
+    # (a block swapped out may be reused by a copy-on-write; a swap-in may reuse a block a copy just read)
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # (GPU block, host block)
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)  # (host block, GPU block)
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write of a shared block (GPU)
 
     @property
     def num_tokens(self) -> int:
         return sum(s.num_new_tokens for s in self.scheduled)
 
     def __bool__(self) -> bool:
-        """Anything for the runner: work, or finished requests to forget."""
-        return bool(self.scheduled or self.finished)
+        """Anything for the runner: work, blocks to move, or requests to forget."""
+        return bool(self.scheduled or self.finished or self.preempted or self.blocks_to_swap_in or self.blocks_to_copy)
 
 
 @dataclass

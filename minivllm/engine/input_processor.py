@@ -41,11 +41,16 @@ class InputProcessor:
         self.num_kv_blocks = num_kv_blocks
 
     def process(self, request_id: str, prompt: PromptType, params: SamplingParams | None = None,
-                arrival_time: float | None = None) -> EngineRequest:
+                arrival_time: float | None = None, priority: int = 0) -> EngineRequest:
         """Validate and tokenize one request (n sequences), without queueing it: errors come before work."""
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ValueError(f"priority must be an integer, got {priority!r}")
+        if priority != 0 and self.config.scheduling_policy != "priority":
+            raise ValueError(f"got priority {priority} but scheduling_policy is {self.config.scheduling_policy!r}: "
+                             "use scheduling_policy='priority'")
         text, ids = self._tokenize(prompt)
         if not ids:
             raise ValueError("prompt is empty")
@@ -61,7 +66,7 @@ class InputProcessor:
                              f"which leaves no room for output")
         arrival = time.monotonic() if arrival_time is None else arrival_time
         sequences = [Request(request_id if params.n == 1 else f"{request_id}#{i}", list(ids), params,
-                             self.eos_token_ids, max_len, arrival, parent_id=request_id, index=i)
+                             self.eos_token_ids, max_len, arrival, parent_id=request_id, index=i, priority=priority)
                      for i in range(params.n)]
         block_size = self.config.block_size
         need = -(-sequences[0].max_total_tokens // block_size)

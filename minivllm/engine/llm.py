@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from tqdm.auto import tqdm
 
+from minivllm.engine.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from minivllm.engine.engine_args import engine_config_from_kwargs
 from minivllm.engine.llm_engine import LLMEngine, PromptType
 from minivllm.outputs import RequestOutput
@@ -45,8 +46,9 @@ class LLM:
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
-        """Run every prompt to completion; outputs come back in input order."""
+                 use_tqdm: bool = True, priority: Sequence[int] | None = None) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs come back in input order. `priority`: one per prompt
+        (scheduling_policy="priority"; lower runs first), as in vLLM."""
         if not isinstance(prompts, (list, tuple)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         prompts = list(prompts)
@@ -59,7 +61,11 @@ class LLM:
             if len(params) != len(prompts):
                 raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
         params = self._final_only(params)
-        batch = [self.engine.process_request(str(next(self._ids)), p, sp) for p, sp in zip(prompts, params)]
+        priority = [0] * len(prompts) if priority is None else list(priority)
+        if len(priority) != len(prompts):
+            raise ValueError(f"got {len(priority)} priorities for {len(prompts)} prompts")
+        batch = [self.engine.process_request(str(next(self._ids)), p, sp, priority=pr)
+                 for p, sp, pr in zip(prompts, params, priority)]
         for request in batch:  # everything validated: now queue it
             self.engine.enqueue(request)
         order = {request.request_id: i for i, request in enumerate(batch)}
@@ -74,6 +80,15 @@ class LLM:
                 if use_tqdm:
                     bar.set_postfix_str(self._speed(stats, t0))
         return results
+
+    def beam_search(self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams,
+                    use_tqdm: bool = False) -> list[BeamSearchOutput]:
+        """Beam search (vLLM's API and scoring) over forked, copy-on-write block tables (engine/beam_search.py).
+        Needs an idle engine; returns one BeamSearchOutput per prompt, best sequences first. (`use_tqdm` is
+        accepted for vLLM's signature; no bar is shown.)"""
+        if not isinstance(prompts, (list, tuple)) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        return BeamSearch(self.engine).run(list(prompts), params)
 
     @staticmethod
     def _final_only(params: list) -> list:

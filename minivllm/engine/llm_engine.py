@@ -17,6 +17,7 @@ from pathlib import Path
 from minivllm.config import EngineConfig
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.scheduler import Scheduler
+from minivllm.core.swap import SwapSpace
 from minivllm.engine.input_processor import EngineRequest, InputProcessor, PromptType
 from minivllm.engine.output_processor import OutputProcessor
 from minivllm.engine.stats import StepCounters
@@ -55,8 +56,10 @@ class LLMEngine:
         self.input_processor = InputProcessor(config, self.tokenizer, self.eos_token_ids, self.runner.num_blocks,
                                               structured)
         self.kv = KVCacheManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.swap = SwapSpace(self.runner.num_host_blocks)  # empty unless preemption_mode="swap"
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
-                                   config.enable_chunked_prefill, structured)
+                                   config.enable_chunked_prefill, config.scheduling_policy,
+                                   self.swap if config.preemption_mode == "swap" else None, structured)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.counters = StepCounters()
         self.trace_recorder = TraceRecorder(config.trace_steps or 0)
@@ -86,11 +89,12 @@ class LLMEngine:
 
     # ---- requests in and out -----------------------------------------------------------------------
     def process_request(self, request_id: str, prompt: PromptType, params: SamplingParams | None = None,
-                        arrival_time: float | None = None) -> EngineRequest:
-        """Validate and tokenize a request without queueing it, so a batch can be checked before any goes in."""
+                        arrival_time: float | None = None, priority: int = 0) -> EngineRequest:
+        """Validate and tokenize a request without queueing it, so a batch can be checked before any goes in.
+        `priority` (scheduling_policy="priority" only): lower runs first, as in vLLM."""
         if request_id in self.output_processor:
             raise ValueError(f"request id {request_id!r} is already in use")
-        return self.input_processor.process(request_id, prompt, params, arrival_time)
+        return self.input_processor.process(request_id, prompt, params, arrival_time, priority)
 
     def enqueue(self, request: EngineRequest) -> None:
         self.output_processor.add_request(request)
@@ -98,8 +102,8 @@ class LLMEngine:
             self.scheduler.add(seq)
 
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams | None = None,
-                    arrival_time: float | None = None) -> None:
-        self.enqueue(self.process_request(request_id, prompt, params, arrival_time))
+                    arrival_time: float | None = None, priority: int = 0) -> None:
+        self.enqueue(self.process_request(request_id, prompt, params, arrival_time, priority))
 
     def abort_request(self, request_id: str | Iterable[str]) -> None:
         """Stop requests (one id or several) wherever they are; their blocks go back at once, their outputs
@@ -122,7 +126,7 @@ class LLMEngine:
         if not scheduler_output:
             return outputs
         runner_output = self.runner.execute(scheduler_output)
-        if not scheduler_output.scheduled:  # the runner only had finished requests to forget
+        if not (scheduler_output.scheduled or scheduler_output.preempted):  # only finished requests to forget
             return outputs
         core_outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         new_outputs, stopped = self.output_processor.process(core_outputs)
@@ -144,6 +148,12 @@ class LLMEngine:
             "num_waiting": len(self.scheduler.waiting),
             "num_running": len(self.scheduler.running),
             "num_preemptions": self.scheduler.num_preemptions,
+            "num_total_host_blocks": self.swap.num_blocks,
+            "num_free_host_blocks": self.swap.num_free_blocks,
+            "num_blocks_swapped_out": self.swap.num_swapped_out,
+            "num_blocks_swapped_in": self.swap.num_swapped_in,
+            "num_forked_blocks": kv.num_forked_blocks,  # blocks forks shared rather than copied
+            "num_cow_copies": kv.num_cow_copies,  # blocks copied on a write into a shared one
             **self.counters.as_dict(),
             "prefix_cache_queries": kv.prefix_cache_queries,
             "prefix_cache_hits": kv.prefix_cache_hits,

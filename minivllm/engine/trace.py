@@ -3,7 +3,8 @@
 `TraceRecorder` is a step observer: after every step the engine hands it a `StepRecord` (the step's plain
 data) and it keeps the most recent `trace_steps` as StepTraces in `LLMEngine.trace`. Each is plain data:
 who was scheduled for how many tokens (prefill or decode), which blocks were allocated, re-used from the
-prefix cache or freed, who was preempted or finished, and every live block table after the step.
+prefix cache, freed, or swapped to and from host memory, who was preempted or finished, and every live block
+table after the step.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ class StepRecord:
     runner_output: RunnerOutput
     core_outputs: list[EngineCoreOutput]
     finished: dict[str, str]  # request id -> finish reason (token stops and stop strings)
-    kv_events: list[tuple[str, str, int]]  # ("alloc"|"hit"|"free", request id, block id), in order
+    kv_events: list[tuple[str, str, int]]  # ("alloc"|"hit"|"free"|"swap_out"|"swap_in", request id, block id)
 
 
 @dataclass
@@ -61,6 +62,13 @@ class StepTrace:
     block_size: int = 16
     num_computed_tokens: dict[str, int] = field(default_factory=dict)  # live request -> tokens in its blocks
     shared_blocks: dict[int, int] = field(default_factory=dict)  # block id -> ref count, where > 1
+    swapped_out: dict[str, list[int]] = field(default_factory=dict)  # request id -> GPU blocks copied to the host
+    swapped_in: dict[str, list[int]] = field(default_factory=dict)  # request id -> GPU blocks filled from the host
+    forked: dict[str, list[int]] = field(default_factory=dict)  # new sequence -> the blocks it shares with its parent
+    copied: dict[str, list[int]] = field(default_factory=dict)  # request id -> its copy-on-write blocks (the copies)
+    num_swap_bytes: int = 0  # KV bytes this step moved between GPU and host, both ways
+    num_free_host_blocks: int = 0
+    num_total_host_blocks: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -122,7 +130,12 @@ class TraceRecorder:
             num_computed_tokens={r.request_id: r.num_computed_tokens for r in scheduler.running},
             # a block used by several requests is in several tables: no need to scan the whole pool
             shared_blocks={b: pool.blocks[b].ref_cnt for t in tables.values() for b in t
-                           if pool.blocks[b].ref_cnt > 1}))
+                           if pool.blocks[b].ref_cnt > 1},
+            forked=group_events(events, "fork"), copied=group_events(events, "cow"),
+            swapped_out=group_events(events, "swap_out"), swapped_in=group_events(events, "swap_in"),
+            num_swap_bytes=engine.runner.bytes_per_block * (len(record.scheduler_output.blocks_to_swap_out)
+                                                            + len(record.scheduler_output.blocks_to_swap_in)),
+            num_free_host_blocks=engine.swap.num_free_blocks, num_total_host_blocks=engine.swap.num_blocks))
 
     def _table_snapshots(self, block_tables: dict[str, list[int]]) -> dict[str, list[int]]:
         """Copies of the block tables, reusing last step's copy of every table that did not grow.

@@ -99,6 +99,10 @@ class ModelRunner:
         # [layers, K/V, blocks, block_size, kv_heads, head_dim]; zeros so unused slots are never NaN
         self.kv_cache = torch.zeros(mc.num_layers, 2, self.num_blocks, config.block_size, mc.num_kv_heads,
                                     mc.head_dim, dtype=self.dtype, device=self.device)
+        self.host_kv_cache = self._host_cache()  # swapped-out blocks (core/swap.py); None without swap
+        self.num_host_blocks = 0 if self.host_kv_cache is None else self.host_kv_cache.shape[2]
+        self.swap_bytes = 0  # KV bytes copied between the GPU cache and the host cache, each way summed
+        self.swap_seconds = 0.0
         self.graphs = None  # DecodeGraphs, where they can run
         self.capture_decode_graphs()
         self.proposer = make_proposer(config, self.num_blocks, mc.vocab_size)
@@ -121,6 +125,37 @@ class ModelRunner:
         # a draft model's cache mirrors ours block for block: size ours for both
         per_block = self.bytes_per_block + self.companion_bytes_per_block
         return num_blocks_for_budget(budget - self.reserved_bytes, per_block)
+
+    def _host_cache(self) -> torch.Tensor | None:
+        """The host blocks for preemption by swap: `swap_space` GiB (pinned on CUDA, so copies use DMA), capped
+        at the blocks the sequences could ever fill. `empty`: pages are only touched when blocks land there."""
+        cfg, mc = self.config, self.model_config
+        if cfg.preemption_mode != "swap":
+            return None
+        num = min(num_blocks_for_budget(int(cfg.swap_space * 2**30), self.bytes_per_block),
+                  max_useful_blocks(cfg.max_num_seqs, cfg.max_model_len, cfg.block_size))
+        return torch.empty(mc.num_layers, 2, num, cfg.block_size, mc.num_kv_heads, mc.head_dim, dtype=self.dtype,
+                           pin_memory=self.device.type == "cuda")
+
+    def swap_blocks(self, sched: SchedulerOutput) -> None:
+        """Move blocks before the forward pass, as the scheduler chose them by id: swap-outs to the host first
+        (their GPU blocks may be handed to someone else in this very step), then copy-on-write copies, then
+        swap-ins back from the host."""
+        if not (sched.blocks_to_swap_out or sched.blocks_to_copy or sched.blocks_to_swap_in):
+            return
+        start = time.perf_counter()
+        for pairs, src_cache, dst_cache in ((sched.blocks_to_swap_out, self.kv_cache, self.host_kv_cache),
+                                            (sched.blocks_to_copy, self.kv_cache, self.kv_cache),
+                                            (sched.blocks_to_swap_in, self.host_kv_cache, self.kv_cache)):
+            if pairs:
+                src = torch.tensor([a for a, _ in pairs], device=src_cache.device)
+                dst = torch.tensor([b for _, b in pairs], device=dst_cache.device)
+                dst_cache.index_copy_(2, dst, src_cache.index_select(2, src).to(dst_cache.device))
+                if src_cache is not dst_cache:
+                    self.swap_bytes += len(pairs) * self.bytes_per_block
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.swap_seconds += time.perf_counter() - start
 
     def profile_run(self) -> int:
         """One forward pass at the largest step size; returns its activation peak in bytes (0 off CUDA).
@@ -191,6 +226,7 @@ class ModelRunner:
         """Run one step: the tokens each request gets (accepted drafts + 1; none for a prefill chunk), their
         logprobs where asked, and, with a drafter, the drafts the next step will verify."""
         self._update_states(sched)
+        self.swap_blocks(sched)
         if not sched.scheduled:  # nothing to compute: only finished requests to forget
             return RunnerOutput()
         states = [self.requests[s.request_id] for s in sched.scheduled]

@@ -67,7 +67,7 @@ class Preprocessor:
 
     # ---- the jobs ----------------------------------------------------------------------------------------
     async def requests(self, prompts: list[tuple[str, PromptType]], params: SamplingParams, arrival: float,
-                       strict_max_tokens: bool) -> list[EngineRequest]:
+                       strict_max_tokens: bool, priority: int = 0) -> list[EngineRequest]:
         """Every prompt tokenized and checked (ValueError names the first bad one), none queued yet.
 
         `strict_max_tokens`: the client chose max_tokens, so prompt + max_tokens beyond the context is an error
@@ -78,7 +78,7 @@ class Preprocessor:
             for rid, prompt in prompts:
                 if isinstance(prompt, str):
                     check_unicode(prompt, "prompt")
-                req = proc.process(rid, prompt, params, arrival)
+                req = proc.process(rid, prompt, params, arrival, priority)
                 need = len(req.prompt_token_ids) + (params.max_tokens or 0)
                 if strict_max_tokens and need > self.max_model_len:
                     raise ValueError(f"this model's maximum context length is {self.max_model_len} tokens; the "

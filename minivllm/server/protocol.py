@@ -46,6 +46,8 @@ def engine_error(e: ValueError) -> APIError:
         param = m.group(1)
     elif "max_tokens" in msg or "KV blocks" in msg:
         param = "max_tokens"
+    elif "priority" in msg:
+        param = "priority"
     elif "chat template" in msg or "chat_template" in msg:
         param = "messages"
     elif msg.startswith("structured outputs"):
@@ -116,6 +118,7 @@ class SamplingRequest(BaseModel):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     structured_outputs: dict[str, Any] | None = None  # vLLM's newer spelling: {"json": ...} / {"regex": ...} ...
+    priority: int = 0  # vLLM's extra field: with --scheduling-policy priority, lower runs first
 
     def check_supported(self) -> None:
         for name in UNSUPPORTED:

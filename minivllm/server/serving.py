@@ -142,7 +142,8 @@ class OpenAIServing:
                                   max_tokens=params.max_tokens, stream=bool(req.stream))
         try:
             requests = await self.pre.requests(list(zip(ids, prompts)), params, arrival,
-                                               strict_max_tokens=req.requested_max_tokens() is not None)
+                                               strict_max_tokens=req.requested_max_tokens() is not None,
+                                               priority=req.priority)
             stream = await self.engine.generate(requests)
         except ValueError as e:
             err = engine_error(e)

@@ -9,6 +9,7 @@ imported only where a figure is drawn):
     speculation: spec_rounds, speculation_html                   (speculative decoding, token by token)
     traces:    relabel_requests                                    (rename the requests of a recording)
     graphs:    graph_batch_html                                    (a CUDA-graph decode step's padded buffers)
+    memory:    fork_rows, fork_html, swap_totals                   (beam forks and copy-on-write; swaps)
     figures:   figure_png, show                                    (a Figure as PNG bytes; shown in a notebook)
 Widgets (ipywidgets, the `notebook` extra): JourneyStepper, BlockTableViewer, SpeculationStepper. They live in
 `ui`, which is imported on first use of one of those names, so `import minivllm.widgets` needs no ipywidgets.
@@ -19,6 +20,7 @@ from minivllm.widgets.colors import request_colors, request_ids
 from minivllm.widgets.figures import figure_png, show
 from minivllm.widgets.graphs import graph_batch_html
 from minivllm.widgets.journey import step_html
+from minivllm.widgets.memory import ForkRow, fork_html, fork_rows, swap_totals
 from minivllm.widgets.speculation import SpecRound, spec_rounds, speculation_html
 from minivllm.widgets.timelines import Timeline, timeline, timeline_figure
 from minivllm.widgets.traces import relabel_requests
@@ -39,7 +41,8 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["Arrival", "BlockCell", "BlockTableViewer", "JourneyStepper", "Occupancy", "Recording", "SpecRound",
+__all__ = ["ForkRow", "fork_html", "fork_rows", "swap_totals",
+           "Arrival", "BlockCell", "BlockTableViewer", "JourneyStepper", "Occupancy", "Recording", "SpecRound",
            "SpeculationStepper", "Timeline", "block_table_figure", "block_table_html", "figure_png", "graph_batch_html",
            "kv_occupancy", "new_steps", "pool_cells", "relabel_requests", "request_colors", "request_ids",
            "run_arrivals", "show", "spec_rounds", "speculation_html", "step_html", "timeline", "timeline_figure"]

@@ -9,7 +9,9 @@ from minivllm.engine.trace import StepTrace
 FREE_COLOR = "#ffffff"
 SHARED_COLOR = "#bdbdbd"
 KIND_COLORS = {"prefill": "#e4572e", "decode": "#4c9f70", "waiting": "#d9d9d9", "idle": "#f3e9b5",
-               "preempted": "#7b2d8b"}
+               "preempted": "#7b2d8b", "swapped out": "#1f78b4"}
+COPY_COLOR = "#e4572e"  # a block copied on write
+NEW_COLOR = "#4c9f70"  # a block allocated in this step
 
 
 def request_ids(steps: Iterable[StepTrace]) -> list[str]:

@@ -2,8 +2,9 @@
 
 `timeline` reads a recording (a list of `StepTrace`) into plain data; `timeline_figure` draws it. A cell is
 "prefill" or "decode" when the request was scheduled in that step (with its token count), "waiting" when
-it sat in the waiting queue, "preempted" when the step took its blocks back, and "idle" when it was
-running but got no tokens (the step's token budget was used up by others).
+it sat in the waiting queue, "preempted" when the step took its blocks back ("swapped out" when it took
+them to host memory instead), and "idle" when it was running but got no tokens (the step's token budget was
+used up by others).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn, so `timelin
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-STATES = ("prefill", "decode", "waiting", "idle", "preempted")
+STATES = ("prefill", "decode", "waiting", "idle", "preempted", "swapped out")
 
 
 @dataclass
@@ -65,7 +66,7 @@ def timeline(steps: Sequence[StepTrace], clock: Sequence[int] | None = None,
             tl.cells[rid, x] = e.kind
             tl.tokens[rid, x] = e.num_tokens
         for rid in t.preempted:
-            tl.cells[rid, x] = "preempted"
+            tl.cells[rid, x] = "swapped out" if rid in t.swapped_out else "preempted"
         for rid in t.waiting:
             tl.cells.setdefault((rid, x), "waiting")
         for rid in t.running:

@@ -1,0 +1,193 @@
+"""Beam search on copy-on-write blocks: `LLM.beam_search(prompts, BeamSearchParams(...))`, with vLLM's result shape.
+
+Every beam is a scheduler request. Each round, every live beam's last token is computed (one decode each,
+through the real scheduler and runner) and its log-probabilities read through the runner's logits observer.
+Each beam proposes its 2 * beam_width best next tokens; candidates ending in EOS are set aside as finished,
+and the beam_width best of the rest (by vLLM's score) become the next round's beams.
+
+A chosen candidate is a *fork* of its beam (`Scheduler.fork`): a new request that shares every block of its
+parent by reference count, the partly filled last block included. The first write into that shared block
+gives the writer its own copy (copy-on-write, `KVCacheManager.allocate`), so a fork costs at most one block
+copy instead of a copy of the whole table: `stats()` counts both (`num_forked_blocks`, `num_cow_copies`).
+The parents then finish, and blocks no beam shares any more go back to the pool. A parent that lost its
+blocks to preemption has none to share: its forks are computed afresh (from the prefix cache, if it can).
+
+vLLM V1 runs the same algorithm on top of its engine (each beam a request asking for logprobs, sharing by
+prefix caching); forking block tables here makes the sharing explicit, and works without prefix caching.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from minivllm.engine.trace import StepRecord
+from minivllm.request import Request, RequestStatus
+from minivllm.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from minivllm.engine.llm_engine import LLMEngine, PromptType
+
+
+@dataclass
+class BeamSearchParams:
+    """vLLM's BeamSearchParams. `temperature` > 0 divides the logits before the log-softmax; 0 uses them as is."""
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.beam_width, int) or self.beam_width < 1:
+            raise ValueError(f"beam_width must be a positive integer, got {self.beam_width!r}")
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+
+
+@dataclass
+class BeamSearchSequence:
+    """One finished beam, as vLLM returns it: `tokens` are prompt + generated, `text` their decoding."""
+
+    tokens: list[int]
+    logprobs: list[dict[int, float]] = field(default_factory=list)  # per generated token: candidate -> logprob
+    cum_logprob: float = 0.0
+    text: str | None = None
+    finish_reason: str | None = None  # "stop" (EOS) or "length"
+    stop_reason: int | str | None = None
+
+
+@dataclass
+class BeamSearchOutput:
+    sequences: list[BeamSearchSequence]  # best first, at most beam_width
+
+
+def get_beam_search_score(tokens: list[int], cumulative_logprob: float, eos_token_id: int | None,
+                          length_penalty: float = 1.0) -> float:
+    """vLLM's score: cumulative logprob / length ** length_penalty, the length counting the prompt and not a
+    final EOS. (transformers divides by the generated length only: beams of equal length rank the same.)"""
+    seq_len = len(tokens) - (eos_token_id is not None and tokens[-1] == eos_token_id)
+    return cumulative_logprob / (seq_len**length_penalty)
+
+
+@dataclass
+class _Instance:
+    """One prompt's search: live beams (each with the request computing it) and finished ones."""
+
+    prompt_token_ids: list[int]
+    beams: list[tuple[Request, BeamSearchSequence]]
+    completed: list[BeamSearchSequence] = field(default_factory=list)
+
+
+class BeamSearch:
+    """Runs beam searches on an engine with no other requests in flight (it drives the scheduler itself)."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._ids = itertools.count()
+
+    def run(self, prompts: list[PromptType], params: BeamSearchParams) -> list[BeamSearchOutput]:
+        eng, k = self.engine, params.beam_width
+        if eng.has_unfinished_requests():
+            raise ValueError("beam_search needs an idle engine: finish or abort the other requests first")
+        eos = None if params.ignore_eos else eng.eos_token_id
+        stops = set() if params.ignore_eos else set(eng.eos_token_ids)
+        # the requests only carry tokens and blocks: the search decides every token and every stop itself
+        request_params = SamplingParams(temperature=0, max_tokens=params.max_tokens, ignore_eos=True)
+        instances = []
+        for prompt in prompts:
+            request = eng.process_request(f"beam-{next(self._ids)}", prompt, request_params).sequences[0]
+            eng.scheduler.add(request)
+            tokens = list(request.prompt_token_ids)
+            instances.append(_Instance(tokens, [(request, BeamSearchSequence(tokens))]))
+
+        def score(seq: BeamSearchSequence) -> float:
+            return get_beam_search_score(seq.tokens, seq.cum_logprob, eos, params.length_penalty)
+
+        try:
+            for _ in range(params.max_tokens):
+                live = [request for inst in instances for request, _ in inst.beams]
+                if not live:
+                    break
+                logprobs = self._logprobs(live, params.temperature)
+                for inst in instances:
+                    candidates = []
+                    for request, seq in inst.beams:
+                        top = logprobs[request.request_id].topk(2 * k)
+                        step = dict(zip(top.indices.tolist(), top.values.tolist()))
+                        for token, lp in step.items():
+                            new = BeamSearchSequence(seq.tokens + [token], seq.logprobs + [step], seq.cum_logprob + lp)
+                            if token in stops:
+                                new.finish_reason, new.stop_reason = "stop", None
+                                inst.completed.append(new)
+                            else:
+                                candidates.append((new, request, token))
+                    chosen = sorted(candidates, key=lambda c: score(c[0]), reverse=True)[:k]
+                    parents = [request for request, _ in inst.beams]
+                    inst.beams = [(eng.scheduler.fork(parent, f"{parent.parent_id}.{next(self._ids)}", token), new)
+                                  for new, parent, token in chosen]
+                    eng.scheduler.finish_requests([p.request_id for p in parents], "abort")  # forks hold on
+        finally:
+            eng.scheduler.finish_requests([r.request_id for inst in instances for r, _ in inst.beams], "abort")
+            eng.runner.execute(eng.scheduler.schedule())  # the runner forgets the finished beams now
+        outputs = []
+        for inst in instances:
+            for _, seq in inst.beams:
+                seq.finish_reason = "length"
+            best = sorted(inst.completed + [seq for _, seq in inst.beams], key=score, reverse=True)[:k]
+            for seq in best:
+                seq.text = eng.tokenizer.decode(seq.tokens) if eng.tokenizer is not None else None
+            outputs.append(BeamSearchOutput(best))
+        return outputs
+
+    def _logprobs(self, live: list[Request], temperature: float) -> dict[str, torch.Tensor]:
+        """Step the scheduler and runner until every live beam's last token is computed; its log-softmax.
+
+        Usually one step; more when a long prompt is prefilled in chunks or a small pool preempts beams. Under
+pressure, beams that are done give their blocks up (they finish early): their forks are then computed
+afresh, helped by the prefix cache, rather than sharing blocks.
+        Every step is handed to the engine's step observers, so the trace shows the forks and copies.
+        """
+        eng = self.engine
+        wanted, got = {r.request_id for r in live}, {}
+        vocab = eng.config.model_config.vocab_size
+
+        def observe(request_ids: list[str], logits: torch.Tensor) -> None:
+            for rid, row in zip(request_ids, logits):
+                if rid in wanted:
+                    row = row[:vocab].float()
+                    got[rid] = torch.log_softmax(row / temperature if temperature > 0 else row, -1).cpu()
+
+        eng.runner.logits_observers.append(observe)
+        try:
+            while wanted - got.keys():
+                start = time.perf_counter()
+                sched = eng.scheduler.schedule()
+                if not sched.scheduled and not sched.preempted:  # beams that are done hold the blocks: let go
+                    done = [rid for rid in got if rid in eng.scheduler.requests]
+                    if not done:
+                        raise RuntimeError("beam search cannot make progress: the KV cache is too small")
+                    eng.scheduler.finish_requests(done, "abort")
+                    continue
+                result = eng.runner.execute(sched)
+                for s in sched.scheduled:  # what update_from_output does, without appending the sampled token
+                    eng.scheduler.requests[s.request_id].num_computed_tokens += s.num_new_tokens
+                # a beam that is done but was preempted meanwhile need not come back: its forks start afresh
+                eng.scheduler.finish_requests([rid for rid in got if rid in eng.scheduler.requests and
+                                               eng.scheduler.requests[rid].status is not RequestStatus.RUNNING],
+                                              "abort")
+                record = StepRecord(eng.num_steps, time.perf_counter() - start, sched, result, [], {},
+                                    eng.kv.drain_events())
+                for observer in eng.observers:
+                    observer(eng, record)
+        finally:
+            eng.runner.logits_observers.remove(observe)
+        return got
