@@ -47,7 +47,9 @@ def percentile(xs: list[float], q: float) -> float:
 
 
 async def one_request(client: httpx.AsyncClient, url: str, body: dict, leave_after: int = 0) -> Result | None:
-    """One streamed request to its end; or, with `leave_after`, hang up after that many chunks (returns None)."""
+    """One streamed request to its end; or, with `leave_after`, hang up after that many chunks (returns None).
+    With continuous_usage_stats asked for, every chunk that carries text must carry usage too."""
+    continuous = body["stream_options"].get("continuous_usage_stats", False)
     start = time.perf_counter()
     chunks = 0
     first = last = None
@@ -62,6 +64,8 @@ async def one_request(client: httpx.AsyncClient, url: str, body: dict, leave_aft
             chunks += 1
             if leave_after and chunks >= leave_after:
                 return None  # leaving the `async with` closes the connection: the server must abort the request
+            if continuous and chunk["choices"] and not chunk.get("usage"):
+                raise RuntimeError("continuous_usage_stats was asked for, but a chunk came without usage")
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
             if chunk["choices"]:
@@ -74,7 +78,8 @@ async def one_request(client: httpx.AsyncClient, url: str, body: dict, leave_aft
 
 
 async def run_load(url: str, clients: int, requests: int, duration: float, prompt_tokens: int, max_tokens: int,
-                   vocab: int, seed: int, disconnect_every: int = 0) -> tuple[list[Result], int, float, int]:
+                   vocab: int, seed: int, disconnect_every: int = 0,
+                   continuous_usage: bool = False) -> tuple[list[Result], int, float, int]:
     """Returns (finished results, errors, wall seconds, requests the client hung up on)."""
     rng = random.Random(seed)
     prompts = [[rng.randrange(10, vocab) for _ in range(prompt_tokens)] for _ in range(requests)]
@@ -89,7 +94,8 @@ async def run_load(url: str, clients: int, requests: int, duration: float, promp
             if time.perf_counter() >= stop_at:
                 return
             body = {"prompt": prompts[i], "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0,
-                    "stream": True, "stream_options": {"include_usage": True}}
+                    "stream": True, "stream_options": {"include_usage": True,
+                                                       "continuous_usage_stats": continuous_usage}}
             leave = 3 if disconnect_every and i % disconnect_every == disconnect_every - 1 else 0
             try:
                 result = await one_request(client, url, body, leave)
@@ -172,6 +178,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--disconnect-every", type=int, default=0,
                     help="every K-th request hangs up after 3 chunks (0: none); the server must abort it")
+    ap.add_argument("--continuous-usage", action="store_true",
+                    help="ask for usage in every chunk (vLLM's stream_options.continuous_usage_stats), as "
+                         "OpenAI-API benchmark tools do, and check that every chunk carries it")
     ap.add_argument("--server-arg", action="append", default=[], help="passed to `minivllm serve` (repeatable)")
     ap.add_argument("--json", action="store_true", help="also print the figures as one JSON line")
     args = ap.parse_args()
@@ -197,7 +206,7 @@ def main() -> None:
         asyncio.run(run_load(url, 1, 1, 60, args.prompt_tokens, 4, args.max_token_id, args.seed + 1))  # warm-up
         results, errors, wall, left = asyncio.run(run_load(url, args.clients, args.requests, args.duration,
                                                            args.prompt_tokens, args.max_tokens, args.max_token_id,
-                                                           args.seed, args.disconnect_every))
+                                                           args.seed, args.disconnect_every, args.continuous_usage))
         after = server_blocks(url)
     finally:
         if proc is not None:
@@ -214,6 +223,7 @@ def main() -> None:
     tokens = sum(r.tokens for r in results)
     figures = {
         "model": info["id"], "clients": args.clients, "requests_done": len(results), "errors": errors,
+        "continuous_usage": args.continuous_usage,
         "hung_up": left, "blocks_held_after": after["blocks_held"],
         "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens, "wall_s": round(wall, 2),
         "requests_per_s": round(len(results) / wall, 3), "output_tokens_per_s": round(tokens / wall, 1),
