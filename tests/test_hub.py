@@ -76,7 +76,10 @@ def test_local_dir_is_returned_unchanged(llama_path, monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["./does/not/exist", "/abs/nope", "a/b/c", "../x", Path("plain-name")])
-def test_missing_local_path(name):
+def test_missing_local_path(name, tmp_path, monkeypatch):
+    work = tmp_path / "a" / "b"  # relative names resolve here, where nothing exists ("../x" is tmp_path/a/x)
+    work.mkdir(parents=True)
+    monkeypatch.chdir(work)
     with pytest.raises(ValueError, match="model directory not found: .*"):
         resolve_model_path(name)
 
