@@ -22,7 +22,7 @@ from minivllm.engine.input_processor import EngineRequest, InputProcessor, Promp
 from minivllm.engine.output_processor import OutputProcessor
 from minivllm.engine.stats import StepCounters
 from minivllm.engine.trace import StepRecord, TraceRecorder
-from minivllm.model import read_generation_config
+from minivllm.model import generation_defaults
 from minivllm.outputs import RequestOutput
 from minivllm.runner.model_runner import ModelRunner
 from minivllm.sampling_params import SamplingParams
@@ -41,16 +41,9 @@ class LLMEngine:
         mc = config.model_config
         has_tokenizer = any((Path(config.tokenizer) / f).is_file() for f in ("tokenizer.json", "tokenizer.model"))
         self.tokenizer = Tokenizer(config.tokenizer) if has_tokenizer else None
-        generation = read_generation_config(config.model) if config.generation_config == "auto" else {}
-        # Every id that ends a sequence: the tokenizer's EOS and generation_config.json's list (Llama 3 and Qwen
-        # name several: end of text, end of turn), or config.json's without a tokenizer
-        eos = [self.tokenizer.eos_token_id if self.tokenizer else None]
-        for ids in (generation.get("eos_token_id"), None if self.tokenizer else mc.eos_token_id):
-            eos += ids if isinstance(ids, list) else [ids]
-        self.eos_token_ids = tuple(dict.fromkeys(i for i in eos if i is not None))
-        self.default_sampling_overrides = {  # generation_config.json's sampling defaults, in SamplingParams' names
-            {"max_new_tokens": "max_tokens"}.get(k, k): v for k, v in generation.items()
-            if k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens")}
+        self.eos_token_ids, self.default_sampling_overrides = generation_defaults(
+            config.model, self.tokenizer.eos_token_id if self.tokenizer else mc.eos_token_id,
+            config.generation_config == "auto")
         structured = (StructuredOutputManager(self.tokenizer.hf, mc.vocab_size, self.eos_token_ids)
                       if self.tokenizer else None)
         self.input_processor = InputProcessor(config, self.tokenizer, self.eos_token_ids, self.runner.num_blocks,

@@ -2,6 +2,7 @@
 
 from minivllm.model.hub import resolve_model_path
 from minivllm.model.llama import LlamaForCausalLM
-from minivllm.model.loader import load_model, read_generation_config, read_model_config
+from minivllm.model.loader import generation_defaults, load_model, read_generation_config, read_model_config
 
-__all__ = ["LlamaForCausalLM", "load_model", "read_generation_config", "read_model_config", "resolve_model_path"]
+__all__ = ["LlamaForCausalLM", "generation_defaults", "load_model", "read_generation_config", "read_model_config",
+           "resolve_model_path"]

@@ -147,3 +147,20 @@ def _shards(model: torch.nn.Module, param_name: str) -> list[int | None]:
            for kind in ("weight", "bias")):
         return list(range(len(module.shard_sizes)))
     return [None]
+
+
+def generation_defaults(path: str | Path, eos_token_id: int | list[int] | None,
+                        use_generation_config: bool = True) -> tuple[tuple[int, ...], dict]:
+    """Every id that ends a sequence, and the sampling defaults `generate` uses without SamplingParams.
+
+    The ids: `eos_token_id` (the tokenizer's, or config.json's without one) plus generation_config.json's list
+    (Llama 3 and Qwen name several: end of text, end of turn). The defaults: its temperature, top_p, top_k,
+    min_p, repetition_penalty and max_new_tokens, in SamplingParams' names (vLLM's generation_config="auto").
+    """
+    generation = read_generation_config(path) if use_generation_config else {}
+    eos: list = []
+    for ids in (eos_token_id, generation.get("eos_token_id")):
+        eos += ids if isinstance(ids, list) else [ids]
+    sampling = {{"max_new_tokens": "max_tokens"}.get(k, k): v for k, v in generation.items()
+                if k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens")}
+    return tuple(dict.fromkeys(i for i in eos if i is not None)), sampling
