@@ -184,8 +184,7 @@ def vllm_env(python: str, kv_gib: int) -> dict:
     preload = sorted(glob.glob("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so*")
                      + glob.glob("/usr/lib/x86_64-linux-gnu/libtcmalloc.so*")
                      + glob.glob("/usr/lib64/libtcmalloc*.so*"))
-    preload = preload[:1] + sorted(glob.glob(str(venv / "lib" / "python3*" / "site-packages" / "**" / "libiomp5.so"),
-                                             recursive=True))[:1]
+    preload = preload[:1] + sorted(glob.glob(str(venv / "lib" / "**" / "libiomp5.so"), recursive=True))[:1]
     if preload:
         env["LD_PRELOAD"] = ":".join(preload + [p for p in [os.environ.get("LD_PRELOAD")] if p])
     return env
