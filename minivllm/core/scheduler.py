@@ -151,10 +151,11 @@ class Scheduler:
             budget -= n
         out.blocks_to_copy = self.kv.drain_copies()
         out.finished, self._finished_ids = self._finished_ids, []
-        constrained = [(s.request_id, s.spec_token_ids) for s in out.scheduled
-                       if s.samples and self.structured is not None and s.request_id in self.structured.matchers]
-        if constrained:
-            out.grammar_bitmask, out.grammar_rows = self.structured.bitmask(constrained)
+        if self.structured is not None and self.structured.matchers:  # any constrained request alive at all
+            constrained = [(s.request_id, s.spec_token_ids) for s in out.scheduled
+                           if s.samples and s.request_id in self.structured.matchers]
+            if constrained:
+                out.grammar_bitmask, out.grammar_rows = self.structured.bitmask(constrained)
         return out
 
     def _new_request_data(self, req: Request) -> NewRequestData:

@@ -242,8 +242,9 @@ class ModelRunner:
         out = RunnerOutput()
         raw = self._prompt_logprobs_and_raw(logits, items, states, ends, sample_rows, out)
         if sched.grammar_bitmask is not None:  # structured output: invalid continuations are -inf
+            index = {st.request_id: i for i, st in enumerate(states)}
             for rid, first in sched.grammar_rows.items():
-                rows = sample_rows[next(i for i, st in enumerate(states) if st.request_id == rid)]
+                rows = sample_rows[index[rid]]
                 apply_grammar_bitmask(logits[rows.start : rows.stop], sched.grammar_bitmask[first : first + len(rows)])
         plain = [i for i, it in enumerate(items) if it.samples and not it.spec_token_ids]
         if plain:

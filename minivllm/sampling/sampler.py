@@ -36,7 +36,7 @@ class SamplingBatch:
     token_ids: list[list[int]]  # each row's prompt + output so far (the penalties look at them)
     num_prompt_tokens: list[int]
     generators: list[torch.Generator | None]  # a seeded row draws from its own stream
-    stop_ids: list[tuple[int, ...]]  # per row: EOS and stop ids, masked while min_tokens is not reached
+    stop_ids: list[tuple[int, ...]]  # per min_tokens row: EOS and stop ids, masked until min_tokens is reached
     # decided on the host, so a GPU step need not wait for the device to answer "any row filtering?"
     all_greedy: bool = False
     any_filter: bool = True
@@ -56,7 +56,8 @@ class SamplingBatch:
         return cls(col("temperature", torch.float32), col("top_k", torch.long), col("top_p", torch.float32),
                    col("min_p", torch.float32), col("repetition_penalty", torch.float32), list(params),
                    list(token_ids), prompt, list(generators) if generators is not None else [None] * rows,
-                   [(() if p.ignore_eos else tuple(e)) + tuple(p.stop_token_ids) for p, e in zip(params, eos)],
+                   [((() if p.ignore_eos else tuple(e)) + tuple(p.stop_token_ids)) if p.min_tokens else ()
+                    for p, e in zip(params, eos)],  # only min_tokens rows read them: not built for the rest
                    all_greedy=all(p.greedy for p in params),
                    any_filter=any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params),
                    any_processing=any(p.position_dependent or p.logit_bias or p.allowed_token_ids is not None
