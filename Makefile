@@ -9,6 +9,14 @@ STAMP := .install-stamp
 $(STAMP): pyproject.toml
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install torch==2.13.0
 	$(PYTHON) -m pip install -e ".[dev]"
+	@# Chromium for tests/test_browser.py, from Debian's packages; best effort: without apt or root it is
+	@# left out and those tests skip, saying why (Playwright itself comes with the dev extra above)
+	-@[ -x /usr/bin/chromium ] || { command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && \
+		{ DEBIAN_FRONTEND=noninteractive apt-get install -y chromium || \
+		  { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; }; }; } || \
+		echo "chromium could not be installed: the browser tests will skip"
+	@# JupyterLab saves notebooks without widget views (minivllm/widgets/jupyter.py says why)
+	$(PYTHON) -m minivllm.widgets.jupyter
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -5,7 +5,7 @@
 #     gpuType: T4
 #     provenance: []
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -146,8 +146,10 @@ assert stepper.index == 0 and "prefill 16 tokens" in stepper.html.value
 #
 # `LLM.generate` is a loop around the engine's step API: `add_request`, then `step()` until nothing is
 # unfinished. Given the engine instead of a recording, the stepper runs one real `engine.step()` each
-# time you press **Step** past the end of what was recorded. Here two requests with our own names are
-# queued; the cell presses Step three times.
+# time you press **Step** at the end of what was recorded (the button then reads **Step (live)**). Here two
+# requests with our own names are queued and the cell presses Step three times; the rest is yours: press
+# **Step (live)** until both have finished ("cat" gives its block back first). Once the engine has nothing
+# left to run, the button is greyed out.
 
 # %%
 engine = llm.engine
@@ -161,9 +163,7 @@ display(live)
 # %%
 assert len(live.steps) == 3 and live.steps[0].waiting == []
 assert {e.request_id for e in live.steps[0].scheduled} == {"story", "cat"}
-while engine.has_unfinished_requests():  # finish the rest (or keep pressing Step above)
-    engine.step()
-assert engine.stats()["num_free_blocks"] == engine.stats()["num_total_blocks"]
+assert engine.has_unfinished_requests() and not live.step_button.disabled, "the rest is left for Step (live)"
 
 # %% [markdown]
 # Next: [01 · tokenization and the waiting queue](01_tokenization_and_queue.ipynb): what those prompt

@@ -5,7 +5,7 @@
 #     gpuType: T4
 #     provenance: []
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -181,7 +181,7 @@ assert max(len(t.running) for t in steps) == 2
 
 # %%
 stepper = widgets.JourneyStepper(steps, tokenizer=small.tokenizer, max_blocks=16)
-stepper.slider.value = 4
+stepper.index = 4
 assert "<b>hello</b></td><td" in stepper.html.value and "prefill" in stepper.html.value
 display(stepper)
 

@@ -5,7 +5,7 @@
 #     gpuType: T4
 #     provenance: []
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -101,7 +101,7 @@ print("freed when each finished:", {rid: b for t in steps for rid, b in t.freed.
 
 # %%
 viewer = widgets.BlockTableViewer(steps, block_size=16)
-viewer.slider.value = 20
+viewer.index = 20
 display(viewer)
 
 # %%

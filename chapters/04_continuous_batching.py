@@ -5,7 +5,7 @@
 #     gpuType: T4
 #     provenance: []
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -215,12 +215,12 @@ assert [o.outputs[0].token_ids for o in squeezed] == [o.outputs[0].token_ids for
 print("identical outputs with 12 blocks (preempting) and 256 blocks (never preempting)")
 
 # %% [markdown]
-# Step through the tight run: find a step where a request is preempted, and watch its blocks go back to
-# the pool.
+# Step through the tight run: it opens on the first preemption; **next preemption** jumps to the next
+# one. Watch the preempted request's blocks go back to the pool.
 
 # %%
 stepper = widgets.JourneyStepper(steps, tokenizer=tight.tokenizer, max_blocks=12)
-stepper.slider.value = next(i for i, t in enumerate(steps) if t.preempted)
+stepper.index = next(i for i, t in enumerate(steps) if t.preempted)
 assert "preempted" in stepper.html.value and steps[stepper.index].preempted[0] in stepper.html.value
 display(stepper)
 

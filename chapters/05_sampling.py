@@ -5,7 +5,7 @@
 #     gpuType: T4
 #     provenance: []
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -127,7 +127,8 @@ print("cumulative logprob of the 4 tokens:", round(traced.outputs[0].cumulative_
 #
 # Logits are divided by the temperature before the softmax: below 1 sharpens the distribution toward
 # the top token, above 1 flattens it. The bars come from the engine's own `processed_probs` (what a
-# sampling request draws from), one row per setting, on the logits of step 0.
+# sampling request draws from), one panel per setting, on the logits of step 0. The scale is logarithmic:
+# the tail is where temperature acts most visibly, each grid line a factor of 10 in probability.
 
 # %%
 settings = [SamplingParams(temperature=t) for t in (0.3, 1.0, 2.0)]
@@ -139,8 +140,12 @@ top_ids = probs.topk(8).indices
 for ax, p, sp in zip(axes, reshaped, settings):
     entropy[sp.temperature] = float(-(p * p.clamp_min(1e-30).log()).sum())
     ax.bar(range(8), p[top_ids].tolist(), color="#4c72b0")
+    ax.set_yscale("log")
+    ax.set_ylim(1e-8, 1.5)
+    ax.grid(axis="y", which="major", linewidth=0.4, alpha=0.5)
     ax.set_xticks(range(8), [tok.decode([i]) for i in top_ids.tolist()], rotation=60, fontsize=7)
     ax.set_title(f"temperature {sp.temperature}: entropy {entropy[sp.temperature]:.2f}", fontsize=9)
+axes[0].set_ylabel("probability (log scale)")
 widgets.show(fig)
 assert entropy[0.3] < entropy[1.0] < entropy[2.0]
 

@@ -5,7 +5,7 @@
 #     gpuType: T4
 #     provenance: []
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -182,24 +182,26 @@ assert reference[int(example.request_id)][position] == example.target_token, \
 # press of **Step** reveals the target's verdict on one more token: green = draft accepted, red = the
 # first rejected draft (struck out) with the target's correction, grey = drafts discarded after it, blue =
 # the bonus token when every draft was accepted; `·` marks a space. **Show round** reveals a whole round at
-# once. It opens on the example above.
+# once; **next rejection** jumps to the next round where the target disagreed. It opens on the example above.
 
 # %%
 k_example = rounds[example.request_id].index(example)
 stepper = widgets.SpeculationStepper(steps, example.request_id, tokenizer=tok,
                                      prompt_token_ids=out.prompt_token_ids)
-stepper.slider.value = k_example
-for _ in range(example.num_reveals):
-    stepper.step_button.click()
+stepper.index = k_example
+stepper.show_round()
 display(stepper)
 
 # %%
 page = stepper.html.value
-assert f"step {example.step} (round {k_example + 1} of" in page
+assert f"round {k_example + 1} of {len(stepper.rounds)} (engine step {example.step})" in page
 assert page.count(">accepted<") == i and page.count("rejected \u2192") == 1
 assert f"disagreement at draft {i + 1}: the first {i} kept" in page
-stepper.step_button.click()  # past the end of the round: the next one, its drafts not yet judged
-assert stepper.index == k_example + 1 and "revealed 0 of" in stepper.html.value
+probe = widgets.SpeculationStepper(steps, example.request_id)  # a second one, so the one above stays put
+probe.index = k_example
+probe.show_round()
+probe.step_button.click()  # past the end of the round: the next one, its drafts not yet judged
+assert probe.index == k_example + 1 and "revealed 0 of" in probe.html.value
 outcomes = [r.outcome for rs in rounds.values() for r in rs]
 print({o: outcomes.count(o) for o in ("plain", "correction", "bonus")})
 assert "bonus" in outcomes and "correction" in outcomes

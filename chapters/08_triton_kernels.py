@@ -5,7 +5,7 @@
 #     gpuType: T4
 #     provenance: []
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---

@@ -5,7 +5,7 @@
 #     gpuType: T4
 #     provenance: []
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -266,7 +266,8 @@ ts = [s[0] for s in samples]
 ax1.step(ts, [s[1] for s in samples], where="post", label="running")
 ax1.step(ts, [s[2] for s in samples], where="post", label="waiting (queue depth)")
 ax1.set_xlabel("seconds")
-ax1.legend(fontsize=8)
+ax1.set_ylabel("sequences")
+ax1.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=2, frameon=False)  # above the lines
 total_blocks = after["minivllm:kv_blocks_total"]
 ax2.step(ts, [s[4] for s in samples], where="post", color="#c44e52")
 ax2.set_xlabel("seconds")

@@ -114,7 +114,7 @@ def test_step_html_names_the_batch_queues_and_blocks(recorded):
     assert [(e.request_id, e.kind, e.num_tokens) for e in first.scheduled] == [("long", "prefill", 16)]
     assert first.waiting == ["mid", "short"] and first.allocated["long"] == [0, 1, 2, 3]
     page = widgets.step_html(first, 0, len(steps))
-    assert "step 0 (1 of" in page and "prefill 16 tokens" in page
+    assert f"step 1 of {len(steps)} (engine step 0)" in page and "prefill 16 tokens" in page
     assert "<b>long</b> [0, 1, 2, 3]" in page  # blocks allocated
     assert "mid, short" in page  # the waiting queue, in order
     assert "none yet (prefill chunk)" in page  # a chunk that does not reach the prompt's end samples nothing
@@ -129,24 +129,27 @@ def test_step_html_names_the_batch_queues_and_blocks(recorded):
 def test_journey_stepper_buttons_and_slider(recorded):
     _, steps = recorded
     stepper = widgets.JourneyStepper(steps, show_blocks=True, max_blocks=24)
-    assert stepper.index == 0 and stepper.slider.max == len(steps) - 1
-    assert "step 0 (1 of" in stepper.html.value and stepper.image.value[:4] == b"\x89PNG"
+    assert stepper.index == 0 and stepper.slider.value == 1 and stepper.slider.max == len(steps)
+    assert f"step 1 of {len(steps)} (engine step 0)" in stepper.html.value and stepper.image.value[:4] == b"\x89PNG"
+    assert f"step 1 of {len(steps)}" in stepper.figure.axes[0].get_title()
     stepper.step_button.click()
-    assert stepper.index == 1 and f"step {steps[1].step} (2 of" in stepper.html.value
+    assert stepper.index == 1 and f"step 2 of {len(steps)} (engine step {steps[1].step})" in stepper.html.value
     # step 1: the rest of the long prompt (5 tokens) plus the two short prompts, 16 tokens in all
     assert [(e.request_id, e.num_tokens) for e in steps[1].scheduled] == [("long", 5), ("mid", 5), ("short", 2)]
     for rid, blocks_ in steps[1].allocated.items():
         assert f"<b>{rid}</b> {blocks_}" in stepper.html.value
     k = next(i for i, t in enumerate(steps) if t.finished)
-    stepper.slider.value = k
+    stepper.index = k
+    assert stepper.slider.value == k + 1
     assert all(f"<b>{rid}</b> ({why})" in stepper.html.value for rid, why in steps[k].finished.items())
     free_patches = [p for p in stepper.figure.axes[1].patches if p.get_linestyle() == "--"]
     assert len(free_patches) == steps[k].num_free_blocks
     stepper.slider.value = stepper.slider.max
-    stepper.step_button.click()  # a finished recording with no engine: Step stays at the end
+    assert stepper.step_button.disabled  # a finished recording with no engine: nothing to step to
+    stepper.step_button.click()
     assert stepper.index == len(steps) - 1
     stepper.reset_button.click()
-    assert stepper.index == 0 and "step 0 (1 of" in stepper.html.value
+    assert stepper.index == 0 and "step 1 of" in stepper.html.value and not stepper.step_button.disabled
 
 
 def test_live_stepper_runs_the_engine_at_the_end_of_the_recording(llama_path):
@@ -166,6 +169,7 @@ def test_live_stepper_runs_the_engine_at_the_end_of_the_recording(llama_path):
     while eng.has_unfinished_requests():
         stepper.step_button.click()
     assert stepper.index == len(stepper.steps) - 1 == eng.num_steps - 1 - start
+    assert stepper.step_button.disabled, "the engine is idle: Step has nothing left to run"
     last = stepper.current
     assert last.finished == {"a": "length"} and "<b>a</b> (length)" in stepper.html.value
     assert sum(c.is_free for c in widgets.pool_cells(last)) == 16 == last.num_total_blocks
@@ -178,13 +182,15 @@ def test_block_table_viewer_draws_the_pool(recorded):
     eng, steps = recorded
     viewer = widgets.BlockTableViewer(steps, block_size=4)
     for k in (0, 1, 3):
-        viewer.slider.value = k
+        viewer.index = k
         step = steps[k]
+        assert f"step {k + 1} of {len(steps)} (engine step {step.step})" in viewer.html.value
         cells = widgets.pool_cells(step)
         assert len(cells) == 24 and sum(c.is_free for c in cells) == step.num_free_blocks
+        page = widgets.block_table_html(step, 4)
         for rid, table in step.block_tables.items():
             assert all(cells[b].owners == [rid] for b in table)
-            row = viewer.html.value.split(f"<th>{rid}</th>")[1].split("</tr>")[0]
+            row = page.split(f"<th>{rid}</th>")[1].split("</tr>")[0]
             assert [int(x.split(">")[-1]) for x in row.split("</td>")[:-1]] == table
         pool_ax = viewer.figure.axes[1]
         assert len(pool_ax.patches) == 24
@@ -210,6 +216,8 @@ def test_shared_prefix_blocks_are_drawn_shared(llama_path):
     assert sum(p.get_hatch() == "//" for p in fig.axes[1].patches) == 4
     assert sum(p.get_hatch() == "//" for p in fig.axes[0].patches) == 12
     assert "4 shared" in fig.axes[1].get_title()
+    labels = [t.get_text() for t in fig.axes[1].texts]
+    assert [x for x in labels if "\n" in x] == [f"{c.block_id}\nx3" for c in shared], "id over ref count"
     while eng.has_unfinished_requests():
         eng.step()
     assert eng.trace[-1].num_free_blocks == 40 and not eng.trace[-1].shared_blocks
@@ -277,3 +285,16 @@ def test_kv_occupancy_counts_slots_and_tokens(recorded):
         assert 0 <= o.slots - o.tokens < 4 * max(o.num_requests, 1)  # only each table's last block is partial
     assert occ[-1].num_requests == 0 and occ[-1].paged_waste == 0.0
     assert occ[1].static_waste(eng.config.max_model_len) == 1 - 28 / (3 * eng.config.max_model_len)
+
+
+def test_saved_notebooks_keep_no_widget_views():
+    from minivllm.widgets.jupyter import PLACEHOLDER, WIDGET_VIEW, drop_widget_outputs
+
+    view = {"output_type": "display_data", "metadata": {},
+            "data": {"text/plain": "VBox(...)", WIDGET_VIEW: {"model_id": "abc", "version_major": 2}}}
+    text = {"output_type": "stream", "name": "stdout", "text": "hello\n"}
+    nb = {"cells": [{"cell_type": "code", "outputs": [view, text]}, {"cell_type": "markdown", "source": "x"}],
+          "metadata": {"widgets": {"application/vnd.jupyter.widget-state+json": {}}}}
+    drop_widget_outputs({"type": "notebook", "content": nb}, path="x.ipynb")
+    assert nb["cells"][0]["outputs"] == [{**view, "data": {"text/plain": PLACEHOLDER}}, text]
+    assert "widgets" not in nb["metadata"]

@@ -128,17 +128,19 @@ def test_stepper_buttons_and_slider(spec_run):
     llm, out = spec_run
     stepper = widgets.SpeculationStepper(llm.engine, "0", prompt_token_ids=out[0].prompt_token_ids)
     rounds = stepper.rounds
-    assert stepper.index == 0 and stepper.slider.max == len(rounds) - 1 and stepper.revealed == 0
+    assert stepper.index == 0 and stepper.slider.value == 1 and stepper.slider.max == len(rounds)
+    assert stepper.revealed == 0 and stepper.total.value == f"of {len(rounds)}"
     assert "prefill: the first token" in stepper.html.value and verdicts(stepper.html.value) == ["pending"]
     stepper.step_button.click()
-    assert verdicts(stepper.html.value) == ["target"] and "(round 1 of" in stepper.html.value
+    assert verdicts(stepper.html.value) == ["target"] and "round 1 of" in stepper.html.value
     stepper.step_button.click()  # the prefill round is complete: on to round 2, drafts shown, nothing judged
     assert stepper.index == 1 and stepper.revealed == 0
     assert verdicts(stepper.html.value) == ["pending"] * (len(rounds[1].drafted) + (rounds[1].outcome == "bonus"))
     k = next(i for i, r in enumerate(rounds) if r.outcome == "correction" and r.num_accepted >= 1)
-    stepper.slider.value = k
+    stepper.index = k
     rnd = rounds[k]
-    assert f"step {rnd.step} (round {k + 1} of {len(rounds)})" in stepper.html.value
+    assert stepper.slider.value == k + 1
+    assert f"round {k + 1} of {len(rounds)} (engine step {rnd.step})" in stepper.html.value
     for j in range(1, rnd.num_reveals + 1):
         stepper.step_button.click()
         assert stepper.revealed == j
@@ -154,10 +156,15 @@ def test_stepper_buttons_and_slider(spec_run):
     assert stepper.revealed == rounds[k + 1].num_reveals and "pending" not in verdicts(stepper.html.value)
     stepper.slider.value = stepper.slider.max
     stepper.show_all_button.click()
-    stepper.step_button.click()  # the last round, fully shown: Step stays
+    assert stepper.step_button.disabled  # the last round, fully shown: nothing left to step to
+    stepper.step_button.click()
     assert stepper.index == len(rounds) - 1
     stepper.reset_button.click()
     assert stepper.index == 0 and stepper.revealed == 0 and "prefill" in stepper.html.value
+    jump = stepper.jumps["rejection"][0]
+    jump.click()
+    assert rounds[stepper.index].outcome == "correction"
+    assert all(r.outcome != "correction" for r in rounds[: stepper.index])
 
 
 def test_stepper_on_a_recording_and_an_unknown_request(spec_run):

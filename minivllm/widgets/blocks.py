@@ -13,11 +13,13 @@ from typing import TYPE_CHECKING
 
 from minivllm.engine.trace import StepTrace
 from minivllm.widgets.colors import FREE_COLOR, SHARED_COLOR, request_colors
+from minivllm.widgets.journey import TABLE_STYLE, where
 
 if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn, so the HTML views work without it
     from matplotlib.figure import Figure
 
-_LABEL_BOX = dict(boxstyle="square,pad=0.1", facecolor="white", edgecolor="none")
+_LABEL_BOX = dict(boxstyle="round,pad=0.15", facecolor="white", edgecolor="none", alpha=0.9)
+_HATCH_EDGE = "0.35"  # a shared block's edge and hatching: grey, so that its label stays the darkest thing on it
 
 
 @dataclass
@@ -79,18 +81,37 @@ def block_table_html(step: StepTrace, block_size: int | None = None, colors: dic
     if not rows:
         rows.append(f'<tr><td colspan="{width + 1}"><i>no live block tables</i></td></tr>')
     size = f", {block_size} tokens each" if block_size else ""
-    caption = (f"step {step.step}: block tables (logical block -> physical block id{size}); "
+    caption = (f"engine step {step.step}: block tables (logical block -> physical block id{size}); "
                f"{step.num_free_blocks} of {step.num_total_blocks} blocks free")
-    return (f'<table class="minivllm-blocks"><caption>{caption}</caption>'
-            f"<tr><th>request \\ logical</th>{head}</tr>{''.join(rows)}</table>")
+    # the caption is a line of its own: a <caption> would wrap to the width of a table of a few columns
+    return (f'<div class="minivllm-blocks minivllm-page">{TABLE_STYLE}<div>{caption}</div><table>'
+            f"<tr><th>request \\ logical</th>{head}</tr>{''.join(rows)}</table></div>")
+
+
+def block_step_html(step: StepTrace, position: int | None = None, total: int | None = None,
+                    block_size: int | None = None) -> str:
+    """One line under the block-table viewer's controls: where we are and which blocks moved in this step
+    (the figure shows the tables themselves; most decode steps move none, which this line says)."""
+    size = f" of {block_size} tokens" if block_size else ""
+    n_shared = sum(1 for n in step.shared_blocks.values() if n > 1)
+    moved = []
+    for name, events in (("allocated", step.allocated), ("re-used from the cache", step.cache_hits),
+                         ("freed", step.freed)):
+        if events:
+            moved.append(f"{name} " + "; ".join(f"<b>{html.escape(r)}</b> {b}" for r, b in events.items()))
+    change = ", ".join(moved) if moved else '<span class="minivllm-quiet">no block allocated or freed</span>'
+    return (f'<div class="minivllm-blocks minivllm-page">{TABLE_STYLE}<b>{where(step, position, total)}</b>: '
+            f"{step.num_free_blocks} of {step.num_total_blocks} blocks{size} free, {n_shared} shared; "
+            f"{change}</div>")
 
 
 def block_table_figure(step: StepTrace, max_blocks: int = 64, columns: int = 16,
-                       colors: dict[str, str] | None = None) -> Figure:
+                       colors: dict[str, str] | None = None, label: str | None = None) -> Figure:
     """Top: each request's block table. Bottom: the physical pool as a grid, one colour per request.
 
     Free blocks are white with a dashed edge; a block in several tables (a shared prefix-cache block) is
-    hatched (grey in the pool) and labelled with its reference count.
+    hatched (grey in the pool) and labelled with its reference count. `label` starts the title (default:
+    the engine's step number; the widgets pass their "step k of N").
     """
     from matplotlib.figure import Figure
     from matplotlib.patches import Rectangle
@@ -111,17 +132,18 @@ def block_table_figure(step: StepTrace, max_blocks: int = 64, columns: int = 16,
     for row, (rid, table) in enumerate(tables.items()):
         for i, block_id in enumerate(table):
             shared = len(cells[block_id].owners) > 1
-            ax_t.add_patch(Rectangle((i, row), 0.92, 0.85, facecolor=colors[rid], edgecolor="black",
-                                     hatch="//" if shared else None, linewidth=0.6))
-            ax_t.text(i + 0.46, row + 0.42, str(block_id), ha="center", va="center", fontsize=7,
-                      bbox=_LABEL_BOX if shared else None)
+            ax_t.add_patch(Rectangle((i, row), 0.92, 0.85, facecolor=colors[rid],
+                                     edgecolor=_HATCH_EDGE if shared else "black", hatch="//" if shared else None,
+                                     linewidth=0.6))
+            ax_t.text(i + 0.46, row + 0.42, str(block_id), ha="center", va="center", fontsize=8 if shared else 7,
+                      fontweight="bold" if shared else None, bbox=_LABEL_BOX if shared else None)
     ax_t.set_xlim(0, xmax)
     ax_t.set_ylim(top_h, 0)
     ax_t.set_yticks([r + 0.42 for r in range(len(tables))], list(tables) or [])
     ax_t.set_xticks([i + 0.46 for i in range(width)], [str(i) for i in range(width)], fontsize=7)
     ax_t.xaxis.tick_top()
-    ax_t.set_title(f"step {step.step}: block tables (column = logical block, number = physical block id)",
-                   fontsize=9, pad=14)
+    ax_t.set_title(f"{label or where(step, None, None)}: block tables "
+                   "(column = logical block, number = physical block id)", fontsize=9, pad=14)
     if not tables:
         ax_t.text(0.5, 0.5, "no live requests", ha="center", va="center", transform=ax_t.transAxes)
     for side in ("bottom", "right"):
@@ -133,14 +155,16 @@ def block_table_figure(step: StepTrace, max_blocks: int = 64, columns: int = 16,
         if cell.is_free:
             ax_p.add_patch(Rectangle((c, r), 0.92, 0.85, facecolor=FREE_COLOR, edgecolor="0.6",
                                      linestyle="--", linewidth=0.6))
-            label = str(cell.block_id)
         else:
             face = SHARED_COLOR if cell.is_shared else colors[cell.owners[0]]
-            ax_p.add_patch(Rectangle((c, r), 0.92, 0.85, facecolor=face, edgecolor="black",
+            ax_p.add_patch(Rectangle((c, r), 0.92, 0.85, facecolor=face,
+                                     edgecolor=_HATCH_EDGE if cell.is_shared else "black",
                                      hatch="//" if cell.is_shared else None, linewidth=0.6))
-            label = f"{cell.block_id} x{cell.ref_cnt}" if cell.is_shared else str(cell.block_id)
-        ax_p.text(c + 0.46, r + 0.42, label, ha="center", va="center", fontsize=6,
-                  bbox=_LABEL_BOX if cell.is_shared else None)
+        if cell.is_shared:  # id and reference count on two lines, large enough to read over the hatching
+            ax_p.text(c + 0.46, r + 0.42, f"{cell.block_id}\nx{cell.ref_cnt}", ha="center", va="center", fontsize=7,
+                      fontweight="bold", linespacing=0.9, bbox=_LABEL_BOX)
+        else:
+            ax_p.text(c + 0.46, r + 0.42, str(cell.block_id), ha="center", va="center", fontsize=6)
     ax_p.set_xlim(0, xmax)
     ax_p.set_ylim(pool_rows, 0)
     ax_p.set_xticks([])

@@ -7,6 +7,19 @@ import html
 from minivllm.engine.trace import StepTrace
 from minivllm.widgets.colors import KIND_COLORS, request_colors
 
+# The same look inside a widget and in a plain HTML output: JupyterLab's rendered-HTML styles (right-aligned,
+# striped cells) reach only the latter, so the tables say how they are drawn. Selectors are specific enough
+# to win over `.jp-RenderedHTMLCommon td`.
+TABLE_STYLE = (
+    "<style>"
+    "div.minivllm-page table{border-collapse:collapse;margin:2px 0;font-size:13px}"
+    "div.minivllm-page table th,div.minivllm-page table td{text-align:left;vertical-align:top;padding:1px 8px;"
+    "border:none;background:none}"
+    "div.minivllm-page table tr,div.minivllm-page table tr:hover{background:none}"
+    "div.minivllm-page h4{margin:2px 0 4px;font-size:14px;padding:0}"
+    "div.minivllm-page .minivllm-quiet{color:#666;font-style:italic}"
+    "</style>")
+
 
 def _ids(ids) -> str:
     return ", ".join(html.escape(str(i)) for i in ids) if ids else "<i>none</i>"
@@ -26,21 +39,29 @@ def _token_text(tokenizer, token: int | None) -> str:
     return f"{token} <code>{html.escape(repr(tokenizer.decode([token])))}</code>"
 
 
+def where(step: StepTrace, position: int | None, total: int | None, noun: str = "step") -> str:
+    """`step 3 of 32 (engine step 40)`: the position counts from 1, as the widgets' sliders do; the engine's
+    own step number, which counts from 0 since the engine started, is named as such."""
+    if position is not None and total:
+        return f"{noun} {position + 1} of {total} (engine step {step.step})"
+    return f"engine step {step.step}"
+
+
 def step_html(step: StepTrace, position: int | None = None, total: int | None = None, tokenizer=None,
               colors: dict[str, str] | None = None) -> str:
     """The waiting queue, the running batch, tokens per request, blocks in and out, preemptions, finishes.
 
     `tokenizer` (anything with `decode(list[int]) -> str`, e.g. `llm.tokenizer`) adds each sampled
-    token's text; `position`/`total` say where this step sits in the recording.
+    token's text; `position`/`total` say where this step sits in the recording. Events that did not happen
+    in this step are named on one line at the end, so the page stays short enough to sit above its figure.
     """
     colors = colors or request_colors([e.request_id for e in step.scheduled] + step.waiting)
-    where = f" ({position + 1} of {total} recorded)" if position is not None and total else ""
     kinds = []
     if step.num_prefill_tokens:
         kinds.append(f"prefill {step.num_prefill_tokens} tokens")
     if step.num_decode_tokens:
         kinds.append(f"decode {step.num_decode_tokens} tokens")
-    head = (f"<h4>step {step.step}{where}: {', '.join(kinds) or 'nothing scheduled'}; "
+    head = (f"<h4>{where(step, position, total)}: {', '.join(kinds) or 'nothing scheduled'}; "
             f"{step.num_free_blocks} of {step.num_total_blocks} KV blocks free</h4>")
     rows = []
     for e in step.scheduled:
@@ -53,20 +74,23 @@ def step_html(step: StepTrace, position: int | None = None, total: int | None = 
     batch = ('<table class="minivllm-step"><tr><th>request</th><th>kind</th><th>tokens this step</th>'
              "<th>tokens in KV cache</th><th>sampled token</th></tr>" + "".join(rows) + "</table>")
     finished = "; ".join(f"<b>{html.escape(r)}</b> ({why})" for r, why in step.finished.items())
-    facts = [
-        ("scheduled (the batch)", batch if rows else "<i>none</i>"),
-        ("waiting queue after the step (FCFS order)", _ids(step.waiting)),
-        ("running after the step", _ids(step.running)),
-        ("blocks allocated", _by_request(step.allocated)),
-        ("blocks re-used from the prefix cache", _by_request(step.cache_hits)),
-        ("blocks freed", _by_request(step.freed)),
-        ("preempted", _ids(step.preempted)),
-        ("finished", finished or "<i>none</i>"),
-    ]
-    body = "".join(f'<tr><th style="text-align:left;vertical-align:top">{k}</th><td>{v}</td></tr>'
-                   for k, v in facts)
-    return f'<div class="minivllm-journey">{head}<table>{body}</table></div>'
+    facts = [("scheduled (the batch)", batch if rows else "<i>none</i>"),
+             ("waiting queue after the step (FCFS order)", _ids(step.waiting)),
+             ("running after the step", _ids(step.running))]
+    quiet = []
+    for name, value in [("blocks allocated", step.allocated and _by_request(step.allocated)),
+                        ("blocks re-used from the prefix cache", step.cache_hits and _by_request(step.cache_hits)),
+                        ("blocks freed", step.freed and _by_request(step.freed)),
+                        ("preempted", step.preempted and _ids(step.preempted)),
+                        ("finished", finished)]:
+        if value:
+            facts.append((name, value))
+        else:
+            quiet.append(name)
+    body = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in facts)
+    none = f'<div class="minivllm-quiet">none in this step: {", ".join(quiet)}</div>' if quiet else ""
+    return f'<div class="minivllm-journey minivllm-page">{TABLE_STYLE}{head}<table>{body}</table>{none}</div>'
 
 
 def empty_html(message: str = "no steps recorded yet: press Step") -> str:
-    return f'<div class="minivllm-journey"><i>{html.escape(message)}</i></div>'
+    return f'<div class="minivllm-journey minivllm-page"><i>{html.escape(message)}</i></div>'

@@ -97,13 +97,14 @@ def speculation_html(rnd: SpecRound, tokenizer=None, revealed: int | None = None
     marked accepted, rejected -> the target's correction, discarded (after a rejection), or pending.
     """
     shown = rnd.num_reveals if revealed is None else max(0, min(revealed, rnd.num_reveals))
-    where = f" (round {position + 1} of {total})" if position is not None and total else ""
+    where = (f"round {position + 1} of {total} (engine step {rnd.step})" if position is not None and total
+             else f"engine step {rnd.step}")
     if rnd.outcome == "plain":
         what = "no drafts: the target's own token" if rnd.kind == "decode" else "prefill: the first token"
     else:
         what = (f"{len(rnd.drafted)} drafted, {rnd.num_accepted} accepted, "
                 f"{len(rnd.new_token_ids)} appended")
-    head = f"<h4>step {rnd.step}{where}: request <b>{html.escape(rnd.request_id)}</b>, {what}</h4>"
+    head = f"<h4>{where}: request <b>{html.escape(rnd.request_id)}</b>, {what}</h4>"
     before = [*prompt_token_ids, *rnd.output_before]
     if tokenizer is not None:  # decode whole sequences, so word boundaries come out as the tokenizer means them
         context = tokenizer.decode(before)

@@ -1,0 +1,208 @@
+"""The chapters as a learner meets them: JupyterLab 4 in headless Chromium at 1400x900, Run All, click the widgets.
+
+Checks what the page shows, not what the Python objects hold: no error outputs, the widget views rendered,
+a Step click changes the block figure (the image bytes), the steppers open where the prose says, a widget's
+controls and its figure fit the window together, and a saved notebook reopens without widget errors while
+its paired .py stays byte for byte what the repository holds. On failure a screenshot is written under
+`browser-artifacts/` (git-ignored) and its path is in the message.
+
+Nothing is installed at test time: Chromium is Debian's (/usr/bin/chromium, `make install` apt-installs it
+where it can) and Playwright's Python API comes from the dev extra. Where either is missing, the tests skip.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from browser_lab import ROOT, VIEWPORT, errors, lab_and_browser, missing, open_and_run, scroll_to_top, widget_views
+
+pytestmark = pytest.mark.browser
+if (why := missing()) is not None:
+    pytest.skip(f"browser tests skipped: {why}", allow_module_level=True)
+
+ARTIFACTS = ROOT / "browser-artifacts"
+_IMAGE_HASH = """async img => {
+  if (!img.src) return '';
+  const buf = await (await fetch(img.src)).arrayBuffer();
+  const digest = await crypto.subtle.digest('SHA-256', buf);
+  return Array.from(new Uint8Array(digest)).map(b => b.toString(16).padStart(2, '0')).join('');
+}"""
+
+
+def git_status() -> str:
+    return subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
+
+
+@pytest.fixture(scope="module")
+def page():
+    status = git_status()
+    with lab_and_browser() as (lab, browser):
+        pg = browser.new_page()
+        pg.lab = lab
+        yield pg
+    assert git_status() == status, "running the chapters in JupyterLab changed files in the repository"
+
+
+@contextmanager
+def artefacts(page, name: str):
+    """On failure: a screenshot of the window, its path added to the failure message."""
+    try:
+        yield
+    except BaseException as e:
+        ARTIFACTS.mkdir(exist_ok=True)
+        path = ARTIFACTS / f"{name}.png"
+        try:
+            page.screenshot(path=str(path))
+        except Exception:  # noqa: BLE001 (the screenshot is a courtesy; the failure is what matters)
+            path = Path("(no screenshot could be taken)")
+        raise AssertionError(f"{e}\nscreenshot: {path}") from e
+
+
+def run_chapter(page, name: str) -> None:
+    t0 = time.time()
+    open_and_run(page, page.lab, name)
+    page.chapter_seconds = getattr(page, "chapter_seconds", {}) | {name: round(time.time() - t0)}
+    assert errors(page) == [], f"{name}: error outputs after Run All"
+
+
+def image_hash(view) -> str:
+    return view.locator("img").first.evaluate(_IMAGE_HASH)
+
+
+def header(view) -> str:
+    return view.locator(".minivllm-page").first.inner_text().split("\n")[0]
+
+
+def slider_value(view) -> int:
+    return int(view.locator(".widget-readout").first.inner_text())
+
+
+def button(view, name: str):
+    return view.get_by_role("button", name=name, exact=True)
+
+
+def wait_until(fn, what: str, timeout: float = 20.0):
+    deadline = time.time() + timeout
+    while True:
+        value = fn()
+        if value:
+            return value
+        if time.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def click_and_wait(page, view, name: str) -> tuple[str, str]:
+    """Click a button; returns (header, image hash) once the page shows something new."""
+    before = (header(view), image_hash(view) if view.locator("img").count() else "")
+    button(view, name).click()
+    after = wait_until(lambda: (lambda now: now if now != before else None)(
+        (header(view), image_hash(view) if view.locator("img").count() else "")), f"{name!r} to change the view")
+    assert errors(page) == []
+    return after
+
+
+def position(text: str, noun: str = "step") -> int:
+    m = re.search(rf"\b{noun} (\d+) of (\d+)", text)
+    assert m, f"no '{noun} k of N' in {text!r}"
+    return int(m.group(1))
+
+
+def assert_fits(page, view, name: str) -> None:
+    """The widget scrolled to the top of the notebook: its controls and its last row are both in the window."""
+    scroll_to_top(page, view)
+    box = view.bounding_box()
+    controls = view.locator(".widget-hbox").first.bounding_box()
+    assert controls["y"] >= 0 and box["y"] + box["height"] <= VIEWPORT["height"], (
+        f"{name}: the widget runs from y={box['y']:.0f} to y={box['y'] + box['height']:.0f}, "
+        f"past the {VIEWPORT['height']}-pixel window")
+
+
+def test_chapter_00_steppers_step_and_the_live_one_runs_the_engine(page):
+    with artefacts(page, "00_first_generation"):
+        run_chapter(page, "00_first_generation")
+        views = widget_views(page)
+        assert views.count() == 2, "the journey stepper and the live stepper"
+        replay, live = views.nth(0), views.nth(1)
+        assert position(header(replay)) == 1 == slider_value(replay)
+        assert_fits(page, replay, "journey stepper")
+        head, _ = click_and_wait(page, replay, "Step")
+        assert position(head) == 2 == slider_value(replay), "Step moves one step; the slider says the same"
+        click_and_wait(page, replay, "Reset")
+        assert position(header(replay)) == 1
+
+        scroll_to_top(page, live)
+        assert position(header(live)) == 3 and button(live, "Step (live)").is_enabled(), \
+            "after Run All the live stepper has work left for Step"
+        n = 3
+        while button(live, "Step (live)").count() and button(live, "Step (live)").is_enabled():
+            head, _ = click_and_wait(page, live, "Step (live)")
+            n += 1
+            assert position(head) == n and f"of {n}" in head, "each live Step runs and shows one more engine step"
+            assert n < 20, "the live requests never finished"
+        assert "finished" in live.inner_text() and button(live, "Step").is_disabled(), \
+            "the engine is idle: Step is greyed out"
+
+
+def test_chapter_03_block_viewer_steps_and_jumps(page):
+    with artefacts(page, "03_paged_blocks"):
+        run_chapter(page, "03_paged_blocks")
+        views = widget_views(page)
+        assert views.count() == 1
+        viewer = views.nth(0)
+        assert position(header(viewer)) == 21 == slider_value(viewer), "the viewer opens where the code put it"
+        assert_fits(page, viewer, "block-table viewer")
+        _, before = header(viewer), image_hash(viewer)
+        head, after = click_and_wait(page, viewer, "Step")
+        assert after != before, "a Step click redraws the block figure"
+        head, _ = click_and_wait(page, viewer, "next block change")
+        assert "allocated" in head or "freed" in head, head
+        for name in ("Reset",):
+            click_and_wait(page, viewer, name)
+        assert position(header(viewer)) == 1
+
+
+def test_chapter_07_speculation_stepper_opens_on_the_example(page):
+    with artefacts(page, "07_speculative_decoding"):
+        run_chapter(page, "07_speculative_decoding")
+        views = widget_views(page)
+        assert views.count() == 1
+        spec = views.nth(0)
+        text = spec.inner_text()
+        k = position(header(spec), "round")
+        assert k == slider_value(spec), "the slider shows the round the page names"
+        assert "disagreement at draft" in text and "rejected" in text, "it opens on the example: a rejection"
+        assert_fits(page, spec, "speculation stepper")
+        head, _ = click_and_wait(page, spec, "Step")
+        assert position(head, "round") == k + 1 and "revealed 0 of" in spec.inner_text()
+        click_and_wait(page, spec, "Step")
+        assert "revealed 1 of" in spec.inner_text() or "accepted" in spec.inner_text()
+        click_and_wait(page, spec, "Show round")
+        if button(spec, "next rejection").is_enabled():
+            head, _ = click_and_wait(page, spec, "next rejection")
+            assert position(head, "round") > k + 1
+        click_and_wait(page, spec, "Reset")
+        assert position(header(spec), "round") == 1 == slider_value(spec)
+
+
+def test_a_saved_chapter_reopens_without_widget_errors_and_keeps_its_source(page):
+    """Saving goes through the jupytext pairing: the .py must not change (its kernelspec already reads as
+    JupyterLab writes it), and the notebook keeps no widget views to fail on when it is reopened."""
+    name = "07_speculative_decoding"
+    with artefacts(page, "saved-and-reopened"):
+        page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+        saved = page.lab.root / "chapters" / f"{name}.ipynb"
+        wait_until(lambda: "a minivllm widget" in saved.read_text(), "the save to reach the disk")
+        assert (page.lab.root / "chapters" / f"{name}.py").read_bytes() == \
+            (ROOT / "chapters" / f"{name}.py").read_bytes(), "JupyterLab's save rewrote the paired .py"
+        page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.shutdown()")
+        page.reload()
+        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+        page.wait_for_timeout(3000)
+        assert "Error displaying widget" not in page.inner_text(".jp-Notebook")
+        assert "run the cell again" in page.inner_text(".jp-Notebook")
