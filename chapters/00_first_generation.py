@@ -131,15 +131,17 @@ stepper = widgets.JourneyStepper(steps, tokenizer=llm.tokenizer)
 display(stepper)
 
 # %% [markdown]
-# The buttons work from code too, which is how this notebook checks what the stepper shows:
+# The buttons work from code too, which is how this notebook checks what the stepper shows. It presses
+# them on a second stepper over the same recording, so the one above stays where you leave it:
 
 # %%
-stepper.step_button.click()
-assert stepper.index == 1 and "decode 3 tokens" in stepper.html.value
-stepper.slider.value = stepper.slider.max
-assert all(f"<b>{rid}</b>" in stepper.html.value for rid in steps[-1].finished)
-stepper.reset_button.click()
-assert stepper.index == 0 and "prefill 16 tokens" in stepper.html.value
+check = widgets.JourneyStepper(steps, tokenizer=llm.tokenizer)
+check.step_button.click()
+assert check.index == 1 and "step 2 of" in check.html.value and "decode 3 tokens" in check.html.value
+check.slider.value = check.slider.max
+assert all(f"<b>{rid}</b>" in check.html.value for rid in steps[-1].finished)
+check.reset_button.click()
+assert check.index == 0 and "prefill 16 tokens" in check.html.value
 
 # %% [markdown]
 # ## Drive the engine yourself

@@ -272,6 +272,7 @@ total_blocks = after["minivllm:kv_blocks_total"]
 ax2.step(ts, [s[4] for s in samples], where="post", color="#c44e52")
 ax2.set_xlabel("seconds")
 ax2.set_ylabel("vllm:kv_cache_usage_perc")
+fig.tight_layout()
 widgets.show(fig)
 assert max(s[1] for s in samples) <= 4 and most_waiting >= 1, "a queue formed behind the 4 running sequences"
 

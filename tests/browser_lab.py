@@ -201,6 +201,9 @@ def main(argv: list[str]) -> None:
             open_and_run(page, lab, name)
             print(name, f"{time.time() - t0:.0f}s", "errors:", errors(page), "widgets:", widget_views(page).count())
             screenshot_widgets(page, outdir, name[:2])
+            pages = page.locator(".jp-RenderedHTMLCommon .minivllm-page")  # step pages outside a widget
+            for i in range(pages.count()):
+                pages.nth(i).screenshot(path=str(outdir / f"{name[:2]}-html{i}.png"))
             images = page.locator(".jp-RenderedImage img")
             for i in range(images.count()):
                 images.nth(i).screenshot(path=str(outdir / f"{name[:2]}-img{i}.png"))

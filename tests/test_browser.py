@@ -75,7 +75,11 @@ def image_hash(view) -> str:
 
 
 def header(view) -> str:
-    return view.locator(".minivllm-page").first.inner_text().split("\n")[0]
+    """The page's heading (its first line), read from the DOM: JupyterLab does not render cells far outside
+    the window, so their inner text would read empty."""
+    return view.locator(".minivllm-page").first.evaluate(
+        "e => { const c = e.cloneNode(true); c.querySelectorAll('style').forEach(s => s.remove());"
+        " return (c.querySelector('h4') || c).textContent.trim(); }")
 
 
 def slider_value(view) -> int:
@@ -83,7 +87,8 @@ def slider_value(view) -> int:
 
 
 def button(view, name: str):
-    return view.get_by_role("button", name=name, exact=True)
+    """A button by its label; the jump buttons' icon glyph counts as part of their accessible name."""
+    return view.get_by_role("button", name=re.compile(rf"^\W*{re.escape(name)}$"))
 
 
 def wait_until(fn, what: str, timeout: float = 20.0):
@@ -97,14 +102,26 @@ def wait_until(fn, what: str, timeout: float = 20.0):
         time.sleep(0.2)
 
 
+def view_state(view) -> tuple[str, str, str]:
+    """What the widget shows: its page's first line, all its text, and its figure's bytes (hashed)."""
+    return header(view), view.inner_text(), image_hash(view) if view.locator("img").count() else ""
+
+
 def click_and_wait(page, view, name: str) -> tuple[str, str]:
-    """Click a button; returns (header, image hash) once the page shows something new."""
-    before = (header(view), image_hash(view) if view.locator("img").count() else "")
+    """Click a button; returns (header, image hash) once the view has changed and then held still for a
+    moment (the kernel's updates to the page, the figure and the slider arrive one by one)."""
+    before = view_state(view)
     button(view, name).click()
-    after = wait_until(lambda: (lambda now: now if now != before else None)(
-        (header(view), image_hash(view) if view.locator("img").count() else "")), f"{name!r} to change the view")
+    wait_until(lambda: view_state(view) != before, f"{name!r} to change the view")
+    now = view_state(view)
+    while True:
+        time.sleep(0.4)
+        later = view_state(view)
+        if later == now:
+            break
+        now = later
     assert errors(page) == []
-    return after
+    return now[0], now[2]
 
 
 def position(text: str, noun: str = "step") -> int:
@@ -129,8 +146,8 @@ def test_chapter_00_steppers_step_and_the_live_one_runs_the_engine(page):
         views = widget_views(page)
         assert views.count() == 2, "the journey stepper and the live stepper"
         replay, live = views.nth(0), views.nth(1)
-        assert position(header(replay)) == 1 == slider_value(replay)
         assert_fits(page, replay, "journey stepper")
+        assert position(header(replay)) == 1 == slider_value(replay)
         head, _ = click_and_wait(page, replay, "Step")
         assert position(head) == 2 == slider_value(replay), "Step moves one step; the slider says the same"
         click_and_wait(page, replay, "Reset")
@@ -155,8 +172,8 @@ def test_chapter_03_block_viewer_steps_and_jumps(page):
         views = widget_views(page)
         assert views.count() == 1
         viewer = views.nth(0)
-        assert position(header(viewer)) == 21 == slider_value(viewer), "the viewer opens where the code put it"
         assert_fits(page, viewer, "block-table viewer")
+        assert position(header(viewer)) == 21 == slider_value(viewer), "the viewer opens where the code put it"
         _, before = header(viewer), image_hash(viewer)
         head, after = click_and_wait(page, viewer, "Step")
         assert after != before, "a Step click redraws the block figure"
@@ -173,11 +190,11 @@ def test_chapter_07_speculation_stepper_opens_on_the_example(page):
         views = widget_views(page)
         assert views.count() == 1
         spec = views.nth(0)
+        assert_fits(page, spec, "speculation stepper")
         text = spec.inner_text()
         k = position(header(spec), "round")
         assert k == slider_value(spec), "the slider shows the round the page names"
         assert "disagreement at draft" in text and "rejected" in text, "it opens on the example: a rejection"
-        assert_fits(page, spec, "speculation stepper")
         head, _ = click_and_wait(page, spec, "Step")
         assert position(head, "round") == k + 1 and "revealed 0 of" in spec.inner_text()
         click_and_wait(page, spec, "Step")
@@ -204,5 +221,5 @@ def test_a_saved_chapter_reopens_without_widget_errors_and_keeps_its_source(page
         page.reload()
         page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
         page.wait_for_timeout(3000)
-        assert "Error displaying widget" not in page.inner_text(".jp-Notebook")
-        assert "run the cell again" in page.inner_text(".jp-Notebook")
+        assert "Error displaying widget" not in page.text_content(".jp-Notebook")
+        assert "run the cell again" in page.text_content(".jp-Notebook")

@@ -156,4 +156,4 @@ def speculation_html(rnd: SpecRound, tokenizer=None, revealed: int | None = None
                          f"{len(rnd.new_token_ids)} tokens from one target pass</div>")
     else:
         lines.append(f"<div>revealed {shown} of {rnd.num_reveals} appended tokens: press Step</div>")
-    return f'<div class="minivllm-speculation">{head}{"".join(lines)}</div>'
+    return f'<div class="minivllm-speculation minivllm-page">{head}{"".join(lines)}</div>'

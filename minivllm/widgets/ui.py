@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 T = TypeVar("T")
-FIGURE_DPI = 80  # the steppers' figures: small enough that controls, page and figure fit a 900-pixel-high window
+FIGURE_DPI = 90  # the steppers' figures: small enough that controls, page and figure fit a 900-pixel-high window
 
 
 class _Slider(Generic[T]):
