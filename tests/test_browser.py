@@ -148,8 +148,10 @@ def test_chapter_00_steppers_step_and_the_live_one_runs_the_engine(page):
         replay, live = views.nth(0), views.nth(1)
         assert_fits(page, replay, "journey stepper")
         assert position(header(replay)) == 1 == slider_value(replay)
-        head, _ = click_and_wait(page, replay, "Step")
+        figure = image_hash(replay)
+        head, after = click_and_wait(page, replay, "Step")
         assert position(head) == 2 == slider_value(replay), "Step moves one step; the slider says the same"
+        assert after != figure, "a Step click redraws the block figure"
         click_and_wait(page, replay, "Reset")
         assert position(header(replay)) == 1
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from minivllm.engine.trace import StepTrace
 from minivllm.widgets.colors import FREE_COLOR, SHARED_COLOR, request_colors
-from minivllm.widgets.journey import TABLE_STYLE, where
+from minivllm.widgets.journey import QUIET_STYLE, where
 
 if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn, so the HTML views work without it
     from matplotlib.figure import Figure
@@ -84,7 +84,7 @@ def block_table_html(step: StepTrace, block_size: int | None = None, colors: dic
     caption = (f"engine step {step.step}: block tables (logical block -> physical block id{size}); "
                f"{step.num_free_blocks} of {step.num_total_blocks} blocks free")
     # the caption is a line of its own: a <caption> would wrap to the width of a table of a few columns
-    return (f'<div class="minivllm-blocks minivllm-page">{TABLE_STYLE}<div>{caption}</div><table>'
+    return (f'<div class="minivllm-blocks minivllm-page"><div>{caption}</div><table>'
             f"<tr><th>request \\ logical</th>{head}</tr>{''.join(rows)}</table></div>")
 
 
@@ -99,8 +99,8 @@ def block_step_html(step: StepTrace, position: int | None = None, total: int | N
                          ("freed", step.freed)):
         if events:
             moved.append(f"{name} " + "; ".join(f"<b>{html.escape(r)}</b> {b}" for r, b in events.items()))
-    change = ", ".join(moved) if moved else '<span class="minivllm-quiet">no block allocated or freed</span>'
-    return (f'<div class="minivllm-blocks minivllm-page">{TABLE_STYLE}<b>{where(step, position, total)}</b>: '
+    change = ", ".join(moved) if moved else f'<span style="{QUIET_STYLE}">no block allocated or freed</span>'
+    return (f'<div class="minivllm-blocks minivllm-page"><b>{where(step, position, total)}</b>: '
             f"{step.num_free_blocks} of {step.num_total_blocks} blocks{size} free, {n_shared} shared; "
             f"{change}</div>")
 

@@ -8,17 +8,18 @@ from minivllm.engine.trace import StepTrace
 from minivllm.widgets.colors import KIND_COLORS, request_colors
 
 # The same look inside a widget and in a plain HTML output: JupyterLab's rendered-HTML styles (right-aligned,
-# striped cells) reach only the latter, so the tables say how they are drawn. Selectors are specific enough
-# to win over `.jp-RenderedHTMLCommon td`.
-TABLE_STYLE = (
-    "<style>"
-    "div.minivllm-page table{border-collapse:collapse;margin:2px 0;font-size:13px}"
-    "div.minivllm-page table th,div.minivllm-page table td{text-align:left;vertical-align:top;padding:1px 8px;"
-    "border:none;background:none}"
-    "div.minivllm-page table tr,div.minivllm-page table tr:hover{background:none}"
-    "div.minivllm-page h4{margin:2px 0 4px;font-size:14px;padding:0}"
-    "div.minivllm-page .minivllm-quiet{color:#666;font-style:italic}"
-    "</style>")
+# striped, padded cells) reach only the latter, and a <style> element does not survive every front end, so
+# the tables carry their style inline.
+_CELL = "text-align:left;vertical-align:top;padding:1px 8px;border:none"
+QUIET_STYLE = "color:#666;font-style:italic"
+
+
+def inline_styles(page: str) -> str:
+    """Give a page's tables, rows, cells and headings explicit inline styles (kept where a cell has its own)."""
+    return (page.replace('<td style="', f'<td style="{_CELL};').replace("<td>", f'<td style="{_CELL}">')
+            .replace("<th>", f'<th style="{_CELL};font-weight:bold">').replace("<tr>", '<tr style="background:none">')
+            .replace("<table", '<table style="border-collapse:collapse;margin:2px 0;font-size:13px"')
+            .replace("<h4>", '<h4 style="margin:2px 0 4px;padding:0;font-size:14px;font-weight:bold">'))
 
 
 def _ids(ids) -> str:
@@ -88,8 +89,8 @@ def step_html(step: StepTrace, position: int | None = None, total: int | None = 
         else:
             quiet.append(name)
     body = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in facts)
-    none = f'<div class="minivllm-quiet">none in this step: {", ".join(quiet)}</div>' if quiet else ""
-    return f'<div class="minivllm-journey minivllm-page">{TABLE_STYLE}{head}<table>{body}</table>{none}</div>'
+    none = f'<div style="{QUIET_STYLE}">none in this step: {", ".join(quiet)}</div>' if quiet else ""
+    return inline_styles(f'<div class="minivllm-journey minivllm-page">{head}<table>{body}</table>{none}</div>')
 
 
 def empty_html(message: str = "no steps recorded yet: press Step") -> str:

@@ -41,11 +41,12 @@ class _Slider(Generic[T]):
                  step_tooltip: str = "next") -> None:
         self.items = items
         self.step_button = ipw.Button(description="Step", tooltip=step_tooltip, button_style="primary",
-                                      layout=ipw.Layout(width="80px"))
+                                      layout=ipw.Layout(width="110px"))  # room for "Step (live)"
         self.reset_button = ipw.Button(description="Reset", tooltip=f"back to {self.noun} 1",
                                        layout=ipw.Layout(width="80px"))
         self.slider = ipw.IntSlider(value=1, min=1, max=max(len(items), 1), description=self.noun,
-                                    continuous_update=False, layout=ipw.Layout(width="320px"))
+                                    continuous_update=False,
+                                    layout=ipw.Layout(width="480px" if len(items) > 100 else "320px"))
         self.total = ipw.Label()
         self.jumps = {}
         for name, hit in jumps:  # offered only where the recording has such an event
