@@ -46,7 +46,7 @@ class _Slider(Generic[T]):
                                        layout=ipw.Layout(width="80px"))
         self.slider = ipw.IntSlider(value=1, min=1, max=max(len(items), 1), description=self.noun,
                                     continuous_update=False,
-                                    layout=ipw.Layout(width="480px" if len(items) > 100 else "320px"))
+                                    layout=ipw.Layout(width="400px" if len(items) > 100 else "320px"))
         self.total = ipw.Label()
         self.jumps = {}
         for name, hit in jumps:  # offered only where the recording has such an event
