@@ -13,6 +13,7 @@ from minivllm import EngineConfig, LLMEngine, SamplingParams
 from minivllm.config import DEFAULT_MODEL
 from minivllm.core.block_pool import BlockPool
 from minivllm.exercises import ExerciseFailure, ch01, ch02, ch03, ch04, ch05, ch06, ch07
+from minivllm.exercises.common import for_all_workloads, run_workload
 from minivllm.hooks import EngineHooks
 
 SOLUTIONS = Path(__file__).resolve().parent.parent / "chapters" / "solutions"
@@ -167,3 +168,15 @@ def test_engine_level_checks_name_the_step_the_block_and_the_requests():
                                               r"\('0', '1'\); in that step it was shared \(prefix-cache hit\) with "
                                               r"request '1'"):
         engine.step()
+
+
+@pytest.mark.parametrize("exercise, hooks, observer, words", [
+    ("ch01", EngineHooks(enqueue=lifo_for_preempted), ch01.ArrivalOrder, "which arrived before it, was preempted"),
+    ("ch04", EngineHooks(prefill_chunk=ignores_budget), lambda w: ch04.check_budget, "tokens, but the budget"),
+])
+def test_property_checks_find_a_workload_and_describe_it(exercise, hooks, observer, words):
+    """Past the checks on the function alone, hypothesis finds a workload where the engine goes wrong, and the
+    verdict says what happened and on which workload."""
+    with pytest.raises(ExerciseFailure, match="the workload: .* blocks of") as failure:
+        for_all_workloads(hooks, lambda w: run_workload(hooks, w, observer(w)), max_examples=30)
+    assert words in str(failure.value), str(failure.value)

@@ -16,6 +16,26 @@ from minivllm.exercises.report import ExerciseFailure, Report, run_checks
 from minivllm.hooks import EngineHooks
 
 
+class ArrivalOrder:
+    """A step observer: no request is admitted while one that arrived before it still waits."""
+
+    def __init__(self, workload: dict) -> None:
+        reqs = workload["requests"]
+        order = sorted(range(len(reqs)), key=lambda i: (reqs[i][2], i))  # by arrival step, then as added
+        self.rank = {str(i): k for k, i in enumerate(order)}
+        self.preempted: set[str] = set()
+
+    def __call__(self, engine, record) -> None:
+        self.preempted.update(record.scheduler_output.preempted)
+        for new in record.scheduler_output.new_requests:
+            for r in engine.scheduler.waiting:
+                if self.rank[r.request_id] < self.rank[new.request_id]:
+                    why = ", was preempted" if r.request_id in self.preempted else ""
+                    raise ExerciseFailure(f"in step {record.step}, request '{new.request_id}' was admitted while "
+                                          f"request '{r.request_id}', which arrived before it{why} and still "
+                                          f"waits, was not: first come, first served.")
+
+
 def check_enqueue(enqueue: Callable, max_examples: int = 10) -> Report:
     """Grade `enqueue(waiting: deque, request, preempted: bool) -> None` (it changes `waiting` in place)."""
     hooks = EngineHooks(enqueue=enqueue)
@@ -37,25 +57,7 @@ def check_enqueue(enqueue: Callable, max_examples: int = 10) -> Report:
                                   f"waiting, so it goes back to the head, or later arrivals overtake it.")
 
     def engine_property():
-        def check(w):
-            order = sorted(range(len(w["requests"])), key=lambda i: (w["requests"][i][2], i))
-            rank = {str(i): k for k, i in enumerate(order)}
-            preempted: set[str] = set()
-
-            def observer(engine, record):
-                preempted.update(record.scheduler_output.preempted)
-                for new in record.scheduler_output.new_requests:
-                    for r in engine.scheduler.waiting:
-                        if rank[r.request_id] < rank[new.request_id]:
-                            why = ", was preempted" if r.request_id in preempted else ""
-                            raise ExerciseFailure(
-                                f"in step {record.step}, request '{new.request_id}' was admitted while request "
-                                f"'{r.request_id}', which arrived before it{why} and still waits, was not: "
-                                f"first come, first served.")
-
-            run_workload(hooks, w, observer)
-
-        for_all_workloads(hooks, check, max_examples)
+        for_all_workloads(hooks, lambda w: run_workload(hooks, w, ArrivalOrder(w)), max_examples)
 
     return run_checks("ch01 enqueue (FCFS)", [
         ("new requests join the tail and preempted ones go back to the head", queue_alone),

@@ -14,6 +14,21 @@ from minivllm.exercises.report import ExerciseFailure, Report, run_checks
 from minivllm.hooks import EngineHooks
 
 
+def check_budget(engine, record) -> None:
+    """A step observer: the step stayed within the budget, and without chunked prefill no prompt was cut."""
+    sched, budget = record.scheduler_output, engine.scheduler.max_num_batched_tokens
+    if sched.num_tokens > budget:
+        raise ExerciseFailure(f"step {record.step} computed {sched.num_tokens} tokens, but the budget "
+                              f"(max_num_batched_tokens) is {budget}.")
+    if not engine.scheduler.enable_chunked_prefill:
+        admitted = {n.request_id for n in sched.new_requests}
+        for s in sched.scheduled:
+            if s.request_id in admitted and not s.samples:
+                raise ExerciseFailure(f"in step {record.step}, with chunked prefill off, request '{s.request_id}' "
+                                      f"was admitted for only {s.num_new_tokens} of its tokens: without chunking "
+                                      f"a prompt is computed whole, or waits.")
+
+
 def check_prefill_chunk(prefill_chunk: Callable, max_examples: int = 10) -> Report:
     """Grade `prefill_chunk(num_remaining: int, budget: int, enable_chunked_prefill: bool) -> int`."""
     hooks = EngineHooks(prefill_chunk=prefill_chunk)
@@ -30,20 +45,7 @@ def check_prefill_chunk(prefill_chunk: Callable, max_examples: int = 10) -> Repo
                                       f"{why}.")
 
     def engine_property():
-        def observer(engine, record):
-            sched, budget = record.scheduler_output, engine.scheduler.max_num_batched_tokens
-            if sched.num_tokens > budget:
-                raise ExerciseFailure(f"step {record.step} computed {sched.num_tokens} tokens, but the budget "
-                                      f"(max_num_batched_tokens) is {budget}.")
-            if not engine.scheduler.enable_chunked_prefill:
-                admitted = {n.request_id for n in sched.new_requests}
-                for s in sched.scheduled:
-                    if s.request_id in admitted and not s.samples:
-                        raise ExerciseFailure(f"in step {record.step}, with chunked prefill off, request "
-                                              f"'{s.request_id}' was admitted for only {s.num_new_tokens} of its "
-                                              f"tokens: without chunking a prompt is computed whole, or waits.")
-
-        for_all_workloads(hooks, lambda w: run_workload(hooks, w, observer), max_examples)
+        for_all_workloads(hooks, lambda w: run_workload(hooks, w, check_budget), max_examples)
 
     def equality():
         check_greedy_matches_transformers(hooks, "a budget of 7 tokens per step (every prompt is chunked)",

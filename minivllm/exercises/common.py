@@ -81,6 +81,18 @@ def workloads():
                              min_size=1, max_size=5)})
 
 
+# Hard cases tried first, before hypothesis' own (which start from the simplest workloads): preemption with
+# chunked prefill; a tiny pool with prefix caching and whole prompts; many shared prefixes arriving at once.
+HARD_WORKLOADS = [
+    {"num_blocks": 20, "block_size": 2, "budget": 6, "max_seqs": 3, "caching": False, "chunking": True, "seed": 0,
+     "requests": [(18, 4, 4), (15, 7, 0), (16, 7, 3), (19, 8, 1), (10, 7, 4)]},
+    {"num_blocks": 8, "block_size": 4, "budget": 8, "max_seqs": 4, "caching": True, "chunking": False, "seed": 1,
+     "requests": [(12, 6, 0), (9, 8, 0), (14, 5, 1), (5, 8, 2)]},
+    {"num_blocks": 12, "block_size": 2, "budget": 10, "max_seqs": 4, "caching": True, "chunking": True, "seed": 2,
+     "requests": [(8, 5, 0), (8, 5, 0), (9, 4, 0), (8, 6, 1), (7, 3, 2)]},
+]
+
+
 def describe(w: dict) -> str:
     reqs = ", ".join(f"'{i}': {p} prompt tokens + {m} new, arriving at step {a}"
                      for i, (p, m, a) in enumerate(w["requests"]))
@@ -107,9 +119,10 @@ def run_workload(hooks: EngineHooks, w: dict, observer=None, max_steps: int = 10
     if observer is not None:
         engine.add_step_observer(observer)
     pending = []
+    system = [3 + rng.randrange(3) for _ in range(capacity)]  # every prompt starts with a part of it: shared blocks
     for i, (plen, max_tokens, arrival) in enumerate(w["requests"]):
         plen = min(plen, capacity - 1)
-        prompt = [3 + rng.randrange(3) for _ in range(plen)]
+        prompt = system[: plen // 2] + [3 + rng.randrange(3) for _ in range(plen - plen // 2)]
         params = SamplingParams(temperature=0, max_tokens=min(max_tokens, capacity - plen), ignore_eos=True)
         pending.append((arrival, str(i), prompt, params))
     finished: set[str] = set()
@@ -127,7 +140,7 @@ def run_workload(hooks: EngineHooks, w: dict, observer=None, max_steps: int = 10
 
 def for_all_workloads(hooks: EngineHooks, check, max_examples: int = 12) -> None:
     """Run `check(w)` (which drives run_workload) on hypothesis-generated workloads; a failure says which."""
-    from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+    from hypothesis import HealthCheck, Phase, Verbosity, example, given, settings
 
     @settings(max_examples=max_examples, deadline=None, derandomize=True, database=None, verbosity=Verbosity.quiet,
               phases=(Phase.explicit, Phase.generate), suppress_health_check=list(HealthCheck))
@@ -138,4 +151,6 @@ def for_all_workloads(hooks: EngineHooks, check, max_examples: int = 12) -> None
         except ExerciseFailure as failure:
             raise ExerciseFailure(f"{failure}\n(the workload: {describe(w)})") from None
 
+    for w in reversed(HARD_WORKLOADS):
+        property_ = example(w)(property_)
     property_()
