@@ -1,9 +1,11 @@
 """What several checkers share: running the real engine with a learner's hooks on the embedded model, and
 comparing its greedy tokens with Hugging Face transformers.
 
-The comparison is by teacher forcing: one transformers forward pass over prompt + the engine's tokens, whose
-argmax at every position must be the engine's next token. That equals comparing two greedy generations, costs
-one pass per prompt instead of one per token, and names the first token that differs.
+Both run on the CPU in float32, also on a GPU machine: a half-precision run could differ from transformers'
+float32 argmax by rounding alone. The comparison is by teacher forcing: one transformers forward pass over
+prompt + the engine's tokens, whose argmax at every position must be the engine's next token. That equals
+comparing two greedy generations, costs one pass per prompt instead of one per token, and names the first
+token that differs.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ PROMPTS = ["Hi, my name is", "Today is a beautiful summer day", "Hello there",
 def generate(hooks: EngineHooks, prompts: Sequence[str | list[int]] = PROMPTS, max_tokens: int = 16,
              params: SamplingParams | None = None, **engine_args) -> tuple[list[list[int]], list[list[int]], LLM]:
     """(prompt ids, generated ids, the LLM) for greedy generation (or `params`) with the learner's hooks."""
-    llm = LLM(DEFAULT_MODEL, hooks=hooks, trace_steps=0, **engine_args)
+    llm = LLM(DEFAULT_MODEL, hooks=hooks, trace_steps=0, **{"device": "cpu", **engine_args})
     params = params or SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     inputs = [{"prompt_token_ids": p} if isinstance(p, list) else p for p in prompts]
     outs = llm.generate(inputs, params, use_tqdm=False)
@@ -115,7 +117,8 @@ def run_workload(hooks: EngineHooks, w: dict, observer=None, max_steps: int = 10
     engine = LLMEngine(EngineConfig(DEFAULT_MODEL, hooks=hooks, block_size=w["block_size"],
                                     num_kv_blocks=w["num_blocks"], max_num_seqs=w["max_seqs"],
                                     max_num_batched_tokens=budget, enable_prefix_caching=w["caching"],
-                                    enable_chunked_prefill=w["chunking"], trace_steps=0, seed=w["seed"]))
+                                    enable_chunked_prefill=w["chunking"], trace_steps=0, seed=w["seed"],
+                                    device="cpu"))
     if observer is not None:
         engine.add_step_observer(observer)
     pending = []
