@@ -97,7 +97,7 @@ def resample_from_p(target_probs, draft, draft_probs, generator):
     return out
 
 
-FAST = {"max_examples": 3}
+FAST = {"max_examples": 2}  # after the 3 hard workloads every property check tries first
 EXERCISES = {  # name: (checker, its fast arguments, solution module, solution name, stub)
     "ch01": (ch01.check_enqueue, FAST, "ch01_enqueue", "my_enqueue", stub),
     "ch02": (ch02.check_online_softmax_update, {}, "ch02_online_softmax", "my_online_softmax_update", stub),
