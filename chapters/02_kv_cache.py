@@ -286,3 +286,36 @@ assert land["KV cache"] > land["weights"], "for a small model, the KV cache is m
 # %% [markdown]
 # Next: [03 · paged blocks](03_paged_blocks.ipynb): how those blocks are handed out, one request at a
 # time, and why paging wastes so little.
+
+# %% [markdown]
+# ## Exercise: decode attention one block at a time (the online softmax)
+#
+# A decoding query attends over a context scattered over blocks. A kernel does not gather it and take one
+# softmax: it walks the block table, keeping per head a running maximum `m`, a running sum `l` of
+# exp(score - m) and a running sum `acc` of exp(score - m) * value. When a block brings a larger score, what
+# was summed so far is rescaled by exp(m_old - m_new). At the end `acc / l` is exactly softmax(q K) V.
+# Write one block's update: `m`, `l` are `[heads]`, `acc` is `[heads, dim]`, `scores` (already scaled) is
+# `[heads, n]` and `v` is `[heads, n, dim]`; the walk starts from m = -inf, l = 0, acc = 0.
+#
+# **How it works.** Write your version in the next cell (replace `raise NotImplementedError`) and run it, then
+# run the checker below it. The checker plugs your code into the real engine through its documented hook,
+# `LLM(hooks=EngineHooks(online_softmax_update=...))` (`minivllm.hooks`; nothing is patched), and runs the engine's own
+# correctness checks against it; it says *passed*, *not attempted*, or what failed, in plain words. The
+# reference solution is `chapters/solutions/ch02_online_softmax.py`: try first.
+#
+# With your update set, the torch reference backend attends every decode step block by block through the
+# paged cache (`minivllm/attention/online_softmax.py`, what each program of the Triton decode kernel does),
+# and the checker compares the engine's greedy tokens with Hugging Face transformers.
+
+# %%
+import torch
+
+
+def my_online_softmax_update(m, l, acc, scores, v):  # noqa: E741
+    raise NotImplementedError  # your code here: return the new (m, l, acc)
+
+
+# %%
+from minivllm.exercises.ch02 import check_online_softmax_update
+
+check_online_softmax_update(my_online_softmax_update)

@@ -327,3 +327,35 @@ assert min(allowed_per_step) == 1 and max(allowed_per_step) > 100, "sometimes on
 # That is the whole journey: text to ids, the queue, prefill and decode over a paged KV cache, continuous
 # batching, and the sampler. Back to [00 · first generation](00_first_generation.ipynb) to step through it
 # again.
+
+# %% [markdown]
+# ## Exercise: top-p filtering
+#
+# Write the sampler's top-p step: `my_top_p(logits, top_p)` gets `logits` `[rows, vocab]` and each row's
+# `top_p` `[rows]`, and returns the logits with every token outside the row's nucleus set to `-inf`. The
+# nucleus: the most likely tokens, in order, until their probability reaches `top_p`; the top token always
+# stays, and a row with `top_p = 1` comes back unchanged. Hint: sort each row, take the softmax and its
+# cumulative sum, decide which sorted positions to drop, then put that decision back in vocabulary order.
+#
+# **How it works.** Write your version in the next cell (replace `raise NotImplementedError`) and run it, then
+# run the checker below it. The checker plugs your code into the real engine through its documented hook,
+# `LLM(hooks=EngineHooks(top_p=...))` (`minivllm.hooks`; nothing is patched), and runs the engine's own
+# correctness checks against it; it says *passed*, *not attempted*, or what failed, in plain words. The
+# reference solution is `chapters/solutions/ch05_top_p.py`: try first.
+#
+# The checker tries rows with a known answer, draws 20000 tokens through the engine's real `Sampler` with
+# your filter (a statistical test against the renormalised nucleus), then runs seeded sampling requests in
+# the engine, whose tokens must equal those the engine's own filter gives.
+
+# %%
+import torch
+
+
+def my_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    raise NotImplementedError  # your code here
+
+
+# %%
+from minivllm.exercises.ch05 import check_top_p
+
+check_top_p(my_top_p)

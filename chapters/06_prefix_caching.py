@@ -400,3 +400,34 @@ assert spool.num_free_blocks == spool.num_blocks
 # of their prompt to be reused.
 #
 # Next: [07 · speculative decoding](07_speculative_decoding.ipynb).
+
+# %% [markdown]
+# ## Exercise: the chained block name
+#
+# Write `my_hash_block(parent_hash, token_ids)`: the name of one full block, as `bytes`, computed from its
+# parent's name (`None` for a prompt's first block) and its token ids. Two blocks must get the same name
+# exactly when they hold the same tokens *after the same prefix*. `hashlib.sha256` gives bytes; mind how
+# the ids become bytes (as text, `[1, 23]` and `[12, 3]` can read the same).
+#
+# **How it works.** Write your version in the next cell (replace `raise NotImplementedError`) and run it, then
+# run the checker below it. The checker plugs your code into the real engine through its documented hook,
+# `LLM(hooks=EngineHooks(hash_block=...))` (`minivllm.hooks`; nothing is patched), and runs the engine's own
+# correctness checks against it; it says *passed*, *not attempted*, or what failed, in plain words. The
+# reference solution is `chapters/solutions/ch06_hash_block.py`: try first.
+#
+# The checker tries the properties a chained name needs, then runs the engine with prefix caching on prompts
+# built to trip a name that forgets its parent (one prompt is another shifted by one block), checking that
+# shared prefixes are found and that the greedy tokens still equal transformers'.
+
+# %%
+import hashlib  # noqa: F401 (you will need it)
+
+
+def my_hash_block(parent_hash: bytes | None, token_ids: list[int]) -> bytes:
+    raise NotImplementedError  # your code here
+
+
+# %%
+from minivllm.exercises.ch06 import check_hash_block
+
+check_hash_block(my_hash_block)

@@ -320,3 +320,37 @@ for r in draft_rows:
 # rate above).
 #
 # Next: [08 · Triton kernels](08_triton_kernels.ipynb).
+
+# %% [markdown]
+# ## Exercise: the acceptance rule
+#
+# Write `my_verify_sampled(target_probs, draft, draft_probs, generator)`: `target_probs` is `[k + 1, vocab]`
+# (the target's p at each draft position and after the last), `draft` the k drafted ids, `draft_probs` the
+# drafter's q, `[k, vocab]`, or `None` for the n-gram drafter (q is then 1 on the draft). Walk the drafts:
+# keep draft d with probability min(1, p(d) / q(d)) (draw `torch.rand((), generator=generator)`); at the
+# first rejection append one token drawn from normalise(max(0, p - q)) and stop; if all are kept, append a
+# bonus token drawn from the last row. Return the tokens to append.
+#
+# **How it works.** Write your version in the next cell (replace `raise NotImplementedError`) and run it, then
+# run the checker below it. The checker plugs your code into the real engine through its documented hook,
+# `LLM(hooks=EngineHooks(verify_sampled=...))` (`minivllm.hooks`; nothing is patched), and runs the engine's own
+# correctness checks against it; it says *passed*, *not attempted*, or what failed, in plain words. The
+# reference solution is `chapters/solutions/ch07_verify_sampled.py`: try first.
+#
+# The checker tries cases with a certain answer, then runs your rule thousands of times on one step and
+# compares the distribution of the first emitted token with the target's p (the rule's whole promise), and
+# finally runs the engine with the embedded draft model and your rule.
+
+# %%
+import torch
+
+
+def my_verify_sampled(target_probs: torch.Tensor, draft: list[int], draft_probs: torch.Tensor | None,
+                      generator: torch.Generator) -> list[int]:
+    raise NotImplementedError  # your code here
+
+
+# %%
+from minivllm.exercises.ch07 import check_verify_sampled
+
+check_verify_sampled(my_verify_sampled)

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from minivllm.hooks import EngineHooks
+
 if TYPE_CHECKING:
     from minivllm.model.loader import ModelConfig
 
@@ -50,6 +52,7 @@ class EngineConfig:
     scheduling_policy: str = "fcfs"  # "fcfs", or "priority": lower value first, ties by arrival (as vLLM)
     preemption_mode: str = "recompute"  # what a preempted request loses: "recompute" (its blocks) or "swap"
     swap_space: float = 4  # GiB of host memory for swapped-out blocks (vLLM's name and default); used by "swap"
+    hooks: EngineHooks = field(default_factory=EngineHooks, repr=False)  # a learner's own engine parts (exercises)
     model_config: ModelConfig | None = field(default=None, repr=False)  # set by resolve()
 
     def __post_init__(self) -> None:

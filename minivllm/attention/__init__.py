@@ -7,8 +7,13 @@ from minivllm.attention.torch_backend import TorchAttentionBackend
 __all__ = ["AttentionBackend", "AttentionMetadata", "TorchAttentionBackend", "get_attention_backend"]
 
 
-def get_attention_backend(name: str, device: str) -> AttentionBackend:
-    """"auto" is Triton on CUDA and the torch reference elsewhere."""
+def get_attention_backend(name: str, device: str, online_softmax_update=None) -> AttentionBackend:
+    """"auto" is Triton on CUDA and the torch reference elsewhere. `online_softmax_update`: a learner's own
+    (minivllm.hooks): the torch reference then attends decode steps block by block with it (online_softmax.py)."""
+    if online_softmax_update is not None:
+        from minivllm.attention.online_softmax import OnlineSoftmaxBackend
+
+        return OnlineSoftmaxBackend(online_softmax_update)
     if name == "auto":
         name = "triton" if device.startswith("cuda") else "torch"
     if name == "torch":

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 BlockHash = bytes
 
@@ -22,12 +22,14 @@ def hash_block(parent_hash: BlockHash | None, token_ids: Sequence[int]) -> Block
     return digest.digest()
 
 
-def extend_block_hashes(hashes: list[BlockHash], token_ids: Sequence[int], block_size: int) -> list[BlockHash]:
+def extend_block_hashes(hashes: list[BlockHash], token_ids: Sequence[int], block_size: int,
+                        hash_fn: Callable[[BlockHash | None, Sequence[int]], BlockHash] = hash_block,
+                        ) -> list[BlockHash]:
     """Append the names of the full blocks of `token_ids` not yet in `hashes` (which it extends and returns).
 
     Each full block is hashed once in a request's life: the list lives on the request, and only blocks that
-    filled up since the last call are new.
+    filled up since the last call are new. `hash_fn`: hash_block, or a learner's own (minivllm.hooks).
     """
     for i in range(len(hashes), len(token_ids) // block_size):
-        hashes.append(hash_block(hashes[-1] if hashes else None, token_ids[i * block_size : (i + 1) * block_size]))
+        hashes.append(hash_fn(hashes[-1] if hashes else None, token_ids[i * block_size : (i + 1) * block_size]))
     return hashes

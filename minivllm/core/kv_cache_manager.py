@@ -13,15 +13,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from minivllm.core.block_hash import extend_block_hashes
+from minivllm.core.block_hash import extend_block_hashes, hash_block
 from minivllm.core.block_pool import BlockPool
+from minivllm.hooks import EngineHooks
 from minivllm.request import Request
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 hooks: EngineHooks | None = None) -> None:
+        """`hooks`: a learner's own BlockPool class or hash_block (see minivllm.hooks); None: the engine's."""
+        hooks = hooks or EngineHooks()
         self.block_size = block_size
-        self.pool = BlockPool(num_blocks)
+        self.pool = (hooks.block_pool_cls or BlockPool)(num_blocks)
+        self.hash_block = hooks.hash_block or hash_block
         self.enable_prefix_caching = enable_prefix_caching
         self.block_tables: dict[str, list[int]] = {}
         self.num_registered: dict[str, int] = {}  # how many of a request's blocks the pool knows by name
@@ -48,7 +53,7 @@ class KVCacheManager:
         if not self.enable_prefix_caching or request.params.prompt_logprobs is not None:
             return []  # prompt logprobs need every prompt position's logits: nothing may be skipped (as vLLM)
         tokens = request.all_token_ids
-        hashes = extend_block_hashes(request.block_hashes, tokens, self.block_size)
+        hashes = extend_block_hashes(request.block_hashes, tokens, self.block_size, self.hash_block)
         hits = []
         for block_hash in hashes[: (len(tokens) - 1) // self.block_size]:
             block_id = self.pool.lookup(block_hash)
@@ -99,7 +104,8 @@ class KVCacheManager:
         if not self.enable_prefix_caching:
             return
         rid = request.request_id
-        hashes = extend_block_hashes(request.block_hashes, request.all_token_ids, self.block_size)
+        hashes = extend_block_hashes(request.block_hashes, request.all_token_ids, self.block_size,
+                                     self.hash_block)
         table, start, end = self.block_tables[rid], self.num_registered.get(rid, 0), num_tokens // self.block_size
         for i in range(start, end):
             self.pool.cache(table[i], hashes[i])

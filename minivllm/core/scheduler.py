@@ -33,16 +33,44 @@ from minivllm.core.step_io import (
     SchedulerOutput,
 )
 from minivllm.core.swap import SwapSpace
+from minivllm.hooks import EngineHooks
 from minivllm.request import Request, RequestStatus
 from minivllm.structured_output import StructuredOutputManager
+
+
+def fcfs_enqueue(waiting: deque[Request], request: Request, preempted: bool) -> None:
+    """First come, first served: a new request joins the tail; a preempted one goes back to the head, since it
+    is older than everyone still waiting (so it is not overtaken by requests that arrived after it)."""
+    if preempted:
+        waiting.appendleft(request)
+    else:
+        waiting.append(request)
+
+
+def priority_enqueue(waiting: deque[Request], request: Request, preempted: bool) -> None:
+    """"priority": keep the queue sorted by (priority, arrival), a preempted request included."""
+    key = request.priority_key
+    waiting.insert(next((i for i, r in enumerate(waiting) if r.priority_key > key), len(waiting)), request)
+
+
+def prefill_chunk(num_remaining: int, budget: int, enable_chunked_prefill: bool) -> int:
+    """How many of a waiting request's remaining tokens this step computes, with `budget` tokens left: all of
+    them if they fit, else a chunk filling the budget (chunked prefill), or 0 (it waits) without chunking."""
+    if num_remaining <= budget:
+        return num_remaining
+    return budget if enable_chunked_prefill else 0
 
 
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
                  enable_chunked_prefill: bool = True, policy: str = "fcfs", swap: SwapSpace | None = None,
-                 structured: StructuredOutputManager | None = None) -> None:
+                 structured: StructuredOutputManager | None = None, hooks: EngineHooks | None = None) -> None:
         """`policy`: "fcfs" or "priority"; `swap`: where preempted blocks go (None: preemption by recompute);
-        `structured`: the grammars of requests with structured outputs (None without a tokenizer)."""
+        `structured`: the grammars of requests with structured outputs (None without a tokenizer); `hooks`: a
+        learner's own queue rule or prefill chunking (minivllm.hooks), None: the engine's."""
+        hooks = hooks or EngineHooks()
+        self.enqueue_into = hooks.enqueue or (priority_enqueue if policy == "priority" else fcfs_enqueue)
+        self.prefill_chunk = hooks.prefill_chunk or prefill_chunk
         self.kv = kv
         self.structured = structured  # grammars of requests with structured outputs (needs a tokenizer)
         self.max_num_seqs = max_num_seqs
@@ -66,16 +94,8 @@ class Scheduler:
         self._enqueue(request)
 
     def _enqueue(self, request: Request, preempted: bool = False) -> None:
-        """Into the waiting queue at its place: FCFS appends (a preempted request goes first, it is the oldest);
-        "priority" keeps the queue sorted by (priority, arrival), a preempted request included."""
-        if self.policy == "priority":
-            key = request.priority_key
-            at = next((i for i, r in enumerate(self.waiting) if r.priority_key > key), len(self.waiting))
-            self.waiting.insert(at, request)
-        elif preempted:
-            self.waiting.appendleft(request)
-        else:
-            self.waiting.append(request)
+        """Into the waiting queue at its place, by the policy's rule (fcfs_enqueue, priority_enqueue)."""
+        self.enqueue_into(self.waiting, request, preempted)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -126,10 +146,9 @@ class Scheduler:
             swapped = self.swap is not None and self.swap.is_swapped(req)
             cached = [] if swapped else self.kv.find_cached_prefix(req)
             num_done = req.num_computed_tokens if swapped else len(cached) * self.kv.block_size
-            n = req.num_tokens - num_done
-            if n > budget and not self.enable_chunked_prefill:
+            n = self.prefill_chunk(req.num_tokens - num_done, budget, self.enable_chunked_prefill)
+            if n <= 0:
                 break
-            n = min(n, budget)
             swap_in = self.swap.swap_in(self.kv, req, n) if swapped else None
             if not (swap_in is not None if swapped else self.kv.allocate(req, n, cached)):
                 victim = self._victim(outranked_by=req)

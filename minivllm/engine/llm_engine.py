@@ -48,11 +48,11 @@ class LLMEngine:
                       if self.tokenizer else None)
         self.input_processor = InputProcessor(config, self.tokenizer, self.eos_token_ids, self.runner.num_blocks,
                                               structured)
-        self.kv = KVCacheManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.kv = KVCacheManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching, config.hooks)
         self.swap = SwapSpace(self.runner.num_host_blocks)  # empty unless preemption_mode="swap"
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.enable_chunked_prefill, config.scheduling_policy,
-                                   self.swap if config.preemption_mode == "swap" else None, structured)
+                                   self.swap if config.preemption_mode == "swap" else None, structured, config.hooks)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.counters = StepCounters()
         self.trace_recorder = TraceRecorder(config.trace_steps or 0)

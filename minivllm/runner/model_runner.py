@@ -82,9 +82,10 @@ class ModelRunner:
             self.device = torch.device("cuda", torch.cuda.current_device())  # device checks would never match
         self.model_config = mc = config.model_config
         self.dtype = config.dtype
-        self.backend = get_attention_backend(config.attention_backend, config.device)
+        self.backend = get_attention_backend(config.attention_backend, config.device,
+                                             config.hooks.online_softmax_update)
         self.model = load_model(config.model, mc, self.backend, self.dtype, config.device)
-        self.sampler = Sampler(config.seed)
+        self.sampler = Sampler(config.seed, config.hooks.top_p)
         self.requests: dict[str, RequestState] = {}
         self.logits_observers: list[LogitsObserver] = []
         self.bytes_per_block = kv_bytes_per_block(mc.num_layers, config.block_size, mc.num_kv_heads,
@@ -389,10 +390,10 @@ class ModelRunner:
             logits = apply_logits_processors(logits, batch)
         if params.greedy:
             return verify_greedy(logits, drafts)
-        probs = processed_probs(logits, batch)
+        probs = processed_probs(logits, batch, self.sampler.top_p_filter)
         draft_probs = None if state.spec_probs is None else state.spec_probs[: len(drafts)]  # budget may cut
         generator = state.generator or self.sampler.generator_for(self.device)
-        return verify_sampled(probs, drafts, draft_probs, generator)
+        return (self.config.hooks.verify_sampled or verify_sampled)(probs, drafts, draft_probs, generator)
 
 
 def token_logprobs(row: torch.Tensor, token: int, k: int | None) -> TokenLogprobs:

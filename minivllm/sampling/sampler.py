@@ -127,10 +127,20 @@ def apply_logits_processors(logits: torch.Tensor, batch: SamplingBatch) -> torch
     return apply_frequency_presence_penalties(logits, batch)
 
 
+def apply_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Nucleus filtering: keep each row's most likely tokens until their probability reaches top_p, -inf the
+    rest. logits [B, V], top_p [B] (1: the row comes back unchanged)."""
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    probs = sorted_logits.softmax(dim=-1)
+    before = probs.cumsum(dim=-1) - probs  # mass of the tokens ranked above each one
+    drop_sorted = before >= top_p[:, None]  # the top token always survives (before = 0)
+    return logits.masked_fill(drop_sorted.scatter(1, order, drop_sorted), float("-inf"))
+
+
 def apply_top_k_top_p_min_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                            min_p: torch.Tensor) -> torch.Tensor:
+                            min_p: torch.Tensor, top_p_filter=apply_top_p) -> torch.Tensor:
     """Set filtered-out logits to -inf, in vLLM's order: min_p, then top_k, then top_p. Rows whose filters are
-    off come back unchanged."""
+    off come back unchanged. `top_p_filter`: apply_top_p, or a learner's own (minivllm.hooks)."""
     vocab = logits.shape[-1]
     if (min_p > 0).any():
         probs = logits.softmax(dim=-1)
@@ -141,15 +151,11 @@ def apply_top_k_top_p_min_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: to
         kth = logits.sort(dim=-1, descending=True).values.gather(1, (k - 1)[:, None])
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if (top_p < 1).any():
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        probs = sorted_logits.softmax(dim=-1)
-        before = probs.cumsum(dim=-1) - probs  # mass of the tokens ranked above each one
-        drop_sorted = before >= top_p[:, None]  # the top token always survives (before = 0)
-        logits = logits.masked_fill(drop_sorted.scatter(1, order, drop_sorted), float("-inf"))
+        logits = top_p_filter(logits, top_p)
     return logits
 
 
-def processed_probs(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+def processed_probs(logits: torch.Tensor, batch: SamplingBatch, top_p_filter=apply_top_p) -> torch.Tensor:
     """The distribution a sampling request actually draws from: temperature, then filters, then softmax.
 
     `logits` have been through apply_logits_processors. Speculative decoding needs these explicitly (the
@@ -159,14 +165,16 @@ def processed_probs(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     temperature = torch.where(batch.temperature == 0, 1.0, batch.temperature)
     logits = logits / temperature[:, None]
     if batch.any_filter:
-        logits = apply_top_k_top_p_min_p(logits, batch.top_k, batch.top_p, batch.min_p)
+        logits = apply_top_k_top_p_min_p(logits, batch.top_k, batch.top_p, batch.min_p, top_p_filter)
     return logits.softmax(dim=-1)
 
 
 class Sampler:
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0, top_p_filter=None) -> None:
+        """`top_p_filter`: a learner's own nucleus filter (minivllm.hooks); None: apply_top_p."""
         self.generator: torch.Generator | None = None
         self.seed = seed
+        self.top_p_filter = top_p_filter or apply_top_p
 
     def generator_for(self, device: torch.device) -> torch.Generator:
         """The engine-wide random stream, for requests without a seed of their own."""
@@ -188,6 +196,6 @@ class Sampler:
         logits = apply_logits_processors(logits, batch)
         if batch.all_greedy:
             return logits.argmax(dim=-1)
-        probs = processed_probs(logits, batch)
+        probs = processed_probs(logits, batch, self.top_p_filter)
         sampled = (probs / self._exponential_noise(probs, batch)).argmax(dim=-1)
         return torch.where(batch.temperature == 0, logits.argmax(dim=-1), sampled)

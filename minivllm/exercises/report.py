@@ -1,0 +1,67 @@
+"""A checker's verdict, and the runner that turns a list of checks into one.
+
+A check is a plain function that raises ExerciseFailure with a sentence a learner can act on. The runner
+stops at the first failure: later checks usually fail for the same reason and would only add noise.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+
+class ExerciseFailure(AssertionError):
+    """A check found the learner's code wrong; the message says how, in plain words."""
+
+
+@dataclass
+class Report:
+    exercise: str
+    status: str  # "passed", "failed" or "not attempted"
+    message: str = ""
+    passed_checks: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "passed"
+
+    def __str__(self) -> str:
+        mark = {"passed": "PASSED", "failed": "FAILED", "not attempted": "NOT ATTEMPTED"}[self.status]
+        lines = [f"{self.exercise}: {mark} ({self.seconds:.1f} s)"]
+        lines += [f"  ok  {name}" for name in self.passed_checks]
+        if self.message:
+            lines.append(("  " + self.message).replace("\n", "\n  "))
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, p, cycle) -> None:  # IPython shows the verdict, not the dataclass
+        p.text(str(self))
+
+
+Check = tuple[str, Callable[[], None]]
+
+
+def run_checks(exercise: str, checks: Sequence[Check]) -> Report:
+    """Run the checks in order; the first that fails (or raises) decides the verdict."""
+    start, passed = time.perf_counter(), []
+
+    def report(status: str, message: str = "") -> Report:
+        return Report(exercise, status, message, passed, time.perf_counter() - start)
+
+    for name, check in checks:
+        try:
+            check()
+        except NotImplementedError as stub:
+            where = traceback.extract_tb(stub.__traceback__)[-1]
+            return report("not attempted", f"`{where.name}` still raises NotImplementedError: write it in the "
+                                           f"exercise cell, run that cell, then run the checker again.")
+        except ExerciseFailure as failure:
+            return report("failed", f"while checking that {name}:\n{failure}")
+        except Exception as error:  # the learner's code crashed: say where, briefly
+            frames = traceback.extract_tb(error.__traceback__)
+            return report("failed", f"while checking that {name}, your code raised {type(error).__name__}: "
+                                    f"{error} (at {frames[-1].name}, line {frames[-1].lineno})")
+        passed.append(name)
+    return report("passed")
