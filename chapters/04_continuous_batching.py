@@ -225,6 +225,49 @@ assert "preempted" in stepper.html.value and steps[stepper.index].preempted[0] i
 display(stepper)
 
 # %% [markdown]
+# ## What the CPU spends a step on
+#
+# Batching pays because a decode step's cost is mostly fixed: every weight is read once per step whether one
+# sequence or sixty-four ride along, and the Python around the model (scheduling, building the flat batch,
+# sampling, detokenizing) is paid per step too. The engine times each part of every step (`StepRecord.
+# phase_seconds`, and the runner's `forward_seconds`); a step observer keeps the records, and
+# `widgets.step_time_breakdown` takes their median. Measured here, on this machine, in decode steps at batch 1 and 64:
+
+# %%
+def decode_step_records(engine_llm, batch: int, steps: int = 12) -> list:
+    """Run `batch` requests through the engine; return the records of `steps` steps where all of them decode."""
+    engine = engine_llm.engine
+    for i in range(batch):
+        engine.add_request(f"timing-{batch}-{i}", {"prompt_token_ids": [5 + i % 50] * 16},
+                           SamplingParams(temperature=0, max_tokens=steps + 8, ignore_eos=True))
+    records = []
+    keep = lambda eng, record: records.append(record)  # noqa: E731  (a step observer)
+    engine.add_step_observer(keep)
+    while engine.has_unfinished_requests():
+        engine.step()
+    engine.remove_step_observer(keep)
+    decodes = [r for r in records if len(r.scheduler_output.scheduled) == batch
+               and all(s.num_new_tokens == 1 for s in r.scheduler_output.scheduled)]
+    return decodes[:steps]
+
+
+timing_llm = LLM(max_num_seqs=64)
+decode_step_records(timing_llm, 4)  # warm-up: first calls allocate and load kernels
+breakdowns = {f"batch {b}": widgets.step_time_breakdown(decode_step_records(timing_llm, b)) for b in (1, 64)}
+for label, parts in breakdowns.items():
+    print(f"{label:9s} " + ", ".join(f"{part} {ms:.2f} ms" for part, ms in parts.items())
+          + f"  -> host {widgets.host_share(parts):.0%}")
+widgets.show(widgets.step_time_figure(breakdowns, f"minivllm-tiny, dtype {timing_llm.engine.config.dtype}"))
+per_token = {label: sum(parts.values()) / int(label.split()[1]) for label, parts in breakdowns.items()}
+assert per_token["batch 64"] < per_token["batch 1"], per_token  # batching makes each token cheaper
+
+# %% [markdown]
+# At batch 64 the step costs only a few times batch 1's while it produces 64 times the tokens: that is the
+# whole case for continuous batching. The host's share is large on this tiny model, whose matrices are small;
+# on the 135M-parameter model of `bench/cpu_peer.py` the forward pass is over 90% of a decode step at both
+# sizes (`bench/RESULTS.md` has that profile), so there the weights' memory traffic, not Python, sets the pace.
+
+# %% [markdown]
 # ## The knobs
 #
 # The material names the engine settings that shape all of this. They are `EngineConfig` fields, passed

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from minivllm.cpu_platform import default_cpu_dtype
 from minivllm.hooks import EngineHooks
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ class EngineConfig:
     attention_backend: str = "auto"
     enforce_eager: bool = False  # True: never capture CUDA graphs (they only ever run on CUDA with Triton)
     seed: int = 0
+    cpu_threads: int | None = None  # CPU only: None sizes torch's threads to the cores left free (cpu_platform.py)
     trace_steps: int = 1000  # how many recent steps the step trace keeps (0: none)
     speculative_model: str | Path | None = None  # a draft checkpoint (or Hub id), "[ngram]", or None (off)
     num_speculative_tokens: int = 0
@@ -63,8 +65,10 @@ class EngineConfig:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
-        if self.num_kv_blocks is not None and (not isinstance(self.num_kv_blocks, int) or self.num_kv_blocks < 1):
-            raise ValueError(f"num_kv_blocks must be a positive integer, got {self.num_kv_blocks!r}")
+        for name in ("num_kv_blocks", "cpu_threads"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.max_model_len is not None and self.max_model_len < 2:
@@ -133,7 +137,8 @@ class EngineConfig:
                        model_config=mc, dtype=dtype, max_model_len=max_len)
 
     def resolve_dtype(self, checkpoint_dtype: torch.dtype | None) -> torch.dtype:
-        """float32 on CPU; on CUDA the checkpoint's half type, bf16 only where the GPU supports it (sm >= 8.0)."""
+        """On CPU bf16 where it is native, else float32 (vLLM-CPU's rule); on CUDA the checkpoint's half type,
+        bf16 only where the GPU supports it (sm >= 8.0). Pass dtype="float32" for results equal to transformers'."""
         if isinstance(self.dtype, torch.dtype):
             return self.dtype
         if self.dtype != "auto":
@@ -143,7 +148,7 @@ class EngineConfig:
                 raise ValueError(f"dtype must be 'auto' or one of {sorted(names)}, got {self.dtype!r}")
             return names[self.dtype]
         if not self.device.startswith("cuda"):
-            return torch.float32
+            return default_cpu_dtype()
         bf16_ok = torch.cuda.get_device_capability(torch.device(self.device))[0] >= 8
         if checkpoint_dtype == torch.bfloat16 or checkpoint_dtype in (None, torch.float32):
             return torch.bfloat16 if bf16_ok else torch.float16

@@ -1,12 +1,15 @@
 """Shared fixtures: tiny random checkpoints written by transformers itself, so tests need no network.
 
 TRITON_INTERPRET must be set before triton is first imported, so it is set here, at collection time:
-Triton kernels then run on CPU tensors through the interpreter.
+Triton kernels then run on CPU tensors through the interpreter. MINIVLLM_CPU_DTYPE=float32 makes dtype="auto"
+mean float32 on CPU for the whole run (servers and notebook kernels started by tests inherit it): equality with
+transformers is exact only there. bf16, the default on CPUs with native bf16, is checked in test_cpu_bf16.py.
 """
 
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("MINIVLLM_CPU_DTYPE", "float32")
 
 from pathlib import Path  # noqa: E402
 

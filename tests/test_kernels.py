@@ -233,7 +233,7 @@ def test_rotary_kernel(head_dim, heads, kv_heads, dtype):
     q, k = q.view(11, heads, head_dim), k.view(11, kv_heads, head_dim)
     positions = torch.randint(0, 300, (11,), generator=gen)
     got_q, got_k = apply_rotary(positions, q, k, rope.cos_sin)
-    want_q, want_k = rope(positions, q, k)
+    want_q, want_k = rope(rope.for_positions(positions, dtype), q, k)
     torch.testing.assert_close(got_q, want_q, **TOL[dtype])
     torch.testing.assert_close(got_k, want_k, **TOL[dtype])
 

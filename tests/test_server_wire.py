@@ -30,7 +30,9 @@ def test_completion_logprobs_match_the_engine(client, offline):  # noqa: F811
     chunks = list(client.completions.create(model="tiny-chat", prompt=PROMPT, max_tokens=6, temperature=0,
                                             logprobs=3, stream=True))
     streamed = [v for c in chunks if c.choices and c.choices[0].logprobs for v in c.choices[0].logprobs.token_logprobs]
-    assert streamed == pytest.approx(lp.token_logprobs, abs=1e-6)
+    # the second request finds the prompt in the prefix cache: another computation path, so fp32 rounding may
+    # differ by ~1e-6 (seen: 1.4e-6); the suite's logprob tolerance against transformers is 1e-4
+    assert streamed == pytest.approx(lp.token_logprobs, abs=1e-4)
 
 
 def test_echo_with_logprobs(client):  # noqa: F811

@@ -84,27 +84,33 @@ def attend_batched(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     key = (m, group, tuple(reqs))
     if key not in meta.group_plans:
         meta.group_plans[key] = _plan_groups(meta, reqs, m, group, k_cache.shape[1])
+    plan = meta.group_plans[key]
+    if len(plan) == 1 and plan[0][0] is None:  # one group, in batch order: no rows to pick or scatter
+        return _attend_group(q, k_cache, v_cache, plan[0][1], plan[0][2], scale)
     out = torch.empty_like(q)
-    for rows, block_ids, mask in meta.group_plans[key]:
+    for rows, block_ids, mask in plan:
         out[rows] = _attend_group(q[rows], k_cache, v_cache, block_ids, mask, scale)
     return out
 
 
-def _plan_groups(meta: AttentionMetadata, reqs: list[int], m: int, group: int, block_size: int,
-                 num_groups: int = 4) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Cut the requests into `num_groups` groups of similar context length: (rows, block ids, mask) each.
+def _plan_groups(meta: AttentionMetadata, reqs: list[int], m: int, group: int, block_size: int, num_groups: int = 4,
+                 min_group: int = 8) -> list[tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]]:
+    """Cut the requests into up to `num_groups` groups of similar context length: (rows, block ids, mask) each.
 
     One call would copy every context padded to the longest; sorting by length and attending in groups
     lets short contexts skip most of that padding (about 15% off a whole CPU benchmark run, where this
-    copy is the largest cost).
+    copy is the largest cost). A few requests (under 2 * `min_group`) stay one group in batch order (rows None).
     """
     dev = meta.seq_lens.device
-    by_length = sorted(range(len(reqs)), key=lambda i: meta.seq_lens_cpu[reqs[i]])
+    if len(reqs) < 2 * min_group:
+        num_groups = 1
+    by_length = sorted(range(len(reqs)), key=lambda i: meta.seq_lens_cpu[reqs[i]]) if num_groups > 1 else \
+        list(range(len(reqs)))
     size, plan = -(-len(by_length) // num_groups), []
     for start in range(0, len(by_length), size):
         rows = by_length[start : start + size]
         batch = torch.tensor([reqs[i] for i in rows], device=dev)
-        width = -(-meta.seq_lens_cpu[reqs[rows[-1]]] // block_size)  # blocks of the longest context here
+        width = -(-max(meta.seq_lens_cpu[reqs[i]] for i in rows) // block_size)  # the longest context's blocks
         block_ids = meta.block_tables[batch, :width].long()
         # query i of a request sits at position seq_len - m + i and sees the keys up to there
         last_visible = meta.seq_lens[batch][:, None] - m + torch.arange(m, device=dev)[None, :]  # [B, m]
@@ -112,7 +118,7 @@ def _plan_groups(meta: AttentionMetadata, reqs: list[int], m: int, group: int, b
         # every query head of a kv head's group shares its query's mask row (m = 1: one row, broadcast)
         mask = mask[:, None] if m == 1 else mask[:, None, None].expand(-1, 1, group, -1, -1).reshape(
             len(rows), 1, group * m, -1)
-        plan.append((torch.tensor(rows, device=dev), block_ids, mask))
+        plan.append((torch.tensor(rows, device=dev) if num_groups > 1 else None, block_ids, mask))
     return plan
 
 

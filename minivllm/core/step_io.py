@@ -85,6 +85,7 @@ class RunnerOutput:
     logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)  # one per sampled token, if asked
     prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)  # prompt positions done now
     propose_seconds: float = 0.0  # time spent drafting (a measured share of the step, for chapter 07)
+    forward_seconds: float = 0.0  # the model's forward pass and logits (on CUDA: until the launches return)
 
 
 @dataclass(slots=True)

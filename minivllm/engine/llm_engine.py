@@ -118,16 +118,21 @@ class LLMEngine:
         scheduler_output = self.scheduler.schedule()
         if not scheduler_output:
             return outputs
+        scheduled_at = time.perf_counter()
         runner_output = self.runner.execute(scheduler_output)
+        ran_at = time.perf_counter()
         if not (scheduler_output.scheduled or scheduler_output.preempted):  # only finished requests to forget
             return outputs
         core_outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        updated_at = time.perf_counter()
         new_outputs, stopped = self.output_processor.process(core_outputs)
         self.scheduler.finish_requests(list(stopped), "stop", stopped)
         finished = {c.request_id: c.finish_reason for c in core_outputs if c.finish_reason is not None}
         finished.update(dict.fromkeys(stopped, "stop"))
-        record = StepRecord(self.num_steps, time.perf_counter() - start, scheduler_output, runner_output,
-                            core_outputs, finished, self.kv.drain_events())
+        end = time.perf_counter()
+        record = StepRecord(self.num_steps, end - start, scheduler_output, runner_output, core_outputs, finished,
+                            self.kv.drain_events(), {"schedule": scheduled_at - start, "run": ran_at - scheduled_at,
+                                                     "update": updated_at - ran_at, "output": end - updated_at})
         for observe in self.observers:
             observe(self, record)
         return outputs + new_outputs

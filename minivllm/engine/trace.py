@@ -30,6 +30,9 @@ class StepRecord:
     core_outputs: list[EngineCoreOutput]
     finished: dict[str, str]  # request id -> finish reason (token stops and stop strings)
     kv_events: list[tuple[str, str, int]]  # ("alloc"|"hit"|"free"|"swap_out"|"swap_in", request id, block id)
+    # wall seconds of each part of the step: schedule, run (the runner; its forward pass is in runner_output),
+    # update (scheduler bookkeeping), output (detokenize, stop strings, RequestOutputs)
+    phase_seconds: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

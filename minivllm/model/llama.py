@@ -61,14 +61,14 @@ class Attention(nn.Module):
         self.scale = self.head_dim**-0.5
         self.backend = backend
 
-    def forward(self, x, positions, rotary, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, x, rope, rotary, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split(self.shard_sizes, dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(positions, q, k)
+        q, k = rotary(rope, q, k)
         o = self.backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
         return self.o_proj(o.flatten(1))
 
@@ -103,12 +103,12 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, fused)
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, fused)
 
-    def forward(self, x, residual, positions, rotary, kv_cache, meta) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x, residual, rope, rotary, kv_cache, meta) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:  # the first layer: nothing to add yet
             x, residual = self.input_layernorm(x), x
         else:
             x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(x, positions, rotary, kv_cache, meta)
+        x = self.self_attn(x, rope, rotary, kv_cache, meta)
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
 
@@ -137,8 +137,10 @@ class LlamaForCausalLM(nn.Module):
                 meta: AttentionMetadata) -> torch.Tensor:
         """input_ids, positions: [T]; kv_caches: [layers, 2, blocks, block_size, kv_heads, dim] -> [T, hidden]."""
         x, residual = self.model.embed_tokens(input_ids), None
+        rotary = self.model.rotary_emb
+        rope = rotary.for_positions(positions, x.dtype)  # the same cos/sin rows for every layer
         for layer, kv_cache in zip(self.model.layers, kv_caches):
-            x, residual = layer(x, residual, positions, self.model.rotary_emb, kv_cache, meta)
+            x, residual = layer(x, residual, rope, rotary, kv_cache, meta)
         return self.model.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,7 @@ import torch
 from safetensors import safe_open
 
 from minivllm.model.llama import LlamaForCausalLM
+from minivllm.model.packed_linear import pack_linears, packing_applies
 
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
 # checkpoint name -> (our fused parameter, which shard of it)
@@ -138,6 +139,8 @@ def load_model(path: str | Path, cfg: ModelConfig, backend, dtype: torch.dtype, 
         raise ValueError(f"{path}: checkpoint is missing weights: {', '.join(missing[:5])}"
                          + (" ..." if len(missing) > 5 else ""))
     model.model.rotary_emb.build()
+    if packing_applies(device, dtype):  # the CPU fast path: oneDNN's blocked bf16 weights (packed_linear.py)
+        pack_linears(model)
     return model.eval()
 
 

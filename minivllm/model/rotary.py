@@ -48,9 +48,18 @@ class RotaryEmbedding(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos_sin = torch.stack((emb.cos(), emb.sin()), dim=1)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        """q: [T, heads, dim], k: [T, kv_heads, dim]; each token rotated by its own position."""
+    def for_positions(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """What every layer needs to rotate this step's tokens, looked up once per step rather than per layer:
+        each token's cos and sin rows [T, 1, dim] (the fused kernel reads the positions and the table itself)."""
         if self.kernel is not None:
-            return self.kernel(positions, q, k, self.cos_sin)
-        cos, sin = self.cos_sin[positions].to(q.dtype).unsqueeze(2).unbind(1)
+            return positions, self.cos_sin
+        cos, sin = self.cos_sin[positions].to(dtype).unsqueeze(2).unbind(1)
+        return cos, sin
+
+    def forward(self, rope: tuple[torch.Tensor, torch.Tensor], q: torch.Tensor, k: torch.Tensor):
+        """q: [T, heads, dim], k: [T, kv_heads, dim]; each token rotated by its own position (`rope` from
+        for_positions)."""
+        if self.kernel is not None:
+            return self.kernel(*rope[:1], q, k, rope[1])
+        cos, sin = rope
         return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin

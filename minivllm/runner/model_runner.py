@@ -26,6 +26,7 @@ from minivllm.core.kv_sizing import (
     num_blocks_for_budget,
 )
 from minivllm.core.step_io import RunnerOutput, SchedulerOutput, TokenLogprobs
+from minivllm.cpu_platform import CpuThreadSizer
 from minivllm.model import load_model
 from minivllm.runner.request_state import RequestState
 from minivllm.sampling import Sampler, SamplingBatch
@@ -82,6 +83,12 @@ class ModelRunner:
             self.device = torch.device("cuda", torch.cuda.current_device())  # device checks would never match
         self.model_config = mc = config.model_config
         self.dtype = config.dtype
+        self.thread_sizer = None  # CPU: follows the cores other processes leave free
+        if self.device.type == "cpu":
+            if config.cpu_threads:
+                torch.set_num_threads(config.cpu_threads)
+            else:
+                self.thread_sizer = CpuThreadSizer()
         self.backend = get_attention_backend(config.attention_backend, config.device,
                                              config.hooks.online_softmax_update)
         self.model = load_model(config.model, mc, self.backend, self.dtype, config.device)
@@ -227,6 +234,8 @@ class ModelRunner:
         """Run one step: the tokens each request gets (accepted drafts + 1; none for a prefill chunk), their
         logprobs where asked, and, with a drafter, the drafts the next step will verify."""
         self._update_states(sched)
+        if self.thread_sizer is not None:
+            self.thread_sizer.update()
         self.swap_blocks(sched)
         if not sched.scheduled:  # nothing to compute: only finished requests to forget
             return RunnerOutput()
@@ -235,12 +244,14 @@ class ModelRunner:
                              s.spec_token_ids, st.params.prompt_logprobs is not None
                              and s.num_computed_before < st.num_prompt_tokens - 1)
                  for s, st in zip(sched.scheduled, states)]
+        start = time.perf_counter()
         logits, counts = self.forward(items)
+        forward_seconds = time.perf_counter() - start
         ends = list(itertools.accumulate(counts))  # each request's logit rows end here
         # the rows each request samples from: its last one, or the last 1 + k when it verifies k drafts
         sample_rows = [range(ends[i] - (1 + len(it.spec_token_ids)), ends[i]) if it.samples else range(0)
                        for i, it in enumerate(items)]
-        out = RunnerOutput()
+        out = RunnerOutput(forward_seconds=forward_seconds)
         raw = self._prompt_logprobs_and_raw(logits, items, states, ends, sample_rows, out)
         if sched.grammar_bitmask is not None:  # structured output: invalid continuations are -inf
             index = {st.request_id: i for i, st in enumerate(states)}

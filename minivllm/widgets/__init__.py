@@ -11,6 +11,7 @@ imported only where a figure is drawn):
     graphs:    graph_batch_html                                    (a CUDA-graph decode step's padded buffers)
     memory:    fork_rows, fork_html, swap_totals                   (beam forks and copy-on-write; swaps)
     figures:   figure_png, show                                    (a Figure as PNG bytes; shown in a notebook)
+    step_time: step_time_breakdown, step_time_figure               (host vs model time per step, measured)
 Widgets (ipywidgets, the `notebook` extra): JourneyStepper, BlockTableViewer, SpeculationStepper. They live in
 `ui`, which is imported on first use of one of those names, so `import minivllm.widgets` needs no ipywidgets.
 """
@@ -22,6 +23,7 @@ from minivllm.widgets.graphs import graph_batch_html
 from minivllm.widgets.journey import step_html
 from minivllm.widgets.memory import ForkRow, fork_html, fork_rows, swap_totals
 from minivllm.widgets.speculation import SpecRound, spec_rounds, speculation_html
+from minivllm.widgets.step_time import host_share, step_time_breakdown, step_time_figure
 from minivllm.widgets.timelines import Timeline, timeline, timeline_figure
 from minivllm.widgets.traces import relabel_requests
 from minivllm.widgets.workloads import Arrival, Occupancy, Recording, kv_occupancy, new_steps, run_arrivals
@@ -45,4 +47,5 @@ __all__ = ["ForkRow", "fork_html", "fork_rows", "swap_totals",
            "Arrival", "BlockCell", "BlockTableViewer", "JourneyStepper", "Occupancy", "Recording", "SpecRound",
            "SpeculationStepper", "Timeline", "block_table_figure", "block_table_html", "figure_png", "graph_batch_html",
            "kv_occupancy", "new_steps", "pool_cells", "relabel_requests", "request_colors", "request_ids",
-           "run_arrivals", "show", "spec_rounds", "speculation_html", "step_html", "timeline", "timeline_figure"]
+           "run_arrivals", "show", "spec_rounds", "speculation_html", "step_html", "timeline", "timeline_figure",
+           "host_share", "step_time_breakdown", "step_time_figure"]

@@ -1,0 +1,104 @@
+"""bf16 on CPU: dtype="auto" picks it where the CPU has native bf16, and its outputs track transformers' in bf16.
+
+The check for bf16 (documented in bench/RESULTS.md): both engines compute in bf16 with fp32 accumulation, but
+not in the same order (fused q/k/v and gate/up matmuls, oneDNN's packed weights, a different attention kernel),
+so equality is not expected. At every prompt and completion position, the logprob of the token there and of
+the top 3 must be within LOGPROB_TOL of transformers' bf16 log-softmax. The fp32 suite asserts 1e-4. This check
+caught a real bug while it was written (a decode group sized by the wrong request's context) that fp32 greedy
+tokens on other prompts had not.
+"""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minivllm import LLM, EngineConfig, SamplingParams
+from minivllm.cpu_platform import CpuThreadSizer, cpu_has_native_bf16, default_cpu_dtype
+from minivllm.model.packed_linear import PackedLinear, pack_linears, packing_applies
+
+LOGPROB_TOL = 0.1  # nats; measured: up to 0.078 (llama) and 0.064 (qwen3); transformers' own bf16 vs fp32: 0.22
+PROMPTS = [[1, 2, 3, 4, 5], list(range(7, 40)), [100, 3], list(range(200, 250, 3))]
+
+
+def test_auto_is_bf16_exactly_where_the_cpu_has_it(monkeypatch):
+    monkeypatch.delenv("MINIVLLM_CPU_DTYPE", raising=False)
+    assert default_cpu_dtype() == (torch.bfloat16 if cpu_has_native_bf16() else torch.float32)
+    monkeypatch.setenv("MINIVLLM_CPU_DTYPE", "float32")
+    assert default_cpu_dtype() == torch.float32
+    monkeypatch.setenv("MINIVLLM_CPU_DTYPE", "fp8")
+    with pytest.raises(ValueError, match="MINIVLLM_CPU_DTYPE"):
+        default_cpu_dtype()
+
+
+def test_auto_resolves_per_cpu_and_explicit_dtypes_win(llama_path, monkeypatch):
+    monkeypatch.delenv("MINIVLLM_CPU_DTYPE", raising=False)
+    auto = EngineConfig(model=str(llama_path), device="cpu").resolve().dtype
+    assert auto == (torch.bfloat16 if cpu_has_native_bf16() else torch.float32)
+    assert EngineConfig(model=str(llama_path), device="cpu", dtype="float32").resolve().dtype == torch.float32
+
+
+@pytest.mark.skipif(not packing_applies("cpu", torch.bfloat16), reason="no native bf16 / oneDNN on this CPU")
+def test_packed_linear_equals_f_linear():
+    gen = torch.Generator().manual_seed(0)
+    for bias in (False, True):
+        linear = torch.nn.Linear(96, 200, bias=bias).to(torch.bfloat16)
+        packed = PackedLinear(linear, tied=False, batch_hint=64)
+        for rows in (1, 7, 64, 300):
+            x = torch.randn(rows, 96, generator=gen).to(torch.bfloat16)
+            torch.testing.assert_close(packed(x), F.linear(x, linear.weight, linear.bias), atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.skipif(not packing_applies("cpu", torch.bfloat16), reason="no native bf16 / oneDNN on this CPU")
+def test_packing_keeps_tied_weights_and_true_parameter_counts():
+    emb = torch.nn.Embedding(50, 16).to(torch.bfloat16)
+    model = torch.nn.ModuleDict({"emb": emb, "proj": torch.nn.Linear(16, 8, bias=False).to(torch.bfloat16),
+                                 "head": torch.nn.Linear(16, 50, bias=False).to(torch.bfloat16)})
+    model["head"].weight = emb.weight
+    before = sum(p.numel() for p in model.parameters())
+    assert pack_linears(model) == 2
+    assert model["head"].weight is emb.weight, "the tied head still shares the embedding's parameter"
+    assert sum(p.numel() for p in model.parameters()) == before
+
+
+def test_bf16_logprobs_track_transformers_bf16(checkpoints):
+    for kind in ("llama", "qwen3"):
+        path, _ = checkpoints[kind]
+        from transformers import AutoModelForCausalLM
+
+        hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
+        llm = LLM(str(path), dtype="bfloat16", num_kv_blocks=64)
+        assert llm.engine.runner.dtype == torch.bfloat16
+        params = SamplingParams(temperature=0, max_tokens=6, logprobs=3, prompt_logprobs=3, ignore_eos=True)
+        worst = 0.0
+        for out in llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False):
+            tokens = out.prompt_token_ids + out.outputs[0].token_ids
+            with torch.no_grad():
+                ref = torch.log_softmax(hf(torch.tensor([tokens])).logits[0].float(), dim=-1)
+            positions = [(t, out.prompt_logprobs[t]) for t in range(1, len(out.prompt_token_ids))]
+            positions += [(len(out.prompt_token_ids) + i, lp) for i, lp in enumerate(out.outputs[0].logprobs)]
+            for t, entry in positions:
+                for token_id, lp in entry.items():
+                    worst = max(worst, abs(lp.logprob - float(ref[t - 1, token_id])))
+        assert worst < LOGPROB_TOL, f"{kind}: bf16 logprobs differ from transformers' bf16 by up to {worst:.4f}"
+
+
+def test_thread_sizer_gives_way_to_a_busy_process():
+    """A process spinning on one core: the sizer drops to one thread, and comes back once it stops."""
+    if not os.path.exists("/proc/stat"):
+        pytest.skip("no /proc/stat")
+    threads = torch.get_num_threads()
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        sizer = CpuThreadSizer(max_threads=2, interval_s=0.5)
+        time.sleep(0.6)
+        assert sizer.update() == 1, "another process uses a whole core: one thread is left for us"
+    finally:
+        busy.kill()
+        busy.wait()
+        torch.set_num_threads(threads)
+    assert 1 <= sizer.update() <= 2
