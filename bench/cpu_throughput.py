@@ -3,7 +3,9 @@
 Workload (issue 2): 64 requests, prompt and output lengths uniform in [16, 256], ignore_eos, seed 0.
 Greedy decoding on both sides, so the two do identical arithmetic per token.
 
-    python bench/cpu_throughput.py [--model PATH] [--requests 64]
+    python bench/cpu_throughput.py [--model PATH] [--requests 64] [--dtype float32|bfloat16]
+
+Both engines run in `--dtype` (float32 by default, where their arithmetic is the same).
 """
 
 from __future__ import annotations
@@ -31,14 +33,15 @@ def main() -> None:
     ap.add_argument("--min-len", type=int, default=16)
     ap.add_argument("--max-len", type=int, default=256)
     ap.add_argument("--hf-batch-sizes", default="8,16,32,64")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     args = ap.parse_args()
 
-    llm = LLM(args.model, trace_steps=0)
+    llm = LLM(args.model, dtype=args.dtype, trace_steps=0)
     vocab = llm.engine.config.model_config.vocab_size
     work = make_workload(args.requests, (args.min_len, args.max_len), (args.min_len, args.max_len), vocab)
     total_out = sum(n for _, n in work)
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}")
-    print(f"model: {args.model}; {len(work)} requests, {sum(len(p) for p, _ in work)} prompt tokens, "
+    print(f"model: {args.model} ({args.dtype}); {len(work)} requests, {sum(len(p) for p, _ in work)} prompt tokens, "
           f"{total_out} output tokens")
 
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in work]
@@ -55,7 +58,7 @@ def main() -> None:
 
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype)).eval()
     transformers_throughput(hf, work[:16], 16)  # the same warm-up
     best = (0.0, 0, 0.0)
     for bs in [int(b) for b in args.hf_batch_sizes.split(",")]:

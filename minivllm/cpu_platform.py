@@ -46,6 +46,13 @@ def default_cpu_dtype() -> torch.dtype:
     return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
 
 
+@functools.cache  # read before any sizer changes it: a later engine must not inherit a busy moment's count
+def torch_default_threads() -> int:
+    """torch's own thread count (its physical cores, or OMP_NUM_THREADS), capped by the CPUs we may run on."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return min(cores, torch.get_num_threads())
+
+
 class CpuThreadSizer:
     """Sizes torch's intra-op threads to the cores other processes leave free, re-checked every `interval_s`.
 
@@ -53,15 +60,18 @@ class CpuThreadSizer:
     it is part of, while its partner spins. On the shared 2-core machine of bench/RESULTS.md, 2 threads at batch 1
     went from 27 ms to over 1 s per step when other jobs were running, while 1 thread took 40 ms. So every few
     seconds this reads how much CPU time the whole machine spent (/proc/stat) minus our own process's, and uses
-    the cores that are left (at least 1, at most `max_threads`). Where /proc/stat is missing it changes nothing.
+    the cores that are left on the machine (at least 1, at most `max_threads`). Without /proc/stat it changes
+    nothing.
     """
 
-    def __init__(self, max_threads: int | None = None, interval_s: float = 2.0) -> None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        self.max_threads = max_threads or min(cores, torch.get_num_threads())
+    def __init__(self, fixed: int | None = None, max_threads: int | None = None, interval_s: float = 2.0) -> None:
+        """`fixed`: use exactly this many threads, never resized (EngineConfig.cpu_threads)."""
+        self.max_threads = max_threads or torch_default_threads()
         self.interval_s = interval_s
+        if fixed:
+            torch.set_num_threads(fixed)
         self.threads = torch.get_num_threads()
-        self._last = self._sample()
+        self._last = None if fixed else self._sample()
 
     @staticmethod
     def _sample() -> tuple[float, float, float] | None:
@@ -81,8 +91,8 @@ class CpuThreadSizer:
         now = self._sample()
         wall, busy, ours = (a - b for a, b in zip(now, self._last))
         self._last = now
-        others = max(0.0, (busy - ours) / wall)  # cores' worth of CPU the other processes used
-        threads = max(1, min(self.max_threads, round(self.max_threads - others)))
+        others = max(0.0, (busy - ours) / wall)  # cores' worth of CPU the other processes used, machine-wide
+        threads = max(1, min(self.max_threads, round((os.cpu_count() or 1) - others)))
         if threads != self.threads:
             torch.set_num_threads(threads)
             self.threads = threads

@@ -88,17 +88,22 @@ def test_bf16_logprobs_track_transformers_bf16(checkpoints):
 
 
 def test_thread_sizer_gives_way_to_a_busy_process():
-    """A process spinning on one core: the sizer drops to one thread, and comes back once it stops."""
-    if not os.path.exists("/proc/stat"):
-        pytest.skip("no /proc/stat")
+    """Processes spinning on all cores but one: the sizer drops to one thread; cpu_threads=N fixes N."""
+    cores = os.cpu_count() or 1
+    if not os.path.exists("/proc/stat") or not 2 <= cores <= 8:
+        pytest.skip("needs /proc/stat and 2 to 8 cores (all but one are kept busy)")
     threads = torch.get_num_threads()
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores - 1)]
     try:
         sizer = CpuThreadSizer(max_threads=2, interval_s=0.5)
-        time.sleep(0.6)
-        assert sizer.update() == 1, "another process uses a whole core: one thread is left for us"
+        time.sleep(0.8)
+        assert sizer.update() == 1, "other processes hold all cores but one: one thread is left for us"
     finally:
-        busy.kill()
-        busy.wait()
+        for proc in busy:
+            proc.kill()
+            proc.wait()
         torch.set_num_threads(threads)
     assert 1 <= sizer.update() <= 2
+    fixed = CpuThreadSizer(fixed=1)
+    assert torch.get_num_threads() == 1 and fixed.update() == 1
+    torch.set_num_threads(threads)

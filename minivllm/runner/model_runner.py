@@ -83,12 +83,8 @@ class ModelRunner:
             self.device = torch.device("cuda", torch.cuda.current_device())  # device checks would never match
         self.model_config = mc = config.model_config
         self.dtype = config.dtype
-        self.thread_sizer = None  # CPU: follows the cores other processes leave free
-        if self.device.type == "cpu":
-            if config.cpu_threads:
-                torch.set_num_threads(config.cpu_threads)
-            else:
-                self.thread_sizer = CpuThreadSizer()
+        # CPU: torch's threads follow the cores other processes leave free, unless cpu_threads fixes them
+        self.thread_sizer = CpuThreadSizer(fixed=config.cpu_threads) if self.device.type == "cpu" else None
         self.backend = get_attention_backend(config.attention_backend, config.device,
                                              config.hooks.online_softmax_update)
         self.model = load_model(config.model, mc, self.backend, self.dtype, config.device)

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import torch
 
+from minivllm.sampling.sampler import first_argmax
+
 
 def verify_greedy(target_logits: torch.Tensor, draft: list[int]) -> list[int]:
     """target_logits: [k+1, vocab] at the positions of the last token and each draft -> tokens to append."""
-    best = target_logits.argmax(dim=-1).tolist()
+    best = first_argmax(target_logits).tolist()
     out = []
     for i, d in enumerate(draft):
         out.append(best[i])
