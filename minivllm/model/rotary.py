@@ -60,6 +60,7 @@ class RotaryEmbedding(nn.Module):
         """q: [T, heads, dim], k: [T, kv_heads, dim]; each token rotated by its own position (`rope` from
         for_positions)."""
         if self.kernel is not None:
-            return self.kernel(*rope[:1], q, k, rope[1])
+            positions, table = rope
+            return self.kernel(positions, q, k, table)
         cos, sin = rope
         return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
