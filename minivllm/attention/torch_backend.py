@@ -85,7 +85,7 @@ def attend_batched(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     if key not in meta.group_plans:
         meta.group_plans[key] = _plan_groups(meta, reqs, m, group, k_cache.shape[1])
     plan = meta.group_plans[key]
-    if len(plan) == 1 and plan[0][0] is None:  # one group, in batch order: no rows to pick or scatter
+    if plan[0][0] is None:  # one group, in batch order: no rows to pick or scatter
         return _attend_group(q, k_cache, v_cache, plan[0][1], plan[0][2], scale)
     out = torch.empty_like(q)
     for rows, block_ids, mask in plan:

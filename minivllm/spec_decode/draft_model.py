@@ -23,7 +23,7 @@ from minivllm.model import read_model_config
 from minivllm.request import Request
 from minivllm.runner.model_runner import ForwardItem, ModelRunner
 from minivllm.runner.request_state import RequestState
-from minivllm.sampling.sampler import SamplingBatch, processed_probs
+from minivllm.sampling.sampler import SamplingBatch, first_argmax, processed_probs
 from minivllm.spec_decode.proposer import Draft
 
 
@@ -106,7 +106,7 @@ class DraftModelProposer:
         batch = SamplingBatch.build([r.params for r in requests], [r.token_ids for r in requests], self.runner.device)
         probs = None if batch.all_greedy else processed_probs(logits, batch)
         tokens, dists = [], []
-        argmax = logits.argmax(dim=-1).tolist()  # one device-to-host copy for all greedy rows
+        argmax = first_argmax(logits).tolist()  # one device-to-host copy for all greedy rows
         for i, req in enumerate(requests):
             if req.params.greedy:
                 tokens.append(argmax[i])
