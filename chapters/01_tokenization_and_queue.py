@@ -37,7 +37,7 @@ import inspect
 from IPython.display import HTML, display
 
 from minivllm import LLM, SamplingParams, widgets
-from minivllm.request import RequestStatus
+from minivllm.sequence import SequenceStatus
 from minivllm.tokenizer import Tokenizer
 
 llm = LLM()
@@ -128,7 +128,7 @@ for req in engine.scheduler.waiting:
     print(f"{req.request_id:6s} {req.status.value:8s} prompt ids {req.prompt_token_ids}  "
           f"computed tokens {req.num_computed_tokens}")
 assert [r.request_id for r in engine.scheduler.waiting] == names
-assert all(r.status == RequestStatus.WAITING and r.num_computed_tokens == 0 for r in engine.scheduler.waiting)
+assert all(r.status == SequenceStatus.WAITING and r.num_computed_tokens == 0 for r in engine.scheduler.waiting)
 assert engine.scheduler.running == []
 
 # %%

@@ -115,6 +115,23 @@ assert all(len(o.outputs[0].token_ids) == n for o, (_, n) in zip(
 print(inspect.getsource(Scheduler.schedule))
 
 # %% [markdown]
+# The scheduler's decision then goes to the model runner as plain data (a `SchedulerOutput`). The runner's
+# side of the step is a fixed list of phases over one record per scheduled sequence (a `StepRow`): each
+# phase reads the rows, does one thing, and writes its result onto them (`raw_logprobs`, from
+# `runner/logprobs.py`, reads the logits before anything changes them). This is the whole step, as it runs:
+
+# %%
+from minivllm.runner.model_runner import ModelRunner
+
+print(inspect.getsource(ModelRunner.execute))
+phases = ["update_states", "step_rows", "forward", "mask_grammar", "sample", "verify_drafts", "commit", "propose"]
+for name in phases:
+    lines = len(inspect.getsource(getattr(ModelRunner, name)).splitlines())
+    print(f"  ModelRunner.{name:<14} {lines:3d} lines   {inspect.getdoc(getattr(ModelRunner, name)).splitlines()[0]}")
+body = inspect.getsource(ModelRunner.execute)
+assert [body.index(f"self.{name}(") for name in phases] == sorted(body.index(f"self.{name}(") for name in phases)
+
+# %% [markdown]
 # Sixteen prompts of 150 tokens arrive together: 2400 tokens, more than one step's 2048. The first step
 # prefills as many as fit, first come first served, and starts the next one with whatever budget is left
 # (a chunk); the second step finishes that chunk and prefills the rest.

@@ -77,7 +77,8 @@ for mode, r in runs.items():
     print(f"{mode:9s}: {s['num_preemptions']} preemptions, {s['num_steps']} steps, "
           f"{s['num_prefill_tokens_computed']} prefill tokens computed (without pressure: "
           f"{roomy['stats']['num_prefill_tokens_computed']}), {s['num_blocks_swapped_out']} blocks swapped out, "
-          f"{r['runner'].swap_bytes / 2**20:.2f} MiB moved in {r['runner'].swap_seconds * 1e3:.1f} ms; "
+          f"{r['runner'].block_copier.swap_bytes / 2**20:.2f} MiB moved in "
+          f"{r['runner'].block_copier.swap_seconds * 1e3:.1f} ms; "
           f"{r['seconds']:.2f} s")
 print("outputs identical to the run without pressure: True")
 
@@ -139,8 +140,8 @@ for _ in range(2):
     prefill_per_token = (time.perf_counter() - start) / 256
 print(f"this machine ({runner.device}): {params / 1e6:.1f}M parameters, {bytes_per_token:.0f} bytes of KV per token")
 print(f"  swap:      {bandwidth / 1e9:.1f} GB/s -> {2 * bytes_per_token / bandwidth * 1e6:.3f} µs per token "
-      f"(out and back in); the engine's own swaps: {runner.swap_bytes / 2**20:.2f} MiB in "
-      f"{runner.swap_seconds * 1e3:.1f} ms (small copies: per-call overhead dominates)")
+      f"(out and back in); the engine's own swaps: {runner.block_copier.swap_bytes / 2**20:.2f} MiB in "
+      f"{runner.block_copier.swap_seconds * 1e3:.1f} ms (small copies: per-call overhead dominates)")
 print(f"  recompute: {prefill_per_token * 1e6:.1f} µs per token of prefill")
 llama8b_bytes, llama8b_flops = 2 * 32 * 8 * 128 * 2, 2 * 8e9
 print(f"8B model on an H100: swap over PCIe {2 * llama8b_bytes / 25e9 * 1e6:.1f} µs per token, "

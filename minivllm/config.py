@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "data" / "models" / "minivllm-tiny"
 DEFAULT_DRAFT_MODEL = DEFAULT_MODEL.parent / "minivllm-tiny-draft"  # its speculative-decoding partner
+NGRAM = "[ngram]"  # speculative_model's name for n-gram (prompt lookup) drafting: no draft model at all
 
 
 @dataclass
@@ -47,7 +48,7 @@ class EngineConfig:
     seed: int = 0
     cpu_threads: int | None = None  # CPU only: None sizes torch's threads to the cores left free (cpu_platform.py)
     trace_steps: int = 1000  # how many recent steps the step trace keeps (0: none)
-    speculative_model: str | Path | None = None  # a draft checkpoint (or Hub id), "[ngram]", or None (off)
+    speculative_model: str | Path | None = None  # a draft checkpoint (or Hub id), NGRAM, or None (off)
     num_speculative_tokens: int = 0
     prompt_lookup_max: int = 4  # n-gram drafting: the longest and shortest suffix looked up
     prompt_lookup_min: int = 1
@@ -86,7 +87,7 @@ class EngineConfig:
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
         if not isinstance(self.swap_space, (int, float)) or self.swap_space < 0:
             raise ValueError(f"swap_space must be a non-negative number of GiB, got {self.swap_space!r}")
-        if self.preemption_mode == "swap" and self.speculative_model not in (None, "[ngram]"):
+        if self.preemption_mode == "swap" and self.speculative_model not in (None, NGRAM):
             raise ValueError("preemption_mode='swap' does not swap a draft model's cache: use 'recompute' "
                              "with a draft speculative_model")
         if self.device == "auto":
@@ -109,7 +110,7 @@ class EngineConfig:
         tokenizer = (model if self.tokenizer is None else
                      resolve_model_path(self.tokenizer, self.tokenizer_revision, self.download_dir, "tokenizer"))
         draft = self.speculative_model
-        if draft not in (None, "[ngram]"):
+        if draft not in (None, NGRAM):
             draft = resolve_model_path(draft, None, self.download_dir, "draft model")
         mc = self.model_config or read_model_config(model)
         dtype = self.resolve_dtype(mc.torch_dtype)

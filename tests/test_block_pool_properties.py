@@ -17,7 +17,7 @@ from minivllm.core.block_pool import BlockPool
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.kv_sizing import kv_bytes_per_block
 from minivllm.engine.beam_search import BeamSearch, BeamSearchParams
-from minivllm.request import RequestStatus
+from minivllm.sequence import SequenceStatus
 from tests.conftest import build_checkpoint
 
 
@@ -56,7 +56,7 @@ def check_invariants(kv: KVCacheManager, scheduler) -> None:
     for h, b in pool.cached.items():
         assert pool.blocks[b].block_hash == h
     assert {r.request_id for r in scheduler.running} <= set(kv.block_tables)
-    assert all(r.status == RequestStatus.RUNNING for r in scheduler.running)
+    assert all(r.status == SequenceStatus.RUNNING for r in scheduler.running)
     for r in scheduler.running:
         assert len(kv.block_tables[r.request_id]) * kv.block_size >= r.num_computed_tokens
         assert r.num_computed_tokens <= r.num_tokens
@@ -159,7 +159,7 @@ def test_beam_search_under_a_tiny_pool_never_leaks(tiny_path, w):
     assert [len(o.sequences) for o in outs] == [w["width"]] * len(prompts)
     assert all(len(s.tokens) == len(p) + max_tokens for o, p in zip(outs, prompts) for s in o.sequences)
     assert engine.kv.num_free_blocks == w["num_blocks"] and not engine.kv.block_tables
-    assert not engine.scheduler.requests and not engine.runner.requests
+    assert not engine.scheduler.requests and not engine.runner.sequences
     assert engine.swap.num_free_blocks == engine.swap.num_blocks
     event(f"preempted: {engine.scheduler.num_preemptions > 0}, copied on write: {engine.kv.num_cow_copies > 0}")
 

@@ -11,7 +11,7 @@ from minivllm.core.block_pool import BlockPool
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.scheduler import Scheduler
 from minivllm.core.swap import SwapSpace
-from minivllm.request import Request
+from minivllm.sequence import Sequence
 from tests.conftest import hf_greedy
 
 PROMPTS = [[(7 * i + j) % 200 + 1 for j in range(14 + i)] for i in range(5)]
@@ -58,7 +58,7 @@ def test_priority_orders_the_waiting_queue_with_ties_by_arrival():
     kv = KVCacheManager(8, 4)
     sched = Scheduler(kv, policy="priority")
     for rid, prio, t in [("a", 2, 0.0), ("b", 0, 1.0), ("c", 2, 2.0), ("d", 1, 3.0), ("e", 0, 4.0)]:
-        sched.add(Request(rid, [1, 2], greedy(1), arrival_time=t, priority=prio))
+        sched.add(Sequence(rid, [1, 2], greedy(1), arrival_time=t, priority=prio))
     assert [r.request_id for r in sched.waiting] == ["b", "e", "d", "a", "c"]
 
 
@@ -113,7 +113,7 @@ def test_swap_and_recompute_match_unpressured_runs(llama_path, backend):
         if mode == "swap":
             assert stats["num_blocks_swapped_out"] == stats["num_blocks_swapped_in"] > 0
             assert stats["num_free_host_blocks"] == stats["num_total_host_blocks"]
-            assert eng.runner.swap_bytes == 2 * stats["num_blocks_swapped_in"] * eng.runner.bytes_per_block
+            assert eng.runner.block_copier.swap_bytes == 2 * stats["num_blocks_swapped_in"] * eng.runner.bytes_per_block
         results[mode + "_prefill"] = stats["num_prefill_tokens_computed"]
     assert results["recompute"] == reference
     assert results["swap"] == reference
@@ -156,11 +156,11 @@ def test_abort_while_swapped_out_frees_host_blocks(llama_path):
 def test_swap_space_unit():
     kv = KVCacheManager(4, 2, enable_prefix_caching=False)
     swap = SwapSpace(3)
-    req = Request("r", [1, 2, 3, 4, 5], greedy(4))
+    req = Sequence("r", [1, 2, 3, 4, 5], greedy(4))
     assert kv.allocate(req, 5)
     req.num_computed_tokens = 5
     assert swap.swap_out(kv, req) == [(0, 0), (1, 1), (2, 2)] and kv.num_free_blocks == 4
-    other = Request("o", [1] * 7, greedy(1))
+    other = Sequence("o", [1] * 7, greedy(1))
     assert kv.allocate(other, 7)  # someone else takes the GPU blocks meanwhile
     assert swap.swap_in(kv, req, 1) is None  # no room yet: nothing changes
     assert swap.is_swapped(req) and swap.num_free_blocks == 0
@@ -201,7 +201,7 @@ def test_widgets_draw_swaps_forks_and_copies(llama_path):
     trace = list(eng.trace)
     totals = widgets.swap_totals(trace)
     assert totals["blocks_out"] == totals["blocks_in"] == eng.stats()["num_blocks_swapped_out"] > 0
-    assert totals["bytes"] == eng.runner.swap_bytes
+    assert totals["bytes"] == eng.runner.block_copier.swap_bytes
     assert widgets.timeline(trace).count("swapped out") == sum(len(t.swapped_out) for t in trace)
 
     llm = LLM(llama_path, block_size=4, num_kv_blocks=64)

@@ -5,7 +5,7 @@ import pytest
 from minivllm import LLM, SamplingParams
 from minivllm.core.block_hash import extend_block_hashes, hash_block
 from minivllm.core.kv_cache_manager import KVCacheManager
-from minivllm.request import Request
+from minivllm.sequence import Sequence
 
 SYSTEM = list(range(10, 43))  # 33 tokens: 8 full blocks of 4, then one more token
 
@@ -129,9 +129,9 @@ def test_lru_eviction_under_memory_pressure(llama_path):
 
 def test_manager_refuses_without_side_effects():
     kv = KVCacheManager(num_blocks=4, block_size=4)
-    a = Request("a", list(range(12)), greedy())
+    a = Sequence("a", list(range(12)), greedy())
     assert kv.allocate(a, 12)
-    b = Request("b", list(range(12)), greedy())
+    b = Sequence("b", list(range(12)), greedy())
     assert not kv.allocate(b, 12)
     assert "b" not in kv.block_tables and kv.num_free_blocks == 1
 

@@ -68,7 +68,7 @@ def test_abort_frees_both_caches(models):
     assert eng.stats()["num_free_blocks"] == eng.stats()["num_total_blocks"]
     eng.step()  # nothing to run: the runner only forgets the requests that finished last step
     assert draft.kv.num_free_blocks == draft.kv.pool.num_blocks and not draft.shadows
-    assert not eng.runner.requests
+    assert not eng.runner.sequences
 
 
 def test_self_drafting_needs_fewer_steps(models):

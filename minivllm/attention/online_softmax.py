@@ -17,6 +17,7 @@ import torch
 
 from minivllm.attention.metadata import AttentionMetadata
 from minivllm.attention.torch_backend import TorchAttentionBackend, store_kv
+from minivllm.utils import cdiv
 
 State = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -43,7 +44,7 @@ def blockwise_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         m = torch.full((num_heads,), float("-inf"), device=q.device)
         l = torch.zeros(num_heads, device=q.device)  # noqa: E741
         acc = torch.zeros(num_heads, q.shape[2], device=q.device)
-        for i in range(-(-seq_len // block_size)):
+        for i in range(cdiv(seq_len, block_size)):
             n = min(block_size, seq_len - i * block_size)  # the last block may be partly filled
             k = k_cache[tables[b][i], :n].float().repeat_interleave(group, dim=1).transpose(0, 1)  # [H, n, D]
             v = v_cache[tables[b][i], :n].float().repeat_interleave(group, dim=1).transpose(0, 1)

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from minivllm.attention.metadata import AttentionMetadata
+from minivllm.utils import cdiv
 
 
 def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -34,7 +35,7 @@ def gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
 
 def gather_context(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
     """One request's K (or V) for positions 0..seq_len-1, read block by block: [seq_len, kv_heads, dim]."""
-    num_blocks = -(-seq_len // cache.shape[1])
+    num_blocks = cdiv(seq_len, cache.shape[1])
     return gather_blocks(cache, block_table[:num_blocks])[:seq_len]
 
 
@@ -106,11 +107,11 @@ def _plan_groups(meta: AttentionMetadata, reqs: list[int], m: int, group: int, b
         num_groups = 1
     by_length = sorted(range(len(reqs)), key=lambda i: meta.seq_lens_cpu[reqs[i]]) if num_groups > 1 else \
         list(range(len(reqs)))
-    size, plan = -(-len(by_length) // num_groups), []
+    size, plan = cdiv(len(by_length), num_groups), []
     for start in range(0, len(by_length), size):
         rows = by_length[start : start + size]
         batch = torch.tensor([reqs[i] for i in rows], device=dev)
-        width = -(-max(meta.seq_lens_cpu[reqs[i]] for i in rows) // block_size)  # the longest context's blocks
+        width = cdiv(max(meta.seq_lens_cpu[reqs[i]] for i in rows), block_size)  # the longest context's blocks
         block_ids = meta.block_tables[batch, :width].long()
         # query i of a request sits at position seq_len - m + i and sees the keys up to there
         last_visible = meta.seq_lens[batch][:, None] - m + torch.arange(m, device=dev)[None, :]  # [B, m]

@@ -11,12 +11,21 @@ copy first (copy-on-write) and records the (src, dst) pair, which the runner cop
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from typing import NamedTuple
 
 from minivllm.core.block_hash import extend_block_hashes, hash_block
 from minivllm.core.block_pool import BlockPool
 from minivllm.hooks import EngineHooks
-from minivllm.request import Request
+from minivllm.sequence import Sequence
+from minivllm.utils import cdiv
+
+
+class KVEvent(NamedTuple):
+    """One thing that happened to a block in a step, for the trace the widgets draw."""
+
+    kind: str  # "alloc", "hit" (prefix cache), "free", "fork", "cow" (copy-on-write), "swap_out", "swap_in"
+    request_id: str  # the sequence's id
+    block_id: int
 
 
 class KVCacheManager:
@@ -30,7 +39,7 @@ class KVCacheManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.block_tables: dict[str, list[int]] = {}
         self.num_registered: dict[str, int] = {}  # how many of a request's blocks the pool knows by name
-        self.events: list[tuple[str, str, int]] = []  # (alloc|hit|free|fork|cow|swap_*, request, block)
+        self.events: list[KVEvent] = []  # since the last step, drained into its record
         self.prefix_cache_queries = 0  # prompt tokens looked up
         self.prefix_cache_hits = 0  # of which found in the cache
         self.copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) pairs not yet handed to the runner
@@ -42,18 +51,18 @@ class KVCacheManager:
         return self.pool.num_free_blocks
 
     def blocks_needed(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+        return cdiv(num_tokens, self.block_size)
 
-    def find_cached_prefix(self, request: Request) -> list[int]:
+    def find_cached_prefix(self, seq: Sequence) -> list[int]:
         """Blocks already holding a prefix of this (new or preempted) request's tokens.
 
         The last token is never served from the cache: its forward pass is what yields the logits for the
         next token, so a fully cached prompt still computes one token.
         """
-        if not self.enable_prefix_caching or request.params.prompt_logprobs is not None:
+        if not self.enable_prefix_caching or seq.params.prompt_logprobs is not None:
             return []  # prompt logprobs need every prompt position's logits: nothing may be skipped (as vLLM)
-        tokens = request.all_token_ids
-        hashes = extend_block_hashes(request.block_hashes, tokens, self.block_size, self.hash_block)
+        tokens = seq.all_token_ids
+        hashes = extend_block_hashes(seq.block_hashes, tokens, self.block_size, self.hash_block)
         hits = []
         for block_hash in hashes[: (len(tokens) - 1) // self.block_size]:
             block_id = self.pool.lookup(block_hash)
@@ -62,17 +71,17 @@ class KVCacheManager:
             hits.append(block_id)
         return hits
 
-    def allocate(self, request: Request, num_new_tokens: int, cached_blocks: Sequence[int] = ()) -> bool:
+    def allocate(self, seq: Sequence, num_new_tokens: int, cached_blocks: list[int] | tuple[int, ...] = ()) -> bool:
         """Make room for `num_new_tokens` more tokens (after any `cached_blocks`); False if it can't.
 
         All or nothing: when the pool is short, nothing changes, and the scheduler decides what to preempt.
         """
-        rid = request.request_id
+        rid = seq.request_id
         table = self.block_tables.get(rid, [])
-        num_tokens = request.num_computed_tokens + len(cached_blocks) * self.block_size + num_new_tokens
+        num_tokens = seq.num_computed_tokens + len(cached_blocks) * self.block_size + num_new_tokens
         num_new_blocks = max(self.blocks_needed(num_tokens) - len(table) - len(cached_blocks), 0)
         idle_hits = sum(1 for b in cached_blocks if self.pool.blocks[b].ref_cnt == 0)
-        write_at = request.num_computed_tokens // self.block_size  # the block the first new token goes into
+        write_at = seq.num_computed_tokens // self.block_size  # the block the first new token goes into
         cow = not cached_blocks and write_at < len(table) and self.pool.blocks[table[write_at]].ref_cnt > 1
         if num_new_blocks + idle_hits + cow > self.pool.num_free_blocks:
             return False
@@ -81,42 +90,42 @@ class KVCacheManager:
             src, table[write_at] = table[write_at], self.pool.allocate()
             self.pool.free(src)
             self.copies.append((src, table[write_at]))
-            self.events.append(("cow", rid, table[write_at]))
+            self.events.append(KVEvent("cow", rid, table[write_at]))
             self.num_cow_copies += 1
         for block_id in cached_blocks:
             self.pool.touch(block_id)
             table.append(block_id)
-            self.events.append(("hit", rid, block_id))
+            self.events.append(KVEvent("hit", rid, block_id))
         for _ in range(num_new_blocks):
             table.append(self.pool.allocate())
-            self.events.append(("alloc", rid, table[-1]))
+            self.events.append(KVEvent("alloc", rid, table[-1]))
         if cached_blocks:
             self.num_registered[rid] = len(cached_blocks)
-        self._register_full_blocks(request, min(num_tokens, request.num_tokens))  # drafts are not final: skip
+        self._register_full_blocks(seq, min(num_tokens, seq.num_tokens))  # drafts are not final: skip
         return True
 
-    def _register_full_blocks(self, request: Request, num_tokens: int) -> None:
+    def _register_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
         """Give the pool the name of every block this step fills, as soon as it is scheduled.
 
-        Requests scheduled later in the same step can then share it already: each layer stores the whole
+        Sequences scheduled later in the same step can then share it already: each layer stores the whole
         batch's K/V before any attention reads it, so their queries see what this request writes.
         """
         if not self.enable_prefix_caching:
             return
-        rid = request.request_id
-        hashes = extend_block_hashes(request.block_hashes, request.all_token_ids, self.block_size,
+        rid = seq.request_id
+        hashes = extend_block_hashes(seq.block_hashes, seq.all_token_ids, self.block_size,
                                      self.hash_block)
         table, start, end = self.block_tables[rid], self.num_registered.get(rid, 0), num_tokens // self.block_size
         for i in range(start, end):
             self.pool.cache(table[i], hashes[i])
         self.num_registered[rid] = max(start, end)
 
-    def fork(self, parent_id: str, child: Request) -> None:
+    def fork(self, parent_id: str, child: Sequence) -> None:
         """Give `child` the parent's whole table by reference: one more reader per block, no copy yet."""
         table = self.block_tables[parent_id]
         for block_id in table:
             self.pool.touch(block_id)
-            self.events.append(("fork", child.request_id, block_id))
+            self.events.append(KVEvent("fork", child.request_id, block_id))
         self.block_tables[child.request_id] = list(table)
         self.num_registered[child.request_id] = self.num_registered.get(parent_id, 0)
         self.num_forked_blocks += len(table)
@@ -125,23 +134,47 @@ class KVCacheManager:
         copies, self.copies = self.copies, []
         return copies
 
-    def register_computed_blocks(self, request: Request) -> None:
-        """Name the full blocks that hold computed tokens (after a swap-in put them in fresh blocks)."""
-        self.num_registered[request.request_id] = 0
-        self._register_full_blocks(request, request.num_computed_tokens)
+    def swap_out(self, seq: Sequence) -> list[int]:
+        """Give up a sequence whose computed blocks go to host memory: returns the blocks that hold its data, in
+        order (where a copy-on-write is still pending, its source: the copy has not happened yet), then frees
+        its table; a hashed block stays in the prefix cache."""
+        rid = seq.request_id
+        used = self.block_tables.get(rid, [])[: self.blocks_needed(seq.num_computed_tokens)]
+        pending = {dst: src for src, dst in self.copies}
+        self.events += [KVEvent("swap_out", rid, b) for b in used]
+        holding = [pending.get(b, b) for b in used]
+        self.free(seq)
+        return holding
+
+    def swap_in(self, seq: Sequence, num_host_blocks: int, num_new_tokens: int) -> list[int] | None:
+        """Fresh blocks to copy a swapped sequence's `num_host_blocks` back into, plus room for `num_new_tokens`
+        more; None (nothing changed) when the pool is short. Returns the fresh blocks, in order."""
+        if self.blocks_needed(seq.num_computed_tokens + num_new_tokens) > self.num_free_blocks:
+            return None
+        rid = seq.request_id
+        table = self.block_tables.setdefault(rid, [])
+        for _ in range(num_host_blocks):
+            table.append(self.pool.allocate())
+            self.events.append(KVEvent("swap_in", rid, table[-1]))
+        fresh = list(table)
+        self.num_registered[rid] = 0
+        self._register_full_blocks(seq, seq.num_computed_tokens)  # the copies hold the same tokens: name them
+        if not self.allocate(seq, num_new_tokens):  # cannot fail: room was checked above
+            raise RuntimeError(f"swap-in of {rid}: the pool changed while it was being filled")
+        return fresh
 
     def record_prefix_lookup(self, num_prompt_tokens: int, num_hit_tokens: int) -> None:
         self.prefix_cache_queries += num_prompt_tokens
         self.prefix_cache_hits += num_hit_tokens
 
-    def free(self, request: Request) -> None:
+    def free(self, seq: Sequence) -> None:
         """Return a request's blocks, tail first, so its shared head stays cached longest."""
-        rid = request.request_id
+        rid = seq.request_id
         for block_id in reversed(self.block_tables.pop(rid, [])):
             self.pool.free(block_id)
-            self.events.append(("free", rid, block_id))
+            self.events.append(KVEvent("free", rid, block_id))
         self.num_registered.pop(rid, None)
 
-    def drain_events(self) -> list[tuple[str, str, int]]:
+    def drain_events(self) -> list[KVEvent]:
         events, self.events = self.events, []
         return events

@@ -6,6 +6,8 @@ tensors. So one block costs 2 (K and V) x layers x block_size x kv_heads x head_
 
 from __future__ import annotations
 
+from minivllm.utils import cdiv
+
 # Without a GPU there is no memory to profile; this is the KV budget used on CPU unless
 # `kv_cache_memory_bytes` says otherwise (vLLM's CPU backend has a similar fixed knob).
 DEFAULT_CPU_KV_CACHE_BYTES = 512 * 2**20
@@ -36,4 +38,4 @@ def max_useful_blocks(max_num_seqs: int, max_model_len: int, block_size: int) ->
     cached; on a GPU they would also take memory that another engine in the same notebook needs (a tiny
     model would otherwise claim 90% of the card for KV blocks it can never fill).
     """
-    return max_num_seqs * -(-max_model_len // block_size)
+    return max_num_seqs * cdiv(max_model_len, block_size)

@@ -25,20 +25,14 @@ import time
 from collections import deque
 
 from minivllm.core.kv_cache_manager import KVCacheManager
-from minivllm.core.step_io import (
-    EngineCoreOutput,
-    NewRequestData,
-    RunnerOutput,
-    ScheduledRequest,
-    SchedulerOutput,
-)
+from minivllm.core.step_io import EngineCoreOutput, NewSequenceData, RunnerOutput, ScheduledSequence, SchedulerOutput
 from minivllm.core.swap import SwapSpace
 from minivllm.hooks import EngineHooks
-from minivllm.request import Request, RequestStatus
+from minivllm.sequence import FinishReason, Sequence, SequenceStatus
 from minivllm.structured_output import StructuredOutputManager
 
 
-def fcfs_enqueue(waiting: deque[Request], request: Request, preempted: bool) -> None:
+def fcfs_enqueue(waiting: deque[Sequence], request: Sequence, preempted: bool) -> None:
     """First come, first served: a new request joins the tail; a preempted one goes back to the head, since it
     is older than everyone still waiting (so it is not overtaken by requests that arrived after it)."""
     if preempted:
@@ -47,7 +41,7 @@ def fcfs_enqueue(waiting: deque[Request], request: Request, preempted: bool) -> 
         waiting.append(request)
 
 
-def priority_enqueue(waiting: deque[Request], request: Request, preempted: bool) -> None:
+def priority_enqueue(waiting: deque[Sequence], request: Sequence, preempted: bool) -> None:
     """"priority": keep the queue sorted by (priority, arrival), a preempted request included."""
     key = request.priority_key
     waiting.insert(next((i for i, r in enumerate(waiting) if r.priority_key > key), len(waiting)), request)
@@ -78,14 +72,13 @@ class Scheduler:
         self.enable_chunked_prefill = enable_chunked_prefill
         self.policy = policy
         self.swap = swap
-        self.waiting: deque[Request] = deque()  # in policy order: the head is admitted next
-        self.running: list[Request] = []
-        self.requests: dict[str, Request] = {}  # every unfinished request, by id
+        self.waiting: deque[Sequence] = deque()  # in policy order: the head is admitted next
+        self.running: list[Sequence] = []
+        self.requests: dict[str, Sequence] = {}  # every unfinished request, by id
         self.num_preemptions = 0
         self._finished_ids: list[str] = []  # finished since the runner last heard: it drops their state
-        self._forked: list[Request] = []  # forked since the runner last heard: it learns them as new requests
 
-    def add(self, request: Request) -> None:
+    def add(self, request: Sequence) -> None:
         if request.params.structured_outputs is not None:
             if self.structured is None:
                 raise ValueError("structured outputs need a tokenizer, and this model has none")
@@ -93,7 +86,7 @@ class Scheduler:
         self.requests[request.request_id] = request
         self._enqueue(request)
 
-    def _enqueue(self, request: Request, preempted: bool = False) -> None:
+    def _enqueue(self, request: Sequence, preempted: bool = False) -> None:
         """Into the waiting queue at its place, by the policy's rule (fcfs_enqueue, priority_enqueue)."""
         self.enqueue_into(self.waiting, request, preempted)
 
@@ -110,7 +103,7 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n = min(req.num_tokens - req.num_computed_tokens, budget)
-            if n <= 0:  # a beam waiting for its siblings' logits (beam_search.py): nothing to compute
+            if n <= 0:  # a beam whose logits are in, waiting for its siblings' (beam_search.py): nothing to do
                 i += 1
                 continue
             # a decoding request with drafts verifies them in the same pass, as far as the budget allows
@@ -124,18 +117,9 @@ class Scheduler:
                 if victim is req:
                     break
             else:
-                added = self.kv.block_tables[req.request_id][num_blocks:]
-                if added:
-                    out.new_block_ids[req.request_id] = added
-                out.scheduled.append(self._entry(req, n + len(spec), spec))
+                out.scheduled.append(self._entry(req, n + len(spec), spec, num_blocks))
                 budget -= n + len(spec)
                 i += 1
-
-        for child in self._forked:  # forks the runner has not met: their whole (copied-on-write) table, once
-            if child.status is RequestStatus.RUNNING:
-                out.new_block_ids.pop(child.request_id, None)
-                out.new_requests.append(self._new_request_data(child))
-        self._forked = []
 
         # 2. Waiting requests in policy order, unless the running ones already had to preempt in this step.
         blocked = bool(out.preempted)
@@ -163,10 +147,9 @@ class Scheduler:
                 req.first_scheduled_time = time.monotonic()
                 self.kv.record_prefix_lookup(req.num_prompt_tokens, num_done)
             req.num_computed_tokens = num_done
-            req.status = RequestStatus.RUNNING
+            req.status = SequenceStatus.RUNNING
             self.running.append(req)
-            out.new_requests.append(self._new_request_data(req))
-            out.scheduled.append(self._entry(req, n, []))
+            out.scheduled.append(self._entry(req, n, [], 0))
             budget -= n
         out.blocks_to_copy = self.kv.drain_copies()
         out.finished, self._finished_ids = self._finished_ids, []
@@ -177,38 +160,40 @@ class Scheduler:
                 out.grammar_bitmask, out.grammar_rows = self.structured.bitmask(constrained)
         return out
 
-    def _new_request_data(self, req: Request) -> NewRequestData:
-        return NewRequestData(req.request_id, list(req.all_token_ids), req.num_prompt_tokens, req.params,
-                              list(self.kv.block_tables[req.request_id]), req.max_total_tokens, req.sample_seed,
-                              req.eos_token_ids)
-
-    def fork(self, parent: Request, child_id: str, token: int) -> Request:
-        """A new sequence: the parent's tokens plus `token` (beam search). A running parent's blocks are shared
-        by reference (kv.fork) and copied on write; a parent that was preempted meanwhile has none, so the
-        child waits to be computed from scratch."""
-        child = Request(child_id, parent.prompt_token_ids, parent.params, parent.eos_token_ids, parent.max_model_len,
+    def fork(self, parent: Sequence, child_id: str, token: int) -> Sequence:
+        """A new sequence: the parent's tokens plus `token` (beam search). A running parent's blocks are shared by
+        reference (kv.fork) and copied on write; a parent that was preempted meanwhile has none, so the child
+        waits to be computed from scratch."""
+        child = Sequence(child_id, parent.prompt_token_ids, parent.params, parent.eos_token_ids, parent.max_model_len,
                         parent.arrival_time, [*parent.output_token_ids, token], parent_id=parent.parent_id,
                         index=parent.index, priority=parent.priority, block_hashes=list(parent.block_hashes),
+                         external_sampling=parent.external_sampling,
                         num_cached_tokens=parent.num_cached_tokens, first_scheduled_time=parent.first_scheduled_time)
         self.requests[child_id] = child
-        if parent.status is RequestStatus.RUNNING:
+        if parent.status is SequenceStatus.RUNNING:
             self.kv.fork(parent.request_id, child)
             child.num_computed_tokens = parent.num_computed_tokens
-            child.status = RequestStatus.RUNNING
-            self.running.append(child)
-            self._forked.append(child)
+            child.status = SequenceStatus.RUNNING
+            self.running.append(child)  # the runner meets it, table and all, when it is first scheduled
         else:
             self._enqueue(child, preempted=True)
         return child
 
-    @staticmethod
-    def _entry(req: Request, num_new: int, spec: list[int]) -> ScheduledRequest:
-        before = req.num_computed_tokens
-        decode = num_new == 1 + len(spec) and bool(req.output_token_ids) and before == req.num_tokens - 1
-        return ScheduledRequest(req.request_id, num_new, before, list(spec), is_prefill=not decode,
-                                samples=before + num_new - len(spec) == req.num_tokens)
+    def _entry(self, seq: Sequence, num_new: int, spec: list[int], num_known_blocks: int) -> ScheduledSequence:
+        """The sequence's share of this step. The runner gets the blocks added to its table since the last step,
+        or, when it does not know the sequence (yet, or any more), the sequence whole with all its blocks."""
+        before, table = seq.num_computed_tokens, self.kv.block_tables[seq.request_id]
+        decode = num_new == 1 + len(spec) and bool(seq.output_token_ids) and before == seq.num_tokens - 1
+        entry = ScheduledSequence(seq.request_id, num_new, before, list(spec), is_prefill=not decode,
+                                  samples=before + num_new - len(spec) == seq.num_tokens,
+                                  new_block_ids=table[num_known_blocks:] if seq.runner_knows else list(table))
+        if not seq.runner_knows:
+            entry.new = NewSequenceData(list(seq.all_token_ids), seq.num_prompt_tokens, seq.params,
+                                        seq.max_total_tokens, seq.sample_seed, seq.eos_token_ids)
+            seq.runner_knows = True
+        return entry
 
-    def _victim(self, outranked_by: Request | None = None) -> Request | None:
+    def _victim(self, outranked_by: Sequence | None = None) -> Sequence | None:
         """Whom to preempt when blocks run out: the newest running request ("fcfs"), or the one with the largest
         (priority, arrival) ("priority"). For a waiting request (`outranked_by`), only a strictly lower-priority
         one under "priority", and none under "fcfs" (it waits)."""
@@ -219,7 +204,7 @@ class Scheduler:
         victim = max(self.running, key=lambda r: r.priority_key)
         return victim if victim.priority_key > outranked_by.priority_key else None
 
-    def _preempt(self, req: Request, out: SchedulerOutput) -> int:
+    def _preempt(self, req: Sequence, out: SchedulerOutput) -> int:
         """Take a running request's blocks back, by swap when the host has room, else by recompute. If this step
         already scheduled it, that is undone; returns the token budget this gives back."""
         self.running.remove(req)
@@ -229,7 +214,7 @@ class Scheduler:
                 budget_back = s.num_new_tokens
                 del out.scheduled[j]
                 break
-        out.new_block_ids.pop(req.request_id, None)
+        req.runner_knows = False  # it comes back whole: the runner rebuilds its state then
         swap_out = self.swap.swap_out(self.kv, req) if self.swap is not None else None
         if swap_out is None:  # recompute: everything it had computed is gone
             self.kv.free(req)
@@ -238,7 +223,7 @@ class Scheduler:
             out.blocks_to_swap_out += swap_out
         req.spec_token_ids = []
         req.num_preemptions += 1
-        req.status = RequestStatus.PREEMPTED
+        req.status = SequenceStatus.PREEMPTED
         self._enqueue(req, preempted=True)
         out.preempted.append(req.request_id)
         self.num_preemptions += 1
@@ -255,9 +240,12 @@ class Scheduler:
         for s in sched.scheduled:
             req = self.requests[s.request_id]
             tokens = result.sampled_token_ids.get(s.request_id, [])
-            accepted = len(tokens) - 1 if s.spec_token_ids and tokens else len(s.spec_token_ids)
-            req.num_computed_tokens += s.num_new_tokens - (len(s.spec_token_ids) - accepted)
-            req.num_spec_accepted += accepted if s.spec_token_ids else 0
+            if req.external_sampling:  # beam search reads the logits and picks the next token itself
+                req.num_computed_tokens += s.num_new_tokens
+                continue
+            num_accepted = result.num_accepted.get(s.request_id, 0)  # rejected drafts' K/V is not counted
+            req.num_computed_tokens += s.num_new_tokens - (len(s.spec_token_ids) - num_accepted)
+            req.num_spec_accepted += num_accepted
             req.spec_token_ids = []
             prompt_logprobs = result.prompt_logprobs.get(s.request_id)
             if not tokens and prompt_logprobs is None:  # a prefill chunk that does not reach the end of the prompt
@@ -278,42 +266,42 @@ class Scheduler:
                 logprobs[: len(new)] if logprobs is not None else None, prompt_logprobs))
         for rid, drafts in result.spec_token_ids.items():
             req = self.requests.get(rid)
-            if req is not None and req.status is RequestStatus.RUNNING:
+            if req is not None and req.status is SequenceStatus.RUNNING:
                 req.spec_token_ids = drafts
                 req.num_spec_proposed += len(drafts)
         return outputs
 
-    def _check_stop(self, req: Request, token: int) -> str | None:
+    def _check_stop(self, req: Sequence, token: int) -> FinishReason | None:
         """The stops a token id alone decides (stop strings need text: the output processor's job)."""
         params = req.params
         constrained = params.structured_outputs is not None
         if constrained and self.structured.accept(req.request_id, token):
-            return "stop"  # the grammar is complete: nothing more may follow
+            return FinishReason.STOP  # the grammar is complete: nothing more may follow
         if token in params.stop_token_ids:
             req.stop_reason = token
-            return "stop"
+            return FinishReason.STOP
         # an EOS id ends a constrained output only where the grammar could end (a checkpoint may name a
         # plain text token as EOS, which the grammar then allows as text)
         if not params.ignore_eos and token in req.eos_token_ids and (
                 not constrained or self.structured.can_end(req.request_id)):
-            return "stop"
+            return FinishReason.STOP
         if req.num_tokens >= req.max_total_tokens:
-            return "length"
+            return FinishReason.LENGTH
         return None
 
     # ---- 3. leaving ----------------------------------------------------------------------------------
-    def finish(self, req: Request, reason: str, stop_reason: int | str | None = None) -> None:
+    def finish(self, req: Sequence, reason: FinishReason, stop_reason: int | str | None = None) -> None:
         """Retire a request (stop, length or abort) from wherever it is, and return its blocks."""
         if req.is_finished:
             return
-        if req.status is RequestStatus.RUNNING:
+        if req.status is SequenceStatus.RUNNING:
             self.running.remove(req)
         else:
             self.waiting.remove(req)
         self.kv.free(req)
         if self.swap is not None:
             self.swap.free(req)
-        req.status = RequestStatus.FINISHED
+        req.status = SequenceStatus.FINISHED
         req.finish_reason = reason
         if stop_reason is not None:
             req.stop_reason = stop_reason
@@ -322,7 +310,7 @@ class Scheduler:
         if self.structured is not None:
             self.structured.free(req.request_id)
 
-    def finish_requests(self, request_ids: list[str], reason: str,
+    def finish_requests(self, request_ids: list[str], reason: FinishReason,
                         stop_reasons: dict[str, int | str] | None = None) -> None:
         """Finish requests by id (aborts, stop strings); ids already gone are ignored."""
         for rid in request_ids:

@@ -5,8 +5,8 @@
     Scheduler.update_from_output()  -> EngineCoreOutput  (per request: tokens appended, why it stopped)
     OutputProcessor.process(...)    -> RequestOutput     (text, for the caller)
 
-No part hands another a live object of its own: the runner never sees a scheduler `Request`, the
-scheduler never a tensor. Each side keeps its own per-request state, keyed by request id.
+No part hands another a live object of its own: the runner never sees a scheduler `Sequence`, the
+scheduler never a tensor. Each side keeps its own per-sequence state, keyed by the sequence's id.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from minivllm.sampling_params import SamplingParams
+from minivllm.sequence import FinishReason
 
 
 @dataclass(slots=True)
@@ -28,36 +29,35 @@ class TokenLogprobs:
 
 
 @dataclass(slots=True)
-class NewRequestData:
-    """A request the runner has not seen yet, or must rebuild after a preemption took its blocks."""
+class NewSequenceData:
+    """Everything about a sequence the runner does not know yet: sent once, when it first runs (and again
+    after a preemption took its blocks, or when beam search forked it)."""
 
-    request_id: str
     token_ids: list[int]  # prompt + output so far (after a preemption, everything is recomputed)
     num_prompt_tokens: int
     params: SamplingParams
-    block_ids: list[int]  # its whole block table
     max_total_tokens: int  # prompt + the most output it may produce: drafts never run past it
     seed: int | None = None  # its own random stream's seed (the i-th of n samples gets params.seed + i)
     eos_token_ids: tuple[int, ...] = ()  # masked while min_tokens is not reached
 
 
 @dataclass(slots=True)
-class ScheduledRequest:
-    """One request's share of the step."""
+class ScheduledSequence:
+    """One sequence's share of the step, as the scheduler decided it."""
 
-    request_id: str
+    request_id: str  # the sequence's id
     num_new_tokens: int  # includes the speculative tokens, if any
     num_computed_before: int  # tokens already in the cache when this step starts
     spec_token_ids: list[int] = field(default_factory=list)  # drafted tokens the target verifies
     is_prefill: bool = True  # (re)computing a prompt or a chunk of it, rather than the last sampled token
     samples: bool = True  # the step reaches the end of the known tokens, so its logits are sampled
+    new_block_ids: list[int] = field(default_factory=list)  # appended to its block table (all of it, if `new`)
+    new: NewSequenceData | None = None  # set when the runner meets this sequence (again)
 
 
 @dataclass
 class SchedulerOutput:
-    scheduled: list[ScheduledRequest] = field(default_factory=list)  # in batch order
-    new_requests: list[NewRequestData] = field(default_factory=list)
-    new_block_ids: dict[str, list[int]] = field(default_factory=dict)  # known requests: blocks added this step
+    scheduled: list[ScheduledSequence] = field(default_factory=list)  # in batch order
     preempted: list[str] = field(default_factory=list)  # their blocks are gone; they come back as new requests
     finished: list[str] = field(default_factory=list)  # finished or aborted since the last step: forget them
     # structured output: a token bitmask row per sampled position of each constrained request (bit set = allowed)
@@ -73,6 +73,11 @@ class SchedulerOutput:
     def num_tokens(self) -> int:
         return sum(s.num_new_tokens for s in self.scheduled)
 
+    @property
+    def new_sequences(self) -> list[ScheduledSequence]:
+        """The scheduled sequences the runner meets (again) in this step, sent whole."""
+        return [s for s in self.scheduled if s.new is not None]
+
     def __bool__(self) -> bool:
         """Anything for the runner: work, blocks to move, or requests to forget."""
         return bool(self.scheduled or self.finished or self.preempted or self.blocks_to_swap_in or self.blocks_to_copy)
@@ -81,6 +86,7 @@ class SchedulerOutput:
 @dataclass
 class RunnerOutput:
     sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)  # accepted drafts + 1 new token
+    num_accepted: dict[str, int] = field(default_factory=dict)  # of the drafts verified now, how many held
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)  # drafts for the next step
     logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)  # one per sampled token, if asked
     prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)  # prompt positions done now
@@ -94,7 +100,7 @@ class EngineCoreOutput:
 
     request_id: str
     new_token_ids: list[int]
-    finish_reason: str | None = None  # "stop", "length" or "abort"
+    finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
     num_preemptions: int = 0

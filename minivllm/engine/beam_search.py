@@ -1,7 +1,8 @@
 """Beam search on copy-on-write blocks: `LLM.beam_search(prompts, BeamSearchParams(...))`, with vLLM's result shape.
 
-Every beam is a scheduler request. Each round, every live beam's last token is computed (one decode each,
-through the real scheduler and runner) and its log-probabilities read through the runner's logits observer.
+Every beam is a scheduler sequence whose next token the search picks itself (`external_sampling`). Each round
+drives the engine's own `core_step` until every live beam's last token is computed (one decode each), reading
+its log-probabilities through the runner's logits observer.
 Each beam proposes its 2 * beam_width best next tokens; candidates ending in EOS are set aside as finished,
 and the beam_width best of the rest (by vLLM's score) become the next round's beams.
 
@@ -19,15 +20,13 @@ prefix caching); forking block tables here makes the sharing explicit, and works
 from __future__ import annotations
 
 import itertools
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
-from minivllm.engine.trace import StepRecord
-from minivllm.request import Request, RequestStatus
 from minivllm.sampling_params import SamplingParams
+from minivllm.sequence import FinishReason, Sequence, SequenceStatus
 
 if TYPE_CHECKING:
     from minivllm.engine.llm_engine import LLMEngine, PromptType
@@ -61,7 +60,7 @@ class BeamSearchSequence:
     logprobs: list[dict[int, float]] = field(default_factory=list)  # per generated token: candidate -> logprob
     cum_logprob: float = 0.0
     text: str | None = None
-    finish_reason: str | None = None  # "stop" (EOS) or "length"
+    finish_reason: FinishReason | None = None  # STOP (EOS) or LENGTH
     stop_reason: int | str | None = None
 
 
@@ -83,7 +82,7 @@ class _Instance:
     """One prompt's search: live beams (each with the request computing it) and finished ones."""
 
     prompt_token_ids: list[int]
-    beams: list[tuple[Request, BeamSearchSequence]]
+    beams: list[tuple[Sequence, BeamSearchSequence]]
     completed: list[BeamSearchSequence] = field(default_factory=list)
 
 
@@ -105,6 +104,7 @@ class BeamSearch:
         instances = []
         for prompt in prompts:
             request = eng.process_request(f"beam-{next(self._ids)}", prompt, request_params).sequences[0]
+            request.external_sampling = True  # the engine computes its logits; the search picks its tokens
             eng.scheduler.add(request)
             tokens = list(request.prompt_token_ids)
             instances.append(_Instance(tokens, [(request, BeamSearchSequence(tokens))]))
@@ -126,7 +126,7 @@ class BeamSearch:
                         for token, lp in step.items():
                             new = BeamSearchSequence(seq.tokens + [token], seq.logprobs + [step], seq.cum_logprob + lp)
                             if token in stops:
-                                new.finish_reason, new.stop_reason = "stop", None
+                                new.finish_reason, new.stop_reason = FinishReason.STOP, None
                                 inst.completed.append(new)
                             else:
                                 candidates.append((new, request, token))
@@ -134,27 +134,28 @@ class BeamSearch:
                     parents = [request for request, _ in inst.beams]
                     inst.beams = [(eng.scheduler.fork(parent, f"{parent.parent_id}.{next(self._ids)}", token), new)
                                   for new, parent, token in chosen]
-                    eng.scheduler.finish_requests([p.request_id for p in parents], "abort")  # forks hold on
+                    eng.scheduler.finish_requests([p.request_id for p in parents], FinishReason.ABORT)  # forks hold on
         finally:
-            eng.scheduler.finish_requests([r.request_id for inst in instances for r, _ in inst.beams], "abort")
-            eng.runner.execute(eng.scheduler.schedule())  # the runner forgets the finished beams now
+            eng.scheduler.finish_requests([r.request_id for inst in instances for r, _ in inst.beams],
+                                          FinishReason.ABORT)
+            eng.core_step()  # the runner forgets the finished beams now
         outputs = []
         for inst in instances:
             for _, seq in inst.beams:
-                seq.finish_reason = "length"
+                seq.finish_reason = FinishReason.LENGTH
             best = sorted(inst.completed + [seq for _, seq in inst.beams], key=score, reverse=True)[:k]
             for seq in best:
                 seq.text = eng.tokenizer.decode(seq.tokens) if eng.tokenizer is not None else None
             outputs.append(BeamSearchOutput(best))
         return outputs
 
-    def _logprobs(self, live: list[Request], temperature: float) -> dict[str, torch.Tensor]:
-        """Step the scheduler and runner until every live beam's last token is computed; its log-softmax.
+    def _logprobs(self, live: list[Sequence], temperature: float) -> dict[str, torch.Tensor]:
+        """Step the engine until every live beam's last token is computed; its log-softmax.
 
         Usually one step; more when a long prompt is prefilled in chunks or a small pool preempts beams. Under
-pressure, beams that are done give their blocks up (they finish early): their forks are then computed
-afresh, helped by the prefix cache, rather than sharing blocks.
-        Every step is handed to the engine's step observers, so the trace shows the forks and copies.
+        pressure, beams that are done give their blocks up (they finish early): their forks are then computed
+        afresh, helped by the prefix cache, rather than sharing blocks. Every step is handed to the engine's step
+        observers, so the trace shows the forks and copies.
         """
         eng = self.engine
         wanted, got = {r.request_id for r in live}, {}
@@ -169,25 +170,18 @@ afresh, helped by the prefix cache, rather than sharing blocks.
         eng.runner.logits_observers.append(observe)
         try:
             while wanted - got.keys():
-                start = time.perf_counter()
-                sched = eng.scheduler.schedule()
-                if not sched.scheduled and not sched.preempted:  # beams that are done hold the blocks: let go
+                record = eng.core_step()
+                if record is None:  # nothing could run: beams that are done hold the blocks, so let them go
                     done = [rid for rid in got if rid in eng.scheduler.requests]
                     if not done:
                         raise RuntimeError("beam search cannot make progress: the KV cache is too small")
-                    eng.scheduler.finish_requests(done, "abort")
+                    eng.scheduler.finish_requests(done, FinishReason.ABORT)
                     continue
-                result = eng.runner.execute(sched)
-                for s in sched.scheduled:  # what update_from_output does, without appending the sampled token
-                    eng.scheduler.requests[s.request_id].num_computed_tokens += s.num_new_tokens
                 # a beam that is done but was preempted meanwhile need not come back: its forks start afresh
                 eng.scheduler.finish_requests([rid for rid in got if rid in eng.scheduler.requests and
-                                               eng.scheduler.requests[rid].status is not RequestStatus.RUNNING],
-                                              "abort")
-                record = StepRecord(eng.num_steps, time.perf_counter() - start, sched, result, [], {},
-                                    eng.kv.drain_events())
-                for observer in eng.observers:
-                    observer(eng, record)
+                                               eng.scheduler.requests[rid].status is not SequenceStatus.RUNNING],
+                                              FinishReason.ABORT)
+                eng.notify(record)
         finally:
             eng.runner.logits_observers.remove(observe)
         return got

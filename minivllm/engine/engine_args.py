@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
-from minivllm.config import EngineConfig
+from minivllm.config import NGRAM, EngineConfig
 
 ANY = object()  # any value is harmless
 
@@ -59,8 +59,8 @@ def speculative_kwargs(spec: dict | None) -> dict[str, Any]:
     out = {"num_speculative_tokens": spec.pop("num_speculative_tokens", None)}
     if out["num_speculative_tokens"] is None:
         raise ValueError("speculative_config needs num_speculative_tokens")
-    if method in ("ngram", "[ngram]") or model == "[ngram]":
-        out["speculative_model"] = "[ngram]"
+    if method in ("ngram", NGRAM) or model == NGRAM:
+        out["speculative_model"] = NGRAM
         for name in ("prompt_lookup_max", "prompt_lookup_min"):
             if name in spec:
                 out[name] = spec.pop(name)

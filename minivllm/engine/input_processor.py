@@ -1,4 +1,4 @@
-"""InputProcessor: a prompt and its SamplingParams become validated, tokenized scheduler Requests.
+"""InputProcessor: a prompt and its SamplingParams become validated, tokenized scheduler Sequences (n of them).
 
 Everything that can be wrong with a request is found here, before it is queued: a bad prompt fails alone
 with a ValueError naming the problem, and the engine never starts work it cannot finish.
@@ -10,10 +10,11 @@ import time
 from dataclasses import dataclass
 
 from minivllm.config import EngineConfig
-from minivllm.request import Request
 from minivllm.sampling_params import SamplingParams
+from minivllm.sequence import Sequence
 from minivllm.structured_output import StructuredOutputManager
 from minivllm.tokenizer import Tokenizer
+from minivllm.utils import cdiv
 
 PromptType = str | list[int] | dict
 
@@ -27,7 +28,7 @@ class EngineRequest:
     prompt_token_ids: list[int]
     params: SamplingParams
     arrival_time: float
-    sequences: list[Request]
+    sequences: list[Sequence]
 
 
 class InputProcessor:
@@ -65,11 +66,11 @@ class InputProcessor:
             raise ValueError(f"prompt has {len(ids)} tokens; max_model_len is {max_len}, "
                              f"which leaves no room for output")
         arrival = time.monotonic() if arrival_time is None else arrival_time
-        sequences = [Request(request_id if params.n == 1 else f"{request_id}#{i}", list(ids), params,
-                             self.eos_token_ids, max_len, arrival, parent_id=request_id, index=i, priority=priority)
+        sequences = [Sequence(request_id if params.n == 1 else f"{request_id}#{i}", list(ids), params,
+                              self.eos_token_ids, max_len, arrival, parent_id=request_id, index=i, priority=priority)
                      for i in range(params.n)]
         block_size = self.config.block_size
-        need = -(-sequences[0].max_total_tokens // block_size)
+        need = cdiv(sequences[0].max_total_tokens, block_size)
         if need > self.num_kv_blocks:
             raise ValueError(f"request needs up to {need} KV blocks but the cache has only "
                              f"{self.num_kv_blocks}: lower max_tokens or add blocks")

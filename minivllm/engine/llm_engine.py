@@ -1,11 +1,13 @@
 """LLMEngine: one step of the engine, and the parts it wires together. It owns no stage itself:
 
     add_request:  InputProcessor (validate, tokenize) -> Request(WAITING) -> Scheduler.waiting
-    step():       Scheduler.schedule()                     -> SchedulerOutput
-                  ModelRunner.execute(scheduler_output)    -> RunnerOutput (sampled tokens, drafts)
-                  Scheduler.update_from_output(...)        -> EngineCoreOutputs (tokens, token-level stops)
+    step():       core_step():  Scheduler.schedule()                   -> SchedulerOutput
+                                ModelRunner.execute(scheduler_output)  -> RunnerOutput (sampled tokens, drafts)
+                                Scheduler.update_from_output(...)      -> EngineCoreOutputs (tokens, stops)
                   OutputProcessor.process(...)             -> RequestOutputs (text, stop strings)
-                  observers(engine, StepRecord)            (the trace the widgets draw, the counters)
+                  notify(StepRecord)                       (the trace the widgets draw, the counters)
+
+`core_step` is vLLM's EngineCore.step: token ids only, no text. Beam search drives it directly.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from minivllm.model import generation_defaults
 from minivllm.outputs import RequestOutput
 from minivllm.runner.model_runner import ModelRunner
 from minivllm.sampling_params import SamplingParams
+from minivllm.sequence import FinishReason
+from minivllm.spec_decode import draft_memory_needs, make_proposer
 from minivllm.structured_output import StructuredOutputManager
 from minivllm.tokenizer import Tokenizer
 
@@ -37,8 +41,10 @@ __all__ = ["LLMEngine", "PromptType", "StepObserver"]
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config = config.resolve()
-        self.runner = ModelRunner(config)
+        # a draft model is loaded after our cache: size the cache so that its weights and blocks still fit
+        self.runner = ModelRunner(config, draft_memory_needs(config))
         mc = config.model_config
+        self.runner.proposer = make_proposer(config, self.runner.num_blocks, mc.vocab_size)
         has_tokenizer = any((Path(config.tokenizer) / f).is_file() for f in ("tokenizer.json", "tokenizer.model"))
         self.tokenizer = Tokenizer(config.tokenizer) if has_tokenizer else None
         self.eos_token_ids, self.default_sampling_overrides = generation_defaults(
@@ -49,7 +55,7 @@ class LLMEngine:
         self.input_processor = InputProcessor(config, self.tokenizer, self.eos_token_ids, self.runner.num_blocks,
                                               structured)
         self.kv = KVCacheManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching, config.hooks)
-        self.swap = SwapSpace(self.runner.num_host_blocks)  # empty unless preemption_mode="swap"
+        self.swap = SwapSpace(self.runner.block_copier.num_host_blocks)  # empty unless preemption_mode="swap"
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.enable_chunked_prefill, config.scheduling_policy,
                                    self.swap if config.preemption_mode == "swap" else None, structured, config.hooks)
@@ -103,7 +109,7 @@ class LLMEngine:
         come with the next step. Unknown or finished ids are ignored, as in vLLM."""
         for rid in [request_id] if isinstance(request_id, str) else request_id:
             sequence_ids, output = self.output_processor.abort(rid)
-            self.scheduler.finish_requests(sequence_ids, "abort")
+            self.scheduler.finish_requests(sequence_ids, FinishReason.ABORT)
             if output is not None:
                 self._pending.append(output)
 
@@ -113,29 +119,42 @@ class LLMEngine:
     # ---- one step ----------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Schedule, run the model once, and turn new tokens into outputs for every request touched."""
-        start = time.perf_counter()
         outputs, self._pending = self._pending, []
+        record = self.core_step()
+        if record is None:
+            return outputs
+        start = time.perf_counter()
+        new_outputs, stopped = self.output_processor.process(record.core_outputs)
+        self.scheduler.finish_requests(list(stopped), FinishReason.STOP, stopped)
+        record.finished.update(dict.fromkeys(stopped, FinishReason.STOP))
+        record.phase_seconds["output"] = time.perf_counter() - start
+        record.duration_s += record.phase_seconds["output"]
+        self.notify(record)
+        return outputs + new_outputs
+
+    def core_step(self) -> StepRecord | None:
+        """Schedule, run the model, advance the sequences (token ids and token-level stops, no text); None when
+        the model did not run. Step observers are not called: `step` (or whoever drives this) does that."""
+        start = time.perf_counter()
         scheduler_output = self.scheduler.schedule()
         if not scheduler_output:
-            return outputs
+            return None
         scheduled_at = time.perf_counter()
         runner_output = self.runner.execute(scheduler_output)
         ran_at = time.perf_counter()
-        if not (scheduler_output.scheduled or scheduler_output.preempted):  # only finished requests to forget
-            return outputs
+        if not (scheduler_output.scheduled or scheduler_output.preempted):  # only finished sequences to forget
+            return None
         core_outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
-        updated_at = time.perf_counter()
-        new_outputs, stopped = self.output_processor.process(core_outputs)
-        self.scheduler.finish_requests(list(stopped), "stop", stopped)
-        finished = {c.request_id: c.finish_reason for c in core_outputs if c.finish_reason is not None}
-        finished.update(dict.fromkeys(stopped, "stop"))
         end = time.perf_counter()
-        record = StepRecord(self.num_steps, end - start, scheduler_output, runner_output, core_outputs, finished,
-                            self.kv.drain_events(), {"schedule": scheduled_at - start, "run": ran_at - scheduled_at,
-                                                     "update": updated_at - ran_at, "output": end - updated_at})
+        finished = {c.request_id: c.finish_reason for c in core_outputs if c.finish_reason is not None}
+        return StepRecord(self.num_steps, end - start, scheduler_output, runner_output, core_outputs, finished,
+                          self.kv.drain_events(), {"schedule": scheduled_at - start, "run": ran_at - scheduled_at,
+                                                   "update": end - ran_at})
+
+    def notify(self, record: StepRecord) -> None:
+        """Hand a step's record to every step observer (the trace, the counters, yours)."""
         for observe in self.observers:
             observe(self, record)
-        return outputs + new_outputs
 
     # ---- numbers -----------------------------------------------------------------------------------
     def stats(self) -> dict:

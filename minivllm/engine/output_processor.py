@@ -15,6 +15,7 @@ from minivllm.core.step_io import EngineCoreOutput, TokenLogprobs
 from minivllm.engine.input_processor import EngineRequest
 from minivllm.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
+from minivllm.sequence import FinishReason
 from minivllm.tokenizer import DetokenizerState, Tokenizer, find_stop_string
 
 
@@ -27,7 +28,7 @@ class SequenceText:
     num_prompt_tokens: int
     detokenizer: DetokenizerState | None
     text: str = ""
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
     first_token_time: float | None = None
     finish_time: float | None = None
@@ -119,7 +120,7 @@ class OutputProcessor:
             num_before = len(seq.output_token_ids)
             # a stop token's text (EOS, stop_token_ids) is left out, as a stop string is, unless asked for
             last = core.new_token_ids[-1]
-            silent_last = (core.finish_reason == "stop" and not params.include_stop_str_in_output and
+            silent_last = (core.finish_reason is FinishReason.STOP and not params.include_stop_str_in_output and
                            (last == core.stop_reason or last in group.request.sequences[0].eos_token_ids))
             for i, token in enumerate(core.new_token_ids):
                 seq.token_ids.append(token)
@@ -128,7 +129,7 @@ class OutputProcessor:
                     break
                 hit = self._stream_text(seq, params)
                 if hit is not None:
-                    seq.finish_reason, seq.stop_reason = "stop", hit
+                    seq.finish_reason, seq.stop_reason = FinishReason.STOP, hit
                     stopped[core.request_id] = hit
                     break
             if seq.logprobs is not None and core.logprobs is not None:  # as far as the tokens kept
@@ -152,7 +153,7 @@ class OutputProcessor:
         now, ids = time.monotonic(), []
         for rid, seq in group.sequences.items():
             if seq.finish_reason is None:
-                seq.finish_reason = "abort"
+                seq.finish_reason = FinishReason.ABORT
                 self._finish_text(seq, group.request.params, now)
                 ids.append(rid)
         return ids, self._output(group)
@@ -196,7 +197,8 @@ class OutputProcessor:
                 logprobs = None if logprobs is None else logprobs[s.num_sent_tokens :]
                 text, tokens, s.num_sent_chars, s.num_sent_tokens = (
                     text[s.num_sent_chars :], tokens[s.num_sent_tokens :], len(text), len(tokens))
-            completions.append(CompletionOutput(s.index, text, list(tokens), s.finish_reason, s.stop_reason,
+            reason = None if s.finish_reason is None else s.finish_reason.value  # vLLM's outputs carry plain strings
+            completions.append(CompletionOutput(s.index, text, list(tokens), reason, s.stop_reason,
                                                 None if logprobs is None else list(logprobs), s.cumulative_logprob))
         cores = [s.core for s in seqs if s.core is not None]
         times = [s.first_token_time for s in seqs if s.first_token_time is not None]

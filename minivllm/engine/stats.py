@@ -20,15 +20,15 @@ class StepCounters:
 
     def __call__(self, engine: LLMEngine, record: StepRecord) -> None:
         self.num_steps += 1
-        sampled = record.runner_output.sampled_token_ids
+        accepted = record.runner_output.num_accepted
         for s in record.scheduler_output.scheduled:
             if s.is_prefill:
                 self.num_prefill_tokens_computed += s.num_new_tokens
             else:
                 self.num_decode_tokens += s.num_new_tokens
-            if s.spec_token_ids and sampled.get(s.request_id):
+            if s.request_id in accepted:
                 self.num_spec_proposed += len(s.spec_token_ids)
-                self.num_spec_accepted += len(sampled[s.request_id]) - 1
+                self.num_spec_accepted += accepted[s.request_id]
                 self.num_spec_steps += 1
         self.num_generated_tokens += sum(len(c.new_token_ids) for c in record.core_outputs)
         self.propose_seconds += record.runner_output.propose_seconds

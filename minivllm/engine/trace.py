@@ -13,7 +13,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from minivllm.core.kv_cache_manager import KVEvent
 from minivllm.core.step_io import EngineCoreOutput, RunnerOutput, SchedulerOutput
+from minivllm.sequence import FinishReason
 
 if TYPE_CHECKING:
     from minivllm.engine.llm_engine import LLMEngine
@@ -28,8 +30,8 @@ class StepRecord:
     scheduler_output: SchedulerOutput
     runner_output: RunnerOutput
     core_outputs: list[EngineCoreOutput]
-    finished: dict[str, str]  # request id -> finish reason (token stops and stop strings)
-    kv_events: list[tuple[str, str, int]]  # ("alloc"|"hit"|"free"|"swap_out"|"swap_in", request id, block id)
+    finished: dict[str, FinishReason]  # sequence id -> why it ended (token stops and stop strings)
+    kv_events: list[KVEvent]
     # wall seconds of each part of the step: schedule, run (the runner; its forward pass is in runner_output),
     # update (scheduler bookkeeping), output (detokenize, stop strings, RequestOutputs)
     phase_seconds: dict[str, float] = field(default_factory=dict)
@@ -86,7 +88,7 @@ class StepTrace:
         return sum(e.num_tokens for e in self.scheduled if e.kind == "decode")
 
 
-def group_events(events: list[tuple[str, str, int]], kind: str) -> dict[str, list[int]]:
+def group_events(events: list[KVEvent], kind: str) -> dict[str, list[int]]:
     out: dict[str, list[int]] = {}
     for k, rid, block in events:
         if k == kind:
@@ -96,7 +98,7 @@ def group_events(events: list[tuple[str, str, int]], kind: str) -> dict[str, lis
 
 def scheduled_entries(record: StepRecord) -> list[ScheduledEntry]:
     """Each scheduled request's line of the step: its work, the drafts it verified and the tokens it got."""
-    sampled = record.runner_output.sampled_token_ids
+    accepted = record.runner_output.num_accepted
     appended = {c.request_id: c.new_token_ids for c in record.core_outputs}
     entries = []
     for s in record.scheduler_output.scheduled:
@@ -105,7 +107,7 @@ def scheduled_entries(record: StepRecord) -> list[ScheduledEntry]:
         tokens = appended.get(s.request_id)
         if tokens:
             entry.new_token_ids, entry.sampled_token = list(tokens), tokens[-1]
-            entry.num_accepted = len(sampled[s.request_id]) - 1 if s.spec_token_ids else 0
+            entry.num_accepted = accepted.get(s.request_id, 0)
         entries.append(entry)
     return entries
 

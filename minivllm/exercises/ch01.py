@@ -27,7 +27,7 @@ class ArrivalOrder:
 
     def __call__(self, engine, record) -> None:
         self.preempted.update(record.scheduler_output.preempted)
-        for new in record.scheduler_output.new_requests:
+        for new in record.scheduler_output.new_sequences:
             for r in engine.scheduler.waiting:
                 if self.rank[r.request_id] < self.rank[new.request_id]:
                     why = ", was preempted" if r.request_id in self.preempted else ""

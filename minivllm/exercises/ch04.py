@@ -21,7 +21,7 @@ def check_budget(engine, record) -> None:
         raise ExerciseFailure(f"step {record.step} computed {sched.num_tokens} tokens, but the budget "
                               f"(max_num_batched_tokens) is {budget}.")
     if not engine.scheduler.enable_chunked_prefill:
-        admitted = {n.request_id for n in sched.new_requests}
+        admitted = {n.request_id for n in sched.new_sequences}
         for s in sched.scheduled:
             if s.request_id in admitted and not s.samples:
                 raise ExerciseFailure(f"in step {record.step}, with chunked prefill off, request '{s.request_id}' "

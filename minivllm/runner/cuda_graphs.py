@@ -23,6 +23,8 @@ from collections.abc import Callable
 import torch
 
 from minivllm.attention import AttentionMetadata
+from minivllm.config import EngineConfig
+from minivllm.utils import cdiv
 
 
 def capture_sizes(max_num_seqs: int, largest: int = 512) -> list[int]:
@@ -30,6 +32,25 @@ def capture_sizes(max_num_seqs: int, largest: int = 512) -> list[int]:
     top = min(max_num_seqs, largest)
     sizes = [s for s in (1, 2, 4, 8) if s <= top] + list(range(16, top + 1, 16))
     return sizes if sizes[-1] == top else sizes + [top]
+
+
+def build_decode_graphs(model, kv_cache: torch.Tensor, config: EngineConfig, backend_name: str,
+                        device: torch.device) -> DecodeGraphs | None:
+    """Recorded decode steps, where they can run (CUDA, Triton backend, not enforce_eager); else None.
+
+    A graph replays the launches it recorded, so the decode kernel's split-K count is fixed per size: chosen
+    for the longest context (slices of shorter contexts just end early; an empty slice is cheap).
+    """
+    if device.type != "cuda" or backend_name != "triton" or config.enforce_eager:
+        return None
+    from minivllm.kernels.paged_decode import choose_num_splits, num_sms  # needs Triton: only imported here
+
+    sms, kv_heads = num_sms(device), config.model_config.num_kv_heads
+    graphs = DecodeGraphs(model, kv_cache, capture_sizes(config.max_num_seqs),
+                          cdiv(config.max_model_len, config.block_size), device,
+                          lambda size: choose_num_splits(size, kv_heads, config.max_model_len, sms))
+    graphs.capture()
+    return graphs
 
 
 class DecodeGraphs:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from minivllm.config import EngineConfig
+from minivllm.config import NGRAM, EngineConfig
 from minivllm.spec_decode.draft_model import DraftModelProposer, draft_memory_needs
 from minivllm.spec_decode.ngram import NgramProposer
 from minivllm.spec_decode.proposer import Draft, Proposer
@@ -11,9 +11,9 @@ __all__ = ["Draft", "DraftModelProposer", "NgramProposer", "Proposer", "draft_me
 
 
 def make_proposer(config: EngineConfig, num_target_blocks: int, vocab_size: int) -> Proposer | None:
-    """The drafter `config.speculative_model` names: None (off), "[ngram]", or a draft checkpoint."""
+    """The drafter `config.speculative_model` names: None (off), NGRAM ("[ngram]"), or a draft checkpoint."""
     if config.speculative_model is None:
         return None
-    if config.speculative_model == "[ngram]":
+    if config.speculative_model == NGRAM:
         return NgramProposer(config.num_speculative_tokens)
     return DraftModelProposer(config, vocab_size, num_target_blocks)

@@ -16,20 +16,22 @@ from pathlib import Path
 
 import torch
 
-from minivllm.config import EngineConfig
+from minivllm.config import NGRAM, EngineConfig
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.kv_sizing import kv_bytes_per_block
 from minivllm.model import read_model_config
-from minivllm.request import Request
-from minivllm.runner.model_runner import ForwardItem, ModelRunner
-from minivllm.runner.request_state import RequestState
+from minivllm.runner.model_runner import ModelRunner
+from minivllm.runner.sequence_state import SequenceState
+from minivllm.runner.step_batch import StepRow
 from minivllm.sampling.sampler import SamplingBatch, first_argmax, processed_probs
+from minivllm.sequence import Sequence
 from minivllm.spec_decode.proposer import Draft
+from minivllm.utils import cdiv
 
 
 def draft_extra_blocks(target_config: EngineConfig, num_speculative_tokens: int) -> int:
     """Blocks the draft needs beyond one per target block: each sequence's drafts may spill into new ones."""
-    return target_config.max_num_seqs * (-(-num_speculative_tokens // target_config.block_size) + 1)
+    return target_config.max_num_seqs * (cdiv(num_speculative_tokens, target_config.block_size) + 1)
 
 
 def draft_memory_needs(target_config: EngineConfig) -> tuple[int, int]:
@@ -40,7 +42,7 @@ def draft_memory_needs(target_config: EngineConfig) -> tuple[int, int]:
     blocks; per block = one draft KV block. (0, 0) without a draft model, or off the GPU.
     """
     path = target_config.speculative_model
-    if path in (None, "[ngram]") or not target_config.device.startswith("cuda"):
+    if path in (None, NGRAM) or not target_config.device.startswith("cuda"):
         return 0, 0
     mc = read_model_config(path)
     dtype = target_config.resolve_dtype(mc.torch_dtype)
@@ -66,17 +68,18 @@ class DraftModelProposer:
             raise ValueError(f"draft model {path} has vocab size {self.runner.model_config.vocab_size}, "
                              f"the target has {vocab_size}: they must share a tokenizer")
         self.kv = KVCacheManager(blocks, target_config.block_size, enable_prefix_caching=False)
-        self.shadows: dict[str, Request] = {}  # the draft's view of each request: tokens + drafts so far
+        self.shadows: dict[str, Sequence] = {}  # the draft's view of each request: tokens + drafts so far
 
     @torch.inference_mode()
-    def propose(self, requests: list[RequestState], num_drafts: list[int]) -> list[Draft]:
+    def propose(self, requests: list[SequenceState], num_drafts: list[int]) -> list[Draft]:
         """Up to num_drafts[i] tokens for each request, and the draft's distribution q for each."""
         shadows = []
         for req in requests:
             shadow = self.shadows.get(req.request_id)
-            computed = min(shadow.num_computed_tokens, req.num_computed_tokens) if shadow else 0
-            shadow = self.shadows[req.request_id] = Request(req.request_id, list(req.token_ids), req.params,
-                                                            num_computed_tokens=computed)
+            # the target's cache holds all but its newest token: ours may hold no more (rejected drafts go)
+            computed = min(shadow.num_computed_tokens, len(req.token_ids) - 1) if shadow else 0
+            shadow = self.shadows[req.request_id] = Sequence(req.request_id, list(req.token_ids), req.params,
+                                                             num_computed_tokens=computed)
             shadows.append(shadow)
         drafts: list[list[int]] = [[] for _ in requests]
         dists: list[list[torch.Tensor]] = [[] for _ in requests]
@@ -85,10 +88,10 @@ class DraftModelProposer:
             batch = [i for i in active if num_drafts[i] > step and self._allocate(shadows[i])]
             if not batch:
                 break
-            items = [ForwardItem(shadows[i].all_token_ids, shadows[i].num_computed_tokens,
-                                 shadows[i].num_tokens - shadows[i].num_computed_tokens,
-                                 self.kv.block_tables[shadows[i].request_id]) for i in batch]
-            logits, _ = self.runner.forward(items)
+            rows = [StepRow(shadows[i].all_token_ids, self.kv.block_tables[shadows[i].request_id],
+                            shadows[i].num_computed_tokens, shadows[i].num_tokens - shadows[i].num_computed_tokens)
+                    for i in batch]
+            logits = self.runner.forward(rows)
             tokens, q = self._sample(logits, [requests[i] for i in batch])
             for i, tok, dist in zip(batch, tokens, q):
                 shadows[i].num_computed_tokens = shadows[i].num_tokens
@@ -98,10 +101,10 @@ class DraftModelProposer:
         return [(d, None if req.params.greedy or not d else torch.stack(q))
                 for req, d, q in zip(requests, drafts, dists)]
 
-    def _allocate(self, shadow: Request) -> bool:
+    def _allocate(self, shadow: Sequence) -> bool:
         return self.kv.allocate(shadow, shadow.num_tokens - shadow.num_computed_tokens)
 
-    def _sample(self, logits: torch.Tensor, requests: list[RequestState]):
+    def _sample(self, logits: torch.Tensor, requests: list[SequenceState]):
         """Greedy requests draft the argmax; sampling ones draw from the draft's processed distribution q."""
         batch = SamplingBatch.build([r.params for r in requests], [r.token_ids for r in requests], self.runner.device)
         probs = None if batch.all_greedy else processed_probs(logits, batch)

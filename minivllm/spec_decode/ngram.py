@@ -7,7 +7,7 @@ code edits, quoting) and simply proposes nothing when there is no match.
 
 from __future__ import annotations
 
-from minivllm.runner.request_state import RequestState
+from minivllm.runner.sequence_state import SequenceState
 from minivllm.spec_decode.proposer import Draft
 
 
@@ -15,7 +15,7 @@ class NgramProposer:
     def __init__(self, num_speculative_tokens: int, max_n: int = 4, min_n: int = 1) -> None:
         self.k, self.max_n, self.min_n = num_speculative_tokens, max_n, min_n
 
-    def propose(self, requests: list[RequestState], num_drafts: list[int]) -> list[Draft]:
+    def propose(self, requests: list[SequenceState], num_drafts: list[int]) -> list[Draft]:
         """Drafts for each request, with no distribution: a lookup is a point mass."""
         return [(self.lookup(req.token_ids, k) if k > 0 else [], None) for req, k in zip(requests, num_drafts)]
 

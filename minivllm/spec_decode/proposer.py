@@ -6,15 +6,16 @@ from typing import Protocol
 
 import torch
 
-from minivllm.runner.request_state import RequestState
+from minivllm.runner.sequence_state import SequenceState
 
 # a request's drafts, and the drafter's distribution for each (None: the drafts are point masses)
 Draft = tuple[list[int], torch.Tensor | None]
 
 
 class Proposer(Protocol):
-    def propose(self, requests: list[RequestState], num_drafts: list[int]) -> list[Draft]:
-        """Guess up to num_drafts[i] next tokens for each request (its token_ids end with its newest token)."""
+    def propose(self, requests: list[SequenceState], num_drafts: list[int]) -> list[Draft]:
+        """Guess up to num_drafts[i] next tokens for each sequence: its token_ids end with its newest token, and the
+        target's cache holds all but that one."""
         ...
 
     def free(self, request_id: str) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from minivllm.engine.trace import StepTrace
+from minivllm.utils import cdiv
 from minivllm.widgets.colors import FREE_COLOR, SHARED_COLOR, request_colors
 from minivllm.widgets.journey import QUIET_STYLE, where
 
@@ -61,7 +62,7 @@ def blocks_to_show(step: StepTrace, max_blocks: int = 64, columns: int = 16) -> 
         return step.num_total_blocks
     used = [b for table in step.block_tables.values() for b in table]
     top = max(used, default=-1) + 1
-    rows = max(-(-max(top, columns) // columns), 1)
+    rows = max(cdiv(max(top, columns), columns), 1)
     return min(step.num_total_blocks, max(rows * columns, min(max_blocks, step.num_total_blocks)))
 
 
@@ -122,7 +123,7 @@ def block_table_figure(step: StepTrace, max_blocks: int = 64, columns: int = 16,
     tables = step.block_tables
     width = max([len(t) for t in tables.values()] + [1])
     xmax = max(width, columns)
-    pool_rows = -(-shown // columns)
+    pool_rows = cdiv(shown, columns)
     top_h = max(len(tables), 1)
     fig = Figure(figsize=(0.45 * xmax + 1.6, 0.45 * (top_h + pool_rows) + 1.6))
     gs = fig.add_gridspec(2, 1, height_ratios=[top_h, pool_rows], hspace=0.35)

@@ -1,7 +1,9 @@
-"""Request: one sequence's state as the scheduler sees it, waiting -> running -> finished (and back, if preempted).
+"""Sequence: one sequence's state as the scheduler sees it, waiting -> running -> finished (and back, if preempted).
 
-Plain data only (token ids, counters, status): the runner keeps its own per-request state (random generator,
-draft probabilities) and the output processor its own (text, detokenizer), each keyed by request id.
+A user's request asks for `n` completions of one prompt: the engine runs each as its own sequence (the
+input processor makes them; `parent_id` names the request). Plain data only (token ids, counters, status):
+the runner keeps its own per-sequence state (random generator, draft probabilities) and the output processor
+its own (text, detokenizer), each keyed by the sequence's id.
 """
 
 from __future__ import annotations
@@ -14,15 +16,26 @@ from minivllm.core.block_hash import BlockHash
 from minivllm.sampling_params import SamplingParams
 
 
-class RequestStatus(enum.Enum):
+class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     PREEMPTED = "preempted"  # waiting again, after its blocks were taken back
     FINISHED = "finished"
 
 
-@dataclass(eq=False)  # a request is itself, not its contents: `in` and `remove` compare identity
-class Request:
+class FinishReason(str, enum.Enum):
+    """Why a sequence ended: the strings OpenAI's API and vLLM's outputs use ("abort" only vLLM's)."""
+
+    STOP = "stop"  # EOS, a stop token id, a stop string, or a completed grammar
+    LENGTH = "length"  # max_tokens or the model's window
+    ABORT = "abort"  # the caller cancelled it
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(eq=False)  # a sequence is itself, not its contents: `in` and `remove` compare identity
+class Sequence:
     """Everything the scheduler needs to know about one sequence.
 
     `num_computed_tokens` is the heart of it: tokens whose K/V are in the cache. A step schedules
@@ -30,27 +43,30 @@ class Request:
     last step), so prefill, chunked prefill, decode and recompute-after-preemption are one rule.
     """
 
-    request_id: str
+    request_id: str  # its id in every table: the user's request id, or "id#i" for the i-th of n completions
     prompt_token_ids: list[int]
     params: SamplingParams
     eos_token_ids: tuple[int, ...] = ()  # every id that ends it (unless params.ignore_eos)
     max_model_len: int = 2048
     arrival_time: float = field(default_factory=time.monotonic)
     output_token_ids: list[int] = field(default_factory=list)
-    status: RequestStatus = RequestStatus.WAITING
+    status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0
     num_cached_tokens: int = -1  # prompt tokens served by the prefix cache, set on first schedule
     num_preemptions: int = 0
     first_scheduled_time: float | None = None
-    finish_reason: str | None = None  # "stop", "length" or "abort"
+    finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
-    parent_id: str | None = None  # the user's request id when SamplingParams.n > 1
+    parent_id: str | None = None  # the user's request id (they differ when SamplingParams.n > 1)
     index: int = 0  # which of the n completions this is
     spec_token_ids: list[int] = field(default_factory=list)  # drafts to verify in the next step
     num_spec_proposed: int = 0
     num_spec_accepted: int = 0
     priority: int = 0  # with scheduling_policy="priority": lower runs first (vLLM's meaning)
     block_hashes: list[BlockHash] = field(default_factory=list)  # names of its full blocks (block_hash.py)
+    # beam search chooses this sequence's next token itself: a step computes its logits, appends nothing
+    external_sampling: bool = False
+    runner_knows: bool = False  # the runner holds its state: False until first sent whole, and after preemption
     # prompt + output as one list, kept in step by append_output: read every step, so never rebuilt
     all_token_ids: list[int] = field(init=False, repr=False)
 
@@ -78,7 +94,7 @@ class Request:
 
     @property
     def is_finished(self) -> bool:
-        return self.status == RequestStatus.FINISHED
+        return self.status == SequenceStatus.FINISHED
 
     @property
     def sample_seed(self) -> int | None:
@@ -87,7 +103,7 @@ class Request:
 
     @property
     def max_total_tokens(self) -> int:
-        """Prompt plus the most output this request may produce, capped by the model's window."""
+        """Prompt plus the most output this sequence may produce, capped by the model's window."""
         limit = self.max_model_len
         if self.params.max_tokens is not None:
             limit = min(limit, self.num_prompt_tokens + self.params.max_tokens)
