@@ -4,6 +4,10 @@ Outputs under pressure must equal outputs without it: preemption, by recompute o
 around. Swap must also keep each victim's computed tokens (no second prefill).
 """
 
+import json
+import subprocess
+import sys
+
 import pytest
 
 from minivllm import LLM, EngineConfig, LLMEngine, SamplingParams
@@ -118,6 +122,18 @@ def test_swap_and_recompute_match_unpressured_runs(llama_path, backend):
     assert results["recompute"] == reference
     assert results["swap"] == reference
     assert results["swap_prefill"] < results["recompute_prefill"], "a swapped-in request is not prefilled again"
+
+
+def test_swap_runs_the_same_under_python_O(llama_path):
+    """`python -O` drops every assert: nothing the engine does may live inside one (a swap-in's allocation once
+    did). The same swap workload, run with and without -O, gives the same tokens and leaves no block held."""
+    code = (f"import json; from tests.test_memory_policy import engine, run, greedy, PROMPTS; "
+            f"eng = engine({str(llama_path)!r}, 12, preemption_mode='swap', swap_space=0.01); "
+            f"out = run(eng, PROMPTS[:3], greedy(24)); s = eng.stats(); "
+            f"print(json.dumps([out, s['num_blocks_swapped_in'], s['num_free_blocks'] == s['num_total_blocks']]))")
+    results = [json.loads(subprocess.run([sys.executable, *flag, "-c", code], capture_output=True, text=True,
+                                         check=True, timeout=300).stdout) for flag in ([], ["-O"])]
+    assert results[0] == results[1] and results[1][1] > 0 and results[1][2]
 
 
 def test_swap_is_in_the_trace_and_keeps_computed_tokens(llama_path):
