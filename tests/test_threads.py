@@ -7,6 +7,8 @@ import time
 import pytest
 
 from minivllm import LLM, SamplingParams
+from minivllm.engine.step_driver import StepDriver
+from minivllm.sampling_params import RequestOutputKind
 
 JOIN_TIMEOUT = 120  # seconds for all threads of one test, on a loaded 2-core machine
 
@@ -173,3 +175,41 @@ def test_a_failing_step_reaches_every_waiting_caller(llm):
     assert stats["num_free_blocks"] == stats["num_total_blocks"], "the failed calls' blocks were not given back"
     again = llm.generate(["After the failure"], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
     assert len(again[0].outputs[0].token_ids) == 4  # the LLM still works
+
+
+def test_a_caller_interrupted_while_waiting_takes_out_only_its_own_requests(llm):
+    """Ctrl-C in one waiting thread (here: its progress callback raises) withdraws that call's requests; the
+    thread driving carries on, and the withdrawn requests give their blocks back."""
+    driver = StepDriver(llm.engine)  # used only by this test's threads
+    params = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY)
+    results, errors = {}, {}
+    watch = Scheduled()
+
+    class Interrupt(BaseException):
+        pass
+
+    def impatient(finished: int) -> None:
+        raise Interrupt
+
+    def call(name, ids, progress=None):
+        def go():
+            try:
+                results[name] = driver.run(ids, ["Hello"] * len(ids), [params] * len(ids), [0] * len(ids), progress)
+            except BaseException as e:
+                errors[name] = e
+        return go
+
+    llm.engine.add_step_observer(watch)
+    try:
+        patient = threading.Thread(target=call("patient", ["p0", "p1"]), daemon=True)
+        patient.start()
+        assert watch.seen.wait(JOIN_TIMEOUT)
+        run_threads([call("impatient", ["i0", "i1", "i2"], impatient)])
+        patient.join(JOIN_TIMEOUT)
+        assert not patient.is_alive()
+    finally:
+        llm.engine.remove_step_observer(watch)
+    assert list(errors) == ["impatient"] and isinstance(errors["impatient"], Interrupt)
+    assert [len(o.outputs[0].token_ids) for o in results["patient"]] == [60, 60]
+    stats = llm.engine.stats()
+    assert not llm.engine.has_unfinished_requests() and stats["num_free_blocks"] == stats["num_total_blocks"]

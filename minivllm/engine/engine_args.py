@@ -57,7 +57,7 @@ class EngineArgs:
                                  choices=("auto", "vllm"))
     dtype: str | torch.dtype = arg(EngineConfig.dtype, "weights and activations dtype",
                                    choices=("auto", "half", "float16", "bfloat16", "float", "float32"))
-    device: str = arg(EngineConfig.device, choices=("auto", "cpu", "cuda"))
+    device: str = arg(EngineConfig.device, '"auto", "cpu", "cuda" or "cuda:N"')
     block_size: int = arg(EngineConfig.block_size, "tokens per KV cache block")
     num_kv_blocks: int | None = arg(EngineConfig.num_kv_blocks, "KV cache blocks (default: sized from memory)")
     kv_cache_memory_bytes: int | None = arg(EngineConfig.kv_cache_memory_bytes, "KV cache size in bytes")
@@ -105,8 +105,9 @@ class EngineArgs:
     hf_overrides: dict | None = vllm_arg(None, (None, {}))
     rope_scaling: dict | None = vllm_arg(None, (None, {}))
     rope_theta: float | None = vllm_arg(None, (None,))
-    mm_processor_kwargs: dict | None = vllm_arg(None, (None, {}))
-    limit_mm_per_prompt: dict | None = vllm_arg(None, (None, {}))
+    mm_processor_kwargs: dict | None = vllm_arg(None, ANY, "accepted: a text-only model has no processor to pass on to")
+    limit_mm_per_prompt: dict | None = vllm_arg(None, ANY, "accepted: a text-only model takes no images to limit")
+    disable_chunked_mm_input: bool = vllm_arg(False, ANY)
     enable_prompt_embeds: bool = vllm_arg(False, (False,))
     logits_processors: list | None = vllm_arg(None, (None, []))
     logprobs_mode: str = vllm_arg("raw_logprobs", ("raw_logprobs",))
@@ -288,7 +289,7 @@ def _json_value(text: str) -> Any:
 
 def human_readable_int(text: str) -> int:
     """'2048', or with vLLM's suffixes: '32k' (x1000), '32K' (x1024), 'm'/'M', 'g'/'G'."""
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgG]?)", text.strip())
+    match = re.fullmatch(r"(-?\d+(?:\.\d+)?)([kKmMgG]?)", text.strip())
     if not match:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}")
     number, suffix = match.groups()

@@ -126,7 +126,10 @@ class StepDriver:
         while not call.done:
             try:
                 self._apply_queued(add=True)
-                outputs = self.engine.step() if self.engine.has_unfinished_requests() else []
+                if not self.engine.has_unfinished_requests() and not call.done:
+                    raise RuntimeError("the engine has no requests left but a call is still waiting for outputs "
+                                       "(were its requests aborted directly on llm.engine?)")
+                outputs = self.engine.step()
             except Exception as e:  # the engine's state is unknown: fail everyone rather than hang them
                 self._fail_all(e, call)
                 return
@@ -148,7 +151,8 @@ class StepDriver:
             adds, self._adds = (self._adds, []) if add else ([], self._adds)
         if aborts:
             self.engine.abort_request(aborts)
-        for call in adds:
+        while adds:
+            call = adds[0]
             try:
                 batch = [self.engine.process_request(rid, p, sp, priority=pr)
                          for rid, p, sp, pr in zip(call.request_ids, call.prompts, call.params, call.priorities)]
@@ -156,7 +160,12 @@ class StepDriver:
                 with self._cond:
                     call.error = e
                     self._cond.notify_all()
+                adds.pop(0)
                 continue
+            except BaseException:  # interrupted (Ctrl-C): the calls not yet in go back to the queue
+                with self._cond:
+                    self._adds[:0] = adds
+                raise
             for request in batch:
                 self.engine.enqueue(request)
             with self._cond:
@@ -165,6 +174,7 @@ class StepDriver:
                     self._owner[rid] = (call, i)
                 if call.withdrawn:  # its thread gave up while it was being added
                     self._aborts.extend(call.request_ids)
+            adds.pop(0)
 
     def _fail_all(self, exc: Exception, driver_call: _Call) -> None:
         with self._cond:
