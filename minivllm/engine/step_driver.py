@@ -103,7 +103,7 @@ class StepDriver:
                 return
             self._driving = True
         try:
-            self._apply_queued(add=False)
+            self._apply_queued(add=True)  # a request still queued goes in first, so that it can be aborted
         finally:
             self._release()
 
@@ -145,12 +145,10 @@ class StepDriver:
                 progress(len(call.request_ids) - call.remaining)
 
     def _apply_queued(self, add: bool) -> None:
-        """In the driver: apply queued aborts, then (add=True) queued calls, each all-or-nothing."""
+        """In the driver: add the queued calls (add=True), each all-or-nothing, then apply the queued aborts
+        (after the adds, so an abort that overtook its request still finds it)."""
         with self._cond:
-            aborts, self._aborts = self._aborts, []
             adds, self._adds = (self._adds, []) if add else ([], self._adds)
-        if aborts:
-            self.engine.abort_request(aborts)
         while adds:
             call = adds[0]
             try:
@@ -175,6 +173,10 @@ class StepDriver:
                 if call.withdrawn:  # its thread gave up while it was being added
                     self._aborts.extend(call.request_ids)
             adds.pop(0)
+        with self._cond:
+            aborts, self._aborts = self._aborts, []
+        if aborts:
+            self.engine.abort_request(aborts)
 
     def _fail_all(self, exc: Exception, driver_call: _Call) -> None:
         with self._cond:
