@@ -176,12 +176,12 @@ class EngineArgs:
         return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
 
 
-
 @dataclass
 class AsyncEngineArgs(EngineArgs):
     """vLLM's AsyncEngineArgs: the engine's arguments plus the async front end's own."""
 
-    enable_log_requests: bool = arg(False, "log every request as it arrives and finishes")
+    enable_log_requests: bool = vllm_arg(False, ANY, "accepted: the server's request events go to the "
+                                                      "minivllm.server.requests logger either way")
     disable_log_requests: bool = vllm_arg(True, ANY, "vLLM's older spelling of --no-enable-log-requests")
 
 
