@@ -105,6 +105,50 @@ assert all(len(o.outputs[0].token_ids) == n for o, (_, n) in zip(
 # while others wait in the queue, and a batch cannot start until its last member arrives. Continuous
 # batching uses every step for whoever is there, so every request's latency is just its own length.
 #
+# ## Ten threads, one batch
+#
+# The material shows the same thing with real concurrency: ten threads share one `LLM`, and each calls
+# `llm.generate([prompt], params)` for its own prompt, starting a little after the one before. vLLM's own
+# `LLM` is not thread-safe (for concurrent callers vLLM points to its server or `AsyncLLM`); minivllm's is.
+# Only one thread steps the engine at a time; the others hand over their requests, which join the running
+# batch before the next step, and wait for their own outputs (`engine/step_driver.py`). A request can also
+# be stopped from another thread with `llm.abort_request(request_id)`.
+
+# %%
+import threading
+import time
+
+shared = LLM()
+first_step = shared.engine.num_steps
+finished = {}
+
+
+def worker(i: int) -> None:
+    time.sleep(0.01 * i)  # staggered starts
+    params = SamplingParams(temperature=0.8, seed=i, max_tokens=12 + 6 * (i % 4), ignore_eos=True)
+    out = shared.generate([f"Request {i}: once upon a time"], params, use_tqdm=False)[0]
+    finished[i] = out.request_id
+
+
+threads = [threading.Thread(target=worker, args=(i,)) for i in range(10)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join(timeout=120)
+assert not any(t.is_alive() for t in threads) and len(finished) == 10, "every thread gets its output"
+steps = widgets.relabel_requests(widgets.new_steps(shared.engine, first_step),
+                                 {rid: f"thread {i}" for i, rid in finished.items()})
+tl = widgets.timeline(steps)
+widgets.show(widgets.timeline_figure(tl, "10 threads calling generate() on one shared LLM"))
+per_step = [len(t.scheduled) for t in steps]
+print("requests in each step:", per_step)
+assert max(per_step) >= 3, "the threads' requests ran in shared steps"
+
+# %% [markdown]
+# Each row is one thread's request; its first cell is its prefill (with the prompt's token count). Requests
+# that arrive while a step is running go in together right before the next one, then all decode side by side
+# in the same steps, and each thread returns as soon as its own request finishes: one batch, fed by ten threads.
+#
 # ## The token budget
 #
 # Each step computes at most `max_num_batched_tokens` tokens (2048 by default). The scheduler serves

@@ -31,7 +31,7 @@ class EngineConfig:
     tokenizer_revision: str | None = None
     download_dir: str | Path | None = None  # where Hub downloads go (default: the Hugging Face cache)
     generation_config: str = "auto"  # "auto": the checkpoint's EOS ids and sampling defaults; "vllm": ignore them
-    served_model_name: str | None = None  # the name the server answers to (default: the Hub id or directory name)
+    served_model_name: str | None = None  # the name the server answers to (default: `model` exactly as given)
     dtype: str | torch.dtype = "auto"
     device: str = "auto"
     block_size: int = 16
@@ -133,7 +133,8 @@ class EngineConfig:
             raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than max_model_len "
                              f"({max_len}): without chunked prefill a long prompt could never be scheduled. Raise "
                              f"max_num_batched_tokens, lower max_model_len, or enable chunked prefill")
-        name = self.served_model_name or (str(self.model) if model != Path(self.model).expanduser() else model.name)
+        # vLLM's rule: the server answers to the model exactly as given; the embedded default to its name
+        name = self.served_model_name or (DEFAULT_MODEL.name if self.model is DEFAULT_MODEL else str(self.model))
         return replace(self, model=model, tokenizer=tokenizer, served_model_name=name, speculative_model=draft,
                        model_config=mc, dtype=dtype, max_model_len=max_len)
 
@@ -144,7 +145,8 @@ class EngineConfig:
             return self.dtype
         if self.dtype != "auto":
             names = {"float32": torch.float32, "float16": torch.float16, "half": torch.float16,
-                     "bfloat16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+                     "bfloat16": torch.bfloat16, "float": torch.float32,
+                     "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
             if self.dtype not in names:
                 raise ValueError(f"dtype must be 'auto' or one of {sorted(names)}, got {self.dtype!r}")
             return names[self.dtype]

@@ -6,6 +6,8 @@ import enum
 import math
 from dataclasses import dataclass, field
 
+from minivllm.keyword_args import ANY, refuse_unknown_kwargs
+
 # Temperatures below this are greedy, as in vLLM: dividing logits by ~1e-39 overflows to inf/NaN.
 SAMPLING_EPS = 1e-5
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs: top-k alternatives a request may ask for (-1: the whole vocab)
@@ -125,6 +127,12 @@ class SamplingParams:
         if self.truncate_prompt_tokens is not None and (
                 not integer(self.truncate_prompt_tokens) or self.truncate_prompt_tokens < 1):
             fail("truncate_prompt_tokens", "must be an integer >= 1")
+        for name in ("ignore_eos", "detokenize", "skip_special_tokens", "spaces_between_special_tokens",
+                     "include_stop_str_in_output"):
+            if not isinstance(getattr(self, name), bool):
+                fail(name, "must be True or False")
+        if self.stop is not None and not isinstance(self.stop, (str, list, tuple)):
+            fail("stop", "must be a string or a list of strings")
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if not all(isinstance(s, str) and s for s in stop):
             fail("stop", "must be a non-empty string or a list of non-empty strings")
@@ -147,9 +155,12 @@ class SamplingParams:
                     for k, v in self.logit_bias.items()):
                 fail("logit_bias", "must map token ids to finite numbers")
             self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
-        if self.bad_words is not None and not all(isinstance(w, str) and w.strip() for w in self.bad_words):
+        if self.bad_words is not None and (not isinstance(self.bad_words, (list, tuple)) or
+                                           not all(isinstance(w, str) and w.strip() for w in self.bad_words)):
             fail("bad_words", "must be a list of non-empty strings")
         if self.guided_decoding is not None:
+            if not isinstance(self.guided_decoding, StructuredOutputsParams):
+                fail("guided_decoding", "must be a StructuredOutputsParams")
             if self.structured_outputs is not None:
                 fail("guided_decoding", "and structured_outputs cannot both be set")
             self.structured_outputs, self.guided_decoding = self.guided_decoding, None
@@ -172,3 +183,14 @@ class SamplingParams:
         draft's k positions cannot share one set of logits adjustments, so such requests are not drafted for."""
         return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
                 or bool(self.bad_words) or self.min_tokens > 0)
+
+
+# vLLM's SamplingParams fields minivllm lacks: accepted at values that ask for nothing, else a ValueError naming them
+VLLM_ONLY_FIELDS = {
+    "best_of": (None, 1), "extra_args": (None, {}), "flat_logprobs": (False,),
+    "logits_processors": (None, []),  # per-request processors are gone in vLLM v1 too: LLM(logits_processors=...)
+    "skip_clone": ANY, "output_text_buffer_length": ANY,  # a copy-avoiding hint; an internal field
+    "skip_reading_prefix_cache": (None, False), "thinking_token_budget": (None,), "repetition_detection": (None,),
+}
+refuse_unknown_kwargs(SamplingParams, VLLM_ONLY_FIELDS)  # SamplingParams(foo=1): a ValueError naming foo
+refuse_unknown_kwargs(StructuredOutputsParams)

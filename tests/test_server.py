@@ -444,8 +444,9 @@ def test_cli_serve_subprocess(chat_ckpt):
             except httpx.TransportError:
                 time.sleep(0.2)
         models = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()
-        assert models["data"][0]["id"] == MODEL
-        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": PROMPT, "max_tokens": 3})
+        assert models["data"][0]["id"] == str(chat_ckpt)  # vLLM's rule: the model exactly as given
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions",
+                       json={"model": str(chat_ckpt), "prompt": PROMPT, "max_tokens": 3})
         assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] > 0
     finally:
         proc.send_signal(signal.SIGINT)

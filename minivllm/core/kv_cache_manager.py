@@ -135,9 +135,8 @@ class KVCacheManager:
         return copies
 
     def swap_out(self, seq: Sequence) -> list[int]:
-        """Give up a sequence whose computed blocks go to host memory: returns the blocks that hold its data, in
-        order (where a copy-on-write is still pending, its source: the copy has not happened yet), then frees
-        its table; a hashed block stays in the prefix cache."""
+        """Free a sequence whose computed blocks go to host memory; returns the blocks holding its data, in order
+        (a pending copy-on-write's source: the copy has not happened yet)."""
         rid = seq.request_id
         used = self.block_tables.get(rid, [])[: self.blocks_needed(seq.num_computed_tokens)]
         pending = {dst: src for src, dst in self.copies}
@@ -147,8 +146,8 @@ class KVCacheManager:
         return holding
 
     def swap_in(self, seq: Sequence, num_host_blocks: int, num_new_tokens: int) -> list[int] | None:
-        """Fresh blocks to copy a swapped sequence's `num_host_blocks` back into, plus room for `num_new_tokens`
-        more; None (nothing changed) when the pool is short. Returns the fresh blocks, in order."""
+        """Fresh blocks for a swapped sequence's `num_host_blocks`, plus room for `num_new_tokens` more; None
+        (nothing changed) when the pool is short."""
         if self.blocks_needed(seq.num_computed_tokens + num_new_tokens) > self.num_free_blocks:
             return None
         rid = seq.request_id

@@ -12,18 +12,24 @@ from tqdm.auto import tqdm
 from minivllm.engine.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from minivllm.engine.engine_args import engine_config_from_kwargs
 from minivllm.engine.llm_engine import LLMEngine, PromptType
+from minivllm.engine.step_driver import StepDriver
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 
 class LLM:
-    """Load a model once, then generate for batches of prompts with continuous batching underneath."""
+    """Load a model once, then generate for batches of prompts with continuous batching underneath.
+
+    Safe to share between threads (vLLM's LLM is not): concurrent `generate` calls join one running batch,
+    one thread steps the engine at a time (engine/step_driver.py).
+    """
 
     def __init__(self, model: str | None = None, **kwargs) -> None:
         """`model`: a local checkpoint directory or a Hub repo id (None: the embedded model). kwargs: EngineConfig
         fields and vLLM's own arguments (see engine_args.py)."""
         self.engine = LLMEngine(engine_config_from_kwargs(model, kwargs))
-        self._ids = itertools.count()
+        self._ids = itertools.count()  # request ids; next() on a count is atomic, so threads may share it
+        self._driver = StepDriver(self.engine)  # lets threads share the engine (step_driver.py)
 
     @property
     def llm_engine(self) -> LLMEngine:
@@ -64,22 +70,21 @@ class LLM:
         priority = [0] * len(prompts) if priority is None else list(priority)
         if len(priority) != len(prompts):
             raise ValueError(f"got {len(priority)} priorities for {len(prompts)} prompts")
-        batch = [self.engine.process_request(str(next(self._ids)), p, sp, priority=pr)
-                 for p, sp, pr in zip(prompts, params, priority)]
-        for request in batch:  # everything validated: now queue it
-            self.engine.enqueue(request)
-        order = {request.request_id: i for i, request in enumerate(batch)}
-        results: list[RequestOutput | None] = [None] * len(batch)
-        with tqdm(total=len(batch), desc="generate", disable=not use_tqdm) as bar:
-            stats, t0 = self.engine.stats(), time.perf_counter()
-            while self.engine.has_unfinished_requests():
-                for out in self.engine.step():
-                    if out.finished and out.request_id in order:
-                        results[order[out.request_id]] = out
-                        bar.update(1)
-                if use_tqdm:
-                    bar.set_postfix_str(self._speed(stats, t0))
-        return results
+        ids = [str(next(self._ids)) for _ in prompts]
+        with tqdm(total=len(ids), desc="generate", disable=not use_tqdm) as bar:
+            before, t0 = self.engine.counters.as_dict(), time.perf_counter()
+
+            def progress(finished: int) -> None:
+                bar.update(finished - bar.n)
+                bar.set_postfix_str(self._speed(before, t0), refresh=False)
+
+            return self._driver.run(ids, prompts, params, priority, progress if use_tqdm else None)
+
+    def abort_request(self, request_id: str | Sequence[str]) -> None:
+        """Abort requests that a `generate` call (in any thread) is running: their outputs come back from that
+        call finished, with finish_reason "abort". The ids are the RequestOutput.request_id strings: the
+        calls' prompts numbered "0", "1", ... in the order they were submitted."""
+        self._driver.abort([request_id] if isinstance(request_id, str) else list(request_id))
 
     def beam_search(self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams,
                     use_tqdm: bool = False) -> list[BeamSearchOutput]:
@@ -88,7 +93,8 @@ class LLM:
         accepted for vLLM's signature; no bar is shown.)"""
         if not isinstance(prompts, (list, tuple)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
-        return BeamSearch(self.engine).run(list(prompts), params)
+        with self._driver.exclusive() as engine:
+            return BeamSearch(engine).run(list(prompts), params)
 
     @staticmethod
     def _final_only(params: list) -> list:
@@ -124,7 +130,7 @@ class LLM:
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def _speed(self, before: dict, t0: float) -> str:
-        now, dt = self.engine.stats(), max(time.perf_counter() - t0, 1e-9)
+        now, dt = self.engine.counters.as_dict(), max(time.perf_counter() - t0, 1e-9)
         prefill = now["num_prefill_tokens_computed"] - before["num_prefill_tokens_computed"]
         decode = now["num_generated_tokens"] - before["num_generated_tokens"]
         return f"prefill {prefill / dt:.0f} tok/s, decode {decode / dt:.0f} tok/s"

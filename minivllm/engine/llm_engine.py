@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from minivllm.config import EngineConfig
 from minivllm.core.kv_cache_manager import KVCacheManager
@@ -32,6 +33,9 @@ from minivllm.sequence import FinishReason
 from minivllm.spec_decode import draft_memory_needs, make_proposer
 from minivllm.structured_output import StructuredOutputManager
 from minivllm.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from minivllm.engine.engine_args import EngineArgs
 
 StepObserver = Callable[["LLMEngine", StepRecord], None]
 
@@ -64,6 +68,17 @@ class LLMEngine:
         self.trace_recorder = TraceRecorder(config.trace_steps or 0)
         self.observers: list[StepObserver] = [self.counters, self.trace_recorder]
         self._pending: list[RequestOutput] = []  # aborted requests, reported by the next step
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs, usage_context: Any = None,
+                         stat_loggers: Any = None, enable_multiprocessing: bool = False) -> LLMEngine:
+        """vLLM's constructor from EngineArgs (engine_args.py). `usage_context` is accepted and ignored; custom
+        stat loggers and a separate engine process are not implemented (add_step_observer is the hook here)."""
+        if stat_loggers is not None:
+            raise ValueError("stat_loggers is not supported by minivllm: use engine.add_step_observer(fn)")
+        if enable_multiprocessing:
+            raise ValueError("enable_multiprocessing=True is not supported: minivllm's engine runs in-process")
+        return cls(engine_args.create_engine_config())
 
     @property
     def trace(self):

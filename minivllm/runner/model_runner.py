@@ -111,7 +111,8 @@ class ModelRunner:
                 s.request_id, list(new.token_ids), new.num_prompt_tokens, new.params, list(s.new_block_ids),
                 new.max_total_tokens, new.eos_token_ids,
                 num_prompt_logprobs_done=old.num_prompt_logprobs_done if old is not None else 1,
-                generator=old.generator if old is not None else self._generator(new.seed))
+                generator=old.generator if old is not None else  # a seeded sequence draws from its own stream
+                None if new.seed is None else torch.Generator(device=self.device).manual_seed(new.seed))
 
     def step_rows(self, sched: SchedulerOutput) -> list[StepRow]:
         """One record per scheduled sequence, in batch order: what to compute, as the scheduler decided it."""
@@ -215,7 +216,3 @@ class ModelRunner:
         draft_probs = None if state.spec_probs is None else state.spec_probs[: len(drafts)]  # budget may cut
         generator = state.generator or self.sampler.generator_for(self.device)
         return (self.config.hooks.verify_sampled or verify_sampled)(probs, drafts, draft_probs, generator)
-
-    def _generator(self, seed: int | None) -> torch.Generator | None:
-        """A seeded sequence's own random stream."""
-        return None if seed is None else torch.Generator(device=self.device).manual_seed(seed)

@@ -1,11 +1,6 @@
-"""One step's batch: a record per scheduled sequence, and the flat host arrays the model reads.
-
-`StepRow` is everything the runner knows about one sequence *in this step*: what to compute (from the
-scheduler), where its logits land, and what came out. Every phase of `ModelRunner.execute` reads and writes
-these records, so a sequence's story in a step is one object, not an index into parallel lists.
-
-`prepare_inputs` flattens the rows with no padding: per token its id, position and cache slot; per sequence
-its block table and context length, which is what the attention kernels read.
+"""One step's batch: a `StepRow` per scheduled sequence (what to compute, where its logits land, what came out:
+every phase of `ModelRunner.execute` reads and writes these), and the flat host arrays the model reads, with
+no padding: per token its id, position and cache slot; per sequence its block table and context length.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import time
+from dataclasses import replace
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -51,8 +52,9 @@ def api_error_response(err: APIError, headers: dict | None = None) -> ErrorJSON:
 
 
 def build_app(engine: LLMEngine, model_name: str | None = None, *, limits: ServerLimits | None = None,
-              api_key: str | None = None, allowed_origins: list[str] | tuple[str, ...] = ()) -> FastAPI:
-    """An app serving `engine` under `model_name` (default: the checkpoint directory's name)."""
+              api_key: str | None = None, allowed_origins: list[str] | tuple[str, ...] = (),
+              chat_template: str | None = None) -> FastAPI:
+    """An app serving `engine` under `model_name` (default: the engine's served_model_name: the model as given)."""
     name = model_name or engine.config.served_model_name
     limits = limits or ServerLimits()
     async_engine = AsyncEngine(engine)
@@ -60,7 +62,7 @@ def build_app(engine: LLMEngine, model_name: str | None = None, *, limits: Serve
     request_log = RequestLog()
     async_engine.add_listener(metrics.observe)
     async_engine.add_listener(request_log.observe)
-    pre = Preprocessor(engine)
+    pre = Preprocessor(engine, chat_template=chat_template)
     serving = OpenAIServing(async_engine, name, pre, limits, request_log)
     created = int(time.time())
     max_model_len = engine.config.max_model_len
@@ -207,15 +209,18 @@ def validation_error(errors: list[dict]) -> APIError:
 def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 8000, model_name: str | None = None,
           log_level: str = "info", log_format: str = "text", api_key: str | None = None,
           allowed_origins: list[str] | tuple[str, ...] = (), shutdown_timeout: float = 30.0,
-          limits: ServerLimits | None = None, **engine_kwargs) -> None:
-    """Load the model, then serve it until SIGTERM or Ctrl-C (see shutdown.py)."""
+          limits: ServerLimits | None = None, chat_template: str | None = None,
+          engine_config: EngineConfig | None = None, **engine_kwargs) -> None:
+    """Load the model (or the one `engine_config` names), then serve it until SIGTERM or Ctrl-C (see shutdown.py)."""
     configure_logging(log_level, log_format)
     api_key = resolve_api_key(api_key, os.environ)
-    engine = LLMEngine(EngineConfig(model=model, trace_steps=0, **engine_kwargs))
+    config = engine_config or EngineConfig(model=model, **engine_kwargs)
+    engine = LLMEngine(replace(config, trace_steps=0))
     log.info("serving %s on http://%s:%d (%d KV blocks of %d tokens, max_model_len %d%s)", engine.config.model,
              host, port, engine.kv.pool.num_blocks, engine.config.block_size, engine.config.max_model_len,
              ", API key required" if api_key else "")
-    app = build_app(engine, model_name, limits=limits, api_key=api_key, allowed_origins=allowed_origins)
+    app = build_app(engine, model_name, limits=limits, api_key=api_key, allowed_origins=allowed_origins,
+                    chat_template=chat_template)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                             log_config=None if log_format == "json" else uvicorn.config.LOGGING_CONFIG,
                             timeout_graceful_shutdown=shutdown_timeout + 10)

@@ -37,8 +37,9 @@ class Preprocessor:
     """`workers` threads and as many InputProcessors, each with its own tokenizer, loaded here (at start-up,
     not while the first burst of clients waits); a job borrows one for its duration."""
 
-    def __init__(self, engine: LLMEngine, workers: int = 2) -> None:
+    def __init__(self, engine: LLMEngine, workers: int = 2, chat_template: str | None = None) -> None:
         self.config = engine.config
+        self.chat_template = chat_template  # --chat-template: replaces the tokenizer's own
         self.max_model_len = engine.config.max_model_len
         self.has_tokenizer = engine.tokenizer is not None
         self._free: queue.SimpleQueue[InputProcessor] = queue.SimpleQueue()
@@ -98,7 +99,7 @@ class Preprocessor:
             if proc.tokenizer is None:
                 raise ValueError("this model has no tokenizer, so it has no chat template")
             try:
-                text, ids = proc.tokenizer.apply_chat_template(conversation,
+                text, ids = proc.tokenizer.apply_chat_template(conversation, chat_template=self.chat_template,
                                                                add_generation_prompt=add_generation_prompt)
             except (ValueError, TypeError, jinja2.TemplateError) as e:  # no template, or messages that break it
                 raise ValueError(f"chat template failed: {e}") from e

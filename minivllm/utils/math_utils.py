@@ -1,4 +1,4 @@
-"""Small helpers every part shares (vLLM keeps the same ones in `vllm.utils`)."""
+"""Small arithmetic every part shares (vLLM keeps the same helpers at `vllm.utils.math_utils`)."""
 
 from __future__ import annotations
 

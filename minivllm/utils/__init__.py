@@ -1,0 +1,10 @@
+"""vLLM's import path `vllm.utils`: FlexibleArgumentParser (defined in entrypoints/arg_parser.py), and `cdiv`.
+
+One of the thin modules that let vLLM code run with only `vllm` -> `minivllm` changed; the README's
+"vLLM import paths" table lists them all.
+"""
+
+from minivllm.entrypoints.arg_parser import FlexibleArgumentParser
+from minivllm.utils.math_utils import cdiv
+
+__all__ = ["FlexibleArgumentParser", "cdiv"]
