@@ -83,6 +83,8 @@ class SamplingParams:
     structured_outputs: StructuredOutputsParams | None = None
     guided_decoding: StructuredOutputsParams | None = None  # vLLM's older name for structured_outputs
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    extra_args: dict | None = None  # free-form per-request arguments, read by custom logits processors (vLLM's)
+    best_of: int | None = None  # vLLM V0's "sample best_of, return the n most likely": only best_of == n here
     stop_strings: list[str] = field(init=False, repr=False)
     bad_words_token_ids: list[list[int]] = field(init=False, repr=False, default_factory=list)  # set on arrival
 
@@ -157,6 +159,15 @@ class SamplingParams:
             fail("structured_outputs", "must be a StructuredOutputsParams")
         if not isinstance(self.output_kind, RequestOutputKind):
             fail("output_kind", "must be a RequestOutputKind")
+        if self.extra_args is not None and not (isinstance(self.extra_args, dict)
+                                                and all(isinstance(k, str) for k in self.extra_args)):
+            fail("extra_args", "must be a dict with string keys")
+        if self.best_of is not None:
+            if not integer(self.best_of) or self.best_of < self.n:
+                fail("best_of", f"must be an integer >= n ({self.n})")
+            if self.best_of > self.n:  # vLLM V1 dropped it too; n samples, or beam search, cover its uses
+                fail("best_of", f"> n is not supported (as in vLLM V1): ask for n={self.best_of} and keep the "
+                     f"{self.n} with the highest cumulative_logprob (set logprobs=0), or use LLM.beam_search")
         if self.top_k == -1:
             self.top_k = 0
         if self.temperature < SAMPLING_EPS:

@@ -21,7 +21,7 @@ HARMLESS: dict[str, Any] = {
     "tensor_parallel_size": {1}, "pipeline_parallel_size": {1}, "data_parallel_size": {1},
     "tokenizer_mode": {"auto"}, "skip_tokenizer_init": {False}, "quantization": {None},
     "load_format": {"auto", "safetensors"}, "cpu_offload_gb": {0}, "hf_overrides": {None},
-    "mm_processor_kwargs": {None}, "logits_processors": {None},
+    "mm_processor_kwargs": {None},
     "disable_log_stats": ANY, "disable_custom_all_reduce": ANY, "max_seq_len_to_capture": ANY,
     "compilation_config": ANY, "disable_async_output_proc": ANY, "max_logprobs": ANY,
     "task": {"auto", "generate"}, "runner": {"auto", "generate"}, "kv_cache_dtype": {"auto"},

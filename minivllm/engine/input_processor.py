@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from minivllm.config import EngineConfig
 from minivllm.request import Request
+from minivllm.sampling.logits_processor import load_logits_processor_classes
 from minivllm.sampling_params import SamplingParams
 from minivllm.structured_output import StructuredOutputManager
 from minivllm.tokenizer import Tokenizer
@@ -39,6 +40,7 @@ class InputProcessor:
         self.vocab_size = config.model_config.vocab_size
         self.eos_token_ids = eos_token_ids
         self.num_kv_blocks = num_kv_blocks
+        self.logits_processor_classes = load_logits_processor_classes(config.logits_processors)
 
     def process(self, request_id: str, prompt: PromptType, params: SamplingParams | None = None,
                 arrival_time: float | None = None, priority: int = 0) -> EngineRequest:
@@ -94,6 +96,8 @@ class InputProcessor:
             params.bad_words_token_ids = [list(w) for w in sorted(words) if w]
         if params.structured_outputs is not None:
             self.structured.validate(params.structured_outputs)
+        for cls in self.logits_processor_classes:  # custom logits processors check their extra_args
+            cls.validate_params(params)
 
     def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         if isinstance(prompt, dict):

@@ -30,6 +30,7 @@ from minivllm.cpu_platform import CpuThreadSizer
 from minivllm.model import load_model
 from minivllm.runner.request_state import RequestState
 from minivllm.sampling import Sampler, SamplingBatch
+from minivllm.sampling.persistent_batch import PersistentBatch  # [issue 27] custom logits processors
 from minivllm.sampling.rejection_sampler import verify_greedy, verify_sampled
 from minivllm.sampling.sampler import apply_logits_processors, processed_probs
 from minivllm.structured_output import apply_grammar_bitmask
@@ -89,6 +90,7 @@ class ModelRunner:
                                              config.hooks.online_softmax_update)
         self.model = load_model(config.model, mc, self.backend, self.dtype, config.device)
         self.sampler = Sampler(config.seed, config.hooks.top_p)
+        self.logits_processors = PersistentBatch(config, self.device)  # [issue 27]
         self.requests: dict[str, RequestState] = {}
         self.logits_observers: list[LogitsObserver] = []
         self.bytes_per_block = kv_bytes_per_block(mc.num_layers, config.block_size, mc.num_kv_heads,
@@ -260,6 +262,7 @@ class ModelRunner:
             plain_logits = logits if len(rows) == len(logits) else logits[rows]
             for observe in self.logits_observers:
                 observe([states[i].request_id for i in plain], plain_logits)
+            plain_logits = self.logits_processors.apply([states[i].request_id for i in plain], plain_logits)  # [27]
             batch = self._sampling_batch([states[i] for i in plain])
             for i, tok in zip(plain, self.sampler(plain_logits, batch).tolist()):
                 out.sampled_token_ids[states[i].request_id] = [tok]
@@ -317,6 +320,7 @@ class ModelRunner:
         for rid in sched.finished:
             self.requests.pop(rid, None)
         for rid in [*sched.finished, *sched.preempted]:  # a preempted request is recomputed: its drafts go too
+            self.logits_processors.remove_request(rid)  # [issue 27]
             if self.proposer is not None:
                 self.proposer.free(rid)
         for new in sched.new_requests:
@@ -326,6 +330,8 @@ class ModelRunner:
                 new.request_id, list(new.token_ids), new.num_prompt_tokens, new.params, list(new.block_ids),
                 new.max_total_tokens, eos_token_ids=new.eos_token_ids, generator=generator,
                 num_prompt_logprobs_done=old.num_prompt_logprobs_done if old is not None else 1)
+            self.logits_processors.add_request(new.request_id, new.params, self.requests[new.request_id].token_ids,
+                                               new.num_prompt_tokens)  # [issue 27]
         for rid, blocks in sched.new_block_ids.items():
             self.requests[rid].block_table.extend(blocks)
 
