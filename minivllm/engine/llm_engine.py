@@ -19,13 +19,16 @@ from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.scheduler import Scheduler
 from minivllm.core.swap import SwapSpace
 from minivllm.engine.input_processor import EngineRequest, InputProcessor, PromptType
+from minivllm.engine.metrics_reader import Metric, read_metrics
 from minivllm.engine.output_processor import OutputProcessor
+from minivllm.engine.profiler import EngineProfiler
 from minivllm.engine.stats import StepCounters
 from minivllm.engine.trace import StepRecord, TraceRecorder
 from minivllm.model import generation_defaults
 from minivllm.outputs import RequestOutput
 from minivllm.runner.model_runner import ModelRunner
 from minivllm.sampling_params import SamplingParams
+from minivllm.server.metrics import ServerMetrics
 from minivllm.structured_output import StructuredOutputManager
 from minivllm.tokenizer import Tokenizer
 
@@ -58,6 +61,8 @@ class LLMEngine:
         self.trace_recorder = TraceRecorder(config.trace_steps or 0)
         self.observers: list[StepObserver] = [self.counters, self.trace_recorder]
         self._pending: list[RequestOutput] = []  # aborted requests, reported by the next step
+        self.metrics = ServerMetrics(config.served_model_name)  # what get_metrics() reads (vLLM's names)
+        self.profiler = EngineProfiler()
 
     @property
     def trace(self):
@@ -113,6 +118,11 @@ class LLMEngine:
     # ---- one step ----------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Schedule, run the model once, and turn new tokens into outputs for every request touched."""
+        outputs = self._step()
+        self.metrics.observe(outputs, self.stats())
+        return outputs
+
+    def _step(self) -> list[RequestOutput]:
         start = time.perf_counter()
         outputs, self._pending = self._pending, []
         scheduler_output = self.scheduler.schedule()
@@ -137,7 +147,26 @@ class LLMEngine:
             observe(self, record)
         return outputs + new_outputs
 
-    # ---- numbers -----------------------------------------------------------------------------------
+    # ---- numbers, cache, profiling ----------------------------------------------------------------
+    def get_metrics(self) -> list[Metric]:
+        """vLLM's metric objects (Counter, Gauge, Histogram, Vector), from the counters `/metrics` serves."""
+        self.metrics.set_gauges(self.stats())
+        return read_metrics(self.metrics.registry)
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """Forget every cached prefix (benchmarks, or after changing weights). Returns False and keeps the cache
+        while requests hold blocks, unless `reset_running_requests` (see KVCacheManager.reset_prefix_cache)."""
+        return self.kv.reset_prefix_cache(reset_running_requests)
+
+    def start_profile(self, profile_prefix: str | None = None) -> None:
+        """Record every step with torch.profiler until stop_profile() (needs MINIVLLM_TORCH_PROFILER_DIR or
+        VLLM_TORCH_PROFILER_DIR: see profiler.py)."""
+        self.profiler.start(profile_prefix)
+
+    def stop_profile(self) -> Path:
+        """Write the trace; returns its path."""
+        return self.profiler.stop()
+
     def stats(self) -> dict:
         kv = self.kv
         return {

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible server's entry points, at vLLM's paths (the server itself is minivllm/server/)."""
