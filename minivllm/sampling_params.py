@@ -84,7 +84,9 @@ class SamplingParams:
     guided_decoding: StructuredOutputsParams | None = None  # vLLM's older name for structured_outputs
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     extra_args: dict | None = None  # free-form per-request arguments, read by custom logits processors (vLLM's)
-    best_of: int | None = None  # vLLM V0's "sample best_of, return the n most likely": only best_of == n here
+    # vLLM V0's best_of: sample best_of sequences, return the n with the highest cumulative logprob (the
+    # request is then reported only when it finishes: which n win is known only at the end)
+    best_of: int | None = None
     stop_strings: list[str] = field(init=False, repr=False)
     bad_words_token_ids: list[list[int]] = field(init=False, repr=False, default_factory=list)  # set on arrival
 
@@ -162,16 +164,22 @@ class SamplingParams:
         if self.extra_args is not None and not (isinstance(self.extra_args, dict)
                                                 and all(isinstance(k, str) for k in self.extra_args)):
             fail("extra_args", "must be a dict with string keys")
-        if self.best_of is not None:
-            if not integer(self.best_of) or self.best_of < self.n:
-                fail("best_of", f"must be an integer >= n ({self.n})")
-            if self.best_of > self.n:  # vLLM V1 dropped it too; n samples, or beam search, cover its uses
-                fail("best_of", f"> n is not supported (as in vLLM V1): ask for n={self.best_of} and keep the "
-                     f"{self.n} with the highest cumulative_logprob (set logprobs=0), or use LLM.beam_search")
+        if self.best_of is not None and (not integer(self.best_of) or self.best_of < self.n):
+            fail("best_of", f"must be an integer >= n ({self.n})")
         if self.top_k == -1:
             self.top_k = 0
         if self.temperature < SAMPLING_EPS:
             self.temperature = 0.0
+
+    @property
+    def num_sequences(self) -> int:
+        """How many sequences the engine samples: best_of when set, else n."""
+        return max(self.n, self.best_of or 0)
+
+    @property
+    def ranks_by_logprob(self) -> bool:
+        """best_of > n: the engine samples more sequences than it returns, and keeps the likeliest n."""
+        return self.num_sequences > self.n
 
     @property
     def greedy(self) -> bool:

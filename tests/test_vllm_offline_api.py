@@ -274,3 +274,25 @@ def test_run_batch_command_line(tmp_path):
     results = [json.loads(line) for line in dst.read_text().splitlines()]
     assert [r["custom_id"] for r in results] == ["chat-1", "cmpl-1"]
     assert all(r["response"]["status_code"] == 200 for r in results)
+
+
+def test_best_of_returns_the_likeliest_n_of_best_of_samples(llm):
+    """The llm_engine_example.py pattern (n=2, best_of=5, via add_request/step): the two returned are the two
+    likeliest of five samples. Oracle: the same five samples drawn as n=5 (sample i is seeded seed + i)."""
+    prompt, kw = "What is the meaning of life?", dict(temperature=0.8, top_p=0.95, frequency_penalty=0.1,
+                                                       max_tokens=8, seed=3)
+    engine = llm.engine
+    engine.add_request("best", prompt, SamplingParams(n=2, best_of=5, **kw))
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += [o for o in engine.step() if o.request_id == "best"]
+    assert len(outputs) == 1 and outputs[0].finished, "reported once, when the ranking is known"
+    best = outputs[0].outputs
+    five = llm.generate(prompt, SamplingParams(n=5, logprobs=0, **kw), use_tqdm=False)[0].outputs
+    ranked = sorted(five, key=lambda c: -c.cumulative_logprob)[:2]
+    assert [c.token_ids for c in best] == [c.token_ids for c in ranked]
+    assert [c.index for c in best] == [0, 1] and best[0].cumulative_logprob >= best[1].cumulative_logprob
+    assert [c.cumulative_logprob for c in best] == pytest.approx([c.cumulative_logprob for c in ranked])
+    assert best[0].logprobs is None, "logprobs were not asked for: only used for the ranking"
+    with pytest.raises(ValueError, match="best_of"):
+        SamplingParams(n=3, best_of=2)

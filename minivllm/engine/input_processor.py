@@ -7,7 +7,7 @@ with a ValueError naming the problem, and the engine never starts work it cannot
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from minivllm.config import EngineConfig
 from minivllm.request import Request
@@ -67,9 +67,12 @@ class InputProcessor:
             raise ValueError(f"prompt has {len(ids)} tokens; max_model_len is {max_len}, "
                              f"which leaves no room for output")
         arrival = time.monotonic() if arrival_time is None else arrival_time
-        sequences = [Request(request_id if params.n == 1 else f"{request_id}#{i}", list(ids), params,
+        num, seq_params = params.num_sequences, params
+        if params.ranks_by_logprob and params.logprobs is None:  # best_of ranks by logprob: the runner must
+            seq_params = replace(params, logprobs=0)  # report each chosen token's (0 alternatives)
+        sequences = [Request(request_id if num == 1 else f"{request_id}#{i}", list(ids), seq_params,
                              self.eos_token_ids, max_len, arrival, parent_id=request_id, index=i, priority=priority)
-                     for i in range(params.n)]
+                     for i in range(num)]
         block_size = self.config.block_size
         need = -(-sequences[0].max_total_tokens // block_size)
         if need > self.num_kv_blocks:
