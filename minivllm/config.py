@@ -55,6 +55,8 @@ class EngineConfig:
     scheduling_policy: str = "fcfs"  # "fcfs", or "priority": lower value first, ties by arrival (as vLLM)
     preemption_mode: str = "recompute"  # what a preempted request loses: "recompute" (its blocks) or "swap"
     swap_space: float = 4  # GiB of host memory for swapped-out blocks (vLLM's name and default); used by "swap"
+    # vLLM v1 logits processors: LogitsProcessor subclasses or "module:Class" names (sampling/logits_processor.py)
+    logits_processors: list | None = None
     hooks: EngineHooks = field(default_factory=EngineHooks, repr=False)  # a learner's own engine parts (exercises)
     model_config: ModelConfig | None = field(default=None, repr=False)  # set by resolve()
 
@@ -90,6 +92,13 @@ class EngineConfig:
         if self.preemption_mode == "swap" and self.speculative_model not in (None, NGRAM):
             raise ValueError("preemption_mode='swap' does not swap a draft model's cache: use 'recompute' "
                              "with a draft speculative_model")
+        if self.logits_processors:
+            from minivllm.sampling.logits_processor import load_logits_processor_classes
+
+            load_logits_processor_classes(self.logits_processors)  # a bad entry fails here, naming itself
+            if self.speculative_model is not None:
+                raise ValueError("logits_processors cannot be combined with speculative decoding: drafts are "
+                                 "verified without them")
         if self.device == "auto":
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
         if self.attention_backend not in ("auto", "torch", "triton"):
@@ -156,3 +165,6 @@ class EngineConfig:
         if checkpoint_dtype == torch.bfloat16 or checkpoint_dtype in (None, torch.float32):
             return torch.bfloat16 if bf16_ok else torch.float16
         return torch.float16
+
+
+VllmConfig = EngineConfig  # vLLM's name for the config its logits processors receive (the fields are ours)

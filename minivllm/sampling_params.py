@@ -85,6 +85,10 @@ class SamplingParams:
     structured_outputs: StructuredOutputsParams | None = None
     guided_decoding: StructuredOutputsParams | None = None  # vLLM's older name for structured_outputs
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    extra_args: dict | None = None  # free-form per-request arguments, read by custom logits processors (vLLM's)
+    # vLLM V0's best_of: sample best_of sequences, return the n with the highest cumulative logprob (the
+    # request is then reported only when it finishes: which n win is known only at the end)
+    best_of: int | None = None
     stop_strings: list[str] = field(init=False, repr=False)
     bad_words_token_ids: list[list[int]] = field(init=False, repr=False, default_factory=list)  # set on arrival
 
@@ -168,10 +172,25 @@ class SamplingParams:
             fail("structured_outputs", "must be a StructuredOutputsParams")
         if not isinstance(self.output_kind, RequestOutputKind):
             fail("output_kind", "must be a RequestOutputKind")
+        if self.extra_args is not None and not (isinstance(self.extra_args, dict)
+                                                and all(isinstance(k, str) for k in self.extra_args)):
+            fail("extra_args", "must be a dict with string keys")
+        if self.best_of is not None and (not integer(self.best_of) or self.best_of < self.n):
+            fail("best_of", f"must be an integer >= n ({self.n})")
         if self.top_k == -1:
             self.top_k = 0
         if self.temperature < SAMPLING_EPS:
             self.temperature = 0.0
+
+    @property
+    def num_sequences(self) -> int:
+        """How many sequences the engine samples: best_of when set, else n."""
+        return max(self.n, self.best_of or 0)
+
+    @property
+    def ranks_by_logprob(self) -> bool:
+        """best_of > n: the engine samples more sequences than it returns, and keeps the likeliest n."""
+        return self.num_sequences > self.n
 
     @property
     def greedy(self) -> bool:

@@ -174,6 +174,18 @@ class KVCacheManager:
             self.events.append(KVEvent("free", rid, block_id))
         self.num_registered.pop(rid, None)
 
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """Forget every cached prefix; False (and nothing forgotten) while requests hold blocks, as in vLLM.
+
+        `reset_running_requests=True` resets anyway: blocks in use lose their names too, so no new request can
+        share them, while their owners keep reading them (vLLM preempts the owners instead; either way the
+        cache is empty for new lookups and the outputs do not change).
+        """
+        if self.pool.num_free_blocks < self.pool.num_blocks and not reset_running_requests:
+            return False
+        self.pool.reset_prefix_cache()
+        return True
+
     def drain_events(self) -> list[KVEvent]:
         events, self.events = self.events, []
         return events

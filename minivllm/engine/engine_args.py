@@ -82,6 +82,8 @@ class EngineArgs:
     scheduling_policy: str = arg(EngineConfig.scheduling_policy, choices=("fcfs", "priority"))
     preemption_mode: str = arg(EngineConfig.preemption_mode, choices=("recompute", "swap"))
     swap_space: float = arg(EngineConfig.swap_space, "GiB of host memory for swapped-out KV blocks")
+    logits_processors: list | None = arg(EngineConfig.logits_processors, "vLLM v1 LogitsProcessor classes or "
+                                         "'module:Class' names", cli=False)
     hooks: EngineHooks | None = arg(None, cli=False)
 
     # ---- vLLM arguments that ask for nothing here when left at these values ----
@@ -109,7 +111,6 @@ class EngineArgs:
     limit_mm_per_prompt: dict | None = vllm_arg(None, ANY, "accepted: a text-only model takes no images to limit")
     disable_chunked_mm_input: bool = vllm_arg(False, ANY)
     enable_prompt_embeds: bool = vllm_arg(False, (False,))
-    logits_processors: list | None = vllm_arg(None, (None, []))
     logprobs_mode: str = vllm_arg("raw_logprobs", ("raw_logprobs",))
     max_logprobs: int = vllm_arg(20, ANY)
     cpu_offload_gb: float = vllm_arg(0, (0,))

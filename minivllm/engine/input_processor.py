@@ -7,9 +7,10 @@ with a ValueError naming the problem, and the engine never starts work it cannot
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from minivllm.config import EngineConfig
+from minivllm.sampling.logits_processor import load_logits_processor_classes
 from minivllm.sampling_params import SamplingParams
 from minivllm.sequence import Sequence
 from minivllm.structured_output import StructuredOutputManager
@@ -40,6 +41,7 @@ class InputProcessor:
         self.vocab_size = config.model_config.vocab_size
         self.eos_token_ids = eos_token_ids
         self.num_kv_blocks = num_kv_blocks
+        self.logits_processor_classes = load_logits_processor_classes(config.logits_processors)
 
     def process(self, request_id: str, prompt: PromptType, params: SamplingParams | None = None,
                 arrival_time: float | None = None, priority: int = 0) -> EngineRequest:
@@ -66,9 +68,12 @@ class InputProcessor:
             raise ValueError(f"prompt has {len(ids)} tokens; max_model_len is {max_len}, "
                              f"which leaves no room for output")
         arrival = time.monotonic() if arrival_time is None else arrival_time
-        sequences = [Sequence(request_id if params.n == 1 else f"{request_id}#{i}", list(ids), params,
+        num, seq_params = params.num_sequences, params
+        if params.ranks_by_logprob and params.logprobs is None:  # best_of ranks by logprob: the runner must
+            seq_params = replace(params, logprobs=0)  # report each chosen token's (0 alternatives)
+        sequences = [Sequence(request_id if num == 1 else f"{request_id}#{i}", list(ids), seq_params,
                               self.eos_token_ids, max_len, arrival, parent_id=request_id, index=i, priority=priority)
-                     for i in range(params.n)]
+                     for i in range(num)]
         block_size = self.config.block_size
         need = cdiv(sequences[0].max_total_tokens, block_size)
         if need > self.num_kv_blocks:
@@ -95,6 +100,8 @@ class InputProcessor:
             params.bad_words_token_ids = [list(w) for w in sorted(words) if w]
         if params.structured_outputs is not None:
             self.structured.validate(params.structured_outputs)
+        for cls in self.logits_processor_classes:  # custom logits processors check their extra_args
+            cls.validate_params(params)
 
     def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         if isinstance(prompt, dict):

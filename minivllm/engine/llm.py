@@ -6,12 +6,14 @@ import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 
 from tqdm.auto import tqdm
 
 from minivllm.engine.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from minivllm.engine.engine_args import engine_config_from_kwargs
 from minivllm.engine.llm_engine import LLMEngine, PromptType
+from minivllm.engine.metrics_reader import Metric
 from minivllm.engine.step_driver import StepDriver
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
@@ -128,6 +130,25 @@ class LLM:
                 raise ValueError(f"chat template failed: {e}") from e
             prompts.append({"prompt": text, "prompt_token_ids": ids})
         return self.generate(prompts, sampling_params, use_tqdm)
+
+    # ---- vLLM's engine controls (issue 27) -----------------------------------------------------------
+    def get_metrics(self) -> list[Metric]:
+        """Counter, Gauge, Histogram and Vector objects (vllm.v1.metrics.reader's), from the counters a server
+        over this engine would serve at /metrics: tokens, requests by finish reason, latencies, KV usage."""
+        return self.engine.get_metrics()
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """Forget every cached prefix; False while requests hold blocks (unless reset_running_requests)."""
+        return self.engine.reset_prefix_cache(reset_running_requests)
+
+    def start_profile(self, profile_prefix: str | None = None) -> None:
+        """Record the engine's steps with torch.profiler into the directory named by MINIVLLM_TORCH_PROFILER_DIR
+        (or vLLM's VLLM_TORCH_PROFILER_DIR); stop_profile() writes the trace."""
+        self.engine.start_profile(profile_prefix)
+
+    def stop_profile(self) -> Path:
+        """Stop recording; returns the Chrome-trace JSON file written."""
+        return self.engine.stop_profile()
 
     def _speed(self, before: dict, t0: float) -> str:
         now, dt = self.engine.counters.as_dict(), max(time.perf_counter() - t0, 1e-9)

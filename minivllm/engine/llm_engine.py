@@ -22,7 +22,9 @@ from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.scheduler import Scheduler
 from minivllm.core.swap import SwapSpace
 from minivllm.engine.input_processor import EngineRequest, InputProcessor, PromptType
+from minivllm.engine.metrics_reader import Metric, read_metrics
 from minivllm.engine.output_processor import OutputProcessor
+from minivllm.engine.profiler import EngineProfiler
 from minivllm.engine.stats import StepCounters
 from minivllm.engine.trace import StepRecord, TraceRecorder
 from minivllm.model import generation_defaults
@@ -30,6 +32,7 @@ from minivllm.outputs import RequestOutput
 from minivllm.runner.model_runner import ModelRunner
 from minivllm.sampling_params import SamplingParams
 from minivllm.sequence import FinishReason
+from minivllm.server.metrics import ServerMetrics
 from minivllm.spec_decode import draft_memory_needs, make_proposer
 from minivllm.structured_output import StructuredOutputManager
 from minivllm.tokenizer import Tokenizer
@@ -68,6 +71,8 @@ class LLMEngine:
         self.trace_recorder = TraceRecorder(config.trace_steps or 0)
         self.observers: list[StepObserver] = [self.counters, self.trace_recorder]
         self._pending: list[RequestOutput] = []  # aborted requests, reported by the next step
+        self.metrics = ServerMetrics(config.served_model_name)  # what get_metrics() reads (vLLM's names)
+        self.profiler = EngineProfiler()
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs, usage_context: Any = None,
@@ -136,16 +141,17 @@ class LLMEngine:
         """Schedule, run the model once, and turn new tokens into outputs for every request touched."""
         outputs, self._pending = self._pending, []
         record = self.core_step()
-        if record is None:
-            return outputs
-        start = time.perf_counter()
-        new_outputs, stopped = self.output_processor.process(record.core_outputs)
-        self.scheduler.finish_requests(list(stopped), FinishReason.STOP, stopped)
-        record.finished.update(dict.fromkeys(stopped, FinishReason.STOP))
-        record.phase_seconds["output"] = time.perf_counter() - start
-        record.duration_s += record.phase_seconds["output"]
-        self.notify(record)
-        return outputs + new_outputs
+        if record is not None:
+            start = time.perf_counter()
+            new_outputs, stopped = self.output_processor.process(record.core_outputs)
+            self.scheduler.finish_requests(list(stopped), FinishReason.STOP, stopped)
+            record.finished.update(dict.fromkeys(stopped, FinishReason.STOP))
+            record.phase_seconds["output"] = time.perf_counter() - start
+            record.duration_s += record.phase_seconds["output"]
+            self.notify(record)
+            outputs += new_outputs
+        self.metrics.observe(outputs, self.stats())  # what get_metrics() and a server's /metrics read
+        return outputs
 
     def core_step(self) -> StepRecord | None:
         """Schedule, run the model, advance the sequences (token ids and token-level stops, no text); None when
@@ -171,7 +177,26 @@ class LLMEngine:
         for observe in self.observers:
             observe(self, record)
 
-    # ---- numbers -----------------------------------------------------------------------------------
+    # ---- numbers, cache, profiling ----------------------------------------------------------------
+    def get_metrics(self) -> list[Metric]:
+        """vLLM's metric objects (Counter, Gauge, Histogram, Vector), from the counters `/metrics` serves."""
+        self.metrics.set_gauges(self.stats())
+        return read_metrics(self.metrics.registry)
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """Forget every cached prefix (benchmarks, or after changing weights). Returns False and keeps the cache
+        while requests hold blocks, unless `reset_running_requests` (see KVCacheManager.reset_prefix_cache)."""
+        return self.kv.reset_prefix_cache(reset_running_requests)
+
+    def start_profile(self, profile_prefix: str | None = None) -> None:
+        """Record every step with torch.profiler until stop_profile() (needs MINIVLLM_TORCH_PROFILER_DIR or
+        VLLM_TORCH_PROFILER_DIR: see profiler.py)."""
+        self.profiler.start(profile_prefix)
+
+    def stop_profile(self) -> Path:
+        """Write the trace; returns its path."""
+        return self.profiler.stop()
+
     def stats(self) -> dict:
         kv = self.kv
         return {

@@ -9,7 +9,7 @@ holding back text that may still become a stop string, and assembling the output
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from minivllm.core.step_io import EngineCoreOutput, TokenLogprobs
 from minivllm.engine.input_processor import EngineRequest
@@ -98,7 +98,7 @@ class OutputProcessor:
             group.sequences[seq.request_id] = SequenceText(
                 seq.index, list(seq.prompt_token_ids), len(seq.prompt_token_ids), detok,
                 logprobs=[] if params.logprobs is not None else None,
-                cumulative_logprob=0.0 if params.logprobs is not None else None)
+                cumulative_logprob=0.0 if params.logprobs is not None or params.ranks_by_logprob else None)
             self.parent_of[seq.request_id] = request.request_id
 
     def process(self, core_outputs: list[EngineCoreOutput]) -> tuple[list[RequestOutput], dict[str, str]]:
@@ -132,17 +132,18 @@ class OutputProcessor:
                     seq.finish_reason, seq.stop_reason = FinishReason.STOP, hit
                     stopped[core.request_id] = hit
                     break
-            if seq.logprobs is not None and core.logprobs is not None:  # as far as the tokens kept
+            if seq.cumulative_logprob is not None and core.logprobs is not None:  # as far as the tokens kept
                 kept = core.logprobs[: len(seq.output_token_ids) - num_before]
-                seq.logprobs += [self._logprob_dict(p, params) for p in kept]
+                if seq.logprobs is not None:
+                    seq.logprobs += [self._logprob_dict(p, params) for p in kept]
                 seq.cumulative_logprob += sum(p.logprobs[0] for p in kept)
             if seq.finish_reason is None and core.finish_reason is not None:
                 seq.finish_reason, seq.stop_reason = core.finish_reason, core.stop_reason
             if seq.finish_reason is not None:
                 self._finish_text(seq, params, now)
             touched[group.request.request_id] = group
-        outputs = [self._output(g) for g in touched.values()
-                   if g.request.params.output_kind is not RequestOutputKind.FINAL_ONLY or g.finished]
+        outputs = [self._output(g) for g in touched.values() if g.finished or not (
+                   g.request.params.output_kind is RequestOutputKind.FINAL_ONLY or g.request.params.ranks_by_logprob)]
         return outputs, stopped
 
     def abort(self, request_id: str) -> tuple[list[str], RequestOutput | None]:
@@ -189,9 +190,13 @@ class OutputProcessor:
 
     def _output(self, group: RequestGroup) -> RequestOutput:
         req, seqs = group.request, list(group.sequences.values())
+        shown = seqs
+        if req.params.ranks_by_logprob:  # best_of: the n likeliest, best first, numbered 0..n-1 (vLLM V0's order)
+            shown = sorted(seqs, key=lambda s: -s.cumulative_logprob)[: req.params.n]
+            shown = [replace(s, index=i) for i, s in enumerate(shown)]
         delta = req.params.output_kind is RequestOutputKind.DELTA
         completions = []
-        for s in seqs:
+        for s in shown:
             text, tokens, logprobs = visible_text(s, req.params), s.output_token_ids, s.logprobs
             if delta:  # only what the caller has not seen yet
                 logprobs = None if logprobs is None else logprobs[s.num_sent_tokens :]

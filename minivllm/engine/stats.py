@@ -16,6 +16,7 @@ class StepCounters:
         self.num_decode_tokens = 0
         self.num_generated_tokens = 0
         self.num_spec_proposed = self.num_spec_accepted = self.num_spec_steps = 0
+        self.num_spec_accepted_per_pos: list[int] = []  # [i]: drafts accepted at draft position i
         self.propose_seconds = 0.0
 
     def __call__(self, engine: LLMEngine, record: StepRecord) -> None:
@@ -28,8 +29,13 @@ class StepCounters:
                 self.num_decode_tokens += s.num_new_tokens
             if s.request_id in accepted:
                 self.num_spec_proposed += len(s.spec_token_ids)
-                self.num_spec_accepted += accepted[s.request_id]
+                num_accepted = accepted[s.request_id]
+                self.num_spec_accepted += num_accepted
                 self.num_spec_steps += 1
+                per_pos = self.num_spec_accepted_per_pos
+                per_pos += [0] * (len(s.spec_token_ids) - len(per_pos))
+                for i in range(num_accepted):  # drafts are accepted as a prefix: positions 0..accepted-1
+                    per_pos[i] += 1
         self.num_generated_tokens += sum(len(c.new_token_ids) for c in record.core_outputs)
         self.propose_seconds += record.runner_output.propose_seconds
 
@@ -41,6 +47,8 @@ class StepCounters:
             "num_generated_tokens": self.num_generated_tokens,
             "spec_num_proposed": self.num_spec_proposed,
             "spec_num_accepted": self.num_spec_accepted,
+            "spec_num_steps": self.num_spec_steps,
+            "spec_num_accepted_per_pos": list(self.num_spec_accepted_per_pos),
             "spec_acceptance_rate": self.num_spec_accepted / max(self.num_spec_proposed, 1),
             # tokens gained per verification step: the accepted drafts plus the target's own token
             "spec_mean_accepted_length": (self.num_spec_accepted + self.num_spec_steps) / max(self.num_spec_steps, 1),

@@ -27,6 +27,7 @@ from minivllm.runner.memory import BlockCopier, host_kv_cache, kv_cache_shape, n
 from minivllm.runner.sequence_state import SequenceState
 from minivllm.runner.step_batch import StepRow, attention_metadata, prepare_inputs, to_device
 from minivllm.sampling import Sampler, SamplingBatch
+from minivllm.sampling.persistent_batch import PersistentBatch  # [issue 27] custom logits processors
 from minivllm.sampling.rejection_sampler import verify_greedy, verify_sampled
 from minivllm.sampling.sampler import apply_logits_processors, processed_probs
 from minivllm.structured_output import apply_grammar_bitmask
@@ -53,6 +54,7 @@ class ModelRunner:
                                              config.hooks.online_softmax_update)
         self.model = load_model(config.model, mc, self.backend, self.dtype, config.device)
         self.sampler = Sampler(config.seed, config.hooks.top_p)
+        self.logits_processors = PersistentBatch(config, self.device)  # vLLM v1 logits processors, if any
         self.sequences: dict[str, SequenceState] = {}
         self.logits_observers: list[LogitsObserver] = []
         self.proposer: Proposer | None = None  # the engine hands us a drafter once our cache is sized
@@ -99,8 +101,9 @@ class ModelRunner:
             self.thread_sizer.update()
         for rid in sched.finished:
             self.sequences.pop(rid, None)
-        if self.proposer is not None:  # a preempted sequence is recomputed: its drafts go too
-            for rid in [*sched.finished, *sched.preempted]:
+        for rid in [*sched.finished, *sched.preempted]:  # a preempted sequence is recomputed: its drafts go too
+            self.logits_processors.remove_request(rid)
+            if self.proposer is not None:
                 self.proposer.free(rid)
         for s in sched.scheduled:
             if s.new is None:
@@ -113,6 +116,8 @@ class ModelRunner:
                 num_prompt_logprobs_done=old.num_prompt_logprobs_done if old is not None else 1,
                 generator=old.generator if old is not None else  # a seeded sequence draws from its own stream
                 None if new.seed is None else torch.Generator(device=self.device).manual_seed(new.seed))
+            self.logits_processors.add_request(s.request_id, new.params, self.sequences[s.request_id].token_ids,
+                                               new.num_prompt_tokens)
 
     def step_rows(self, sched: SchedulerOutput) -> list[StepRow]:
         """One record per scheduled sequence, in batch order: what to compute, as the scheduler decided it."""
@@ -155,8 +160,10 @@ class ModelRunner:
             return
         index = [r.sample_rows.start for r in plain]
         plain_logits = logits if len(index) == len(logits) else logits[index]
+        ids = [r.state.request_id for r in plain]
         for observe in self.logits_observers:
-            observe([r.state.request_id for r in plain], plain_logits)
+            observe(ids, plain_logits)
+        plain_logits = self.logits_processors.apply(ids, plain_logits)
         tokens = self.sampler(plain_logits, self.sampling_batch([r.state for r in plain]))
         for row, token in zip(plain, tokens.tolist()):
             row.sampled = [token]

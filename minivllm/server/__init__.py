@@ -1,6 +1,16 @@
-"""An OpenAI-compatible HTTP server over LLMEngine: `minivllm serve`, or `build_app(engine)` for your own."""
+"""An OpenAI-compatible HTTP server over LLMEngine: `minivllm serve`, or `build_app(engine)` for your own.
 
-from minivllm.server.app import build_app, serve
-from minivllm.server.async_engine import AsyncEngine, RequestStream
+The names below are imported on first use: the engine reads `minivllm.server.metrics` for LLM.get_metrics(),
+and that must not pull FastAPI into every offline script.
+"""
+
+from importlib import import_module
 
 __all__ = ["AsyncEngine", "RequestStream", "build_app", "serve"]
+_HOME = {"AsyncEngine": "async_engine", "RequestStream": "async_engine", "build_app": "app", "serve": "app"}
+
+
+def __getattr__(name: str):
+    if name in _HOME:
+        return getattr(import_module(f"minivllm.server.{_HOME[name]}"), name)
+    raise AttributeError(f"module 'minivllm.server' has no attribute {name!r}")

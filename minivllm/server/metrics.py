@@ -55,6 +55,13 @@ class ServerMetrics:
         self.generation_tokens = counter("vllm:generation_tokens", "Output tokens generated.")
         self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens of requests admitted.")
         self.preemptions = counter("vllm:num_preemptions", "Sequences preempted to free blocks.")
+        # speculative decoding (vLLM's names): verification steps, drafts proposed, drafts accepted
+        self.spec_drafts = counter("vllm:spec_decode_num_drafts", "Verification steps (one draft each).")
+        self.spec_draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Draft tokens proposed.")
+        self.spec_accepted = counter("vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted.")
+        self._spec_per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted, by "
+                                     "their position in the draft.", ["model_name", "position"], registry=r)
+        self._model_name = model_name
         success = Counter("vllm:request_success", "Requests finished, by why they stopped.",
                           ["model_name", "finished_reason"], registry=r)
         self.finished = {reason: success.labels(model_name, reason) for reason in FINISHED_REASONS}
@@ -64,10 +71,17 @@ class ServerMetrics:
     def observe(self, outputs: list[RequestOutput], stats: dict) -> None:
         """Engine-loop listener: count tokens, time first tokens, and retire finished requests."""
         for key, counter in (("num_generated_tokens", self.generation_tokens), ("num_preemptions", self.preemptions),
-                             ("prefix_cache_queries", self.cache_queries), ("prefix_cache_hits", self.cache_hits)):
-            delta = stats[key] - self._last.get(key, 0)
+                             ("prefix_cache_queries", self.cache_queries), ("prefix_cache_hits", self.cache_hits),
+                             ("spec_num_steps", self.spec_drafts), ("spec_num_proposed", self.spec_draft_tokens),
+                             ("spec_num_accepted", self.spec_accepted)):
+            delta = stats.get(key, 0) - self._last.get(key, 0)
             if delta > 0:
                 counter.inc(delta)
+        before = self._last.get("spec_num_accepted_per_pos", [])
+        for pos, total in enumerate(stats.get("spec_num_accepted_per_pos", [])):
+            delta = total - (before[pos] if pos < len(before) else 0)
+            if delta > 0 or pos >= len(before):
+                self._spec_per_pos.labels(self._model_name, str(pos)).inc(max(delta, 0))
         self._last = stats
         for out in outputs:
             rid = out.request_id
@@ -98,10 +112,14 @@ class ServerMetrics:
 
     def render(self, stats: dict) -> bytes:
         """The Prometheus text exposition, with the gauges set from the latest engine stats."""
+        self.set_gauges(stats)
+        return generate_latest(self.registry)
+
+    def set_gauges(self, stats: dict) -> None:
+        """Gauges are read from the engine's stats when asked for (scrape, or LLM.get_metrics())."""
         self.running.set(stats["num_running"])
         self.waiting.set(stats["num_waiting"])
         total, free = stats["num_total_blocks"], stats["num_free_blocks"]
         self.blocks_total.set(total)
         self.blocks_free.set(free)
         self.kv_usage.set(1 - free / total if total else 0.0)
-        return generate_latest(self.registry)
