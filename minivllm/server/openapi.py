@@ -43,8 +43,26 @@ def json_object(*required: str, streams: bool = False) -> dict[int | str, dict[s
     return {200: {"description": "OK", "content": content}}
 
 
-def install(app: FastAPI) -> None:
-    """Replace app.openapi with one that drops FastAPI's 422 entries and their schemas."""
+LOGPROB_FIELDS = {"CompletionRequest": ("logprobs", "prompt_logprobs"),
+                  "ChatCompletionRequest": ("top_logprobs", "prompt_logprobs")}
+
+
+def bound_logprobs(schema: dict[str, Any], max_logprobs: int) -> None:
+    """The logprob fields' range as this engine's max_logprobs allows it ([0, cap], or -1 and up when -1)."""
+    bounds = {"minimum": -1} if max_logprobs == -1 else {"minimum": 0, "maximum": max_logprobs}
+    components = schema.get("components", {}).get("schemas", {})
+    for model, names in LOGPROB_FIELDS.items():
+        for name in names:
+            prop = components.get(model, {}).get("properties", {}).get(name)
+            for branch in (prop or {}).get("anyOf", []):
+                if branch.get("type") == "integer":
+                    branch.pop("maximum", None)
+                    branch.update(bounds)
+
+
+def install(app: FastAPI, max_logprobs: int = 20) -> None:
+    """Replace app.openapi with one that drops FastAPI's 422 entries and their schemas, and bounds the logprob
+    fields by the engine's max_logprobs."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -54,6 +72,7 @@ def install(app: FastAPI) -> None:
                     op.get("responses", {}).pop("422", None)
             for name in ("HTTPValidationError", "ValidationError"):
                 schema.get("components", {}).get("schemas", {}).pop(name, None)
+            bound_logprobs(schema, max_logprobs)
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from minivllm.sampling_params import MAX_LOGPROBS, SamplingParams, StructuredOutputsParams
+from minivllm.sampling_params import MAX_LOGIT_BIAS, SamplingParams, StructuredOutputsParams
 from minivllm.server.limits import MAX_N
 
 log = logging.getLogger("minivllm.server")
@@ -38,8 +38,14 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
-def engine_error(e: ValueError) -> APIError:
-    """Turn the engine's ValueError (bad prompt, bad sampling value, too long) into a 400 naming the field."""
+def clamp(value: float, bound: float) -> float:
+    """value within [-bound, bound]; NaN stays NaN, for SamplingParams to refuse by name."""
+    return value if value != value else min(bound, max(-bound, value))
+
+
+def engine_error(e: ValueError, prompt_param: str = "prompt") -> APIError:
+    """Turn the engine's ValueError (bad prompt, bad sampling value, too long) into a 400 naming the field;
+    `prompt_param`: what the prompt is called in this request ("messages" for chat)."""
     msg = str(e)
     m = re.match(r"SamplingParams\.(\w+)", msg)
     if m:
@@ -48,12 +54,12 @@ def engine_error(e: ValueError) -> APIError:
         param = "max_tokens"
     elif "priority" in msg:
         param = "priority"
-    elif "chat template" in msg or "chat_template" in msg:
+    elif "chat template" in msg or "chat_template" in msg or prompt_param == "messages" and "surrogate" in msg:
         param = "messages"
     elif msg.startswith("structured outputs"):
         param = "structured_outputs"
     else:
-        param = "prompt"
+        param = prompt_param
     return APIError(msg, param=param)
 
 
@@ -112,7 +118,7 @@ class SamplingRequest(BaseModel):
     truncate_prompt_tokens: int | None = None
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
-    prompt_logprobs: int | None = None
+    prompt_logprobs: int | None = Field(None, ge=-1)
     guided_json: str | dict | None = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
@@ -138,8 +144,9 @@ class SamplingRequest(BaseModel):
         kwargs = {k: getattr(self, k) for k in PASSED_THROUGH if getattr(self, k) is not None}
         max_tokens = self.requested_max_tokens()
         max_tokens = default_max_tokens if max_tokens is None else max_tokens
-        try:
-            logit_bias = None if self.logit_bias is None else {int(k): v for k, v in self.logit_bias.items()}
+        try:  # clamped to OpenAI's documented [-100, 100], as vLLM does: beyond it nothing changes but overflow
+            logit_bias = None if self.logit_bias is None else {
+                int(k): clamp(v, MAX_LOGIT_BIAS) for k, v in self.logit_bias.items()}
         except ValueError as e:
             raise APIError(f"logit_bias keys must be token ids, got {list(self.logit_bias)[:3]}",
                            param="logit_bias") from e
@@ -196,7 +203,7 @@ class SamplingRequest(BaseModel):
 
 class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
-    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # top alternatives per token, OpenAI's legacy form
+    logprobs: int | None = Field(None, ge=-1)  # top alternatives per token, OpenAI's legacy form (max_logprobs caps)
     echo: bool | None = False  # the prompt before the completion (with its logprobs, if asked)
 
     def sample_logprobs(self) -> int | None:
@@ -242,7 +249,7 @@ class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None
     logprobs: bool | None = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    top_logprobs: int | None = Field(None, ge=-1)  # -1: the whole vocabulary, if --max-logprobs -1
 
     def sample_logprobs(self) -> int | None:
         if self.top_logprobs and not self.logprobs:
