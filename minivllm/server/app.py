@@ -10,6 +10,7 @@ malformed request line to a refused CORS preflight, is OpenAI's JSON error objec
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -254,7 +255,15 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 8000, m
              host, port, engine.kv.pool.num_blocks, engine.config.block_size, engine.config.max_model_len,
              ", API key required" if api_key else "")
     app = build_app(engine, model_name, limits=limits, api_key=api_key, allowed_origins=allowed_origins)
+    # The model, tokenizers and libraries are ~400k objects that live as long as the process: keep them out of
+    # the GC's full collections, which otherwise pause every thread for as long as it takes to walk them (vLLM
+    # does the same at start-up).
+    gc.collect()
+    gc.freeze()
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                             log_config=None if log_format == "json" else uvicorn.config.LOGGING_CONFIG,
                             timeout_graceful_shutdown=shutdown_timeout + 10, http=http_protocol(limits.read_timeout))
-    GracefulServer(config, app.state.engine, shutdown_timeout).run()
+    try:
+        GracefulServer(config, app.state.engine, shutdown_timeout).run()
+    finally:
+        gc.unfreeze()  # so interpreter shutdown finalizes them as usual

@@ -4,15 +4,17 @@ One HTTP call becomes one engine request per prompt (each with n sequences); cho
 of prompt i, as in OpenAI's API. Streams send text deltas, computed from the engine's cumulative outputs.
 
 Nothing here costs the event loop more than a step's worth of work: a whole response (up to 100,000 choices,
-logprobs, echoed prompts) is built and JSON-encoded in the preprocess pool, `RESPONSE_OUTPUTS_PER_JOB` outputs
-per job, in time linear in its size. The engine's ids are the server's own (`cmpl-<uuid>-<i>`): the client's
-X-Request-Id names the call in logs, headers and the response id, and two calls may carry the same one.
+logprobs, echoed prompts) is built and JSON-encoded in the preprocess pool as its outputs finish, at most
+`RESPONSE_OUTPUTS_PER_JOB` outputs per job, in time linear in its size. The engine's ids are the server's own
+(`cmpl-<uuid>-<i>`): the client's X-Request-Id names the call in logs, headers and the response id, and two
+calls may carry the same one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import time
 import uuid
@@ -184,12 +186,12 @@ class OpenAIServing:
             return SSEResponse(self._sse(call, stream, is_chat), media_type="text/event-stream",
                                headers={"Cache-Control": "no-cache"})
         try:
-            final = await self._collect(stream, raw)
+            body = await self._collect(call, stream, raw, is_chat)
         except EngineDeadError as e:
             raise APIError(str(e), status=503, type="server_error", code="engine_dead") from e
-        if final is None:
+        if body is None:
             return Response(status_code=499)  # nobody is listening; nginx's "client closed request"
-        return Response(await self._response(call, final, is_chat), media_type="application/json")
+        return Response(body, media_type="application/json")
 
     # ---- streaming ---------------------------------------------------------------------------------
     async def _sse(self, call: _Call, stream: RequestStream, is_chat: bool) -> AsyncIterator[str]:
@@ -242,45 +244,58 @@ class OpenAIServing:
         yield "data: [DONE]\n\n"
 
     # ---- one response --------------------------------------------------------------------------------
-    async def _collect(self, stream: RequestStream, raw: Request) -> dict[str, RequestOutput] | None:
-        """The final outputs, or None if the client disconnected first (then its requests are aborted)."""
+    async def _collect(self, call: _Call, stream: RequestStream, raw: Request, is_chat: bool) -> bytes | None:
+        """The whole response as JSON bytes, or None if the client disconnected first (then its requests are
+        aborted). Outputs are turned into JSON text as they finish, in the pool, a batch per job: a call with
+        100,000 prompts never holds 100,000 output objects (each a full collection of the GC would walk)."""
+        fragments: dict[int, str] = {}  # prompt index -> its choices as JSON text
+        totals = [0, 0]  # prompt and completion tokens
 
-        async def drain() -> dict[str, RequestOutput]:
-            final: dict[str, RequestOutput] = {}
+        async def render(outs: list[RequestOutput]) -> None:
+            for start in range(0, len(outs), RESPONSE_OUTPUTS_PER_JOB):
+                batch = outs[start : start + RESPONSE_OUTPUTS_PER_JOB]
+                job = functools.partial(self._choices_json, call=call, outs=batch, is_chat=is_chat)
+                texts, p, c = await self.pre.run(job)
+                for out, text in zip(batch, texts):
+                    fragments[call.prompt_index[out.request_id]] = text
+                totals[0] += p
+                totals[1] += c
+
+        async def drain() -> bytes:
+            unfinished: dict[str, RequestOutput] = {}
             async for outs in stream:
-                final.update({o.request_id: o for o in outs})
-            return final
+                done = []
+                for out in outs:
+                    if out.finished:
+                        unfinished.pop(out.request_id, None)
+                        done.append(out)
+                    else:
+                        unfinished[out.request_id] = out
+                await render(done)
+            await render(list(unfinished.values()))  # the server aborted these (shutdown)
+            head = json.dumps({"id": call.id, "object": call.object, "created": call.created, "model": call.model},
+                              ensure_ascii=False)
+            choices = ",".join(fragments[k] for k in sorted(fragments))
+            return f'{head[:-1]},"choices":[{choices}],"usage":{json.dumps(usage(*totals))}}}'.encode()
 
-        final = None
+        body = None
         try:
-            final = await unless_disconnected(raw, drain())  # re-raises an engine failure
+            body = await unless_disconnected(raw, drain())  # re-raises an engine failure
         finally:
-            if final is None:
+            if body is None:
                 self.engine.abort(stream)
-        return final
+        return body
 
-    async def _response(self, call: _Call, final: dict[str, RequestOutput], is_chat: bool) -> bytes:
-        """The whole response as JSON bytes, its choices built and encoded in the pool, a slice per job."""
-        fragments, prompt_tokens, completion_tokens = [], 0, 0
-        for start in range(0, len(call.request_ids), RESPONSE_OUTPUTS_PER_JOB):
-            outs = [final[rid] for rid in call.request_ids[start : start + RESPONSE_OUTPUTS_PER_JOB] if rid in final]
-            text, p, c = await self.pre.run(lambda proc, outs=outs: self._choices_json(proc, call, outs, is_chat))
-            fragments.append(text)
-            prompt_tokens += p
-            completion_tokens += c
-        head = json.dumps({"id": call.id, "object": call.object, "created": call.created, "model": call.model},
-                          ensure_ascii=False)
-        tail = json.dumps(usage(prompt_tokens, completion_tokens))
-        return f'{head[:-1]},"choices":[{",".join(f for f in fragments if f)}],"usage":{tail}}}'.encode()
-
-    def _choices_json(self, proc, call: _Call, outs: list[RequestOutput], is_chat: bool) -> tuple[str, int, int]:
-        """In a pool thread: these outputs' choices as JSON (without brackets), and their token counts."""
-        choices, prompt_tokens, completion_tokens = [], 0, 0
+    def _choices_json(self, proc, call: _Call, outs: list[RequestOutput], is_chat: bool) -> tuple[list[str], int, int]:
+        """In a pool thread: each output's choices as JSON text (without brackets, in choice order), and the
+        outputs' prompt and completion tokens."""
+        texts, prompt_tokens, completion_tokens = [], 0, 0
         for out in outs:
             prompt_tokens += len(out.prompt_token_ids)
             prefix = ""
             if call.echo:
                 prefix = out.prompt if out.prompt is not None else proc.tokenizer.decode(out.prompt_token_ids)
+            choices = []
             for c in sorted(out.outputs, key=lambda c: c.index):
                 completion_tokens += len(c.token_ids)
                 body = {"message": {"role": "assistant", "content": c.text}} if is_chat else {"text": prefix + c.text}
@@ -288,7 +303,8 @@ class OpenAIServing:
                 logprobs = self._logprobs(call, out, c, 0, is_chat, echo=call.echo)
                 choices.append({"index": call.choice_index(out, c.index), **body, "logprobs": logprobs,
                                 "finish_reason": reason})
-        return json.dumps(choices, ensure_ascii=False)[1:-1], prompt_tokens, completion_tokens
+            texts.append(json.dumps(choices, ensure_ascii=False)[1:-1])
+        return texts, prompt_tokens, completion_tokens
 
     async def _prompt_text(self, out: RequestOutput) -> str:
         """What echo puts before the completion: the prompt as sent, or its ids decoded."""
