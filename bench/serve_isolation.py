@@ -166,7 +166,7 @@ def measure(url: str, row: str, scale: float = 1.0, every: float = 0.5, probe_ti
 
     def probe(record: list[float], call: Callable[[httpx.Client], httpx.Response]) -> None:
         with httpx.Client(base_url=url, timeout=probe_timeout) as c:
-            while not done.is_set():
+            while True:  # at least one probe, however quickly the hostile request ends
                 t0 = time.perf_counter()
                 try:
                     r = call(c)
@@ -175,7 +175,8 @@ def measure(url: str, row: str, scale: float = 1.0, every: float = 0.5, probe_ti
                 except httpx.HTTPError as e:
                     failures.append(f"probe: {e!r}")
                 record.append(time.perf_counter() - t0)
-                done.wait(every)
+                if done.wait(every):
+                    return
 
     probes = [threading.Thread(target=probe, args=(health, lambda c: c.get("/health"))),
               threading.Thread(target=probe, args=(completion, lambda c: c.post(
