@@ -37,6 +37,11 @@ class StructuredOutputsParams:
     json_object: bool = False  # any JSON object
 
     def __post_init__(self) -> None:
+        for name, kinds in (("json", (str, dict)), ("regex", (str,)), ("grammar", (str,)), ("json_object", (bool,))):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, kinds):
+                raise ValueError(f"structured outputs: {name} must be a {' or '.join(k.__name__ for k in kinds)}, "
+                                 f"got {type(value).__name__}")
         given = [k for k in ("json", "regex", "choice", "grammar") if getattr(self, k) is not None]
         given += ["json_object"] if self.json_object else []
         if len(given) != 1:

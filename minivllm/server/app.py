@@ -97,7 +97,9 @@ def build_app(engine: LLMEngine, model_name: str | None = None, *, limits: Serve
     app.state.metrics = metrics
     app.state.limits = limits
     _add_error_handlers(app)
-    openapi.install(app, max_logprobs)
+    openapi.install(app, max_logprobs, openapi.value_ranges(engine.config.model_config.vocab_size, limits.max_n,
+                                                            engine.config.scheduling_policy == "priority",
+                                                            max_model_len))
     app.add_middleware(BodySizeLimit, max_bytes=limits.max_request_bytes)
     if api_key:
         app.add_middleware(APIKeyAuth, api_key=api_key)

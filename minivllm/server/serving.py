@@ -139,6 +139,11 @@ class OpenAIServing:
         self.check_model(req.model)
         req.check_supported()
         params = req.sampling_params(default_max_tokens=None)  # as OpenAI: up to the context window
+        for name in ("max_tokens", "max_completion_tokens"):  # both checked, though only one is used
+            value = getattr(req, name)
+            if value is not None and not 1 <= value < self.pre.max_model_len:
+                raise APIError(f"{name} is {value}; it must be >= 1 and leave room for the prompt in this model's "
+                               f"maximum context length of {self.pre.max_model_len} tokens", param=name)
         if not self.pre.has_tokenizer:
             raise APIError("this model has no tokenizer, so it has no chat template", param="messages")
         conversation = req.conversation()
