@@ -165,3 +165,41 @@ def test_malformed_http_is_an_openai_error(tmp_path_factory):
         assert json.loads(body)["error"]["code"] == "invalid_http"
     finally:
         srv.stop()
+
+
+def test_a_client_that_hangs_up_while_its_prompts_are_checked_stops_them(tmp_path_factory, monkeypatch):
+    """Prompts are checked PROMPTS_PER_JOB at a time: a client gone during the first piece gets no second one,
+    and nothing of its call reaches the engine."""
+    from minivllm.config import EngineConfig
+    from minivllm.engine.input_processor import InputProcessor
+    from minivllm.engine.llm_engine import LLMEngine
+    from minivllm.server import build_app
+    from minivllm.server.preprocess import PROMPTS_PER_JOB
+
+    engine = LLMEngine(EngineConfig(chat_model(tmp_path_factory), block_size=8, num_kv_blocks=64, max_model_len=64,
+                                    trace_steps=0))
+    srv = ServerThread(build_app(engine, MODEL))
+    checked, gone, first = [0], threading.Event(), threading.Event()
+    real = InputProcessor.process
+
+    def slow_process(self, request_id, *args, **kw):
+        checked[0] += 1
+        first.set()
+        gone.wait(10)
+        return real(self, request_id, *args, **kw)
+
+    monkeypatch.setattr(InputProcessor, "process", slow_process)
+    try:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"http://127.0.0.1:{srv.port}/v1/completions", timeout=1,
+                       json={"prompt": [[5, 6]] * (3 * PROMPTS_PER_JOB), "max_tokens": 1})
+        assert first.is_set()
+        time.sleep(0.3)  # the server hears of the hang-up
+        gone.set()
+        time.sleep(1)
+        assert checked[0] == PROMPTS_PER_JOB, f"{checked[0]} prompts checked after the client left"
+        assert engine.stats()["num_waiting"] == engine.stats()["num_running"] == 0
+        assert engine.num_steps == 0
+    finally:
+        gone.set()
+        srv.stop()
