@@ -47,6 +47,7 @@ class EngineConfig:
     enforce_eager: bool = False  # True: never capture CUDA graphs (they only ever run on CUDA with Triton)
     seed: int = 0
     cpu_threads: int | None = None  # CPU only: None sizes torch's threads to the cores left free (cpu_platform.py)
+    max_logprobs: int = 20  # vLLM's: the most logprobs / prompt_logprobs a request may ask for (-1: no cap)
     trace_steps: int = 1000  # how many recent steps the step trace keeps (0: none)
     speculative_model: str | Path | None = None  # a draft checkpoint (or Hub id), NGRAM, or None (off)
     num_speculative_tokens: int = 0
@@ -72,6 +73,8 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
+        if not isinstance(self.max_logprobs, int) or isinstance(self.max_logprobs, bool) or self.max_logprobs < -1:
+            raise ValueError(f"max_logprobs must be -1 (no cap) or an integer >= 0, got {self.max_logprobs!r}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.max_model_len is not None and self.max_model_len < 2:

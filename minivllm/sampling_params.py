@@ -10,7 +10,10 @@ from minivllm.keyword_args import ANY, refuse_unknown_kwargs
 
 # Temperatures below this are greedy, as in vLLM: dividing logits by ~1e-39 overflows to inf/NaN.
 SAMPLING_EPS = 1e-5
-MAX_LOGPROBS = 20  # vLLM's default max_logprobs: top-k alternatives a request may ask for (-1: the whole vocab)
+MAX_LOGPROBS = 20  # vLLM's default max_logprobs: the engine's cap on logprobs and prompt_logprobs (input_processor)
+MAX_LOGIT_BIAS = 100.0  # OpenAI's documented range is [-100, 100]: beyond it a token is already certain or banned
+REPETITION_PENALTY_RANGE = (0.01, 100.0)  # a logit is divided or multiplied by it: keep float32 far from overflow
+FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32: top_p below it would round to 0 in the sampler
 
 
 class RequestOutputKind(enum.Enum):
@@ -36,6 +39,11 @@ class StructuredOutputsParams:
     json_object: bool = False  # any JSON object
 
     def __post_init__(self) -> None:
+        for name, kinds in (("json", (str, dict)), ("regex", (str,)), ("grammar", (str,)), ("json_object", (bool,))):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, kinds):
+                raise ValueError(f"structured outputs: {name} must be a {' or '.join(k.__name__ for k in kinds)}, "
+                                 f"got {type(value).__name__}")
         given = [k for k in ("json", "regex", "choice", "grammar") if getattr(self, k) is not None]
         given += ["json_object"] if self.json_object else []
         if len(given) != 1:
@@ -111,12 +119,14 @@ class SamplingParams:
             fail("temperature", "must be a number >= 0")
         if not number(self.top_p) or not 0 < self.top_p <= 1:
             fail("top_p", "must be in (0, 1]")
+        self.top_p = max(self.top_p, FLOAT32_TINY)  # 1e-46 is 0 in float32, which would drop even the top token
         if not integer(self.top_k) or self.top_k < -1:
             fail("top_k", "must be an integer: -1 or 0 disables it, otherwise >= 1")
         if not number(self.min_p) or not 0 <= self.min_p <= 1:
             fail("min_p", "must be in [0, 1]")
-        if not number(self.repetition_penalty) or self.repetition_penalty <= 0:
-            fail("repetition_penalty", "must be > 0")
+        low, high = REPETITION_PENALTY_RANGE
+        if not number(self.repetition_penalty) or not low <= self.repetition_penalty <= high:
+            fail("repetition_penalty", f"must be in [{low}, {high}] (1 is off; 1e-50 would overflow float32 logits)")
         if self.max_tokens is not None and (not integer(self.max_tokens) or self.max_tokens < 1):
             fail("max_tokens", "must be an integer >= 1 (or None for up to max_model_len)")
         if not integer(self.min_tokens) or self.min_tokens < 0 or (
@@ -126,8 +136,8 @@ class SamplingParams:
             fail("seed", "must be an integer or None")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            if value is not None and (not integer(value) or not (value == -1 or 0 <= value <= MAX_LOGPROBS)):
-                fail(name, f"must be None, -1 (the whole vocabulary) or an integer in [0, {MAX_LOGPROBS}]")
+            if value is not None and (not integer(value) or value < -1):  # the engine's max_logprobs caps it
+                fail(name, "must be None, -1 (the whole vocabulary) or an integer >= 0")
         if self.truncate_prompt_tokens is not None and (
                 not integer(self.truncate_prompt_tokens) or self.truncate_prompt_tokens < 1):
             fail("truncate_prompt_tokens", "must be an integer >= 1")
@@ -156,8 +166,8 @@ class SamplingParams:
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, dict) or not all(
                     integer(int(k) if isinstance(k, str) and k.lstrip("-").isdigit() else k) and number(v)
-                    for k, v in self.logit_bias.items()):
-                fail("logit_bias", "must map token ids to finite numbers")
+                    and abs(v) <= MAX_LOGIT_BIAS for k, v in self.logit_bias.items()):
+                fail("logit_bias", f"must map token ids to numbers in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]")
             self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
         if self.bad_words is not None and (not isinstance(self.bad_words, (list, tuple)) or
                                            not all(isinstance(w, str) and w.strip() for w in self.bad_words)):

@@ -11,6 +11,8 @@ from minivllm.config import EngineConfig
 @pytest.mark.parametrize("field,value", [
     ("n", 0), ("temperature", -0.1), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -2), ("min_p", 2.0),
     ("repetition_penalty", 0.0), ("max_tokens", 0), ("stop", [""]), ("stop_token_ids", [-1]), ("seed", 1.5),
+    ("repetition_penalty", 1e-50), ("repetition_penalty", 1e9), ("logit_bias", {1: 1e39}), ("logit_bias", {1: -101}),
+    ("logprobs", -2), ("prompt_logprobs", 1.5),
 ])
 def test_sampling_params_name_the_field(field, value):
     with pytest.raises(ValueError, match=field):
@@ -22,6 +24,17 @@ def test_sampling_params_defaults_match_vllm():
     assert (p.n, p.temperature, p.top_p, p.top_k, p.min_p, p.repetition_penalty, p.max_tokens) == \
         (1, 1.0, 1.0, 0, 0.0, 1.0, 16)
     assert SamplingParams(top_k=-1).top_k == 0 and SamplingParams(stop="x").stop_strings == ["x"]
+
+
+def test_values_that_would_overflow_float32_are_refused_or_clamped(llm):
+    """top_p 1e-46 is 0 in float32, which once dropped every token (NaN probabilities, <pad> output): it is
+    raised to the smallest normal float32, which keeps only the top token, as any tiny top_p means."""
+    tiny = SamplingParams(temperature=0.8, top_p=1e-46, max_tokens=4, seed=1)
+    assert 0 < tiny.top_p < 1e-37
+    prompt = {"prompt_token_ids": [5, 6, 7]}
+    greedy = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)[0]
+    out = llm.generate(prompt, tiny, use_tqdm=False)[0]
+    assert out.outputs[0].token_ids == greedy.outputs[0].token_ids
 
 
 @pytest.fixture(scope="module")

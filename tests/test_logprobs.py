@@ -109,11 +109,18 @@ def test_logprobs_stream_as_deltas_and_cost_nothing_when_not_asked(checkpoints):
 
 def test_whole_vocabulary_and_bad_values(checkpoints):
     path, _ = checkpoints["llama"]
-    llm = LLM(path, block_size=4, num_kv_blocks=64)
+    llm = LLM(path, block_size=4, num_kv_blocks=64, max_logprobs=-1)  # -1 ("all") needs max_logprobs=-1, as in vLLM
     out = llm.generate({"prompt_token_ids": [1, 2]}, SamplingParams(max_tokens=2, logprobs=-1), use_tqdm=False)[0]
     assert len(out.outputs[0].logprobs[0]) == 251
     probs = [math.exp(lp.logprob) for lp in out.outputs[0].logprobs[0].values()]
     assert abs(sum(probs) - 1) < 1e-4
-    for bad in (21, -2, 1.5):
+    for bad in (-2, 1.5):
         with pytest.raises(ValueError, match="logprobs"):
             SamplingParams(logprobs=bad)
+    capped = LLM(path, block_size=4, num_kv_blocks=64)  # vLLM's default max_logprobs: 20
+    for name, value in (("logprobs", 21), ("logprobs", -1), ("prompt_logprobs", 21), ("prompt_logprobs", -1)):
+        with pytest.raises(ValueError, match=f"{name}.*max_logprobs of 20"):
+            capped.generate({"prompt_token_ids": [1, 2]}, SamplingParams(max_tokens=2, **{name: value}),
+                            use_tqdm=False)
+    assert capped.generate({"prompt_token_ids": [1, 2]}, SamplingParams(max_tokens=2, logprobs=20),
+                           use_tqdm=False)[0].outputs[0].logprobs is not None

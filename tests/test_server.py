@@ -63,13 +63,14 @@ def chat_ckpt(tmp_path_factory):
 class ServerThread:
     """uvicorn in a daemon thread, on a socket bound before it starts (so the port is certainly ours)."""
 
-    def __init__(self, app) -> None:
+    def __init__(self, app, **config) -> None:
         import uvicorn
 
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1))
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1,
+                                                   **config))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 30

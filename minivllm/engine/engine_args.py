@@ -72,6 +72,8 @@ class EngineArgs:
     enforce_eager: bool = arg(EngineConfig.enforce_eager, "no CUDA graphs for decode steps")
     seed: int = arg(EngineConfig.seed)
     cpu_threads: int | None = arg(EngineConfig.cpu_threads, "torch threads on CPU (default: the free cores)")
+    max_logprobs: int = arg(EngineConfig.max_logprobs, "the most logprobs / prompt_logprobs a request may ask for "
+                                                       "(-1: no cap)")
     trace_steps: int = arg(EngineConfig.trace_steps, "recent steps the trace keeps (0: none)", cli=False)
     speculative_model: str | None = arg(None, 'draft checkpoint directory, or "[ngram]"')
     num_speculative_tokens: int = arg(EngineConfig.num_speculative_tokens)
@@ -112,7 +114,6 @@ class EngineArgs:
     disable_chunked_mm_input: bool = vllm_arg(False, ANY)
     enable_prompt_embeds: bool = vllm_arg(False, (False,))
     logprobs_mode: str = vllm_arg("raw_logprobs", ("raw_logprobs",))
-    max_logprobs: int = vllm_arg(20, ANY)
     cpu_offload_gb: float = vllm_arg(0, (0,))
     num_gpu_blocks_override: int | None = vllm_arg(None, (None,), "minivllm's name: --num-kv-blocks")
     enable_lora: bool = vllm_arg(False, (False,))

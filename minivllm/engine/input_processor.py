@@ -83,7 +83,15 @@ class InputProcessor:
 
     def _check_params(self, params: SamplingParams) -> None:
         """What SamplingParams alone cannot check: ids against the vocabulary, words and grammars against the
-        tokenizer. Bad words become token ids here (vLLM's update_from_tokenizer)."""
+        tokenizer, the logprobs asked for against max_logprobs (as vLLM's processor: -1, the whole vocabulary,
+        only when max_logprobs is -1 too, since it costs vocab-size entries per position). Bad words become token
+        ids here (vLLM's update_from_tokenizer)."""
+        cap = self.config.max_logprobs
+        for name in ("logprobs", "prompt_logprobs"):
+            asked = getattr(params, name)
+            if asked is not None and cap != -1 and (asked == -1 or asked > cap):
+                raise ValueError(f"SamplingParams.{name}: requested {'all' if asked == -1 else asked} logprobs, more "
+                                 f"than this engine's max_logprobs of {cap}")
         for name in ("stop_token_ids", "allowed_token_ids"):
             bad = [t for t in getattr(params, name) or [] if t >= self.vocab_size]
             if bad:

@@ -3,11 +3,14 @@
 `build_app(engine)` wraps an existing LLMEngine (tests build small ones); `serve(...)` loads a model and runs
 uvicorn, as `minivllm serve` does. Around the routes, outermost first: CORS (answers browser preflights),
 request ids (X-Request-Id), the API key, and the body-size cap, so a rejected request costs almost nothing.
+Below them all, the HTTP protocol (connection.py) gives each request a read deadline. Every error, from a
+malformed request line to a refused CORS preflight, is OpenAI's JSON error object.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -28,6 +31,7 @@ from minivllm.engine.llm_engine import LLMEngine
 from minivllm.server import openapi
 from minivllm.server.async_engine import AsyncEngine
 from minivllm.server.auth import APIKeyAuth, resolve_api_key
+from minivllm.server.connection import http_protocol
 from minivllm.server.limits import BodySizeLimit, ServerLimits
 from minivllm.server.metrics import ServerMetrics
 from minivllm.server.preprocess import Preprocessor
@@ -51,6 +55,19 @@ def api_error_response(err: APIError, headers: dict | None = None) -> ErrorJSON:
     return ErrorJSON(err.body(), status_code=err.status, headers=headers)
 
 
+class JSONErrorCORS(CORSMiddleware):
+    """Starlette's CORS, but a refused preflight says why in OpenAI's error shape rather than plain text."""
+
+    def preflight_response(self, request_headers) -> Response:
+        response = super().preflight_response(request_headers)
+        if response.status_code < 400:
+            return response
+        headers = {k: v for k, v in response.headers.items() if k not in ("content-length", "content-type")}
+        why = response.body.decode()  # "Disallowed CORS origin, method"
+        return api_error_response(APIError(f"CORS preflight refused: {why[len('Disallowed CORS '):]} not allowed",
+                                           code="cors_refused"), headers)
+
+
 def build_app(engine: LLMEngine, model_name: str | None = None, *, limits: ServerLimits | None = None,
               api_key: str | None = None, allowed_origins: list[str] | tuple[str, ...] = (),
               chat_template: str | None = None) -> FastAPI:
@@ -63,6 +80,7 @@ def build_app(engine: LLMEngine, model_name: str | None = None, *, limits: Serve
     async_engine.add_listener(metrics.observe)
     async_engine.add_listener(request_log.observe)
     pre = Preprocessor(engine, chat_template=chat_template)
+    max_logprobs = engine.config.max_logprobs
     serving = OpenAIServing(async_engine, name, pre, limits, request_log)
     created = int(time.time())
     max_model_len = engine.config.max_model_len
@@ -81,12 +99,14 @@ def build_app(engine: LLMEngine, model_name: str | None = None, *, limits: Serve
     app.state.metrics = metrics
     app.state.limits = limits
     _add_error_handlers(app)
-    openapi.install(app)
+    openapi.install(app, max_logprobs, openapi.value_ranges(engine.config.model_config.vocab_size, limits.max_n,
+                                                            engine.config.scheduling_policy == "priority",
+                                                            max_model_len))
     app.add_middleware(BodySizeLimit, max_bytes=limits.max_request_bytes)
     if api_key:
         app.add_middleware(APIKeyAuth, api_key=api_key)
     app.add_middleware(RequestIdMiddleware)
-    app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["*"],
+    app.add_middleware(JSONErrorCORS, allow_origins=list(allowed_origins), allow_methods=["*"],
                        allow_headers=["*"], expose_headers=["X-Request-Id"], allow_credentials=False)
 
     def model_card() -> dict:
@@ -178,12 +198,31 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> Response:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return api_error_response(APIError(str(exc.detail), status=exc.status_code, type=kind), exc.headers)
+        message, code = str(exc.detail), None
+        if isinstance(exc.__cause__, UnicodeDecodeError):  # FastAPI says only "There was an error parsing the body"
+            message, code = f"the request body is not valid UTF-8: {exc.__cause__.reason} at byte " \
+                            f"{exc.__cause__.start}", "invalid_json"
+        elif isinstance(exc.__cause__, RecursionError):
+            message, code = "the request body's JSON is nested too deeply to parse", "invalid_json"
+        headers = exc.headers
+        if exc.status_code == 405:  # Starlette's Allow lists the first route of the path's; say every method it has
+            headers = {**(headers or {}), "Allow": ", ".join(allowed_methods(request))}
+        return api_error_response(APIError(message, status=exc.status_code, type=kind, code=code), headers)
 
     @app.exception_handler(Exception)
     async def server_error(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error in %s", request.url.path, exc_info=exc)
         return api_error_response(APIError(f"internal error: {exc!r}", status=500, type="server_error"))
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at this request's path."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        regex = getattr(route, "path_regex", None)
+        if regex is not None and regex.match(request.url.path) and getattr(route, "methods", None):
+            methods |= route.methods
+    return sorted(methods)
 
 
 def validation_error(errors: list[dict]) -> APIError:
@@ -211,7 +250,10 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 8000, m
           allowed_origins: list[str] | tuple[str, ...] = (), shutdown_timeout: float = 30.0,
           limits: ServerLimits | None = None, chat_template: str | None = None,
           engine_config: EngineConfig | None = None, **engine_kwargs) -> None:
-    """Load the model (or the one `engine_config` names), then serve it until SIGTERM or Ctrl-C (see shutdown.py)."""
+    """Load the model (or the one `engine_config` names), then serve it until SIGTERM or Ctrl-C (see shutdown.py).
+    Each request must arrive within `limits.read_timeout` seconds; idle keep-alive connections close after 5 s
+    (uvicorn's default)."""
+    limits = limits or ServerLimits()
     configure_logging(log_level, log_format)
     api_key = resolve_api_key(api_key, os.environ)
     config = engine_config or EngineConfig(model=model, **engine_kwargs)
@@ -221,7 +263,15 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 8000, m
              ", API key required" if api_key else "")
     app = build_app(engine, model_name, limits=limits, api_key=api_key, allowed_origins=allowed_origins,
                     chat_template=chat_template)
+    # The model, tokenizers and libraries are ~400k objects that live as long as the process: keep them out of
+    # the GC's full collections, which otherwise pause every thread for as long as it takes to walk them (vLLM
+    # does the same at start-up).
+    gc.collect()
+    gc.freeze()
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                             log_config=None if log_format == "json" else uvicorn.config.LOGGING_CONFIG,
-                            timeout_graceful_shutdown=shutdown_timeout + 10)
-    GracefulServer(config, app.state.engine, shutdown_timeout).run()
+                            timeout_graceful_shutdown=shutdown_timeout + 10, http=http_protocol(limits.read_timeout))
+    try:
+        GracefulServer(config, app.state.engine, shutdown_timeout).run()
+    finally:
+        gc.unfreeze()  # so interpreter shutdown finalizes them as usual

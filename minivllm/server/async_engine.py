@@ -7,6 +7,12 @@ a CPU), and on the event loop it would stall every connection. So the owner runs
 since the last step, then one `step()`, in a worker thread (`asyncio.to_thread`) and awaits it: the event loop
 keeps serving HTTP meanwhile, nothing else touches the engine, and requests that arrive during a step are added
 right before the next one, so they join the running batch (continuous batching across clients).
+
+Why calls enter in slices: one HTTP call may carry 100,000 prompts. Queued at once, they would all stand in the
+scheduler's FCFS line ahead of every later client. So each call has a share of the batch (`max_num_seqs`
+sequences when it is alone, `max_num_seqs / calls` when others run) and its further requests wait here, not in
+the scheduler, until its sequences in the engine drop below that share: a newcomer is always at most a share
+behind, and one client alone still fills the whole batch.
 """
 
 from __future__ import annotations
@@ -37,13 +43,19 @@ class RequestStream:
     only ever sees the newest one per request: nothing piles up while it is busy writing to its socket.
     """
 
-    def __init__(self, request_ids: Sequence[str]) -> None:
+    def __init__(self, request_ids: Sequence[str], requests: Sequence[EngineRequest] = ()) -> None:
         self.request_ids = list(request_ids)
         self.unfinished = set(request_ids)
         self._latest: dict[str, RequestOutput] = {}
         self._ready = asyncio.Event()
         self._error: BaseException | None = None
         self.aborted = False  # the server aborted it (shutdown), not the client
+        # admission (the owner's bookkeeping): requests[:admitted] are in the engine, `in_engine` sequences unfinished
+        self.requests = list(requests)
+        self.admitted = 0
+        self.in_engine = 0
+        self.seqs: dict[str, int] = {}  # admitted request id -> its sequences (n)
+        self.accepted: asyncio.Future | None = None  # done once its first slice is in the engine
 
     @property
     def finished(self) -> bool:
@@ -81,9 +93,7 @@ class RequestStream:
 
 @dataclass
 class _Add:
-    requests: list[EngineRequest]
     stream: RequestStream
-    accepted: asyncio.Future
 
 
 @dataclass
@@ -93,10 +103,12 @@ class _Abort:
 
 @dataclass
 class _WorkResult:
-    errors: list[BaseException | None] = field(default_factory=list)  # one per op, None when it went in
     outputs: list[RequestOutput] = field(default_factory=list)
     stats: dict = field(default_factory=dict)
     has_work: bool = False
+
+
+Slice = tuple[RequestStream, list[EngineRequest]]
 
 
 class AsyncEngine:
@@ -104,10 +116,12 @@ class AsyncEngine:
 
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
+        self.batch = engine.config.max_num_seqs  # sequences one step may run: the calls' shares divide it
         self.stats: dict = engine.stats()  # a snapshot taken by the owner after each step, safe to read
         self.error: BaseException | None = None
         self._ops: list[_Add | _Abort] = []
         self._streams: dict[str, RequestStream] = {}
+        self._calls: dict[RequestStream, None] = {}  # accepted calls with unfinished requests, oldest first
         self._listeners: list[StepListener] = []
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -133,7 +147,7 @@ class AsyncEngine:
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._task
             self._task = None
-        self._fail_all(EngineDeadError("the server is shutting down"), [])
+        self._fail_all(EngineDeadError("the server is shutting down"))
 
     def add_listener(self, listener: StepListener) -> None:
         """Call `listener(outputs, stats)` on the event loop after every step (metrics, request logs)."""
@@ -141,116 +155,141 @@ class AsyncEngine:
 
     # ---- the API handlers use ----------------------------------------------------------------------
     async def generate(self, requests: Sequence[EngineRequest]) -> RequestStream:
-        """Queue checked requests (preprocess.py makes them); all go in or none (ValueError names why)."""
+        """Queue checked requests (preprocess.py makes them); all are accepted or none (ValueError names why).
+        Returns once the first slice is in the engine; the rest follow as the call's share allows."""
         if self.error is not None or self._task is None or self._stopping:
             raise EngineDeadError(f"the engine is not running: {self.error!r}")
         ids = [r.request_id for r in requests]
-        queued = {r.request_id for op in self._ops if isinstance(op, _Add) for r in op.requests}
+        queued = {rid for op in self._ops if isinstance(op, _Add) for rid in op.stream.request_ids}
         taken = [rid for rid in ids if rid in self._streams or rid in queued]
         if taken or len(set(ids)) < len(ids):
             raise ValueError(f"request id {(taken or ids)[0]!r} is already in use")
-        stream = RequestStream(ids)
-        accepted = asyncio.get_running_loop().create_future()
-        self._ops.append(_Add(list(requests), stream, accepted))
+        stream = RequestStream(ids, requests)
+        stream.accepted = asyncio.get_running_loop().create_future()
+        self._ops.append(_Add(stream))
         self._wake.set()
         try:
-            await accepted
+            await stream.accepted
         except asyncio.CancelledError:  # the caller went away before its requests went in: take them out again
             self.abort(stream)
             raise
         return stream
 
     def abort(self, stream: RequestStream) -> None:
-        """Abort a stream's unfinished requests; their blocks are freed before the next step."""
-        ids = [rid for rid in stream.request_ids if rid in stream.unfinished]
-        if not ids:
-            return
-        for rid in ids:
+        """Abort a stream's unfinished requests; their blocks are freed before the next step, and those still
+        waiting for their slice never go in."""
+        ids = [rid for rid in stream.request_ids[: stream.admitted] if rid in stream.unfinished]
+        for rid in stream.request_ids:
             self._streams.pop(rid, None)
         stream.unfinished.clear()
+        self._calls.pop(stream, None)
+        if not ids:
+            return
         self._ops.append(_Abort(ids))
         if self._wake is not None:
             self._wake.set()
 
     def abort_all(self) -> int:
         """Abort every request in flight (shutdown): each stream ends with `aborted` set; returns how many."""
-        streams = set(self._streams.values())
-        for op in self._ops:
-            if isinstance(op, _Add) and not op.accepted.done():
-                streams.add(op.stream)
-        ids = [rid for stream in streams for rid in stream.request_ids if rid in stream.unfinished]
+        streams = set(self._calls)
+        streams.update(op.stream for op in self._ops if isinstance(op, _Add) and not op.stream.accepted.done())
+        count = sum(len(s.unfinished) for s in streams)
+        ids = [rid for s in streams for rid in s.request_ids[: s.admitted] if rid in s.unfinished]
         for stream in streams:
             stream._abort()
-        for rid in ids:
-            self._streams.pop(rid, None)
+            for rid in stream.request_ids:
+                self._streams.pop(rid, None)
+        self._calls.clear()
         if ids:
             self._ops.append(_Abort(ids))
-            if self._wake is not None:
-                self._wake.set()
-        return len(ids)
+        if self._wake is not None:
+            self._wake.set()
+        return count
 
     # ---- the owner ---------------------------------------------------------------------------------
     async def _run(self) -> None:
         has_work = False
         while True:
-            if not self._ops and not has_work:
+            ops, self._ops = self._ops, []
+            self._accept(ops)
+            slices = self._slices()
+            aborts = [rid for op in ops if isinstance(op, _Abort) for rid in op.request_ids]
+            if not aborts and not slices and not has_work:
                 if self._stopping:
                     return
-                self._wake.clear()
-                await self._wake.wait()
+                if not self._ops:
+                    self._wake.clear()
+                    await self._wake.wait()
                 continue
-            ops, self._ops = self._ops, []
             try:
-                result = await asyncio.to_thread(self._work, ops)
+                result = await asyncio.to_thread(self._work, aborts, slices)
             except Exception as e:  # whatever broke the step, every waiting client must hear of it
-                self._die(e, ops)
+                self._die(e)
                 return
-            self._deliver(ops, result)
+            self._deliver(slices, result)
             has_work = result.has_work
-            if has_work and not result.outputs and not ops:
+            if has_work and not result.outputs and not aborts and not slices:
                 await asyncio.sleep(0.001)  # nothing could be scheduled this step: do not spin
 
-    def _work(self, ops: list[_Add | _Abort]) -> _WorkResult:
-        """In the worker thread: apply the queued adds and aborts in order, then take one step."""
-        eng, result = self.engine, _WorkResult()
+    def _accept(self, ops: list[_Add | _Abort]) -> None:
+        """New calls join the admission line (unless shutdown or their caller got there first)."""
         for op in ops:
-            if isinstance(op, _Abort):
-                for rid in op.request_ids:
-                    eng.abort_request(rid)
-                result.errors.append(None)
+            if not isinstance(op, _Add) or op.stream.accepted.done():  # cancelled: its caller aborted it
                 continue
-            if op.stream.aborted:  # aborted (shutdown) before it went in
-                result.errors.append(EngineDeadError("the server is shutting down"))
+            if op.stream.aborted:
+                op.stream.accepted.set_exception(EngineDeadError("the server is shutting down"))
                 continue
-            for request in op.requests:
+            self._calls[op.stream] = None
+            for rid in op.stream.request_ids:
+                self._streams[rid] = op.stream
+
+    def _slices(self) -> list[Slice]:
+        """Each call's next requests, up to its share of the batch (at least one request when it has none in)."""
+        share = self.batch if len(self._calls) <= 1 else max(1, self.batch // len(self._calls))
+        out = []
+        for stream in self._calls:
+            todo = stream.requests
+            if stream.admitted == len(todo):
+                continue
+            take, room = stream.admitted, share - stream.in_engine
+            while take < len(todo) and (take == stream.admitted and stream.in_engine == 0 or
+                                        todo[take].params.n <= room):
+                room -= todo[take].params.n
+                take += 1
+            if take > stream.admitted:
+                out.append((stream, todo[stream.admitted : take]))
+                for r in todo[stream.admitted : take]:
+                    stream.seqs[r.request_id] = r.params.n
+                    stream.in_engine += r.params.n
+                stream.admitted = take
+        return out
+
+    def _work(self, aborts: list[str], slices: list[Slice]) -> _WorkResult:
+        """In the worker thread: apply the aborts, queue the slices, then take one step."""
+        eng, result = self.engine, _WorkResult()
+        eng.abort_request(aborts)
+        for _, requests in slices:
+            for request in requests:
                 eng.enqueue(request)
-            result.errors.append(None)
         if eng.has_unfinished_requests():
             result.outputs = eng.step()
         result.stats = eng.stats()
         result.has_work = eng.has_unfinished_requests()
         return result
 
-    def _deliver(self, ops: list[_Add | _Abort], result: _WorkResult) -> None:
-        for op, err in zip(ops, result.errors):
-            if not isinstance(op, _Add):
-                continue
-            if err is not None:
-                op.stream.unfinished.clear()
-                if not op.accepted.done():
-                    op.accepted.set_exception(err)
-                continue
-            if op.accepted.done():  # cancelled: the caller queued an abort for these right after
-                continue
-            for rid in op.stream.request_ids:
-                self._streams[rid] = op.stream
-            op.accepted.set_result(None)
+    def _deliver(self, slices: list[Slice], result: _WorkResult) -> None:
+        for stream, _ in slices:
+            if not stream.accepted.done():
+                stream.accepted.set_result(None)
         for out in result.outputs:
             stream = self._streams.get(out.request_id)
             if stream is not None:
                 stream._put(out)
                 if out.finished:
                     del self._streams[out.request_id]
+                    stream.in_engine -= stream.seqs.pop(out.request_id, 0)
+                    if stream.admitted == len(stream.requests) and stream.in_engine == 0:
+                        self._calls.pop(stream, None)
         self.stats = result.stats
         for listener in self._listeners:
             try:
@@ -258,16 +297,18 @@ class AsyncEngine:
             except Exception:  # a broken metric must not stop generation
                 log.exception("step listener failed")
 
-    def _die(self, exc: Exception, ops: list[_Add | _Abort]) -> None:
+    def _die(self, exc: Exception) -> None:
         log.error("engine step failed; no more requests will be served", exc_info=exc)
         self.error = exc
-        self._fail_all(EngineDeadError(f"engine step failed: {exc!r}"), ops)
+        self._fail_all(EngineDeadError(f"engine step failed: {exc!r}"))
 
-    def _fail_all(self, dead: EngineDeadError, ops: list[_Add | _Abort]) -> None:
-        for op in ops + self._ops:
-            if isinstance(op, _Add) and not op.accepted.done():
-                op.accepted.set_exception(dead)
-        self._ops = []
-        for stream in set(self._streams.values()):
+    def _fail_all(self, dead: EngineDeadError) -> None:
+        streams = set(self._calls) | set(self._streams.values())
+        streams.update(op.stream for op in self._ops if isinstance(op, _Add))
+        for stream in streams:
+            if stream.accepted is not None and not stream.accepted.done():
+                stream.accepted.set_exception(dead)
             stream._fail(dead)
+        self._ops = []
         self._streams.clear()
+        self._calls.clear()

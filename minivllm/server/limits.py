@@ -20,6 +20,7 @@ class ServerLimits:
     max_request_bytes: int = 4 * 2**20  # a 128k-token context as JSON token ids fits well within 4 MiB
     max_n: int = MAX_N
     max_tokens_times_n: int = 2**17  # output tokens one call may ask for: max_tokens x n x prompts
+    read_timeout: float = 30.0  # seconds from a request's first byte to its last (connection.py)
 
 
 def error_body(message: str, type: str, code: str | None = None, param: str | None = None) -> bytes:

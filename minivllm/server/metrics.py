@@ -13,10 +13,11 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from minivllm.outputs import RequestOutput
+from minivllm.sequence import FinishReason
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
-FINISHED_REASONS = ("stop", "length", "abort")
+FINISHED_REASONS = tuple(r.value for r in FinishReason)
 
 
 class ServerMetrics:
@@ -108,7 +109,7 @@ class ServerMetrics:
         self.req_prompt.observe(len(out.prompt_token_ids))
         self.req_generation.observe(sum(len(c.token_ids) for c in out.outputs))
         for c in out.outputs:
-            self.finished[c.finish_reason if c.finish_reason in self.finished else "abort"].inc()
+            self.finished[c.finish_reason if c.finish_reason in self.finished else FinishReason.ABORT.value].inc()
 
     def render(self, stats: dict) -> bytes:
         """The Prometheus text exposition, with the gauges set from the latest engine stats."""

@@ -1,14 +1,21 @@
-"""Tokenize and validate requests in a small thread pool, each thread with its own tokenizer.
+"""Tokenize and validate requests, and build large responses, in a small thread pool, each thread with its
+own tokenizer.
 
 Why not on the engine's owner: a 10 MB prompt takes many seconds to tokenize, and every running stream would
 wait for it. Why not on the event loop: it would stall every connection instead. Why a tokenizer per thread:
 a Hugging Face tokenizer is not safe to share between threads, and the engine's own one detokenizes its
 outputs. The engine then only queues requests that are already checked.
+
+Why work goes in in pieces: a call with 100,000 prompts is checked `PROMPTS_PER_JOB` prompts at a time, one
+job after the other, so one call holds at most one of the pool's threads and for at most one piece; a later
+client's job queues behind a piece, never behind the whole call, and a client that hangs up stops its call
+at the next piece.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import queue
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +30,8 @@ from minivllm.structured_output import StructuredOutputManager
 from minivllm.tokenizer import Tokenizer
 
 T = TypeVar("T")
+PROMPTS_PER_JOB = 256  # prompts one pool job checks (token-id prompts: ~10 ms of work)
+CHARS_PER_JOB = 2**18  # or fewer, when they are long texts to tokenize
 
 
 def check_unicode(text: str, what: str) -> None:
@@ -33,11 +42,25 @@ def check_unicode(text: str, what: str) -> None:
         raise ValueError(f"{what} is not valid Unicode: it holds a lone surrogate at character {e.start}") from None
 
 
+def pieces(prompts: list[tuple[str, PromptType]]) -> list[list[tuple[str, PromptType]]]:
+    """Consecutive runs of at most PROMPTS_PER_JOB prompts and (past the first) CHARS_PER_JOB characters."""
+    out: list[list[tuple[str, PromptType]]] = [[]]
+    chars = 0
+    for item in prompts:
+        size = len(item[1]) if isinstance(item[1], str) else 1
+        if out[-1] and (len(out[-1]) == PROMPTS_PER_JOB or chars + size > CHARS_PER_JOB):
+            out.append([])
+            chars = 0
+        out[-1].append(item)
+        chars += size
+    return out
+
+
 class Preprocessor:
     """`workers` threads and as many InputProcessors, each with its own tokenizer, loaded here (at start-up,
     not while the first burst of clients waits); a job borrows one for its duration."""
 
-    def __init__(self, engine: LLMEngine, workers: int = 2, chat_template: str | None = None) -> None:
+    def __init__(self, engine: LLMEngine, workers: int = 4, chat_template: str | None = None) -> None:
         self.config = engine.config
         self.chat_template = chat_template  # --chat-template: replaces the tokenizer's own
         self.max_model_len = engine.config.max_model_len
@@ -69,14 +92,15 @@ class Preprocessor:
     # ---- the jobs ----------------------------------------------------------------------------------------
     async def requests(self, prompts: list[tuple[str, PromptType]], params: SamplingParams, arrival: float,
                        strict_max_tokens: bool, priority: int = 0) -> list[EngineRequest]:
-        """Every prompt tokenized and checked (ValueError names the first bad one), none queued yet.
+        """Every prompt tokenized and checked (ValueError names the first bad one), none queued yet; in pieces
+        (see the module's docstring), so cancelling the caller stops at the next piece.
 
         `strict_max_tokens`: the client chose max_tokens, so prompt + max_tokens beyond the context is an error
         (as in vLLM) rather than silently capped."""
 
-        def job(proc: InputProcessor) -> list[EngineRequest]:
+        def job(proc: InputProcessor, piece: list[tuple[str, PromptType]]) -> list[EngineRequest]:
             out = []
-            for rid, prompt in prompts:
+            for rid, prompt in piece:
                 if isinstance(prompt, str):
                     check_unicode(prompt, "prompt")
                 req = proc.process(rid, prompt, params, arrival, priority)
@@ -88,7 +112,10 @@ class Preprocessor:
                 out.append(req)
             return out
 
-        return await self.run(job)
+        out: list[EngineRequest] = []
+        for piece in pieces(prompts):
+            out += await self.run(functools.partial(job, piece=piece))
+        return out
 
     async def chat_prompt(self, conversation: list[dict], add_generation_prompt: bool = True) -> dict:
         """The conversation through the chat template: {"prompt": text, "prompt_token_ids": ids}."""

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from minivllm.sampling_params import MAX_LOGPROBS, SamplingParams, StructuredOutputsParams
+from minivllm.sampling_params import MAX_LOGIT_BIAS, SamplingParams, StructuredOutputsParams
+from minivllm.sequence import FinishReason
 from minivllm.server.limits import MAX_N
 
 log = logging.getLogger("minivllm.server")
@@ -24,6 +25,14 @@ PASSED_THROUGH = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"
                   "frequency_penalty", "n", "stop", "stop_token_ids", "seed", "ignore_eos", "min_tokens",
                   "include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens",
                   "truncate_prompt_tokens", "allowed_token_ids", "bad_words", "prompt_logprobs")
+
+
+def integral(value: Any) -> Any:
+    """5.0 is an integer in JSON Schema (and to OpenAI's API): accept it as 5; "5" and 5.5 still fail strictly."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+Int = Annotated[int, BeforeValidator(integral)]
 
 
 class APIError(Exception):
@@ -38,8 +47,14 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
-def engine_error(e: ValueError) -> APIError:
-    """Turn the engine's ValueError (bad prompt, bad sampling value, too long) into a 400 naming the field."""
+def clamp(value: float, bound: float) -> float:
+    """value within [-bound, bound]; NaN stays NaN, for SamplingParams to refuse by name."""
+    return value if value != value else min(bound, max(-bound, value))
+
+
+def engine_error(e: ValueError, prompt_param: str = "prompt") -> APIError:
+    """Turn the engine's ValueError (bad prompt, bad sampling value, too long) into a 400 naming the field;
+    `prompt_param`: what the prompt is called in this request ("messages" for chat)."""
     msg = str(e)
     m = re.match(r"SamplingParams\.(\w+)", msg)
     if m:
@@ -48,12 +63,12 @@ def engine_error(e: ValueError) -> APIError:
         param = "max_tokens"
     elif "priority" in msg:
         param = "priority"
-    elif "chat template" in msg or "chat_template" in msg:
+    elif "chat template" in msg or "chat_template" in msg or prompt_param == "messages" and "surrogate" in msg:
         param = "messages"
     elif msg.startswith("structured outputs"):
         param = "structured_outputs"
     else:
-        param = "prompt"
+        param = prompt_param
     return APIError(msg, param=param)
 
 
@@ -85,40 +100,40 @@ class SamplingRequest(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
 
     model: str | None = None
-    max_tokens: int | None = None
+    max_tokens: Int | None = None
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None
+    top_k: Int | None = None
     min_p: float | None = None
     repetition_penalty: float | None = None
-    n: int | None = Field(None, le=MAX_N)  # the server's cap; ServerLimits.max_n may lower it
+    n: Int | None = Field(None, le=MAX_N)  # the server's cap; ServerLimits.max_n may lower it
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)  # torch seeds are 64-bit, as vLLM's
+    stop_token_ids: list[Int] | None = None
+    seed: Int | None = Field(None, ge=-(2**63), le=2**63 - 1)  # torch seeds are 64-bit, as vLLM's
     ignore_eos: bool | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    best_of: int | None = None
+    best_of: Int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None  # token id (as a string, JSON keys are) -> bias
     response_format: ResponseFormat | None = None
     # vLLM's extra sampling parameters
-    min_tokens: int | None = None
+    min_tokens: Int | None = None
     include_stop_str_in_output: bool | None = None
     skip_special_tokens: bool | None = None
     spaces_between_special_tokens: bool | None = None
-    truncate_prompt_tokens: int | None = None
-    allowed_token_ids: list[int] | None = None
+    truncate_prompt_tokens: Int | None = None
+    allowed_token_ids: list[Int] | None = None
     bad_words: list[str] | None = None
-    prompt_logprobs: int | None = None
+    prompt_logprobs: Int | None = Field(None, ge=-1)
     guided_json: str | dict | None = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     structured_outputs: dict[str, Any] | None = None  # vLLM's newer spelling: {"json": ...} / {"regex": ...} ...
-    priority: int = 0  # vLLM's extra field: with --scheduling-policy priority, lower runs first
+    priority: Int = 0  # vLLM's extra field: with --scheduling-policy priority, lower runs first
 
     def check_supported(self) -> None:
         for name in UNSUPPORTED:
@@ -128,7 +143,7 @@ class SamplingRequest(BaseModel):
         ignored = sorted(set(self.model_extra or {}) - set(UNSUPPORTED))
         if ignored:  # vLLM's rule for fields it does not know: serve the request, say what was ignored
             log.warning("the request's fields %s are not known to minivllm and were ignored", ignored)
-        if self.best_of is not None and self.best_of != (self.n or 1):
+        if self.best_of not in (None, 1, self.n or 1):  # 1: no candidates beyond the n returned
             raise APIError("best_of is not supported by minivllm (only best_of == n)", param="best_of",
                            code="unsupported_parameter")
         if self.stream_options is not None and not self.stream:
@@ -138,11 +153,11 @@ class SamplingRequest(BaseModel):
         kwargs = {k: getattr(self, k) for k in PASSED_THROUGH if getattr(self, k) is not None}
         max_tokens = self.requested_max_tokens()
         max_tokens = default_max_tokens if max_tokens is None else max_tokens
-        try:
-            logit_bias = None if self.logit_bias is None else {int(k): v for k, v in self.logit_bias.items()}
-        except ValueError as e:
-            raise APIError(f"logit_bias keys must be token ids, got {list(self.logit_bias)[:3]}",
-                           param="logit_bias") from e
+        bias = self.logit_bias or {}
+        if not all(k.isascii() and k.isdigit() and (k == "0" or k[0] != "0") for k in bias):
+            raise APIError(f"logit_bias keys must be token ids, got {list(bias)[:3]}", param="logit_bias")
+        # clamped to OpenAI's documented [-100, 100], as vLLM does: beyond it nothing changes but overflow
+        logit_bias = None if self.logit_bias is None else {int(k): clamp(v, MAX_LOGIT_BIAS) for k, v in bias.items()}
         try:
             return SamplingParams(max_tokens=max_tokens, logit_bias=logit_bias, logprobs=self.sample_logprobs(),
                                   structured_outputs=self.structured(), **kwargs)
@@ -195,8 +210,8 @@ class SamplingRequest(BaseModel):
 
 
 class CompletionRequest(SamplingRequest):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # top alternatives per token, OpenAI's legacy form
+    prompt: str | list[str] | list[Int] | list[list[Int]]
+    logprobs: Int | None = Field(None, ge=-1)  # top alternatives per token, OpenAI's legacy form (max_logprobs caps)
     echo: bool | None = False  # the prompt before the completion (with its logprobs, if asked)
 
     def sample_logprobs(self) -> int | None:
@@ -240,9 +255,9 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage]
-    max_completion_tokens: int | None = None
+    max_completion_tokens: Int | None = None
     logprobs: bool | None = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    top_logprobs: Int | None = Field(None, ge=-1)  # -1: the whole vocabulary, if --max-logprobs -1
 
     def sample_logprobs(self) -> int | None:
         if self.top_logprobs and not self.logprobs:
@@ -266,4 +281,4 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 def finish_reason(reason: str | None) -> str | None:
     """OpenAI knows "stop" and "length"; an aborted request only ever reaches a client that left."""
-    return reason if reason in (None, "stop", "length") else "stop"
+    return reason if reason in (None, FinishReason.STOP, FinishReason.LENGTH) else FinishReason.STOP.value

@@ -15,6 +15,7 @@ import uuid
 from dataclasses import dataclass
 
 from minivllm.outputs import RequestOutput
+from minivllm.sequence import FinishReason
 
 log = logging.getLogger("minivllm.server.requests")
 _VALID_ID = re.compile(r"[A-Za-z0-9._:/=+-]{1,128}")
@@ -60,9 +61,10 @@ class RequestLog:
                       queue_s=_secs(m.first_scheduled_time, t.received), ttft_s=_secs(m.first_token_time, t.received))
             if out.finished:
                 del self._by_engine_id[out.request_id]
-                reasons = [c.finish_reason or "abort" for c in out.outputs]
+                reasons = [c.finish_reason or FinishReason.ABORT.value for c in out.outputs]
                 end = m.finished_time if m and m.finished_time else time.monotonic()
-                _emit("aborted" if "abort" in reasons else "finished", t.request_id, engine_request_id=out.request_id,
+                aborted = FinishReason.ABORT in reasons
+                _emit("aborted" if aborted else "finished", t.request_id, engine_request_id=out.request_id,
                       prompt_tokens=len(out.prompt_token_ids), output_tokens=sum(len(c.token_ids) for c in out.outputs),
                       cached_tokens=out.num_cached_tokens, preemptions=out.num_preemptions,
                       ttft_s=_secs(m.first_token_time if m else None, t.received), total_s=_secs(end, t.received),

@@ -2,22 +2,33 @@
 
 One HTTP call becomes one engine request per prompt (each with n sequences); choice i * n + j is sequence j
 of prompt i, as in OpenAI's API. Streams send text deltas, computed from the engine's cumulative outputs.
+
+Nothing here costs the event loop more than a step's worth of work: a whole response (up to 100,000 choices,
+logprobs, echoed prompts) is built and JSON-encoded in the preprocess pool as its outputs finish, at most
+`RESPONSE_OUTPUTS_PER_JOB` outputs per job, in time linear in its size. The engine's ids are the server's own
+(`cmpl-<uuid>-<i>`): the client's X-Request-Id names the call in logs, headers and the response id, and two
+calls may carry the same one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import json
 import time
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 
 from minivllm.engine.llm_engine import PromptType
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
+from minivllm.sequence import FinishReason
 from minivllm.server.async_engine import AsyncEngine, EngineDeadError, RequestStream
 from minivllm.server.limits import ServerLimits
 from minivllm.server.logprobs_format import chat_logprobs, completion_logprobs
@@ -32,6 +43,9 @@ from minivllm.server.protocol import (
     usage,
 )
 from minivllm.server.request_log import RequestLog
+
+T = TypeVar("T")
+RESPONSE_OUTPUTS_PER_JOB = 512  # engine outputs (prompts) per response-building job
 
 
 class SSEResponse(StreamingResponse):
@@ -65,13 +79,17 @@ class _Call:
     done: set[int] = field(default_factory=set)
     prompt_tokens: dict[str, int] = field(default_factory=dict)
     completion_tokens: dict[int, int] = field(default_factory=dict)
+    prompt_index: dict[str, int] = field(init=False)  # engine request id -> its prompt's position
+
+    def __post_init__(self) -> None:
+        self.prompt_index = {rid: i for i, rid in enumerate(self.request_ids)}
 
     @property
     def num_choices(self) -> int:
         return len(self.request_ids) * self.params.n
 
     def choice_index(self, out: RequestOutput, j: int) -> int:
-        return self.request_ids.index(out.request_id) * self.params.n + j
+        return self.prompt_index[out.request_id] * self.params.n + j
 
     def usage(self) -> dict:
         return usage(sum(self.prompt_tokens.values()), sum(self.completion_tokens.values()))
@@ -122,14 +140,21 @@ class OpenAIServing:
         self.check_model(req.model)
         req.check_supported()
         params = req.sampling_params(default_max_tokens=None)  # as OpenAI: up to the context window
+        for name in ("max_tokens", "max_completion_tokens"):  # both checked, though only one is used
+            value = getattr(req, name)
+            if value is not None and not 1 <= value < self.pre.max_model_len:
+                raise APIError(f"{name} is {value}; it must be >= 1 and leave room for the prompt in this model's "
+                               f"maximum context length of {self.pre.max_model_len} tokens", param=name)
         if not self.pre.has_tokenizer:
             raise APIError("this model has no tokenizer, so it has no chat template", param="messages")
         conversation = req.conversation()
         self.check_limits(params, 1)
         try:
-            prompt = await self.pre.chat_prompt(conversation)
+            prompt = await unless_disconnected(raw, self.pre.chat_prompt(conversation))
         except ValueError as e:
-            raise engine_error(e) from e
+            raise engine_error(e, "messages") from e
+        if prompt is None:
+            return Response(status_code=499)
         return await self._serve(req, raw, "chatcmpl", "chat.completion", [prompt], params, arrival)
 
     async def _serve(self, req: SamplingRequest, raw: Request, prefix: str, obj: str, prompts: list[PromptType],
@@ -137,34 +162,42 @@ class OpenAIServing:
         self.check_limits(params, len(prompts))
         request_id: str = raw.state.request_id
         base = f"{prefix}-{request_id}"
-        ids = [f"{base}-{i}" for i in range(len(prompts))]
+        engine_base = f"{prefix}-{uuid.uuid4().hex}"  # ours, so two calls with one X-Request-Id never collide
+        ids = [f"{engine_base}-{i}" for i in range(len(prompts))]
+        is_chat = obj == "chat.completion"
         self.request_log.received(request_id, ids, arrival, endpoint=raw.url.path, prompts=len(prompts), n=params.n,
                                   max_tokens=params.max_tokens, stream=bool(req.stream))
-        try:
+
+        async def admit() -> RequestStream:
             requests = await self.pre.requests(list(zip(ids, prompts)), params, arrival,
                                                strict_max_tokens=req.requested_max_tokens() is not None,
                                                priority=req.priority)
-            stream = await self.engine.generate(requests)
+            return await self.engine.generate(requests)
+
+        try:
+            stream = await unless_disconnected(raw, admit())
         except ValueError as e:
-            err = engine_error(e)
+            err = engine_error(e, "messages" if is_chat else "prompt")
             self.request_log.rejected(request_id, ids, err.status, err.message)
             raise err from e
         except EngineDeadError as e:
             self.request_log.rejected(request_id, ids, 503, str(e))
             raise APIError(str(e), status=503, type="server_error", code="engine_dead") from e
-        is_chat = obj == "chat.completion"
+        if stream is None:  # the client hung up while its prompts were checked: nothing went in
+            self.request_log.rejected(request_id, ids, 499, "the client disconnected")
+            return Response(status_code=499)
         call = _Call(base, obj + (".chunk" if is_chat and req.stream else ""), self.model_name, ids, params,
                      req.include_usage, req.continuous_usage, params.logprobs, bool(getattr(req, "echo", False)))
         if req.stream:
             return SSEResponse(self._sse(call, stream, is_chat), media_type="text/event-stream",
                                headers={"Cache-Control": "no-cache"})
         try:
-            final = await self._collect(stream, raw)
+            body = await self._collect(call, stream, raw, is_chat)
         except EngineDeadError as e:
             raise APIError(str(e), status=503, type="server_error", code="engine_dead") from e
-        if final is None:
+        if body is None:
             return Response(status_code=499)  # nobody is listening; nginx's "client closed request"
-        return JSONResponse(await self._response(call, final, is_chat))
+        return Response(body, media_type="application/json")
 
     # ---- streaming ---------------------------------------------------------------------------------
     async def _sse(self, call: _Call, stream: RequestStream, is_chat: bool) -> AsyncIterator[str]:
@@ -207,7 +240,8 @@ class OpenAIServing:
                     if i not in call.done:
                         call.done.add(i)
                         empty = {"delta": {}} if is_chat else {"text": ""}
-                        yield call.chunk([{"index": i, **empty, "logprobs": None, "finish_reason": "abort"}])
+                        yield call.chunk([{"index": i, **empty, "logprobs": None,
+                                           "finish_reason": FinishReason.ABORT.value}])
             if call.include_usage:
                 yield call.chunk([], usage=call.usage())
         except EngineDeadError as e:
@@ -217,46 +251,68 @@ class OpenAIServing:
         yield "data: [DONE]\n\n"
 
     # ---- one response --------------------------------------------------------------------------------
-    async def _collect(self, stream: RequestStream, raw: Request) -> dict[str, RequestOutput] | None:
-        """The final outputs, or None if the client disconnected first (then its requests are aborted)."""
-        final: dict[str, RequestOutput] = {}
+    async def _collect(self, call: _Call, stream: RequestStream, raw: Request, is_chat: bool) -> bytes | None:
+        """The whole response as JSON bytes, or None if the client disconnected first (then its requests are
+        aborted). Outputs are turned into JSON text as they finish, in the pool, a batch per job: a call with
+        100,000 prompts never holds 100,000 output objects (each a full collection of the GC would walk)."""
+        fragments: dict[int, str] = {}  # prompt index -> its choices as JSON text
+        totals = [0, 0]  # prompt and completion tokens
 
-        async def drain() -> None:
+        async def render(outs: list[RequestOutput]) -> None:
+            for start in range(0, len(outs), RESPONSE_OUTPUTS_PER_JOB):
+                batch = outs[start : start + RESPONSE_OUTPUTS_PER_JOB]
+                job = functools.partial(self._choices_json, call=call, outs=batch, is_chat=is_chat)
+                texts, p, c = await self.pre.run(job)
+                for out, text in zip(batch, texts):
+                    fragments[call.prompt_index[out.request_id]] = text
+                totals[0] += p
+                totals[1] += c
+
+        async def drain() -> bytes:
+            unfinished: dict[str, RequestOutput] = {}
             async for outs in stream:
-                final.update({o.request_id: o for o in outs})
+                done = []
+                for out in outs:
+                    if out.finished:
+                        unfinished.pop(out.request_id, None)
+                        done.append(out)
+                    else:
+                        unfinished[out.request_id] = out
+                await render(done)
+            await render(list(unfinished.values()))  # the server aborted these (shutdown)
+            head = json.dumps({"id": call.id, "object": call.object, "created": call.created, "model": call.model},
+                              ensure_ascii=False)
+            choices = ",".join(fragments[k] for k in sorted(fragments))
+            return f'{head[:-1]},"choices":[{choices}],"usage":{json.dumps(usage(*totals))}}}'.encode()
 
-        async def disconnected() -> None:
-            while (await raw.receive())["type"] != "http.disconnect":
-                pass
-
-        work, watch = asyncio.ensure_future(drain()), asyncio.ensure_future(disconnected())
+        body = None
         try:
-            await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+            body = await unless_disconnected(raw, drain())  # re-raises an engine failure
         finally:
-            watch.cancel()
-            if not work.done():
-                work.cancel()
+            if body is None:
                 self.engine.abort(stream)
-        if not work.done() or work.cancelled():
-            return None
-        work.result()  # re-raise an engine failure
-        return final
+        return body
 
-    async def _response(self, call: _Call, final: dict[str, RequestOutput], is_chat: bool) -> dict:
-        choices = []
-        for out in final.values():
-            call.prompt_tokens[out.request_id] = len(out.prompt_token_ids)
-            prefix = await self._prompt_text(out) if call.echo else ""
-            for c in out.outputs:
-                i = call.choice_index(out, c.index)
-                call.completion_tokens[i] = len(c.token_ids)
+    def _choices_json(self, proc, call: _Call, outs: list[RequestOutput], is_chat: bool) -> tuple[list[str], int, int]:
+        """In a pool thread: each output's choices as JSON text (without brackets, in choice order), and the
+        outputs' prompt and completion tokens."""
+        texts, prompt_tokens, completion_tokens = [], 0, 0
+        for out in outs:
+            prompt_tokens += len(out.prompt_token_ids)
+            prefix = ""
+            if call.echo:
+                prefix = out.prompt if out.prompt is not None else proc.tokenizer.decode(out.prompt_token_ids)
+            choices = []
+            for c in sorted(out.outputs, key=lambda c: c.index):
+                completion_tokens += len(c.token_ids)
                 body = {"message": {"role": "assistant", "content": c.text}} if is_chat else {"text": prefix + c.text}
-                reason = finish_reason(c.finish_reason) if c.finished else "abort"  # unfinished: the server aborted
+                # unfinished: the server aborted it
+                reason = finish_reason(c.finish_reason) if c.finished else FinishReason.ABORT.value
                 logprobs = self._logprobs(call, out, c, 0, is_chat, echo=call.echo)
-                choices.append({"index": i, **body, "logprobs": logprobs, "finish_reason": reason})
-        choices.sort(key=lambda ch: ch["index"])
-        return {"id": call.id, "object": call.object, "created": call.created, "model": call.model,
-                "choices": choices, "usage": call.usage()}
+                choices.append({"index": call.choice_index(out, c.index), **body, "logprobs": logprobs,
+                                "finish_reason": reason})
+            texts.append(json.dumps(choices, ensure_ascii=False)[1:-1])
+        return texts, prompt_tokens, completion_tokens
 
     async def _prompt_text(self, out: RequestOutput) -> str:
         """What echo puts before the completion: the prompt as sent, or its ids decoded."""
@@ -274,3 +330,26 @@ class OpenAIServing:
         if echo and out.prompt_logprobs is not None:
             tokens, positions = out.prompt_token_ids + tokens, out.prompt_logprobs + positions
         return completion_logprobs(tokens, positions, call.top_logprobs, offset)
+
+
+async def unless_disconnected(raw: Request, work: Awaitable[T]) -> T | None:
+    """`await work`, unless the client hangs up first: then `work` is cancelled and the answer is None."""
+    task, watch = asyncio.ensure_future(work), asyncio.ensure_future(_disconnect(raw))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        watch.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return None
+    return task.result()
+
+
+async def _disconnect(raw: Request) -> None:
+    while (await raw.receive())["type"] != "http.disconnect":
+        pass

@@ -3,8 +3,9 @@
 On the first SIGTERM or Ctrl-C the server stops accepting connections and lets the requests in flight run for
 `shutdown_timeout` seconds; then it aborts the rest through the engine (streams end with a chunk whose
 finish_reason is "abort", then [DONE]), the lifespan hook frees their blocks, and the process exits 0. A second
-signal aborts everything at once and skips the waiting. uvicorn re-raises the signal after its own graceful
-shutdown (a KeyboardInterrupt traceback, or death by SIGTERM); here the signals only ask the server to exit.
+signal aborts everything at once and skips the waiting (the engine still stops and logs its free blocks).
+uvicorn re-raises the signal after its own graceful shutdown (a KeyboardInterrupt traceback, or death by
+SIGTERM); here the signals only ask the server to exit.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ class GracefulServer(uvicorn.Server):
         timer = asyncio.get_running_loop().call_later(self.shutdown_timeout, self._abort_all, "shutdown timeout")
         try:
             await super().shutdown(sockets)
+            if self.force_exit:  # uvicorn skips the lifespan's shutdown then; ours is bounded and frees the blocks
+                await self.lifespan.shutdown()
         finally:
             timer.cancel()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from minivllm.server.protocol import ChatMessage
+from minivllm.server.protocol import ChatMessage, Int
 
 
 class TokenizeCompletionRequest(BaseModel):
@@ -25,4 +25,4 @@ class TokenizeChatRequest(BaseModel):
 class DetokenizeRequest(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
     model: str | None = None
-    tokens: list[int]
+    tokens: list[Int]
