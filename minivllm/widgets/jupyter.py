@@ -7,9 +7,10 @@ models while the view stays in the notebook:
   (and storing the widget state instead, JupyterLab's saveState, would bring back dead controls whose Step
   does nothing). A Jupyter server pre-save hook, `drop_widget_outputs`, saves the notebook without widget
   views: each one gives way to the hint shown after it, or to a line of text where there is none.
-- **the kernel restarts**: JupyterLab disposes the views and leaves their outputs blank. So the chapters'
-  widgets (`minivllm.widgets.ui`) display a second output after the view, `hint_html()`: a line asking to
-  run the cell again, which a CSS rule hides while a live widget view precedes it.
+- **the kernel restarts**: JupyterLab keeps the views, greyed out behind broken-link icons
+  (`jupyter-widgets-disconnected`), and their buttons do nothing. So the chapters' widgets
+  (`minivllm.widgets.ui`) display a second output after the view, `hint_html()`: a line asking to run the
+  cell again, which a CSS rule hides while a connected widget view precedes it.
 
 `make install` runs `python -m minivllm.widgets.jupyter`, which enables the hook for every Jupyter server
 started from this Python environment: it sets `ContentsManager.pre_save_hook` in
@@ -34,8 +35,9 @@ HINT_TEXT = "This widget's kernel has stopped: run this cell again to bring the 
 def hint_html() -> str:
     """The "run this cell again" line shown after a widget view: hidden while the view before it is alive
     (its output holds a rendered widget), visible once the kernel restarts or the notebook is reopened."""
-    return (f"<style>.jp-OutputArea-child:has(.jp-OutputArea-output .jupyter-widgets) + .jp-OutputArea-child "
-            f".{HINT_CLASS} {{display: none;}}</style>"
+    live = ".jp-OutputArea-output > .jupyter-widgets:not(.jupyter-widgets-disconnected)"  # a restart marks views
+    return (f"<style>.jp-OutputArea-child:has({live}) + .jp-OutputArea-child .{HINT_CLASS} {{display: none;}}"
+            "</style>"
             f"<div class='{HINT_CLASS}' style='color: #8a6d3b; font-style: italic'>{HINT_TEXT}</div>")
 
 
