@@ -2,7 +2,7 @@
 PYTHON ?= python
 STAMP := .install-stamp
 
-.PHONY: install demo test lint bench chapters clean
+.PHONY: install demo test chapters-learner lint bench chapters clean gpu-check
 
 # torch first, from the pinned local CPU wheel where none is installed (never the CUDA wheels);
 # Colab and GPU machines keep the torch they already have.
@@ -15,11 +15,15 @@ $(STAMP): pyproject.toml
 		{ DEBIAN_FRONTEND=noninteractive apt-get install -y chromium || \
 		  { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; }; }; } || \
 		echo "chromium could not be installed: the browser tests will skip"
-	@# JupyterLab saves notebooks without widget views (minivllm/widgets/jupyter.py says why)
-	$(PYTHON) -m minivllm.widgets.jupyter
 	touch $(STAMP)
 
-install: $(STAMP)
+# JupyterLab saves notebooks without widget views (minivllm/widgets/jupyter.py says why): the server config
+# that enables the hook, rewritten whenever the module that writes it changes
+JUPYTER_CONFIG := $(shell $(PYTHON) -c "import sys; print(sys.prefix)")/etc/jupyter/jupyter_server_config.json
+$(JUPYTER_CONFIG): minivllm/widgets/jupyter.py | $(STAMP)
+	$(PYTHON) -m minivllm.widgets.jupyter
+
+install: $(STAMP) $(JUPYTER_CONFIG)
 
 demo: $(STAMP)
 	$(PYTHON) -m minivllm generate "Hi, my name is" "Today is a beautiful summer day" "Hello there" \
@@ -30,12 +34,27 @@ lint: $(STAMP)
 
 # pytest exits 5 when it collects nothing: for us that is a failure, not a pass.
 # HF_HUB_OFFLINE: tests never download; chapter 10 then runs its offline fallback.
-test: $(STAMP) lint
+# The suite and a first pass over the chapters run in float32 (tests/conftest.py pins it); then the chapters
+# run once more as a learner runs them: MINIVLLM_CPU_DTYPE unset, so dtype "auto" is bf16 on a CPU with
+# native bf16 (float32 elsewhere, where that pass repeats the first).
+test: $(STAMP) $(JUPYTER_CONFIG) lint
 	HF_HUB_OFFLINE=1 $(PYTHON) -m pytest tests $(wildcard chapters/*.ipynb) --nbval-lax --nbval-current-env -p no:cacheprovider; \
-	rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests were collected"; exit 1; fi; exit $$rc
+	rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests were collected"; exit 1; fi; [ $$rc -eq 0 ] || exit $$rc; \
+	$(MAKE) --no-print-directory chapters-learner
+
+chapters-learner: $(STAMP)
+	@env -u MINIVLLM_CPU_DTYPE $(PYTHON) -c "from minivllm.cpu_platform import default_cpu_dtype as d; \
+		print('the chapters in the learner\'s dtype:', d())"
+	env -u MINIVLLM_CPU_DTYPE HF_HUB_OFFLINE=1 $(PYTHON) -m pytest $(wildcard chapters/*.ipynb) --nbval-lax \
+		--nbval-current-env -p no:cacheprovider -q
 
 bench: $(STAMP)
 	$(PYTHON) bench/cpu_throughput.py
+
+# On a GPU machine: kernels, CUDA graphs, the chapters (auto dtype and fp16), a short throughput run; one
+# results file (bench/gpu_check.sh says what it runs). It installs what is missing itself.
+gpu-check:
+	PYTHON=$(PYTHON) bash bench/gpu_check.sh
 
 clean:
 	rm -rf $(STAMP) .pytest_cache .ruff_cache

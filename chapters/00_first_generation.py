@@ -90,7 +90,7 @@ assert stats["num_free_blocks"] == stats["num_total_blocks"], "every KV block is
 # * `0:prefillx6` - request `0` had 6 tokens computed in this step, all of its prompt at once (prefill);
 # * `decodex1` - one new token for a request that is already running (decode);
 # * `alloc 0[5]` - request `0` got KV block 5; `freed` - blocks going back to the free pool;
-# * `free 5459/5461` - free blocks after the step.
+# * `free N/M` - free blocks after the step, of the pool's M (M depends on the memory of the machine).
 
 # %%
 steps = list(llm.engine.trace)
@@ -168,5 +168,4 @@ assert {e.request_id for e in live.steps[0].scheduled} == {"story", "cat"}
 assert engine.has_unfinished_requests() and not live.step_button.disabled, "the rest is left for Step (live)"
 
 # %% [markdown]
-# Next: [01 · tokenization and the waiting queue](01_tokenization_and_queue.ipynb): what those prompt
-# token counts are, and how requests wait for their turn.
+# Next: [01 · Tokenization and the waiting queue](01_tokenization_and_queue.ipynb).

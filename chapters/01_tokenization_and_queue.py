@@ -46,20 +46,20 @@ tok = llm.tokenizer  # minivllm.tokenizer.Tokenizer, a thin wrapper around trans
 # %% [markdown]
 # ## Our ids for the three prompts
 #
-# The source material says the prompts tokenize to "about 5, 7 and 2 tokens"; the exact ids depend on
-# the tokenizer. Ours is a byte-level BPE (the GPT-2 / Llama-3 family) trained with the model on the
+# Introductions to LLM serving often say prompts like these come to "about 5, 7 and 2 tokens"; the exact
+# ids depend on the tokenizer. Ours is a byte-level BPE (the GPT-2 / Llama-3 family) trained with the model on the
 # same stories. `Ġ` in a token's name is how byte-level BPE writes a leading space.
 
 # %%
 prompts = ["Hi, my name is", "Today is a beautiful summer day", "Hello there"]
-material = [5, 7, 2]
+rough = [5, 7, 2]  # the rule-of-thumb counts
 rows = []
-for prompt, said in zip(prompts, material):
+for prompt, said in zip(prompts, rough):
     ids = tok.encode(prompt)
     pieces = tok.hf.convert_ids_to_tokens(ids)
     rows.append((prompt, ids, pieces, said))
     print(f"{prompt!r}\n    ids    {ids}\n    pieces {pieces}\n"
-          f"    {len(ids)} tokens with BOS, {len(ids) - 1} without; the material says about {said}\n")
+          f"    {len(ids)} tokens with BOS, {len(ids) - 1} without; the rule of thumb says about {said}\n")
 
 # %% [markdown]
 # Every prompt starts with the same id: the **BOS** (beginning of sequence) token `<s>`, which our
@@ -76,8 +76,8 @@ assert all(tok.decode(ids) == prompt for prompt, ids, _, _ in rows), "decoding g
 assert llm.engine.eos_token_id == tok.eos_token_id
 
 # %% [markdown]
-# So without BOS our counts are 5, 6 and 2: the same ballpark as the material's 5, 7 and 2 (which
-# come from another tokenizer, which may also count BOS differently).
+# So without BOS our counts are 5, 6 and 2: the same ballpark as the rule of thumb's 5, 7 and 2 (another
+# tokenizer would split differently, and may count BOS differently).
 #
 # ### Why text comes out a step late sometimes
 #
@@ -186,11 +186,9 @@ assert "<b>hello</b></td><td" in stepper.html.value and "prefill" in stepper.htm
 display(stepper)
 
 # %% [markdown]
-# First come, first served is one policy among several the material names: shortest job first (needs
+# First come, first served is one policy among several a scheduler can use: shortest job first (needs
 # a guess of each output's length), round-robin, and priorities. `minivllm`'s scheduler does FCFS for
 # admission and puts a preempted request back at the *head* of the queue (chapter 04).
-#
-# Next: [02 · the KV cache](02_kv_cache.ipynb).
 
 # %% [markdown]
 # ## Exercise: first come, first served
@@ -223,3 +221,6 @@ def my_enqueue(waiting: deque, request, preempted: bool) -> None:
 from minivllm.exercises.ch01 import check_enqueue
 
 check_enqueue(my_enqueue)
+
+# %% [markdown]
+# Next: [02 · The KV cache: prefill, decode, and what a block costs](02_kv_cache.ipynb).

@@ -16,8 +16,8 @@
 # Attention at position *t* needs the keys and values of every earlier position. Recomputing them for
 # the whole sequence at each new token makes generation quadratic; keeping them makes each new token
 # cost one position. That store is the **KV cache**. This chapter measures why it pays, then does the
-# memory arithmetic: bytes per token, bytes per block, how many blocks fit, first for the figures in the
-# source material (and where they are wrong), then for the model we actually loaded.
+# memory arithmetic: bytes per token, bytes per block, how many blocks fit, first for figures often quoted
+# for real models (and where they are wrong), then for the model we actually loaded.
 
 # %%
 # Setup: on Colab, fetch the repository and install it; anywhere else this cell does nothing.
@@ -133,7 +133,7 @@ print(inspect.getsource(kv_sizing.kv_bytes_per_block))
 # %% [markdown]
 # ### Two pictures of a block
 #
-# The lecture draws blocks per layer: three short prompts, each fitting in one block of 16 tokens, in a
+# Many diagrams draw blocks per layer: three short prompts, each fitting in one block of 16 tokens, in a
 # 4-layer model make **3 x 4 = 12 blocks**. vLLM (and `minivllm`) name a block once for *all* layers: block
 # id *b* is one slot range of 16 tokens in every layer's K and V tensors. Same memory, counted
 # differently: 3 block ids, each spanning the 4 layers. The engine's trace shows the 3 ids the seed
@@ -146,12 +146,12 @@ llm.generate(seed_prompts, SamplingParams(temperature=0, max_tokens=4), use_tqdm
 first = widgets.new_steps(engine, start)[0]
 block_ids = [b for blocks in first.allocated.values() for b in blocks]
 print("block ids allocated in the prefill step:", first.allocated)
-lecture_layers = 4
-print(f"lecture's per-layer picture: {len(block_ids)} prompts x {lecture_layers} layers = "
-      f"{len(block_ids) * lecture_layers} blocks")
+diagram_layers = 4
+print(f"a per-layer diagram's picture: {len(block_ids)} prompts x {diagram_layers} layers = "
+      f"{len(block_ids) * diagram_layers} blocks")
 print(f"our model has {runner.model_config.num_layers} layers: the same 3 ids are "
       f"{len(block_ids) * runner.model_config.num_layers} per-layer blocks")
-assert len(block_ids) == 3 and len(block_ids) * lecture_layers == 12
+assert len(block_ids) == 3 and len(block_ids) * diagram_layers == 12
 
 # %% [markdown]
 # In the cache tensor, `[layers, K/V, blocks, block_size, kv_heads, head_dim]`, block *b* is the slice
@@ -164,10 +164,11 @@ print("cache tensor:", tuple(cache.shape), cache.dtype, " one block:", tuple(one
 assert one_block.numel() * one_block.element_size() == runner.bytes_per_block
 
 # %% [markdown]
-# ## The material's figures, recomputed
+# ## A startup log, recomputed
 #
-# The lecture's log shows about **10.86 GiB** of KV cache giving **32350** GPU blocks and **11915** CPU
-# (swap) blocks, and says a block is "about 34 MB". Those block counts fit **TinyLlama-1.1B** in fp16
+# vLLM logs the KV cache it sized at startup. Take a log reporting about **10.86 GiB** of KV cache giving
+# **32350** GPU blocks and **11915** CPU (swap) blocks, with a write-up of it saying a block is "about
+# 34 MB". Those block counts fit **TinyLlama-1.1B** in fp16
 # (22 layers, 4 KV heads of 64 dims). We write TinyLlama's config (no weights needed), read it with the
 # engine's own config reader, and apply the engine's formula.
 
@@ -202,26 +203,27 @@ assert round(10.86e9 / claimed) == 319
 # %% [markdown]
 # ### Grouped-query attention: Llama-3-70B
 #
-# Another article puts Llama-3-70B's KV cache at 2 x 8192 x 80 x 2 bytes = 2.6 MB per token, about 10.5 GB
-# for a 4K context. That multiplies by the full hidden size, as if every one of the 64 query heads had its
+# A figure often quoted puts Llama-3-70B's KV cache at 2 x 8192 x 80 x 2 bytes = 2.6 MB per token, about
+# 10.5 GB for a 4K context. That multiplies by the full hidden size, as if every one of the 64 query heads had its
 # own keys and values. Llama-3-70B uses grouped-query attention: 8 KV heads of 128 dims, shared by groups
 # of 8 query heads.
 
 # %%
 llama70b = model_config_of(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
                            num_attention_heads=64, num_key_value_heads=8, vocab_size=128256, dtype="bfloat16")
-article = 2 * 8192 * 80 * 2
+quoted = 2 * 8192 * 80 * 2
 gqa = kv_bytes_per_token(llama70b.num_layers, llama70b.num_kv_heads, llama70b.head_dim, llama70b.torch_dtype.itemsize)
-print(f"article: {article:,} bytes/token = {article / 1e6:.2f} MB; 4K tokens = {article * 4096 / 1e9:.1f} GB")
+print(f"quoted:  {quoted:,} bytes/token = {quoted / 1e6:.2f} MB; 4K tokens = {quoted * 4096 / 1e9:.1f} GB")
 print(f"GQA:     {gqa:,} bytes/token = {gqa / 1e6:.2f} MB; 4K tokens = {gqa * 4096 / 1e9:.2f} GB")
-print(f"ratio {article // gqa} = {llama70b.num_heads} query heads / {llama70b.num_kv_heads} KV heads")
-assert gqa == 327_680 and article // gqa == 8 and round(gqa * 4096 / 1e9, 1) == 1.3
+print(f"ratio {quoted // gqa} = {llama70b.num_heads} query heads / {llama70b.num_kv_heads} KV heads")
+assert gqa == 327_680 and quoted // gqa == 8 and round(gqa * 4096 / 1e9, 1) == 1.3
 
 # %% [markdown]
 # ## The same figures for the model we loaded
 #
 # The engine computed all of this when it loaded: `runner.bytes_per_block` from the model's config and
-# the dtype it chose (float32 on CPU; bf16 or fp16 on a GPU), and `runner.num_blocks` from its memory
+# the dtype it chose (printed below: bf16 on a CPU with native bf16, else float32; bf16 or fp16 on a GPU),
+# and `runner.num_blocks` from its memory
 # budget. On CPU the budget is a fixed knob (`kv_sizing.DEFAULT_CPU_KV_CACHE_BYTES`); on a GPU the engine
 # measures what is left after the weights and a profiled forward pass. Either way it takes no more blocks
 # than `max_num_seqs` sequences of `max_model_len` tokens could ever fill (`kv_sizing.max_useful_blocks`):
@@ -283,9 +285,6 @@ widgets.show(fig)
 assert weights == sum(p.numel() for p in runner.model.parameters()) * dtype_bytes
 assert land["KV cache"] > land["weights"], "for a small model, the KV cache is most of the land"
 
-# %% [markdown]
-# Next: [03 · paged blocks](03_paged_blocks.ipynb): how those blocks are handed out, one request at a
-# time, and why paging wastes so little.
 
 # %% [markdown]
 # ## Exercise: decode attention one block at a time (the online softmax)
@@ -319,3 +318,6 @@ def my_online_softmax_update(m, l, acc, scores, v):  # noqa: E741
 from minivllm.exercises.ch02 import check_online_softmax_update
 
 check_online_softmax_update(my_online_softmax_update)
+
+# %% [markdown]
+# Next: [03 · Paged blocks: block tables, the free queue, and how little paging wastes](03_paged_blocks.ipynb).

@@ -47,11 +47,11 @@ from minivllm.core.kv_cache_manager import KVCacheManager
 # ## The pool and the allocator
 #
 # The CPU side of paging is plain Python. `BlockPool` hands out block ids from an ordered free queue and
-# counts references; `KVCacheManager.allocate` gives a request just enough blocks for its next tokens.
+# counts references (its `allocate` and `free` are this chapter's exercise; the engine's own are printed
+# after it); `KVCacheManager.allocate` gives a request just enough blocks for its next tokens.
 
 # %%
-print(inspect.getsource(BlockPool.allocate))
-print(inspect.getsource(BlockPool.free))
+print(inspect.getdoc(BlockPool), "\n")
 print(inspect.getsource(KVCacheManager.allocate))
 
 # %% [markdown]
@@ -113,7 +113,7 @@ assert f"{steps[20].num_free_blocks} of 24 free" in viewer.figure.axes[1].get_ti
 # %% [markdown]
 # ## Paging versus static allocation: the worked example
 #
-# Static allocation reserves `max_seq_len` slots per request up front. The material's example: a
+# Static allocation reserves `max_seq_len` slots per request up front. A worked example: a
 # 100-token sequence, `max_seq_len` 2048, blocks of 16. We let the engine store exactly 100 tokens and
 # read its block table from the trace.
 
@@ -136,11 +136,12 @@ assert round(1 - 100 / static_slots, 3) == 0.951 and round(occupancy.paged_waste
 # %% [markdown]
 # ## On a real workload
 #
-# The material quotes **60-80%** of KV memory wasted by static allocation and **under 4%** with paging
-# (the vLLM blog's measurement). Here is ours: 32 requests with prompts of 8-120 tokens and outputs of
-# 8-200 tokens, run through the engine with a generous pool. At every step we compare the slots the
-# block tables hold with the tokens actually stored in them (read from the trace), and with what static
-# allocation would reserve: `max_model_len` slots per live request.
+# The [vLLM blog post](https://blog.vllm.ai/2023/06/20/vllm.html) reports **60-80%** of KV memory wasted
+# by existing systems (static allocation) and **under 4%** with paging (details in the
+# [PagedAttention paper](https://arxiv.org/abs/2309.06180)). Here is ours: 32 requests with prompts of
+# 8-120 tokens and outputs of 8-200 tokens, run through the engine with a generous pool. At every step we
+# compare the slots the block tables hold with the tokens actually stored in them (read from the trace), and
+# with what static allocation would reserve: `max_model_len` slots per live request.
 
 # %%
 rng = random.Random(0)
@@ -178,11 +179,11 @@ ax.legend(fontsize=8)
 widgets.show(fig)
 
 # %% [markdown]
-# Our static waste is even higher than the material's 60-80%, because our reservation is the model's
+# Our static waste is even higher than the blog's 60-80%, because our reservation is the model's
 # whole window (1024) and our stories are short; systems that reserve `prompt + max_tokens` waste less,
 # but still reserve for outputs that may stop early. Paging's waste is just the unfilled tail of each
 # request's last block, on average about half a block per request: with 16-token blocks and sequences
-# of ~150 tokens that is a few percent, and it shrinks as sequences get longer - hence the blog's
+# of ~150 tokens that is the paged waste measured above, and it shrinks as sequences get longer - hence the blog's
 # under 4% on real traffic.
 #
 # ## Shared blocks: prefix caching
@@ -213,8 +214,6 @@ assert all(first.shared_blocks[b] == 3 for b in first.cache_hits["q0"])
 assert run[-1].num_free_blocks == 24 and len(eng.kv.pool.cached) >= n_full, \
     "all blocks are free again, and the shared prefix stays cached for the next request"
 
-# %% [markdown]
-# Next: [04 · continuous batching](04_continuous_batching.ipynb).
 
 # %% [markdown]
 # ## Exercise: `BlockPool.allocate` and `free`, with reference counts
@@ -253,3 +252,16 @@ class MyBlockPool(BlockPool):
 from minivllm.exercises.ch03 import check_block_pool
 
 check_block_pool(MyBlockPool)
+
+
+# %% [markdown]
+# ## The engine's version
+#
+# Once your pool passes (or you have given up), compare it with the engine's `BlockPool.allocate` and `free`:
+
+# %%
+print(inspect.getsource(BlockPool.allocate))
+print(inspect.getsource(BlockPool.free))
+
+# %% [markdown]
+# Next: [04 · Continuous batching, the token budget, chunked prefill and preemption](04_continuous_batching.ipynb).

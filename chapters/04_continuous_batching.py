@@ -46,7 +46,7 @@ llm = LLM()
 # %% [markdown]
 # ## The toy schedule
 #
-# The material's five requests, as (arrival step, tokens to generate): (0, 10), (1, 5), (3, 15), (5, 3),
+# Five requests, as (arrival step, tokens to generate): (0, 10), (1, 5), (3, 15), (5, 3),
 # (6, 7). A clock ticks once per engine step. `widgets.run_arrivals` hands each request to the engine:
 #
 # * **continuous**: at its arrival tick, and the engine's scheduler does the rest;
@@ -71,7 +71,7 @@ def toy(prefix):
 continuous = widgets.run_arrivals(llm.engine, toy("R"), "continuous")
 static = widgets.run_arrivals(llm.engine, toy("R"), "static", batch_size=2)
 
-fig = Figure(figsize=(11, 5.2))
+fig = Figure(figsize=(10, 5.2))  # 10 inches: legible in a 1400-pixel window
 for rec, ax in zip((static, continuous), fig.subplots(2, 1)):
     tl = widgets.timeline(rec.steps, rec.clock, rec.arrivals)
     widgets.timeline_figure(tl, f"{rec.policy} batching: done after {rec.num_ticks} ticks", ax=ax, xlabel="clock tick")
@@ -205,9 +205,10 @@ assert burst[1].num_prefill_tokens == 2400 - 2048 and burst[1].num_decode_tokens
 #
 # (The extra engines in this notebook get a fixed `num_kv_blocks`. On a GPU, `LLM()` without one sizes
 # its cache to fill `gpu_memory_utilization` = 90% of the device, as vLLM does, so a second engine sized
-# the same way would find no memory left. They also compute in float32, which is the default on CPU: the
-# comparisons below are exact there, while in a GPU's half precision a different chunking may round
-# differently and, rarely, flip a greedy pick.)
+# the same way would find no memory left. They also compute in float32, on purpose: the comparisons below
+# are exact there. In bf16 (the default on CPUs that have it) or a GPU's fp16, a different chunking adds
+# up the same numbers in a different order, rounds differently and, at a near tie, can flip a greedy pick;
+# chapter 07 measures such a flip.)
 
 # %%
 story = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the sun. "
@@ -323,16 +324,18 @@ per_token = {label: sum(parts.values()) / int(label.split()[1]) for label, parts
 assert per_token["batch 64"] < per_token["batch 1"], per_token  # batching makes each token cheaper
 
 # %% [markdown]
-# At batch 64 the step costs only a few times batch 1's while it produces 64 times the tokens: that is the
-# whole case for continuous batching. The host's share is large on this tiny model, whose matrices are small;
-# on the 135M-parameter model of `bench/cpu_peer.py` the forward pass is over 90% of a decode step at both
-# sizes (`bench/RESULTS.md` has that profile), so there the weights' memory traffic, not Python, sets the pace.
+# At batch 64 the step costs only a few times batch 1's while it produces 64 times the tokens: that is the whole
+# case for continuous batching. The host's share printed above is what Python and the scheduler cost on this tiny
+# model, whose matrices are small; on the 135M-parameter model of `bench/cpu_peer.py` the forward pass is over 90%
+# of a decode step at both sizes (`bench/RESULTS.md` has that profile), so there the weights' memory traffic, not
+# Python, sets the pace.
 
 # %% [markdown]
 # ## The knobs
 #
-# The material names the engine settings that shape all of this. They are `EngineConfig` fields, passed
-# to `LLM(...)` as keyword arguments:
+# These engine settings shape all of this (vLLM's names; see its
+# [engine arguments](https://docs.vllm.ai/en/latest/configuration/engine_args.html)). They are
+# `EngineConfig` fields, passed to `LLM(...)` as keyword arguments:
 
 # %%
 knobs = ["max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size", "gpu_memory_utilization",
@@ -343,10 +346,8 @@ for name in knobs:
 assert defaults["max_num_batched_tokens"] == 2048 and defaults["block_size"] == 16
 
 # %% [markdown]
-# The scheduling policy itself is first come, first served; the material also names shortest job first,
+# The scheduling policy itself is first come, first served; others are shortest job first,
 # round-robin and priority scheduling, which differ only in the order `schedule()` walks the queue.
-#
-# Next: [05 · sampling](05_sampling.ipynb).
 
 # %% [markdown]
 # ## Exercise: admission under the token budget
@@ -375,3 +376,6 @@ def my_prefill_chunk(num_remaining: int, budget: int, enable_chunked_prefill: bo
 from minivllm.exercises.ch04 import check_prefill_chunk
 
 check_prefill_chunk(my_prefill_chunk)
+
+# %% [markdown]
+# Next: [05 · Sampling: from logits to the next token](05_sampling.ipynb).

@@ -52,7 +52,7 @@ from minivllm.sampling.sampler import (
 )
 from minivllm.sampling_params import StructuredOutputsParams
 
-llm = LLM(dtype="float32")  # the CPU default; on a GPU it keeps batch-size rounding out of the comparisons
+llm = LLM(dtype="float32")  # exact comparisons below: bf16/fp16 round differently per batch shape (ch. 07)
 tok = llm.tokenizer
 print(sampler_module.__doc__)
 
@@ -116,6 +116,8 @@ for step, (ax, position) in enumerate(zip(fig.subplots(1, 4, sharey=True), trace
            color=["#dd8452" if t == chosen else "#4c72b0" for t, _ in ranked])
     ax.set_xticks(range(len(ranked)), [lp.decoded_token for _, lp in ranked], rotation=60, fontsize=7)
     ax.set_title(f"step {step}: picked {tok.decode([chosen])!r}", fontsize=9)
+    if step == 0:
+        ax.set_ylabel("probability (the model's, before sampling)", fontsize=8)
 widgets.show(fig)
 first = traced.outputs[0].logprobs[0]
 assert all(abs(lp.logprob - float(logits.log_softmax(-1)[t])) < 1e-4 for t, lp in first.items()), \
@@ -206,7 +208,7 @@ for penalty in (1.0, 1.3):
 # %% [markdown]
 # ## The order of the steps
 #
-# The material orders sampling as *temperature -> top-k/top-p -> repetition penalty -> sample*. vLLM and
+# Some write-ups order sampling as *temperature -> top-k/top-p -> repetition penalty -> sample*. vLLM and
 # transformers apply the penalty **first**, on the raw logits, and so does our sampler (its docstring,
 # printed at the top, says why: it lets greedy decoding use a penalty too). The order matters: penalising
 # after a top-k filter can only reorder the survivors, and with `top_k=1` it can change nothing.
@@ -217,12 +219,12 @@ history = tok.encode(prompt) + greedy_out.outputs[0].token_ids[:1]
 batch = SamplingBatch.build([params], [history], device="cpu")
 top1 = dict(top_k=torch.tensor([1]), top_p=torch.ones(1), min_p=torch.zeros(1))
 ours = apply_top_k_top_p_min_p(apply_repetition_penalty(logits[None].clone(), batch), **top1)
-material = apply_repetition_penalty(apply_top_k_top_p_min_p(logits[None].clone(), **top1), batch)
+last = apply_repetition_penalty(apply_top_k_top_p_min_p(logits[None].clone(), **top1), batch)
 print("penalty first (ours, vLLM, transformers):", repr(tok.decode([int(ours.argmax())])))
-print("penalty last (the material):             ", repr(tok.decode([int(material.argmax())])))
-print("the two orders pick different tokens here" if int(ours.argmax()) != int(material.argmax())
+print("penalty last:                            ", repr(tok.decode([int(last.argmax())])))
+print("the two orders pick different tokens here" if int(ours.argmax()) != int(last.argmax())
       else "the two orders agree on this one")
-assert int(material.argmax()) == int(logits.argmax()), "after top-1 filtering the penalty cannot change the pick"
+assert int(last.argmax()) == int(logits.argmax()), "after top-1 filtering the penalty cannot change the pick"
 assert int(ours.argmax()) == int(apply_repetition_penalty(logits[None].clone(), batch).argmax())
 
 # %% [markdown]
@@ -324,9 +326,9 @@ assert set(value) == {"name", "age"} and 1 <= value["age"] <= 99 and len(value["
 assert min(allowed_per_step) == 1 and max(allowed_per_step) > 100, "sometimes one way on, sometimes many"
 
 # %% [markdown]
-# That is the whole journey: text to ids, the queue, prefill and decode over a paged KV cache, continuous
-# batching, and the sampler. Back to [00 · first generation](00_first_generation.ipynb) to step through it
-# again.
+# That completes one request's journey: text to ids, the queue, prefill and decode over a paged KV cache,
+# continuous batching, and the sampler. The chapters after the exercise make it faster (prefix caching,
+# speculative decoding, GPU kernels), serve it over HTTP, run a real model, and handle memory pressure.
 
 # %% [markdown]
 # ## Exercise: top-p filtering
@@ -359,3 +361,6 @@ def my_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
 from minivllm.exercises.ch05 import check_top_p
 
 check_top_p(my_top_p)
+
+# %% [markdown]
+# Next: [06 · Prefix caching: computing a shared prompt once](06_prefix_caching.ipynb).

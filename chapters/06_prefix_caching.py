@@ -79,12 +79,12 @@ def words(text):
 # SHA-256, so two different prefixes never share a name in practice (Python's own `hash()` would let
 # them: `hash(-1) == hash(-2)`), and a request can never read another prefix's K/V by accident.
 #
-# `extend_block_hashes` walks a sequence's full blocks, chaining each name to the one before. The engine
-# keeps the list on each request and extends it only by blocks that filled up since, so every block is
-# hashed once in its request's life.
+# `extend_block_hashes` walks a sequence's full blocks, chaining each name to the one before (`hash_fn`,
+# which is `hash_block` unless a hook replaces it). The engine keeps the list on each request and extends it
+# only by blocks that filled up since, so every block is hashed once in its request's life. `hash_block`
+# itself is this chapter's exercise; the engine's own is printed after it.
 
 # %%
-print(inspect.getsource(hash_block))
 print(inspect.getsource(extend_block_hashes))
 SYSTEM = ("You are a kind storyteller. You tell short and happy stories for little children about animals, "
           "friends and family. Every story has a beginning, a middle and an end. Use simple words.")
@@ -221,7 +221,7 @@ assert later.num_cached_tokens == n_full * BS
 # %% [markdown]
 # ## Measured on a workload: caching on versus off
 #
-# Few-shot prompting: three example stories (a few hundred tokens) in front of every request, then the
+# Few-shot prompting: three example stories (their token count is printed below) in front of every request, then the
 # request's own first line. 24 requests after one warm-up user, 8 output tokens each, greedy. Two
 # engines, identical except for `enable_prefix_caching`; we count the prefill tokens each computed and
 # time the batch and each request's time to first token.
@@ -400,8 +400,6 @@ assert spool.num_free_blocks == spool.num_blocks
 # of it can use. A system prompt shared by running requests is never evicted at all: while any request
 # holds its blocks, their reference count keeps them out of the free queue; once free, they are the last
 # of their prompt to be reused.
-#
-# Next: [07 · speculative decoding](07_speculative_decoding.ipynb).
 
 # %% [markdown]
 # ## Exercise: the chained block name
@@ -433,3 +431,15 @@ def my_hash_block(parent_hash: bytes | None, token_ids: list[int]) -> bytes:
 from minivllm.exercises.ch06 import check_hash_block
 
 check_hash_block(my_hash_block)
+
+
+# %% [markdown]
+# ## The engine's version
+#
+# Once your name passes (or you have given up), compare it with the engine's `hash_block`:
+
+# %%
+print(inspect.getsource(hash_block))
+
+# %% [markdown]
+# Next: [07 · Speculative decoding: draft cheaply, verify in one pass](07_speculative_decoding.ipynb).

@@ -376,4 +376,4 @@ else:
     print("No CUDA GPU here: recording a graph needs one, so there is no eager-versus-graph timing to show.")
 
 # %% [markdown]
-# Next: [09 · serving](09_serving.ipynb).
+# Next: [09 · Serving: an OpenAI-compatible server around the engine](09_serving.ipynb).

@@ -367,3 +367,6 @@ assert refused, "nothing listens on the port any more"
 # The same server runs from the command line (`python -m minivllm serve --port 8000`), in its own
 # process; `bench/serve_load.py` drives it with many concurrent streaming clients and reports requests/s,
 # tokens/s, and time-to-first-token and time-per-output-token percentiles.
+
+# %% [markdown]
+# Next: [10 · A real model](10_real_models.ipynb).

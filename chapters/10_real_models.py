@@ -205,6 +205,6 @@ del hf
 # safetensors checkpoints. Not supported: other architectures, quantized weights, `.bin`/`.gguf`
 # checkpoints, tensor parallelism, and sliding-window attention beyond the window (`max_model_len` is
 # capped at it).
-#
-# Back to [00 · a first generation](00_first_generation.ipynb), or on to the engine's source: every module
-# the chapters read is listed in the README under "What is inside".
+
+# %% [markdown]
+# Next: [11 · Memory pressure](11_memory_pressure.ipynb).

@@ -92,7 +92,7 @@ print("outputs identical to the run without pressure: True")
 # one starts again with a long *prefill* (red, with its token count).
 
 # %%
-fig = Figure(figsize=(12, 5))
+fig = Figure(figsize=(10, 5))
 axes = fig.subplots(2, 1)
 for ax, (mode, r) in zip(axes, runs.items()):
     widgets.timeline_figure(widgets.timeline(r["trace"]), ax=ax,
@@ -184,7 +184,7 @@ def priority_run(policy: str) -> tuple[list[str], list]:
     return order, list(engine.trace)
 
 
-fig = Figure(figsize=(12, 5))
+fig = Figure(figsize=(10, 5))
 axes = fig.subplots(2, 1)
 for ax, policy in zip(axes, ("fcfs", "priority")):
     order, trace = priority_run(policy)
@@ -234,3 +234,8 @@ print(f"forks shared {stats['num_forked_blocks']} blocks by reference; "
 # | `preemption_mode="swap"` | host memory, link bandwidth both ways | long contexts, a fast link next to the FLOPs |
 # | `scheduling_policy="priority"` | the low-priority work it pushes out | some requests must not wait |
 # | beam search with copy-on-write | one block copy per fork | always, next to copying whole tables |
+
+# %% [markdown]
+# That is the last chapter. Back to [00 · a first generation](00_first_generation.ipynb) to step through the
+# journey again, or on to the engine's source: every module the chapters read is listed in the README under
+# "What is inside".

@@ -6,6 +6,7 @@ any part of the engine is built, so every part reads the same final values and n
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -164,6 +165,11 @@ class EngineConfig:
             return names[self.dtype]
         if not self.device.startswith("cuda"):
             return default_cpu_dtype()
+        forced = os.environ.get("MINIVLLM_CUDA_DTYPE")  # bench/gpu_check.sh: float16, as on a T4, on any GPU
+        if forced:
+            if forced not in ("float16", "bfloat16", "float32"):
+                raise ValueError(f"MINIVLLM_CUDA_DTYPE must be 'float16', 'bfloat16' or 'float32', got {forced!r}")
+            return getattr(torch, forced)
         bf16_ok = torch.cuda.get_device_capability(torch.device(self.device))[0] >= 8
         if checkpoint_dtype == torch.bfloat16 or checkpoint_dtype in (None, torch.float32):
             return torch.bfloat16 if bf16_ok else torch.float16

@@ -35,13 +35,14 @@ def cpu_has_native_bf16() -> bool:
 def default_cpu_dtype() -> torch.dtype:
     """dtype="auto" on CPU: bf16 where the CPU has it natively, fp32 elsewhere.
 
-    MINIVLLM_CPU_DTYPE=float32 (or bfloat16) overrides the choice for a whole run: the test suite sets it to
-    float32, because equality with transformers is exact only there (tests/test_cpu_bf16.py checks bf16).
+    MINIVLLM_CPU_DTYPE=float32 (or bfloat16, float16) overrides the choice for a whole run: the test suite sets
+    it to float32, because equality with transformers is exact only there (tests/test_cpu_bf16.py checks bf16);
+    float16 runs on CPU what a learner on a GPU without bf16 (Colab's T4) gets, only slower.
     """
     override = os.environ.get("MINIVLLM_CPU_DTYPE")
     if override:
-        if override not in ("float32", "bfloat16"):
-            raise ValueError(f"MINIVLLM_CPU_DTYPE must be 'float32' or 'bfloat16', got {override!r}")
+        if override not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"MINIVLLM_CPU_DTYPE must be 'float32', 'bfloat16' or 'float16', got {override!r}")
         return getattr(torch, override)
     return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
 

@@ -25,7 +25,6 @@ CHROMIUM = os.environ.get("MINIVLLM_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 VIEWPORT = {"width": 1400, "height": 900}
-WIDGET_HOOK = "minivllm.widgets.jupyter.drop_widget_outputs"
 
 
 def missing() -> str | None:
@@ -67,11 +66,12 @@ class Lab:
         cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
                f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={self.token}",
                f"--ServerApp.root_dir={self.root}", "--LabApp.expose_app_in_browser=True",
-               "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-               f"--ContentsManager.pre_save_hook={WIDGET_HOOK}"]
+               "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+        # no pre-save hook here: the one `make install` configured for this environment is what is tested
         if hasattr(os, "geteuid") and os.geteuid() == 0:  # CI containers run as root
             cmd.append("--allow-root")
         self.log = open(tmp / "jupyterlab.log", "w")
+        self._env = env
         self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT, cwd=self.root)
         deadline = time.time() + 90
         while True:
@@ -84,6 +84,10 @@ class Lab:
                     tail = (tmp / "jupyterlab.log").read_text()[-2000:]
                     raise RuntimeError(f"JupyterLab did not start:\n{tail}") from None
                 time.sleep(0.5)
+
+    def env(self) -> dict:
+        """The environment the server runs in (the tests read its configuration through the same)."""
+        return self._env
 
     def notebook_url(self, name: str) -> str:
         return f"{self.url}/lab/tree/chapters/{name}.ipynb?token={self.token}&reset"
@@ -118,7 +122,7 @@ def lab_and_browser():
             lab.close()
 
 
-_KERNEL_IDLE = """() => {
+KERNEL_IDLE = """() => {
   const nb = window.jupyterapp && window.jupyterapp.shell.currentWidget;
   if (!nb || !nb.sessionContext || !nb.content) return false;
   const k = nb.sessionContext.session && nb.sessionContext.session.kernel;
@@ -158,7 +162,7 @@ def open_and_run(page, lab: Lab, name: str, timeout_s: float = 240) -> None:
     if page.url.startswith(lab.url):
         page.evaluate(_SHUTDOWN)
     page.goto(lab.notebook_url(name))
-    page.wait_for_function(_KERNEL_IDLE, timeout=90_000)
+    page.wait_for_function(KERNEL_IDLE, timeout=90_000)
     page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
     page.wait_for_timeout(500)
     page.wait_for_function(_RUN_DONE, timeout=timeout_s * 1000, polling=500)

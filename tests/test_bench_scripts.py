@@ -1,5 +1,6 @@
 """The GPU benchmark scripts run end to end on CPU (--cpu-check), so they cannot rot between GPU sessions."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,3 +17,18 @@ def test_cpu_check(script, expect):
                          timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
     assert expect in run.stdout
+
+
+def test_gpu_check_parses_and_says_when_there_is_no_gpu(tmp_path):
+    """`make gpu-check` cannot run here; its script must at least parse, and off a GPU stop at once, saying why
+    (exit 2), before it installs anything or writes a results file."""
+    script = BENCH / "gpu_check.sh"
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: run `make gpu-check` itself")
+    results = tmp_path / "results.md"
+    run = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "GPU_CHECK_RESULTS": str(results)})
+    assert run.returncode == 2 and "no CUDA GPU" in run.stderr and not results.exists()

@@ -30,6 +30,8 @@ def test_auto_is_bf16_exactly_where_the_cpu_has_it(monkeypatch):
     assert default_cpu_dtype() == (torch.bfloat16 if cpu_has_native_bf16() else torch.float32)
     monkeypatch.setenv("MINIVLLM_CPU_DTYPE", "float32")
     assert default_cpu_dtype() == torch.float32
+    monkeypatch.setenv("MINIVLLM_CPU_DTYPE", "float16")  # what a T4 learner gets, run on CPU
+    assert default_cpu_dtype() == torch.float16
     monkeypatch.setenv("MINIVLLM_CPU_DTYPE", "fp8")
     with pytest.raises(ValueError, match="MINIVLLM_CPU_DTYPE"):
         default_cpu_dtype()

@@ -288,13 +288,71 @@ def test_kv_occupancy_counts_slots_and_tokens(recorded):
 
 
 def test_saved_notebooks_keep_no_widget_views():
-    from minivllm.widgets.jupyter import PLACEHOLDER, WIDGET_VIEW, drop_widget_outputs
+    from minivllm.widgets.jupyter import PLACEHOLDER, WIDGET_VIEW, drop_widget_outputs, hint_html
 
     view = {"output_type": "display_data", "metadata": {},
             "data": {"text/plain": "VBox(...)", WIDGET_VIEW: {"model_id": "abc", "version_major": 2}}}
+    hint = {"output_type": "display_data", "metadata": {}, "data": {"text/html": hint_html(), "text/plain": "x"}}
     text = {"output_type": "stream", "name": "stdout", "text": "hello\n"}
-    nb = {"cells": [{"cell_type": "code", "outputs": [view, text]}, {"cell_type": "markdown", "source": "x"}],
+    nb = {"cells": [{"cell_type": "code", "outputs": [view, text]}, {"cell_type": "markdown", "source": "x"},
+                    {"cell_type": "code", "outputs": [text, view, hint]}],
           "metadata": {"widgets": {"application/vnd.jupyter.widget-state+json": {}}}}
     drop_widget_outputs({"type": "notebook", "content": nb}, path="x.ipynb")
     assert nb["cells"][0]["outputs"] == [{**view, "data": {"text/plain": PLACEHOLDER}}, text]
+    assert nb["cells"][2]["outputs"] == [text, hint], "a view followed by its hint gives way to the hint"
     assert "widgets" not in nb["metadata"]
+
+
+def test_the_chapters_widgets_display_a_hint_after_the_view(recorded):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from minivllm.widgets.jupyter import HINT_CLASS, WIDGET_VIEW
+
+    shell = InteractiveShell.instance()
+    shown = []
+    shell.display_pub.publish = lambda data, metadata=None, **kw: shown.append(data)
+    try:
+        from IPython.display import display
+
+        display(widgets.JourneyStepper(recorded[0]))
+    finally:
+        InteractiveShell.clear_instance()
+    assert len(shown) == 2 and WIDGET_VIEW in shown[0] and HINT_CLASS in shown[1]["text/html"]
+
+
+def test_the_install_enables_the_save_hook_in_jupyter_server(tmp_path):
+    """What `make install` writes is what Jupyter Server reads: `jupyter server --show-config` lists the hook
+    by a path that imports (run as `python -m`, the module's own name would be `__main__`)."""
+    from traitlets.utils.importstring import import_item
+
+    from minivllm.widgets import jupyter
+
+    old = tmp_path / "etc" / "jupyter" / "jupyter_server_config.d" / "minivllm.json"
+    old.parent.mkdir(parents=True)
+    old.write_text('{"ContentsManager": {"pre_save_hook": "__main__.drop_widget_outputs"}}')
+    (tmp_path / "etc" / "jupyter" / "jupyter_server_config.json").write_text('{"ServerApp": {"port": 8999}}')
+    # as `make install` runs it (`python -m`, so the module is `__main__`), with a temporary prefix
+    run_as_main = (f"import runpy, sys; sys.prefix = {str(tmp_path)!r}; "
+                   "runpy.run_module('minivllm.widgets.jupyter', run_name='__main__', alter_sys=True)")
+    subprocess.run([sys.executable, "-c", run_as_main], check=True, capture_output=True, cwd=tmp_path,
+                   env={**os.environ, "PYTHONPATH": str(ROOT)})
+    path = tmp_path / "etc" / "jupyter" / "jupyter_server_config.json"
+    assert not old.exists() and '"port": 8999' in path.read_text(), "the stale file goes, other settings stay"
+    env = {**os.environ, "JUPYTER_CONFIG_PATH": str(path.parent), "JUPYTER_CONFIG_DIR": str(tmp_path / "user")}
+    shown = subprocess.run([sys.executable, "-m", "jupyter_server", "--show-config"], env=env, cwd=tmp_path,
+                           capture_output=True, text=True, timeout=120).stdout
+    assert f"ContentsManager\n  .pre_save_hook = '{jupyter.HOOK}'" in shown, shown
+    assert import_item(jupyter.HOOK) is jupyter.drop_widget_outputs
+
+
+def test_a_long_timeline_wraps_onto_rows_that_fit_the_window(llama_path):
+    llm = LLM(llama_path, num_kv_blocks=64)
+    start = llm.engine.num_steps
+    llm.generate([[1, 2, 3], [4, 5]], greedy(100), use_tqdm=False)
+    tl = widgets.timeline(widgets.new_steps(llm.engine, start))
+    assert tl.last_x >= 99
+    fig = widgets.timeline_figure(tl, "long")
+    rows = -(-(tl.last_x + 1) // widgets.timelines.ROW_STEPS)
+    assert len(fig.axes) == rows and fig.get_figwidth() <= 10
+    drawn = sum(len(ax.patches) for ax in fig.axes)
+    assert drawn == len(tl.cells), "every cell drawn once, in its row"

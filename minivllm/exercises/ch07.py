@@ -57,8 +57,8 @@ def check_verify_sampled(verify: Callable, trials: int = 4000) -> Report:
         rate = accepted / trials
         if worst > 0.04:
             raise ExerciseFailure(
-                f"over {trials} steps with drafts from q = {Q[0].tolist()}, the first emitted token had "
-                f"frequencies {[round(f, 3) for f in freq]}, but the target's p is {P[0].tolist()}: accept with "
+                f"over {trials} steps with drafts from q = {_rounded(Q[0])}, the first emitted token had "
+                f"frequencies {[round(f, 3) for f in freq]}, but the target's p is {_rounded(P[0])}: accept with "
                 f"probability min(1, p(d)/q(d)) and, on rejection, draw from normalise(max(0, p - q)). "
                 f"(Drafts accepted: {rate:.0%}; the rule accepts sum(min(p, q)) = 60%.)")
         if abs(rate - 0.6) > 0.04:
@@ -71,7 +71,7 @@ def check_verify_sampled(verify: Callable, trials: int = 4000) -> Report:
         if worst > 0.04:
             raise ExerciseFailure(f"with an n-gram drafter (draft_probs=None: q is a point mass on the draft, "
                                   f"here always token 3), the first emitted token had frequencies "
-                                  f"{[round(f, 3) for f in freq]}, but the target's p is {P[0].tolist()}.")
+                                  f"{[round(f, 3) for f in freq]}, but the target's p is {_rounded(P[0])}.")
 
     def engine_runs():
         params = SamplingParams(temperature=1.0, max_tokens=16, seed=3, ignore_eos=True)
@@ -87,3 +87,8 @@ def check_verify_sampled(verify: Callable, trials: int = 4000) -> Report:
         ("the first emitted token is distributed as the target's p (draft model)", distribution_with_q),
         ("the same with an n-gram drafter (q a point mass)", distribution_point_mass),
         ("the engine runs speculative sampling with it", engine_runs)])
+
+
+def _rounded(probs) -> list[float]:
+    """A probability row as a learner reads it: 0.4, not 0.4000000059604645 (float32 printed as a double)."""
+    return [round(x, 4) for x in probs.tolist()]

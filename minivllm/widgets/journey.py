@@ -59,9 +59,9 @@ def step_html(step: StepTrace, position: int | None = None, total: int | None = 
     colors = colors or request_colors([e.request_id for e in step.scheduled] + step.waiting)
     kinds = []
     if step.num_prefill_tokens:
-        kinds.append(f"prefill {step.num_prefill_tokens} tokens")
+        kinds.append(f"prefill {step.num_prefill_tokens} token{'s' * (step.num_prefill_tokens != 1)}")
     if step.num_decode_tokens:
-        kinds.append(f"decode {step.num_decode_tokens} tokens")
+        kinds.append(f"decode {step.num_decode_tokens} token{'s' * (step.num_decode_tokens != 1)}")
     head = (f"<h4>{where(step, position, total)}: {', '.join(kinds) or 'nothing scheduled'}; "
             f"{step.num_free_blocks} of {step.num_total_blocks} KV blocks free</h4>")
     rows = []

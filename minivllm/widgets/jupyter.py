@@ -1,12 +1,21 @@
-"""Notebooks are saved without widget views: a Jupyter server pre-save hook, and the config that installs it.
+"""Widgets that say "run this cell again" once their kernel is gone: a save hook, a hint, and their install.
 
-A widget view in a saved notebook points at a model that lives only in the kernel that drew it. Reopened,
-JupyterLab shows "Error displaying widget: model not found" until the cell runs again, and storing the
-widget state instead (JupyterLab's saveState) would bring back dead controls whose Step does nothing. So a
-saved notebook keeps every other output and replaces each widget view with one line saying to run the cell.
+A widget view points at a model that lives only in the kernel that drew it. Two things end that kernel's
+models while the view stays in the notebook:
 
-`make install` runs `python -m minivllm.widgets.jupyter`, which writes the server config that enables the
-hook for this Python environment (`{sys.prefix}/etc/jupyter/jupyter_server_config.d/minivllm.json`).
+- **the notebook is saved and reopened**: JupyterLab would show "Error displaying widget: model not found"
+  (and storing the widget state instead, JupyterLab's saveState, would bring back dead controls whose Step
+  does nothing). A Jupyter server pre-save hook, `drop_widget_outputs`, saves the notebook without widget
+  views: each one gives way to the hint shown after it, or to a line of text where there is none.
+- **the kernel restarts**: JupyterLab keeps the views, greyed out behind broken-link icons
+  (`jupyter-widgets-disconnected`), and their buttons do nothing. So the chapters' widgets
+  (`minivllm.widgets.ui`) display a second output after the view, `hint_html()`: a line asking to run the
+  cell again, which a CSS rule hides while a connected widget view precedes it.
+
+`make install` runs `python -m minivllm.widgets.jupyter`, which enables the hook for every Jupyter server
+started from this Python environment: it sets `ContentsManager.pre_save_hook` in
+`{sys.prefix}/etc/jupyter/jupyter_server_config.json`. (Not in `jupyter_server_config.d/`: Jupyter Server
+reads that directory only for the extensions it enables, never for other settings.)
 """
 
 from __future__ import annotations
@@ -17,18 +26,45 @@ from pathlib import Path
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 PLACEHOLDER = "[a minivllm widget: run the cell again to bring it back]"
-HOOK = f"{__name__}.drop_widget_outputs"
+# the import path Jupyter Server resolves; written out, since run as `python -m` this module is `__main__`
+HOOK = "minivllm.widgets.jupyter.drop_widget_outputs"
+HINT_CLASS = "minivllm-rerun-hint"
+HINT_TEXT = "This widget's kernel has stopped: run this cell again to bring the widget back."
+
+
+def hint_html() -> str:
+    """The "run this cell again" line shown after a widget view: hidden while the view before it is alive
+    (its output holds a rendered widget), visible once the kernel restarts or the notebook is reopened."""
+    live = ".jp-OutputArea-output > .jupyter-widgets:not(.jupyter-widgets-disconnected)"  # a restart marks views
+    return (f"<style>.jp-OutputArea-child:has({live}) + .jp-OutputArea-child .{HINT_CLASS} {{display: none;}}"
+            "</style>"
+            f"<div class='{HINT_CLASS}' style='color: #8a6d3b; font-style: italic'>{HINT_TEXT}</div>")
+
+
+def _is_hint(output: dict) -> bool:
+    data = output.get("data")
+    return isinstance(data, dict) and HINT_CLASS in str(data.get("text/html", ""))
 
 
 def strip_widget_views(nb: dict) -> int:
-    """Replace every widget view among the notebook's outputs with a text line; returns how many."""
+    """Drop every widget view among the notebook's outputs (a line of text stands in for one that has no
+    hint after it); returns how many."""
     n = 0
     for cell in nb.get("cells", []):
-        for out in cell.get("outputs", []) if cell.get("cell_type") == "code" else []:
+        if cell.get("cell_type") != "code":
+            continue
+        kept = []
+        outputs = cell.get("outputs", [])
+        for i, out in enumerate(outputs):
             data = out.get("data")
             if isinstance(data, dict) and WIDGET_VIEW in data:
-                out["data"] = {"text/plain": PLACEHOLDER}
                 n += 1
+                if i + 1 < len(outputs) and _is_hint(outputs[i + 1]):
+                    continue
+                out = {**out, "data": {"text/plain": PLACEHOLDER}}
+            kept.append(out)
+        if outputs:
+            cell["outputs"] = kept
     nb.get("metadata", {}).pop("widgets", None)  # saved widget state, if a front end stored some
     return n
 
@@ -40,10 +76,15 @@ def drop_widget_outputs(model: dict, **kwargs) -> None:
 
 
 def install_config(prefix: str = sys.prefix) -> Path:
-    """Enable the hook for every Jupyter server started from this environment."""
-    path = Path(prefix) / "etc" / "jupyter" / "jupyter_server_config.d" / "minivllm.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"ContentsManager": {"pre_save_hook": HOOK}}, indent=2) + "\n")
+    """Enable the hook for every Jupyter server started from this environment; other settings in the file
+    are kept. Removes the file earlier versions wrote where Jupyter Server never read it."""
+    etc = Path(prefix) / "etc" / "jupyter"
+    path = etc / "jupyter_server_config.json"
+    config = json.loads(path.read_text()) if path.is_file() else {}
+    config.setdefault("ContentsManager", {})["pre_save_hook"] = HOOK
+    etc.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(config, indent=2) + "\n")
+    (etc / "jupyter_server_config.d" / "minivllm.json").unlink(missing_ok=True)
     return path
 
 

@@ -81,37 +81,70 @@ def timeline(steps: Sequence[StepTrace], clock: Sequence[int] | None = None,
     return tl
 
 
+ROW_STEPS = 40  # steps per row of a wrapped timeline: 10 inches wide, legible in a 1400-pixel window
+MIN_COUNT_CELL_PT = 14  # prefill cells narrower than this (in points) get no token count: it would not fit
+
+
 def timeline_figure(tl: Timeline, title: str = "", ax: Axes | None = None, xlabel: str = "engine step") -> Figure:
-    """Draw the timeline; prefill cells carry their token count, a black bar marks where a request finished."""
+    """Draw the timeline; prefill cells carry their token count, a black bar marks where a request finished.
+
+    Without `ax`, a timeline longer than ROW_STEPS steps wraps onto several rows (one axes per window of
+    steps), so that the figure stays at most 10 inches wide and its text readable at the size it is shown.
+    """
     from matplotlib.figure import Figure
+
+    if ax is not None:
+        _draw_timeline(tl, ax, title, xlabel, (min([0, *tl.arrivals.values()]), tl.last_x + 1))
+        ax.figure.tight_layout()
+        return ax.figure
+    start = min([0, *tl.arrivals.values()])
+    span = tl.last_x + 1 - start
+    windows = [(a, min(a + ROW_STEPS, tl.last_x + 1)) for a in range(start, tl.last_x + 1, ROW_STEPS)] or [
+        (start, tl.last_x + 1)]
+    width = min(2 + 0.2 * (min(span, ROW_STEPS) + 2), 10)
+    row_height = 0.9 + 0.34 * max(len(tl.request_ids), 1)
+    fig = Figure(figsize=(width, row_height * len(windows)))
+    axes = fig.subplots(len(windows), 1, squeeze=False)[:, 0]
+    for i, (ax_i, window) in enumerate(zip(axes, windows)):
+        _draw_timeline(tl, ax_i, title if i == 0 else "", xlabel if i == len(windows) - 1 else "", window,
+                       legend=i == 0, align_width=ROW_STEPS + 0.2 if len(windows) > 1 else None)
+    fig.tight_layout()
+    return fig
+
+
+def _draw_timeline(tl: Timeline, ax: Axes, title: str, xlabel: str, window: tuple[int, int],
+                   legend: bool = True, align_width: float | None = None) -> None:
+    """Steps window[0] <= x < window[1] of the timeline on `ax` (every row keeps the same step width when
+    `align_width` is given)."""
     from matplotlib.patches import Patch, Rectangle
     from matplotlib.ticker import MaxNLocator
 
-    if ax is None:
-        fig = Figure(figsize=(min(2 + 0.32 * (tl.last_x + 2), 16), 0.9 + 0.42 * max(len(tl.request_ids), 1)))
-        ax = fig.add_subplot()
-    else:
-        fig = ax.figure
     row_of = {rid: i for i, rid in enumerate(tl.request_ids)}
+    lo, hi = window
+    ax.set_xlim(lo, lo + align_width if align_width else hi + 0.2)
+    fig = ax.figure
+    cell_pt = (ax.get_position().width * fig.get_figwidth() * 72) / max(ax.get_xlim()[1] - ax.get_xlim()[0], 1)
     for (rid, x), state in tl.cells.items():
+        if not lo <= x < hi:
+            continue
         y = row_of[rid]
         ax.add_patch(Rectangle((x, y), 0.95, 0.8, facecolor=KIND_COLORS[state], edgecolor="white", linewidth=0.5))
-        if state == "prefill":
-            ax.text(x + 0.47, y + 0.4, str(tl.tokens[rid, x]), ha="center", va="center", fontsize=6, color="white")
+        if state == "prefill" and cell_pt >= MIN_COUNT_CELL_PT:
+            ax.text(x + 0.47, y + 0.4, str(tl.tokens[rid, x]), ha="center", va="center", fontsize=8, color="white")
     for rid, x in tl.finished_at.items():
-        ax.plot([x + 0.97, x + 0.97], [row_of[rid] - 0.05, row_of[rid] + 0.85], color="black", linewidth=2)
+        if lo <= x < hi:
+            ax.plot([x + 0.97, x + 0.97], [row_of[rid] - 0.05, row_of[rid] + 0.85], color="black", linewidth=2)
     for rid, x in tl.arrivals.items():
-        ax.plot([x], [row_of[rid] + 0.4], marker=">", color="black", markersize=4)
-    ax.set_xlim(min([0, *tl.arrivals.values()]), tl.last_x + 1.2)
+        if lo <= x < hi:
+            ax.plot([x], [row_of[rid] + 0.4], marker=">", color="black", markersize=4)
     ax.set_ylim(len(tl.request_ids), -0.2)
     ax.set_yticks([i + 0.4 for i in range(len(tl.request_ids))], tl.request_ids)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel(xlabel)
     ax.set_title(title, fontsize=10)
-    used = [s for s in STATES if any(v == s for v in tl.cells.values())]
-    handles = [Patch(facecolor=KIND_COLORS[s], label=s) for s in used]
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False)
+    if legend:
+        used = [s for s in STATES if any(v == s for v in tl.cells.values())]
+        handles = [Patch(facecolor=KIND_COLORS[s], label=s) for s in used]
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
-    fig.tight_layout()
-    return fig

@@ -23,6 +23,7 @@ from minivllm.widgets.blocks import block_step_html, block_table_figure
 from minivllm.widgets.colors import request_colors, request_ids
 from minivllm.widgets.figures import figure_png
 from minivllm.widgets.journey import empty_html, step_html
+from minivllm.widgets.jupyter import hint_html
 from minivllm.widgets.speculation import SpecRound, spec_rounds, speculation_html
 
 if TYPE_CHECKING:
@@ -91,6 +92,14 @@ class _Slider(Generic[T]):
 
     def _repr_mimebundle_(self, **kwargs):
         return self.widget._repr_mimebundle_(**kwargs)
+
+    def _ipython_display_(self) -> None:
+        """The widget, then a "run this cell again" line that shows only once the widget's kernel is gone
+        (minivllm.widgets.jupyter says why)."""
+        from IPython.display import HTML, display
+
+        display(self.widget)
+        display(HTML(hint_html()))
 
 
 class _StepWidget(_Slider[StepTrace]):

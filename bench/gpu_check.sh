@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Everything that needs a GPU, in one command on a fresh GPU machine (`make gpu-check` runs this):
+#   1. install what is missing (`make install`: the package and dev extras; the machine's own torch is kept)
+#   2. the Triton kernels against the torch reference in fp16 and bf16, and their timings (bench/gpu_kernels.py)
+#   3. the CUDA-graph tests (tests/test_cuda_graphs.py), with Triton compiling for the GPU, not interpreting
+#   4. every chapter under nbval on the GPU in the dtype "auto" picks there (bf16 from sm 8.0, else fp16)
+#   5. every chapter once more with fp16 forced (MINIVLLM_CUDA_DTYPE=float16), as on Colab's T4
+#   6. a short end-to-end throughput run, whose CUDA-graph check compares with transformers (bench/gpu_throughput.py)
+# Each step has a time limit, so the whole run stays under 10 minutes; a failed step does not stop the
+# others. Everything goes to one results file (GPU_CHECK_RESULTS, default bench/gpu_check_results.md, not
+# committed): per step its command, exit status, seconds and the tail of its output. Exit status: 0 when
+# every step passed. Copy the figures that matter into bench/RESULTS.md by hand.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python}
+RESULTS=${GPU_CHECK_RESULTS:-bench/gpu_check_results.md}
+export HF_HUB_OFFLINE=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+unset TRITON_INTERPRET MINIVLLM_CPU_DTYPE MINIVLLM_CUDA_DTYPE  # the GPU's own defaults, compiled kernels
+
+if ! "$PYTHON" -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
+    echo "gpu-check: no CUDA GPU visible to $PYTHON (torch.cuda.is_available() is False); nothing to do" >&2
+    exit 2
+fi
+
+failed=0
+{
+    echo "# GPU check, $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo
+    echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo ' (with local changes)')"
+    "$PYTHON" - <<'EOF'
+import platform, torch
+p = torch.cuda.get_device_properties(0)
+print(f"{torch.cuda.get_device_name(0)}, sm {p.major}.{p.minor}, {p.total_memory / 2**30:.0f} GiB; "
+      f"torch {torch.__version__} (CUDA {torch.version.cuda}), Python {platform.python_version()}")
+EOF
+    echo
+} > "$RESULTS"
+
+step() {  # step NAME SECONDS COMMAND...: run it with a time limit, append its outcome to the results file
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name" >&2
+    local log t0 rc
+    log=$(mktemp)
+    t0=$(date +%s)
+    timeout --kill-after=10 "$limit" "$@" > "$log" 2>&1
+    rc=$?
+    local secs=$(( $(date +%s) - t0 ))
+    [ $rc -eq 124 ] && echo "(stopped after its ${limit}-second limit)" >> "$log"
+    [ $rc -ne 0 ] && failed=1
+    {
+        echo "## $name: $([ $rc -eq 0 ] && echo passed || echo "FAILED (exit $rc)"), ${secs} s"
+        echo
+        echo '```'
+        echo "\$ $*"
+        tail -n 40 "$log"
+        echo '```'
+        echo
+    } >> "$RESULTS"
+    tail -n 3 "$log" >&2
+    rm -f "$log"
+}
+
+if ! "$PYTHON" -c "import minivllm, nbval, triton, transformers" 2>/dev/null; then
+    step "install (make install)" 300 make install PYTHON="$PYTHON"
+fi
+step "kernel checks in fp16 and bf16, and timings" 120 "$PYTHON" bench/gpu_kernels.py
+# TRITON_INTERPRET=0: tests/conftest.py interprets Triton unless told otherwise
+step "CUDA-graph tests" 90 env TRITON_INTERPRET=0 "$PYTHON" -m pytest tests/test_cuda_graphs.py -q -p no:cacheprovider
+step "chapters on the GPU, dtype auto" 180 "$PYTHON" -m pytest chapters/ --nbval-lax --nbval-current-env \
+    -q -p no:cacheprovider
+step "chapters on the GPU, fp16 forced (as a T4)" 150 env MINIVLLM_CUDA_DTYPE=float16 "$PYTHON" -m pytest \
+    chapters/ --nbval-lax --nbval-current-env -q -p no:cacheprovider
+step "end-to-end throughput, short" 120 "$PYTHON" bench/gpu_throughput.py --models qwen3-0.6b --requests 64 \
+    --no-eager
+
+echo "results: $RESULTS" >&2
+exit $failed
