@@ -107,7 +107,7 @@ assert all(len(o.outputs[0].token_ids) == n for o, (_, n) in zip(
 #
 # ## Ten threads, one batch
 #
-# The material shows the same thing with real concurrency: ten threads share one `LLM`, and each calls
+# The same thing with real concurrency, as it is often demonstrated: ten threads share one `LLM`, and each calls
 # `llm.generate([prompt], params)` for its own prompt, starting a little after the one before. vLLM's own
 # `LLM` is not thread-safe (for concurrent callers vLLM points to its server or `AsyncLLM`); minivllm's is.
 # Only one thread steps the engine at a time; the others hand over their requests, which join the running
@@ -170,7 +170,7 @@ from minivllm.runner.model_runner import ModelRunner
 print(inspect.getsource(ModelRunner.execute))
 phases = ["update_states", "step_rows", "forward", "mask_grammar", "sample", "verify_drafts", "commit", "propose"]
 for name in phases:
-    lines = len(inspect.getsource(getattr(ModelRunner, name)).splitlines())
+    lines = len(inspect.getsourcelines(getattr(ModelRunner, name))[0])
     print(f"  ModelRunner.{name:<14} {lines:3d} lines   {inspect.getdoc(getattr(ModelRunner, name)).splitlines()[0]}")
 body = inspect.getsource(ModelRunner.execute)
 assert [body.index(f"self.{name}(") for name in phases] == sorted(body.index(f"self.{name}(") for name in phases)
