@@ -59,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     srv.add_argument("--max-n", type=int, default=128, help="the largest n a request may ask for")
     srv.add_argument("--max-tokens-times-n", type=int, default=2**17,
                      help="the most output tokens one request may ask for: max_tokens x n x prompts")
+    srv.add_argument("--max-logprobs", type=int, default=20,
+                     help="the most logprobs / prompt_logprobs a request may ask for (vLLM's; -1: no cap)")
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args)
@@ -97,7 +99,8 @@ def _serve(args: argparse.Namespace) -> int:
         origins = [o.strip() for o in args.allowed_origins.split(",") if o.strip()]
         serve(args.model, host=args.host, port=args.port, model_name=args.served_model_name,
               log_level=args.log_level, log_format=args.log_format, api_key=args.api_key, allowed_origins=origins,
-              shutdown_timeout=args.shutdown_timeout, limits=limits, **engine_kwargs(args))
+              shutdown_timeout=args.shutdown_timeout, limits=limits, max_logprobs=args.max_logprobs,
+              **engine_kwargs(args))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
