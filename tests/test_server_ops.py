@@ -189,8 +189,18 @@ def test_cors_preflight_and_allow_header(ops):
     other = httpx.options(ops.url + "/v1/completions", headers={
         "Origin": "http://evil.example", "Access-Control-Request-Method": "POST"})
     assert "access-control-allow-origin" not in other.headers
+    e = err(other, 400)  # refused in OpenAI's shape, not Starlette's plain text
+    assert e["code"] == "cors_refused" and "origin" in e["message"]
     r = httpx.get(ops.url + "/v1/completions")
     assert err(r, 405) and r.headers["allow"] == "POST"
+    assert err(httpx.options(ops.url + "/ping"), 405) and httpx.options(ops.url + "/ping").headers["allow"] == \
+        "GET, POST"  # every method the path has, not its first route's
+    e = err(httpx.post(ops.url + "/v1/completions", content=b'{"prompt": "\xff"}',
+                       headers={"content-type": "application/json"}), 400)
+    assert "UTF-8" in e["message"] and e["code"] == "invalid_json"
+    e = err(httpx.post(ops.url + "/v1/completions", content=b"[" * 10000, headers={"content-type": "application/json"}),
+            400)
+    assert "nested too deeply" in e["message"]
 
 
 # ---- vLLM's endpoints --------------------------------------------------------------------------------------
