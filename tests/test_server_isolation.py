@@ -64,8 +64,9 @@ def test_same_request_id_twice_at_once(served):
 
 
 def test_a_call_enters_the_engine_in_slices_so_a_later_client_overtakes_it(tmp_path_factory):
-    """With max_num_seqs=4, a 64-prompt call holds at most 4 sequences in the engine while it is alone and 2 once
-    another client arrives, so the other client's request finishes long before the big call does."""
+    """With max_num_seqs=4, a 128-prompt call holds at most 4 sequences in the engine while it is alone and 2 once
+    another client arrives, so the other client's request finishes long before the big call does (unsliced, it
+    would queue behind all 128 and finish with them)."""
     from minivllm.config import EngineConfig
     from minivllm.engine.llm_engine import LLMEngine
     from minivllm.server import build_app
@@ -85,9 +86,9 @@ def test_a_call_enters_the_engine_in_slices_so_a_later_client_overtakes_it(tmp_p
     finished: dict[str, float] = {"start": time.monotonic()}
 
     def big() -> None:
-        r = httpx.post(url + "/v1/completions", json={"prompt": [[5, 6]] * 64, "max_tokens": 8, "ignore_eos": True},
-                       timeout=60)
-        assert r.status_code == 200 and len(r.json()["choices"]) == 64
+        r = httpx.post(url + "/v1/completions", json={"prompt": [[5, 6]] * 128, "max_tokens": 24, "ignore_eos": True},
+                       timeout=120)
+        assert r.status_code == 200 and len(r.json()["choices"]) == 128
         finished["big"] = time.monotonic()
 
     try:
@@ -98,7 +99,7 @@ def test_a_call_enters_the_engine_in_slices_so_a_later_client_overtakes_it(tmp_p
         r = httpx.post(url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 2}, timeout=60)
         finished["small"] = time.monotonic()
         assert r.status_code == 200
-        t.join(60)
+        t.join(120)
         big_took, small_took = finished["big"] - finished["start"], finished["small"] - sent
         assert small_took < big_took / 3, f"the later client waited {small_took:.2f} s of the big call's {big_took:.2f}"
         assert most[0] <= 5, f"{most[0]} sequences queued at once: the call was not sliced"
@@ -203,3 +204,13 @@ def test_a_client_that_hangs_up_while_its_prompts_are_checked_stops_them(tmp_pat
     finally:
         gone.set()
         srv.stop()
+
+
+def test_max_logprobs_flag_reaches_the_engine(monkeypatch):
+    import minivllm.server
+    from minivllm.__main__ import main
+
+    got = {}
+    monkeypatch.setattr(minivllm.server, "serve", lambda *a, **kw: got.update(kw))
+    assert main(["serve", "--max-logprobs", "-1"]) == 0 and got["engine_config"].max_logprobs == -1
+    assert main(["serve"]) == 0 and got["engine_config"].max_logprobs == 20  # vLLM's default

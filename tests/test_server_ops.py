@@ -189,8 +189,18 @@ def test_cors_preflight_and_allow_header(ops):
     other = httpx.options(ops.url + "/v1/completions", headers={
         "Origin": "http://evil.example", "Access-Control-Request-Method": "POST"})
     assert "access-control-allow-origin" not in other.headers
+    e = err(other, 400)  # refused in OpenAI's shape, not Starlette's plain text
+    assert e["code"] == "cors_refused" and "origin" in e["message"]
     r = httpx.get(ops.url + "/v1/completions")
     assert err(r, 405) and r.headers["allow"] == "POST"
+    assert err(httpx.options(ops.url + "/ping"), 405) and httpx.options(ops.url + "/ping").headers["allow"] == \
+        "GET, POST"  # every method the path has, not its first route's
+    e = err(httpx.post(ops.url + "/v1/completions", content=b'{"prompt": "\xff"}',
+                       headers={"content-type": "application/json"}), 400)
+    assert "UTF-8" in e["message"] and e["code"] == "invalid_json"
+    e = err(httpx.post(ops.url + "/v1/completions", content=b"[" * 10000, headers={"content-type": "application/json"}),
+            400)
+    assert "nested too deeply" in e["message"]
 
 
 # ---- vLLM's endpoints --------------------------------------------------------------------------------------
@@ -299,7 +309,7 @@ def test_sigterm_waits_shutdown_timeout_then_aborts_streams_and_exits_0(long_ckp
 
 
 def test_a_second_signal_exits_at_once(long_ckpt):
-    proc, url = serve_process(long_ckpt, "--shutdown-timeout", "60", "--log-level", "warning")
+    proc, url = serve_process(long_ckpt, "--shutdown-timeout", "60")
     started = threading.Barrier(3)
     try:
         results = open_streams(url, 2, 4000, started)
@@ -310,10 +320,13 @@ def test_a_second_signal_exits_at_once(long_ckpt):
         assert proc.poll() is None, "the first signal waits for the streams"
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=10)
+        assert proc.wait(timeout=10) == 0
         assert time.monotonic() - t0 < 5
         for t in threads:
             t.join(10)
     finally:
         if proc.poll() is None:
             proc.kill()
+    out = proc.stdout.read().decode()
+    assert "Traceback" not in out and "CancelledError" not in out, out[-3000:]
+    assert "engine stopped: 1024 of 1024 KV blocks free" in out, out[-3000:]  # the engine still stops cleanly

@@ -5,9 +5,9 @@ of prompt i, as in OpenAI's API. Streams send text deltas, computed from the eng
 
 Nothing here costs the event loop more than a step's worth of work: a whole response (up to 100,000 choices,
 logprobs, echoed prompts) is built and JSON-encoded in the preprocess pool as its outputs finish, at most
-`RESPONSE_OUTPUTS_PER_JOB` outputs per job, in time linear in its size. The engine's ids are the server's own
-(`cmpl-<uuid>-<i>`): the client's X-Request-Id names the call in logs, headers and the response id, and two
-calls may carry the same one.
+`RESPONSE_OUTPUTS_PER_JOB` outputs per job, in time linear in its size. The client's X-Request-Id names the call
+in logs, headers and the response id, but the engine's ids get a fresh suffix (`cmpl-<its id>-<uuid>-<i>`), so
+two calls may carry the same one; without it, a call is `cmpl-<uuid>` and its prompts `cmpl-<uuid>-<i>`.
 """
 
 from __future__ import annotations
@@ -162,7 +162,9 @@ class OpenAIServing:
         self.check_limits(params, len(prompts))
         request_id: str = raw.state.request_id
         base = f"{prefix}-{request_id}"
-        engine_base = f"{prefix}-{uuid.uuid4().hex}"  # ours, so two calls with one X-Request-Id never collide
+        engine_base = base  # a fresh uuid, unless the client named the call: then one is added, so two calls
+        if raw.headers.get("x-request-id") == request_id:  # with one X-Request-Id never collide in the engine
+            engine_base = f"{base}-{uuid.uuid4().hex[:12]}"
         ids = [f"{engine_base}-{i}" for i in range(len(prompts))]
         is_chat = obj == "chat.completion"
         self.request_log.received(request_id, ids, arrival, endpoint=raw.url.path, prompts=len(prompts), n=params.n,
