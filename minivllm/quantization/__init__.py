@@ -23,7 +23,8 @@ SUPPORTED_TEXT = ("supported: quantization=None (the checkpoint as it is), 'int8
                   "or 'awq_marlin' (4-bit AWQ checkpoints, GEMM layout), 'gguf' (a .gguf file of a Llama or Qwen "
                   "model, dequantized at load)")
 
-__all__ = ["ACCEPTED", "LinearMethod", "QuantizationConfig", "checkpoint_quantization", "resolve_quantization"]
+__all__ = ["ACCEPTED", "LinearMethod", "QuantizationConfig", "checkpoint_quantization", "resolve_quantization",
+           "weight_bytes"]
 
 
 def checkpoint_quantization(qc: dict | None, where: str) -> QuantizationConfig | None:
@@ -67,3 +68,15 @@ def resolve_quantization(requested: str | None, checkpoint: QuantizationConfig |
         raise ValueError(f"quantization={requested!r}, but {where} is a {have} checkpoint "
                          f"(leave quantization unset to follow the checkpoint); {SUPPORTED_TEXT}")
     return checkpoint
+
+
+def weight_bytes(model) -> int:
+    """Bytes the model's weights take in memory, as loaded: every parameter and every buffer the linear
+    layers keep (packed 4-bit words, scales, oneDNN copies), each tensor once; not the rotary tables."""
+    from minivllm.model.linear import LinearBase
+
+    tensors = {id(t): t for t in model.parameters()}
+    for layer in model.modules():
+        if isinstance(layer, LinearBase):
+            tensors.update({id(t): t for t in layer.buffers(recurse=False) if t is not None})
+    return sum(t.numel() * t.element_size() for t in tensors.values())

@@ -85,7 +85,7 @@ class Int4LinearMethod(LinearMethod):
         layer.perm = perm
         keep = lambda name, t: layer.register_buffer(name, t.contiguous(), persistent=False)  # noqa: E731
         n = layer.output_size
-        layer.kernel = ("triton" if self.triton else
+        layer.kernel = ("triton" if self.triton and group % 16 == 0 else
                         "cpu" if q.device.type == "cpu" and group in CPU_GROUP_SIZES and n % 16 == 0 else "torch")
         if layer.kernel == "cpu":
             keep("qweight", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.T.contiguous(), 1))
