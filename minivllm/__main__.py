@@ -20,6 +20,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"])
     parser.add_argument("--preemption-mode", default="recompute", choices=["recompute", "swap"])
     parser.add_argument("--swap-space", type=float, default=4, help="GiB of host memory for swapped KV blocks")
+    # quantization (issue 24): --model also takes a .gguf file
+    parser.add_argument("--quantization", "-q", default=None,
+                        help="int8 (weight-only, from a float checkpoint), or gptq/awq/gguf to insist on the "
+                             "checkpoint's own format (default: as the checkpoint is)")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -28,7 +32,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
                 enforce_eager=args.enforce_eager,
                 speculative_model=args.speculative_model, num_speculative_tokens=args.num_speculative_tokens,
                 scheduling_policy=args.scheduling_policy, preemption_mode=args.preemption_mode,
-                swap_space=args.swap_space)
+                swap_space=args.swap_space, quantization=args.quantization)
 
 
 def main(argv: list[str] | None = None) -> int:

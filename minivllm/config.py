@@ -25,7 +25,7 @@ NGRAM = "[ngram]"  # speculative_model's name for n-gram (prompt lookup) draftin
 
 @dataclass
 class EngineConfig:
-    model: str | Path | None = None  # a local directory or a Hub repo id; None: the embedded minivllm-tiny
+    model: str | Path | None = None  # a local directory, a .gguf file or a Hub repo id; None: the embedded model
     tokenizer: str | Path | None = None  # None: the model's own
     revision: str | None = None  # of a Hub model: branch, tag or commit
     tokenizer_revision: str | None = None
@@ -33,6 +33,9 @@ class EngineConfig:
     generation_config: str = "auto"  # "auto": the checkpoint's EOS ids and sampling defaults; "vllm": ignore them
     served_model_name: str | None = None  # the name the server answers to (default: the Hub id or directory name)
     dtype: str | torch.dtype = "auto"
+    # None: as the checkpoint is (float, GPTQ, AWQ, GGUF); "int8": weight-only int8 quantized at load (see
+    # minivllm/quantization/__init__.py for every accepted spelling)
+    quantization: str | None = None
     device: str = "auto"
     block_size: int = 16
     num_kv_blocks: int | None = None
@@ -105,6 +108,7 @@ class EngineConfig:
         """
         from minivllm.core.kv_sizing import DEFAULT_CPU_KV_CACHE_BYTES, kv_bytes_per_block
         from minivllm.model import read_model_config, resolve_model_path
+        from minivllm.quantization import resolve_quantization
 
         model = resolve_model_path(self.model, self.revision, self.download_dir)
         tokenizer = (model if self.tokenizer is None else
@@ -113,6 +117,7 @@ class EngineConfig:
         if draft not in (None, NGRAM):
             draft = resolve_model_path(draft, None, self.download_dir, "draft model")
         mc = self.model_config or read_model_config(model)
+        mc = replace(mc, quantization=resolve_quantization(self.quantization, mc.quantization, mc.gguf, str(model)))
         dtype = self.resolve_dtype(mc.torch_dtype)
         max_len = self.max_model_len
         limit, why = mc.max_position_embeddings, "max_position_embeddings"

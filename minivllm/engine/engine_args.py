@@ -19,7 +19,7 @@ ANY = object()  # any value is harmless
 HARMLESS: dict[str, Any] = {
     "trust_remote_code": ANY,  # we run our own code for the architectures we support, never the checkpoint's
     "tensor_parallel_size": {1}, "pipeline_parallel_size": {1}, "data_parallel_size": {1},
-    "tokenizer_mode": {"auto"}, "skip_tokenizer_init": {False}, "quantization": {None},
+    "tokenizer_mode": {"auto"}, "skip_tokenizer_init": {False},
     "load_format": {"auto", "safetensors"}, "cpu_offload_gb": {0}, "hf_overrides": {None},
     "mm_processor_kwargs": {None}, "logits_processors": {None},
     "disable_log_stats": ANY, "disable_custom_all_reduce": ANY, "max_seq_len_to_capture": ANY,

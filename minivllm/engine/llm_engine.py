@@ -45,7 +45,8 @@ class LLMEngine:
         self.runner = ModelRunner(config, draft_memory_needs(config))
         mc = config.model_config
         self.runner.proposer = make_proposer(config, self.runner.num_blocks, mc.vocab_size)
-        has_tokenizer = any((Path(config.tokenizer) / f).is_file() for f in ("tokenizer.json", "tokenizer.model"))
+        has_tokenizer = Path(config.tokenizer).is_file() or any(  # a file: a GGUF model, tokenizer inside
+            (Path(config.tokenizer) / f).is_file() for f in ("tokenizer.json", "tokenizer.model"))
         self.tokenizer = Tokenizer(config.tokenizer) if has_tokenizer else None
         self.eos_token_ids, self.default_sampling_overrides = generation_defaults(
             config.model, self.tokenizer.eos_token_id if self.tokenizer else mc.eos_token_id,

@@ -3,6 +3,8 @@
 One class covers Llama/TinyLlama and Mistral (plain), Qwen2 (bias on q/k/v) and Qwen3 (RMSNorm on each
 head of q and k). Unlike the Hugging Face model it sees the step's tokens as one flat list (no padding):
 requests are told apart only by the attention metadata. q/k/v and gate/up are fused into one matmul each.
+Every matmul is a linear layer from model/linear.py, whose weights a quantization method holds (float, int8,
+GPTQ, AWQ: minivllm/quantization/); embeddings and the LM head stay float, as in those formats.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from minivllm.attention.metadata import AttentionMetadata
+from minivllm.model.linear import ColumnLinear, RowLinear
 from minivllm.model.rotary import RotaryEmbedding
+from minivllm.quantization.unquantized import UnquantizedLinearMethod
 
 
 class RMSNorm(nn.Module):
@@ -52,8 +56,9 @@ class Attention(nn.Module):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.shard_sizes = [self.num_heads * self.head_dim] + [self.num_kv_heads * self.head_dim] * 2
-        self.qkv_proj = nn.Linear(cfg.hidden_size, sum(self.shard_sizes), bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=False)
+        quant = cfg.quantization
+        self.qkv_proj = ColumnLinear(cfg.hidden_size, self.shard_sizes, cfg.qkv_bias, quant, fused)
+        self.o_proj = RowLinear(self.num_heads * self.head_dim, [cfg.hidden_size], False, quant, fused)
         self.qk_norm = cfg.qk_norm
         if cfg.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, fused)
@@ -74,11 +79,11 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int, fused: bool = False) -> None:
+    def __init__(self, hidden: int, intermediate: int, fused: bool = False, quant=None) -> None:
         super().__init__()
         self.shard_sizes = [intermediate, intermediate]
-        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.gate_up_proj = ColumnLinear(hidden, self.shard_sizes, False, quant, fused)
+        self.down_proj = RowLinear(intermediate, [hidden], False, quant, fused)
         self.kernel = None
         if fused:  # the Triton backend: silu(gate) * up in one kernel (minivllm/kernels/activation.py)
             from minivllm.kernels.activation import silu_and_mul
@@ -101,7 +106,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, fused)
         self.self_attn = Attention(cfg, backend, fused)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, fused)
-        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, fused)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, fused, cfg.quantization)
 
     def forward(self, x, residual, rope, rotary, kv_cache, meta) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:  # the first layer: nothing to add yet
@@ -129,9 +134,9 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         self.model = LlamaModel(cfg, backend)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = ColumnLinear(cfg.hidden_size, [cfg.vocab_size], False, method=UnquantizedLinearMethod())
         if cfg.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+            self.lm_head.tie_to(self.model.embed_tokens)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
