@@ -58,6 +58,8 @@ class EngineConfig:
     scheduling_policy: str = "fcfs"  # "fcfs", or "priority": lower value first, ties by arrival (as vLLM)
     preemption_mode: str = "recompute"  # what a preempted request loses: "recompute" (its blocks) or "swap"
     swap_space: float = 4  # GiB of host memory for swapped-out blocks (vLLM's name and default); used by "swap"
+    # ranks the model is split over (distributed/): this process is rank 0, N - 1 worker processes the others
+    tensor_parallel_size: int = 1
     hooks: EngineHooks = field(default_factory=EngineHooks, repr=False)  # a learner's own engine parts (exercises)
     model_config: ModelConfig | None = field(default=None, repr=False)  # set by resolve()
 
@@ -93,6 +95,13 @@ class EngineConfig:
         if self.preemption_mode == "swap" and self.speculative_model not in (None, NGRAM):
             raise ValueError("preemption_mode='swap' does not swap a draft model's cache: use 'recompute' "
                              "with a draft speculative_model")
+        if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be a positive integer, got {self.tensor_parallel_size!r}")
+        if self.tensor_parallel_size > 1 and self.speculative_model not in (None, NGRAM):
+            raise ValueError("a draft speculative_model is not split across ranks: with tensor_parallel_size > 1 "
+                             "use n-gram drafting ('[ngram]') or none")
+        if self.tensor_parallel_size > 1 and self.hooks != EngineHooks():
+            raise ValueError("hooks= run in this process only: they need tensor_parallel_size=1")
         if self.device == "auto":
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
         if self.attention_backend not in ("auto", "torch", "triton"):
@@ -107,6 +116,7 @@ class EngineConfig:
         profiling; a request that could outgrow it is refused when it arrives (InputProcessor).
         """
         from minivllm.core.kv_sizing import DEFAULT_CPU_KV_CACHE_BYTES, kv_bytes_per_block
+        from minivllm.distributed.parallel import check_divisible, local_kv_heads
         from minivllm.model import read_model_config, resolve_model_path
         from minivllm.quantization import resolve_quantization
 
@@ -119,6 +129,12 @@ class EngineConfig:
         mc = self.model_config or read_model_config(model)
         mc = replace(mc, quantization=resolve_quantization(self.quantization, mc.quantization, mc.gguf, str(model)))
         dtype = self.resolve_dtype(mc.torch_dtype)
+        tp = self.tensor_parallel_size
+        if tp > 1:
+            check_divisible(mc, tp)
+            if mc.quantization is not None and not mc.quantization.checkpoint_is_float():
+                raise ValueError(f"tensor_parallel_size={tp} with a {mc.quantization.describe()} checkpoint is not "
+                                 f"supported yet (float checkpoints, and int8 quantized at load, are)")
         max_len = self.max_model_len
         limit, why = mc.max_position_embeddings, "max_position_embeddings"
         if mc.sliding_window is not None and mc.sliding_window < limit:  # not implemented: stay inside it
@@ -129,8 +145,8 @@ class EngineConfig:
             max_len = limit
             blocks = self.num_kv_blocks
             if blocks is None and (self.kv_cache_memory_bytes or not self.device.startswith("cuda")):
-                per_block = kv_bytes_per_block(mc.num_layers, self.block_size, mc.num_kv_heads, mc.head_dim,
-                                               dtype.itemsize)
+                per_block = kv_bytes_per_block(mc.num_layers, self.block_size, local_kv_heads(mc.num_kv_heads, tp),
+                                               mc.head_dim, dtype.itemsize)
                 blocks = (self.kv_cache_memory_bytes or DEFAULT_CPU_KV_CACHE_BYTES) // per_block
             if blocks is not None:
                 max_len = min(max_len, blocks * self.block_size)

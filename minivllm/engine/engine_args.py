@@ -1,7 +1,7 @@
 """vLLM's constructor arguments, so code written for `vllm.LLM(...)` runs here or says clearly why not.
 
 `LLM(**kwargs)` takes our EngineConfig fields, plus vLLM arguments that have no meaning in a one-GPU teaching
-engine: those are accepted where the value asks for nothing we lack (`tensor_parallel_size=1`,
+engine: those are accepted where the value asks for nothing we lack (`pipeline_parallel_size=1`,
 `trust_remote_code=True` for an architecture we implement ourselves) and refused with a ValueError that names
 the argument otherwise. Nothing ends in a bare TypeError.
 """
@@ -18,7 +18,7 @@ ANY = object()  # any value is harmless
 # vLLM argument -> the values that ask for nothing beyond what minivllm does (ANY: every value)
 HARMLESS: dict[str, Any] = {
     "trust_remote_code": ANY,  # we run our own code for the architectures we support, never the checkpoint's
-    "tensor_parallel_size": {1}, "pipeline_parallel_size": {1}, "data_parallel_size": {1},
+    "pipeline_parallel_size": {1}, "data_parallel_size": {1},
     "tokenizer_mode": {"auto"}, "skip_tokenizer_init": {False},
     "load_format": {"auto", "safetensors"}, "cpu_offload_gb": {0}, "hf_overrides": {None},
     "mm_processor_kwargs": {None}, "logits_processors": {None},

@@ -20,6 +20,7 @@ from minivllm.config import EngineConfig
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.scheduler import Scheduler
 from minivllm.core.swap import SwapSpace
+from minivllm.distributed.driver import TensorParallelRunner
 from minivllm.engine.input_processor import EngineRequest, InputProcessor, PromptType
 from minivllm.engine.output_processor import OutputProcessor
 from minivllm.engine.stats import StepCounters
@@ -42,7 +43,8 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config = config.resolve()
         # a draft model is loaded after our cache: size the cache so that its weights and blocks still fit
-        self.runner = ModelRunner(config, draft_memory_needs(config))
+        self.runner = (ModelRunner(config, draft_memory_needs(config)) if config.tensor_parallel_size == 1 else
+                       TensorParallelRunner(config))  # this process is rank 0 (distributed/)
         mc = config.model_config
         self.runner.proposer = make_proposer(config, self.runner.num_blocks, mc.vocab_size)
         has_tokenizer = Path(config.tokenizer).is_file() or any(  # a file: a GGUF model, tokenizer inside
@@ -151,6 +153,11 @@ class LLMEngine:
         return StepRecord(self.num_steps, end - start, scheduler_output, runner_output, core_outputs, finished,
                           self.kv.drain_events(), {"schedule": scheduled_at - start, "run": ran_at - scheduled_at,
                                                    "update": end - ran_at})
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers, if any (idempotent; also done at exit or garbage collection)."""
+        if isinstance(self.runner, TensorParallelRunner):
+            self.runner.shutdown()
 
     def notify(self, record: StepRecord) -> None:
         """Hand a step's record to every step observer (the trace, the counters, yours)."""

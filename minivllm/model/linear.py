@@ -8,6 +8,12 @@ splits across GPUs: 0 for a column layer (each GPU computes some outputs: q/k/v,
 
 Loading goes through `weight_loader`: a checkpoint tensor for one shard lands in its slice of each
 parameter along that parameter's output dim (scaled down where that dim packs several values per element).
+
+Under tensor parallelism (`tp`, distributed/parallel.py) the layer is built at its rank's size: a column layer
+holds 1/N of each fused shard's outputs (a shard may be replicated over `replicas` ranks: KV heads fewer than
+the ranks), a row layer 1/N of the inputs and all-reduces its partial sums. The method creates weights of
+that local shape and never hears of ranks; `weight_loader` cuts the rank's slice out of the checkpoint tensor
+along whichever dim of it runs along `shard_dim`.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from minivllm.distributed.parallel import SINGLE, TensorParallel, shard_of
 from minivllm.quantization.base import Layout, LinearMethod, QuantizationConfig, add_weight
 
 
@@ -22,9 +29,12 @@ class LinearBase(nn.Module):
     shard_dim: int  # the dim of W [outputs, inputs] tensor parallelism splits
 
     def __init__(self, input_size: int, output_sizes: list[int], bias: bool, quant: QuantizationConfig | None = None,
-                 triton: bool = False, method: LinearMethod | None = None) -> None:
+                 triton: bool = False, method: LinearMethod | None = None, tp: TensorParallel = SINGLE,
+                 replicas: list[int] | None = None) -> None:
+        """Sizes are the whole layer's; `replicas[i]`: how many ranks hold the same slice of fused shard i."""
         super().__init__()
-        self.input_size, self.output_sizes = input_size, list(output_sizes)
+        self.tp, self.replicas = tp, list(replicas or [1] * len(output_sizes))
+        self.input_size, self.output_sizes = self.local_sizes(input_size, list(output_sizes))
         self.output_size = sum(self.output_sizes)
         self.tied = False  # the weight is the embedding's (see tie_to)
         self.layouts: dict[str, Layout] = {}  # each parameter's dims, as create_weights declared them
@@ -35,6 +45,14 @@ class LinearBase(nn.Module):
         else:
             self.register_parameter("bias", None)
         self.loaded: set[tuple[str, int | None]] = set()  # (parameter, shard) pairs copied in so far
+
+    def local_sizes(self, input_size: int, output_sizes: list[int]) -> tuple[int, list[int]]:
+        """(inputs, outputs per shard) this rank holds."""
+        raise NotImplementedError
+
+    def rank_slice(self, shard: int | None) -> int:
+        """Which slice of the checkpoint tensor (along shard_dim) this rank holds."""
+        raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.quant_method.apply(self, x, self.bias)
@@ -64,6 +82,9 @@ class LinearBase(nn.Module):
                     raise ValueError(f"{where}: a shard of {size} outputs does not fill whole {factor}-value words")
                 size, offset = size // factor, offset // factor
             target = target.narrow(dim, offset, size)
+        split = layout.output_dim if self.shard_dim == 0 else layout.input_dim
+        if self.tp.size > 1 and split is not None:  # this rank's part of the checkpoint tensor
+            loaded = shard_of(loaded, split, self.rank_slice(shard), target.shape[split])
         if target.dtype.is_floating_point != loaded.dtype.is_floating_point:
             raise ValueError(f"{where} is {loaded.dtype}, expected {target.dtype} (a checkpoint of another format?)")
         if tuple(target.shape) != tuple(loaded.shape):
@@ -85,12 +106,35 @@ class LinearBase(nn.Module):
 
 
 class ColumnLinear(LinearBase):
-    """Outputs split across GPUs under tensor parallelism: q/k/v, gate/up, the LM head."""
+    """Outputs split across GPUs under tensor parallelism: q/k/v, gate/up, the LM head. Each rank's outputs
+    stay on it (the next layer wants them split: attention heads, or a row layer's inputs)."""
 
     shard_dim = 0
+
+    def local_sizes(self, input_size: int, output_sizes: list[int]) -> tuple[int, list[int]]:
+        n = self.tp.size
+        for size, copies in zip(output_sizes, self.replicas):
+            if (size * copies) % n:
+                raise ValueError(f"tensor_parallel_size={n} does not divide a layer's {size} outputs")
+        return input_size, [size * copies // n for size, copies in zip(output_sizes, self.replicas)]
+
+    def rank_slice(self, shard: int | None) -> int:
+        return self.tp.rank // self.replicas[shard or 0]
 
 
 class RowLinear(LinearBase):
     """Inputs split across GPUs under tensor parallelism (partial sums all-reduced): o_proj, down_proj."""
 
     shard_dim = 1
+
+    def local_sizes(self, input_size: int, output_sizes: list[int]) -> tuple[int, list[int]]:
+        if input_size % self.tp.size:
+            raise ValueError(f"tensor_parallel_size={self.tp.size} does not divide a layer's {input_size} inputs")
+        return input_size // self.tp.size, output_sizes
+
+    def rank_slice(self, shard: int | None) -> int:
+        return self.tp.rank
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x @ W_r.T on this rank's inputs, then one all-reduce sums the ranks' partial outputs (bias added once)."""
+        return self.tp.all_reduce(self.quant_method.apply(self, x, self.bias if self.tp.rank == 0 else None))

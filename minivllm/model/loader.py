@@ -15,6 +15,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from minivllm.distributed.parallel import SINGLE, TensorParallel
+from minivllm.model.embedding import VocabParallelEmbedding
 from minivllm.model.linear import LinearBase
 from minivllm.model.llama import LlamaForCausalLM
 from minivllm.quantization import QuantizationConfig, checkpoint_quantization
@@ -112,15 +114,17 @@ def read_generation_config(path: str | Path) -> dict:
         raise ValueError(f"malformed generation_config.json in {path}: {e}") from e
 
 
-def load_model(path: str | Path, cfg: ModelConfig, backend, dtype: torch.dtype, device: str) -> LlamaForCausalLM:
+def load_model(path: str | Path, cfg: ModelConfig, backend, dtype: torch.dtype, device: str,
+               tp: TensorParallel = SINGLE) -> LlamaForCausalLM:
     """Build the model without initialising weights, then copy every checkpoint tensor into place.
 
     A linear layer's tensors go through its `weight_loader` (model/linear.py), whatever the format; once all
     are in, each layer's quantization method prepares them for its kernels (`process_weights_after_loading`).
+    Under tensor parallelism (`tp`) every rank reads the whole checkpoint and keeps its slices.
     """
     path = Path(path)
     with torch.device("meta"):
-        model = LlamaForCausalLM(cfg, backend)
+        model = LlamaForCausalLM(cfg, backend, tp)
     model = model.to_empty(device=device).to(dtype)
     if cfg.tie_word_embeddings:
         model.lm_head.tie_to(model.model.embed_tokens)
@@ -145,6 +149,11 @@ def load_model(path: str | Path, cfg: ModelConfig, backend, dtype: torch.dtype, 
             hint = "" if cfg.quantization else " (a quantized checkpoint whose config.json lacks quantization_config?)"
             raise ValueError(f"{where}: unexpected tensor {name!r} for a {cfg.model_type} model{hint}")
         param, value = params[target], tensor()
+        owner = model.get_submodule(target.rpartition(".")[0])
+        if isinstance(owner, VocabParallelEmbedding):  # this rank's vocab rows
+            owner.weight_loader(value, where=f"{where}: {name}")
+            loaded.add(target)
+            continue
         if param.shape != value.shape:
             raise ValueError(f"{where}: {name} has shape {tuple(value.shape)}, expected {tuple(param.shape)}")
         with torch.no_grad():
