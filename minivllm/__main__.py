@@ -20,6 +20,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"])
     parser.add_argument("--preemption-mode", default="recompute", choices=["recompute", "swap"])
     parser.add_argument("--swap-space", type=float, default=4, help="GiB of host memory for swapped KV blocks")
+    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                        help="split the model over this many processes (gloo on CPU, NCCL on GPUs)")
     # quantization (issue 24): --model also takes a .gguf file
     parser.add_argument("--quantization", "-q", default=None,
                         help="int8 (weight-only, from a float checkpoint), or gptq/awq/gguf to insist on the "
@@ -32,7 +34,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
                 enforce_eager=args.enforce_eager,
                 speculative_model=args.speculative_model, num_speculative_tokens=args.num_speculative_tokens,
                 scheduling_policy=args.scheduling_policy, preemption_mode=args.preemption_mode,
-                swap_space=args.swap_space, quantization=args.quantization)
+                swap_space=args.swap_space, quantization=args.quantization,
+                tensor_parallel_size=args.tensor_parallel_size)
 
 
 def main(argv: list[str] | None = None) -> int:

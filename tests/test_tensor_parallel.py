@@ -5,9 +5,12 @@ the tests are few and each checks several things on one engine.
 """
 
 import gc
+import json
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -83,3 +86,27 @@ def test_sizes_that_do_not_divide_are_refused_before_any_process_starts(checkpoi
     with pytest.raises(ValueError, match="tensor_parallel_size must be a positive integer"):
         LLM(str(path), tensor_parallel_size=0)
     assert multiprocessing.active_children() == before
+
+
+TORCHRUN_SCRIPT = """
+import json, sys
+from minivllm import LLM, SamplingParams
+llm = LLM(sys.argv[1], tensor_parallel_size=2, dtype="float32", num_kv_blocks=64)  # rank 1 never returns
+outs = llm.generate([{"prompt_token_ids": p} for p in json.loads(sys.argv[2])],
+                    SamplingParams(max_tokens=6, temperature=0, ignore_eos=True), use_tqdm=False)
+print("RANK0", json.dumps([o.outputs[0].token_ids for o in outs]), flush=True)
+llm.shutdown()
+"""
+
+
+def test_torchrun_env_rendezvous_on_localhost(checkpoints, tmp_path):
+    """The multi-node path (README): torchrun starts every rank, the same script on each, env:// rendezvous."""
+    path, hf = checkpoints["llama"]
+    script = tmp_path / "run.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    prompts = PROMPTS[:2]
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(script), str(path), json.dumps(prompts)], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(ln for ln in done.stdout.splitlines() if ln.startswith("RANK0 "))
+    assert json.loads(line.split(" ", 1)[1]) == [hf_greedy(hf, p, 6) for p in prompts]

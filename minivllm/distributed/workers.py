@@ -9,6 +9,7 @@ Stopping is idempotent and also runs when the handle is garbage-collected or the
 
 from __future__ import annotations
 
+import os
 import weakref
 from datetime import timedelta
 from multiprocessing.connection import wait
@@ -19,7 +20,7 @@ import torch.multiprocessing as mp
 
 from minivllm.config import EngineConfig
 from minivllm.distributed.parallel import TensorParallel, connect
-from minivllm.distributed.worker import worker_main
+from minivllm.distributed.worker import serve_steps, worker_main
 
 HOST = "127.0.0.1"
 TIMEOUT_S = 300.0  # a collective waiting on a live but stuck rank gives up after this (a dead one fails at once)
@@ -29,17 +30,42 @@ class WorkerError(RuntimeError):
     """A tensor-parallel worker died or raised: the engine cannot continue."""
 
 
+def torchrun_rank(config: EngineConfig) -> int | None:
+    """This process's rank when `torchrun` started one process per rank (RANK, WORLD_SIZE set, WORLD_SIZE ==
+    tensor_parallel_size); None when this process is to spawn its workers itself."""
+    if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", 0)) != config.tensor_parallel_size:
+        return None
+    return int(os.environ["RANK"])
+
+
+def torchrun_store(timeout_s: float) -> dist.Store:
+    """The rendezvous torchrun set up (env://: MASTER_ADDR, MASTER_PORT): hosted by its agent, or by rank 0."""
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"]),
+                         is_master=not agent and os.environ["RANK"] == "0", timeout=timedelta(seconds=timeout_s))
+
+
+def run_torchrun_worker(config: EngineConfig, timeout_s: float = TIMEOUT_S) -> None:
+    """Ranks 1..N-1 under torchrun: `LLM(...)` becomes this loop and the process exits when rank 0 is done."""
+    serve_steps(config, int(os.environ["RANK"]), config.tensor_parallel_size, torchrun_store(timeout_s), timeout_s,
+                device_index=int(os.environ.get("LOCAL_RANK", os.environ["RANK"])))
+    raise SystemExit(0)
+
+
 class Workers:
     def __init__(self, config: EngineConfig, timeout_s: float = TIMEOUT_S) -> None:
-        """Spawn ranks 1..N-1 and join the process groups with them (rank 0 is this process)."""
+        """Spawn ranks 1..N-1 and join the process groups with them (rank 0 is this process); under torchrun
+        the other ranks exist already, and we meet them at its rendezvous."""
         size = config.tensor_parallel_size
         self.error: WorkerError | None = None
-        self.store = dist.TCPStore(HOST, 0, size, is_master=True, timeout=timedelta(seconds=timeout_s),
-                                   wait_for_workers=False)
-        ctx = mp.get_context("spawn")
         self.procs, self.conns = [], []
         self._stop = weakref.finalize(self, stop, self.procs, self.conns, [])
-        for rank in range(1, size):
+        external = torchrun_rank(config) is not None
+        self.store = (torchrun_store(timeout_s) if external else
+                      dist.TCPStore(HOST, 0, size, is_master=True, timeout=timedelta(seconds=timeout_s),
+                                    wait_for_workers=False))
+        ctx = mp.get_context("spawn")
+        for rank in range(1, 1 if external else size):
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=worker_main, name=f"minivllm-tp-rank{rank}", daemon=True,
                                args=(config, rank, size, HOST, self.store.port, child, timeout_s))
@@ -48,7 +74,8 @@ class Workers:
             self.procs.append(proc)
             self.conns.append(parent)
         self.expect("joined")
-        device = torch.device("cuda", 0) if config.device.startswith("cuda") else torch.device(config.device)
+        index = int(os.environ.get("LOCAL_RANK", 0)) if external else 0
+        device = torch.device("cuda", index) if config.device.startswith("cuda") else torch.device(config.device)
         self.tp: TensorParallel = connect(0, size, self.store, device, timeout_s)
         self._stop.detach()  # the same stop, now able to ask the workers to leave politely
         self._stop = weakref.finalize(self, stop, self.procs, self.conns, [self.tp])

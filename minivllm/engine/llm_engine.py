@@ -21,6 +21,7 @@ from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.scheduler import Scheduler
 from minivllm.core.swap import SwapSpace
 from minivllm.distributed.driver import TensorParallelRunner
+from minivllm.distributed.workers import run_torchrun_worker, torchrun_rank
 from minivllm.engine.input_processor import EngineRequest, InputProcessor, PromptType
 from minivllm.engine.output_processor import OutputProcessor
 from minivllm.engine.stats import StepCounters
@@ -42,6 +43,8 @@ __all__ = ["LLMEngine", "PromptType", "StepObserver"]
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config = config.resolve()
+        if config.tensor_parallel_size > 1 and torchrun_rank(config):  # torchrun's rank > 0: a worker, never
+            run_torchrun_worker(config)  # an engine; exits the process when rank 0 shuts down
         # a draft model is loaded after our cache: size the cache so that its weights and blocks still fit
         self.runner = (ModelRunner(config, draft_memory_needs(config)) if config.tensor_parallel_size == 1 else
                        TensorParallelRunner(config))  # this process is rank 0 (distributed/)
