@@ -58,13 +58,15 @@ def test_llama_tp2_equals_transformers_with_chunked_prefill_and_preemption(check
     assert_gone(pids)
 
 
-def test_qwen2_tp2_replicated_kv_heads_tied_embeddings_and_a_killed_worker(tmp_path):
+def test_qwen2_tp2_replicated_kv_heads_tied_embeddings_ngram_drafts_and_a_killed_worker(tmp_path):
     hf = build_checkpoint("qwen2", tmp_path / "q", num_key_value_heads=1)  # 1 KV head on 2 ranks: replicated
-    llm = LLM(str(tmp_path / "q"), tensor_parallel_size=2, dtype="float32", num_kv_blocks=64)
+    llm = LLM(str(tmp_path / "q"), tensor_parallel_size=2, dtype="float32", num_kv_blocks=64,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 3})  # every rank drafts the same
     pids = worker_pids(llm)
     outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS],
                         SamplingParams(max_tokens=8, temperature=0, ignore_eos=True), use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(hf, p, 8) for p in PROMPTS]
+    assert llm.engine.stats()["spec_num_proposed"] > 0
     assert llm.engine.runner.kv_cache.shape[-2] == 1, "each rank caches its own (here: the one) KV head"
     os.kill(pids[0], signal.SIGKILL)
     start = time.monotonic()
