@@ -68,8 +68,13 @@ def test_qwen2_tp2_replicated_kv_heads_tied_embeddings_ngram_drafts_and_a_killed
     assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(hf, p, 8) for p in PROMPTS]
     assert llm.engine.stats()["spec_num_proposed"] > 0
     assert llm.engine.runner.kv_cache.shape[-2] == 1, "each rank caches its own (here: the one) KV head"
+    llm.engine.check_health()
     os.kill(pids[0], signal.SIGKILL)
     start = time.monotonic()
+    while time.monotonic() - start < 10 and not llm.engine.runner.workers.procs[0].exitcode:
+        time.sleep(0.05)
+    with pytest.raises(WorkerError, match="rank 1"):  # what the server's /health reports, even while idle
+        llm.engine.check_health()
     with pytest.raises(WorkerError, match="rank 1"):
         llm.generate([{"prompt_token_ids": PROMPTS[0]}], SamplingParams(max_tokens=4), use_tqdm=False)
     assert time.monotonic() - start < 30

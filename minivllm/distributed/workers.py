@@ -91,14 +91,18 @@ class Workers:
             payloads.append(message[1])
         return payloads
 
-    def send(self, obj: object) -> None:
-        """Broadcast `obj` (a SchedulerOutput) to every worker; raises if one has died since the last step."""
+    def check(self) -> None:
+        """Raise the WorkerError if a worker has died (cheap: reads exit codes only), or stopped."""
         if self.error is None and any(p.exitcode is not None for p in self.procs):
             self.fail()
         if self.error is not None:
             raise self.error
         if not self._stop.alive:
             raise WorkerError("the tensor-parallel workers have been shut down")
+
+    def send(self, obj: object) -> None:
+        """Broadcast `obj` (a SchedulerOutput) to every worker; raises if one has died since the last step."""
+        self.check()
         self.tp.broadcast_object(obj)
 
     def fail(self) -> WorkerError | None:

@@ -157,6 +157,11 @@ class LLMEngine:
                           self.kv.drain_events(), {"schedule": scheduled_at - start, "run": ran_at - scheduled_at,
                                                    "update": end - ran_at})
 
+    def check_health(self) -> None:
+        """Raise if the engine cannot run a step: a tensor-parallel worker died (as vLLM's check_health)."""
+        if isinstance(self.runner, TensorParallelRunner):
+            self.runner.workers.check()
+
     def shutdown(self) -> None:
         """Stop the tensor-parallel workers, if any (idempotent; also done at exit or garbage collection)."""
         if isinstance(self.runner, TensorParallelRunner):
