@@ -164,8 +164,9 @@ class LLMEngine:
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel workers, if any (idempotent; also done at exit or garbage collection)."""
-        if isinstance(self.runner, TensorParallelRunner):
-            self.runner.shutdown()
+        stop = getattr(self.runner, "shutdown", None)  # (no module globals: this may run from __del__ at exit)
+        if stop is not None:
+            stop()
 
     def notify(self, record: StepRecord) -> None:
         """Hand a step's record to every step observer (the trace, the counters, yours)."""
