@@ -26,7 +26,7 @@ NGRAM = "[ngram]"  # speculative_model's name for n-gram (prompt lookup) draftin
 
 @dataclass
 class EngineConfig:
-    model: str | Path | None = None  # a local directory or a Hub repo id; None: the embedded minivllm-tiny
+    model: str | Path | None = None  # a local directory, a .gguf file or a Hub repo id; None: the embedded model
     tokenizer: str | Path | None = None  # None: the model's own
     revision: str | None = None  # of a Hub model: branch, tag or commit
     tokenizer_revision: str | None = None
@@ -34,6 +34,9 @@ class EngineConfig:
     generation_config: str = "auto"  # "auto": the checkpoint's EOS ids and sampling defaults; "vllm": ignore them
     served_model_name: str | None = None  # the name the server answers to (default: `model` exactly as given)
     dtype: str | torch.dtype = "auto"
+    # None: as the checkpoint is (float, GPTQ, AWQ, GGUF); "int8": weight-only int8 quantized at load (see
+    # minivllm/quantization/__init__.py for every accepted spelling)
+    quantization: str | None = None
     device: str = "auto"
     block_size: int = 16
     num_kv_blocks: int | None = None
@@ -59,6 +62,8 @@ class EngineConfig:
     swap_space: float = 4  # GiB of host memory for swapped-out blocks (vLLM's name and default); used by "swap"
     # vLLM v1 logits processors: LogitsProcessor subclasses or "module:Class" names (sampling/logits_processor.py)
     logits_processors: list | None = None
+    # ranks the model is split over (distributed/): this process is rank 0, N - 1 worker processes the others
+    tensor_parallel_size: int = 1
     hooks: EngineHooks = field(default_factory=EngineHooks, repr=False)  # a learner's own engine parts (exercises)
     model_config: ModelConfig | None = field(default=None, repr=False)  # set by resolve()
 
@@ -103,6 +108,13 @@ class EngineConfig:
             if self.speculative_model is not None:
                 raise ValueError("logits_processors cannot be combined with speculative decoding: drafts are "
                                  "verified without them")
+        if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be a positive integer, got {self.tensor_parallel_size!r}")
+        if self.tensor_parallel_size > 1 and self.speculative_model not in (None, NGRAM):
+            raise ValueError("a draft speculative_model is not split across ranks: with tensor_parallel_size > 1 "
+                             "use n-gram drafting ('[ngram]') or none")
+        if self.tensor_parallel_size > 1 and self.hooks != EngineHooks():
+            raise ValueError("hooks= run in this process only: they need tensor_parallel_size=1")
         if self.device == "auto":
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
         if self.attention_backend not in ("auto", "torch", "triton"):
@@ -117,7 +129,9 @@ class EngineConfig:
         profiling; a request that could outgrow it is refused when it arrives (InputProcessor).
         """
         from minivllm.core.kv_sizing import DEFAULT_CPU_KV_CACHE_BYTES, kv_bytes_per_block
+        from minivllm.distributed.parallel import check_divisible, local_kv_heads
         from minivllm.model import read_model_config, resolve_model_path
+        from minivllm.quantization import resolve_quantization
 
         model = resolve_model_path(self.model, self.revision, self.download_dir)
         tokenizer = (model if self.tokenizer is None else
@@ -126,7 +140,14 @@ class EngineConfig:
         if draft not in (None, NGRAM):
             draft = resolve_model_path(draft, None, self.download_dir, "draft model")
         mc = self.model_config or read_model_config(model)
+        mc = replace(mc, quantization=resolve_quantization(self.quantization, mc.quantization, mc.gguf, str(model)))
         dtype = self.resolve_dtype(mc.torch_dtype)
+        tp = self.tensor_parallel_size
+        if tp > 1:
+            check_divisible(mc, tp)
+            if mc.quantization is not None and not mc.quantization.checkpoint_is_float():
+                raise ValueError(f"tensor_parallel_size={tp} with a {mc.quantization.describe()} checkpoint is not "
+                                 f"supported yet (float checkpoints, and int8 quantized at load, are)")
         max_len = self.max_model_len
         limit, why = mc.max_position_embeddings, "max_position_embeddings"
         if mc.sliding_window is not None and mc.sliding_window < limit:  # not implemented: stay inside it
@@ -137,8 +158,8 @@ class EngineConfig:
             max_len = limit
             blocks = self.num_kv_blocks
             if blocks is None and (self.kv_cache_memory_bytes or not self.device.startswith("cuda")):
-                per_block = kv_bytes_per_block(mc.num_layers, self.block_size, mc.num_kv_heads, mc.head_dim,
-                                               dtype.itemsize)
+                per_block = kv_bytes_per_block(mc.num_layers, self.block_size, local_kv_heads(mc.num_kv_heads, tp),
+                                               mc.head_dim, dtype.itemsize)
                 blocks = (self.kv_cache_memory_bytes or DEFAULT_CPU_KV_CACHE_BYTES) // per_block
             if blocks is not None:
                 max_len = min(max_len, blocks * self.block_size)

@@ -24,7 +24,11 @@ class Tokenizer:
     def __init__(self, path: str | Path) -> None:
         from transformers import AutoTokenizer
 
-        self.hf = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        path = Path(path)
+        if path.is_file():  # a GGUF file: transformers builds the tokenizer from the file's own metadata
+            self.hf = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+        else:
+            self.hf = AutoTokenizer.from_pretrained(path, local_files_only=True)
         self.eos_token_id: int | None = self.hf.eos_token_id
         self.vocab_size = len(self.hf)
         self.special_tokens = set(self.hf.all_special_tokens)  # a property that rebuilds a list: read it once

@@ -230,7 +230,7 @@ def test_vllm_names(tiny, tmp_path):
         llm = LLM(speculative_config=spec, num_kv_blocks=64, trust_remote_code=True, tensor_parallel_size=1)
         assert llm.generate("Hi, my name is", greedy, use_tqdm=False)[0].outputs[0].token_ids == reference
         assert llm.engine.runner.proposer is not None
-    for kwargs, message in [({"tensor_parallel_size": 2}, "tensor_parallel_size"),
+    for kwargs, message in [({"pipeline_parallel_size": 2}, "pipeline_parallel_size"),
                             ({"quantization": "awq"}, "quantization"), ({"no_such_thing": 1}, "no_such_thing"),
                             ({"speculative_config": {"method": "eagle", "num_speculative_tokens": 2}}, "eagle")]:
         with pytest.raises(ValueError, match=message):

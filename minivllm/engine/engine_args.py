@@ -5,7 +5,7 @@ the table into flags (`max_num_seqs` -> `--max-num-seqs`, booleans as `--x/--no-
 `from_cli_args` reads them back, so a flag, a keyword and a server option cannot drift apart.
 
 Two kinds of field. Most are EngineConfig's own knobs. The rest are vLLM arguments with no meaning in a one-GPU
-teaching engine (`tensor_parallel_size`, `quantization`, ...): a value that asks for nothing we lack (1, None,
+teaching engine (`pipeline_parallel_size`, `kv_cache_dtype`, ...): a value that asks for nothing we lack (1, None,
 "auto") is accepted and ignored; any other is refused with a ValueError naming the argument. So is an unknown
 name, or a value of the wrong type: nothing ends in a bare TypeError.
 """
@@ -83,6 +83,11 @@ class EngineArgs:
                                                 '"num_speculative_tokens": K}')
     scheduling_policy: str = arg(EngineConfig.scheduling_policy, choices=("fcfs", "priority"))
     preemption_mode: str = arg(EngineConfig.preemption_mode, choices=("recompute", "swap"))
+    quantization: str | None = arg(EngineConfig.quantization, "int8 (weight-only, from a float checkpoint), or "
+                                   "gptq/awq/gguf to insist on the checkpoint's own format (default: as it is)",
+                                   short="-q")
+    tensor_parallel_size: int = arg(EngineConfig.tensor_parallel_size, "split the model over this many processes "
+                                    "(gloo on CPU, NCCL on GPUs)", short="-tp")
     swap_space: float = arg(EngineConfig.swap_space, "GiB of host memory for swapped-out KV blocks")
     logits_processors: list | None = arg(EngineConfig.logits_processors, "vLLM v1 LogitsProcessor classes or "
                                          "'module:Class' names", cli=False)
@@ -90,12 +95,10 @@ class EngineArgs:
 
     # ---- vLLM arguments that ask for nothing here when left at these values ----
     trust_remote_code: bool = vllm_arg(False, ANY, "accepted: minivllm runs its own code for every architecture")
-    tensor_parallel_size: int = vllm_arg(1, (1,), short="-tp")
     pipeline_parallel_size: int = vllm_arg(1, (1,), short="-pp")
     data_parallel_size: int = vllm_arg(1, (1,), short="-dp")
     decode_context_parallel_size: int = vllm_arg(1, (1,))
     distributed_executor_backend: str | None = vllm_arg(None, (None, "uni", "mp"))
-    quantization: str | None = vllm_arg(None, (None,), short="-q")
     kv_cache_dtype: str = vllm_arg("auto", ("auto",))
     load_format: str = vllm_arg("auto", ("auto", "safetensors"))
     tokenizer_mode: str = vllm_arg("auto", ("auto", "hf"))

@@ -33,6 +33,22 @@ class LLM:
         self._ids = itertools.count()  # request ids; next() on a count is atomic, so threads may share it
         self._driver = StepDriver(self.engine)  # lets threads share the engine (step_driver.py)
 
+    def shutdown(self) -> None:
+        """Stop the worker processes of tensor_parallel_size > 1 (also on `with LLM(...)` exit, `del llm`
+        and interpreter exit); a no-op with one rank."""
+        engine = getattr(self, "engine", None)  # (absent when __init__ failed)
+        if engine is not None:
+            engine.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    def __del__(self) -> None:
+        self.shutdown()
+
     @property
     def llm_engine(self) -> LLMEngine:
         """vLLM's name for the engine underneath."""

@@ -21,6 +21,8 @@ from minivllm.config import EngineConfig
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.scheduler import Scheduler
 from minivllm.core.swap import SwapSpace
+from minivllm.distributed.driver import TensorParallelRunner
+from minivllm.distributed.workers import run_torchrun_worker, torchrun_rank
 from minivllm.engine.input_processor import EngineRequest, InputProcessor, PromptType
 from minivllm.engine.metrics_reader import Metric, read_metrics
 from minivllm.engine.output_processor import OutputProcessor
@@ -48,11 +50,15 @@ __all__ = ["LLMEngine", "PromptType", "StepObserver"]
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config = config.resolve()
+        if config.tensor_parallel_size > 1 and torchrun_rank(config):  # torchrun's rank > 0: a worker, never
+            run_torchrun_worker(config)  # an engine; exits the process when rank 0 shuts down
         # a draft model is loaded after our cache: size the cache so that its weights and blocks still fit
-        self.runner = ModelRunner(config, draft_memory_needs(config))
+        self.runner = (ModelRunner(config, draft_memory_needs(config)) if config.tensor_parallel_size == 1 else
+                       TensorParallelRunner(config))  # this process is rank 0 (distributed/)
         mc = config.model_config
         self.runner.proposer = make_proposer(config, self.runner.num_blocks, mc.vocab_size)
-        has_tokenizer = any((Path(config.tokenizer) / f).is_file() for f in ("tokenizer.json", "tokenizer.model"))
+        has_tokenizer = Path(config.tokenizer).is_file() or any(  # a file: a GGUF model, tokenizer inside
+            (Path(config.tokenizer) / f).is_file() for f in ("tokenizer.json", "tokenizer.model"))
         self.tokenizer = Tokenizer(config.tokenizer) if has_tokenizer else None
         self.eos_token_ids, self.default_sampling_overrides = generation_defaults(
             config.model, self.tokenizer.eos_token_id if self.tokenizer else mc.eos_token_id,
@@ -171,6 +177,17 @@ class LLMEngine:
         return StepRecord(self.num_steps, end - start, scheduler_output, runner_output, core_outputs, finished,
                           self.kv.drain_events(), {"schedule": scheduled_at - start, "run": ran_at - scheduled_at,
                                                    "update": end - ran_at})
+
+    def check_health(self) -> None:
+        """Raise if the engine cannot run a step: a tensor-parallel worker died (as vLLM's check_health)."""
+        if isinstance(self.runner, TensorParallelRunner):
+            self.runner.workers.check()
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers, if any (idempotent; also done at exit or garbage collection)."""
+        stop = getattr(self.runner, "shutdown", None)  # (no module globals: this may run from __del__ at exit)
+        if stop is not None:
+            stop()
 
     def notify(self, record: StepRecord) -> None:
         """Hand a step's record to every step observer (the trace, the counters, yours)."""

@@ -31,7 +31,11 @@ def resolve_model_path(name_or_path: str | os.PathLike, revision: str | None = N
     if path.is_dir():
         return path
     if path.exists():
-        raise ValueError(f"{what} path {path} is a file, not a directory")
+        from minivllm.quantization.gguf import is_gguf
+
+        if is_gguf(path) and what != "draft model":  # one file holds config, tokenizer and weights
+            return path
+        raise ValueError(f"{what} path {path} is a file, not a directory (nor a GGUF model file)")
     if not _is_repo_id(name_or_path):
         raise ValueError(f"{what} directory not found: {path}")
 

@@ -3,6 +3,13 @@
 One class covers Llama/TinyLlama and Mistral (plain), Qwen2 (bias on q/k/v) and Qwen3 (RMSNorm on each
 head of q and k). Unlike the Hugging Face model it sees the step's tokens as one flat list (no padding):
 requests are told apart only by the attention metadata. q/k/v and gate/up are fused into one matmul each.
+Every matmul is a linear layer from model/linear.py, whose weights a quantization method holds (float, int8,
+GPTQ, AWQ: minivllm/quantization/); embeddings and the LM head stay float, as in those formats.
+
+Under tensor parallelism (`tp`) each rank builds the same model at its share: its attention heads (q/k/v
+column-parallel, split per head; KV heads replicated when fewer than the ranks), its slice of the MLP, its
+rows of the vocabulary. Two all-reduces per layer (o_proj, down_proj) and one in the embedding; the logits
+are all-gathered, so every rank holds the full logits and samples the same tokens.
 """
 
 from __future__ import annotations
@@ -12,7 +19,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from minivllm.attention.metadata import AttentionMetadata
+from minivllm.distributed.parallel import SINGLE, TensorParallel, kv_head_replicas, local_kv_heads
+from minivllm.model.embedding import VocabParallelEmbedding
+from minivllm.model.linear import ColumnLinear, RowLinear
 from minivllm.model.rotary import RotaryEmbedding
+from minivllm.quantization.unquantized import UnquantizedLinearMethod
 
 
 class RMSNorm(nn.Module):
@@ -48,12 +59,15 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg, backend, fused: bool = False) -> None:
+    def __init__(self, cfg, backend, fused: bool = False, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.shard_sizes = [self.num_heads * self.head_dim] + [self.num_kv_heads * self.head_dim] * 2
-        self.qkv_proj = nn.Linear(cfg.hidden_size, sum(self.shard_sizes), bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=False)
+        self.head_dim = hd = cfg.head_dim
+        self.num_heads, self.num_kv_heads = cfg.num_heads // tp.size, local_kv_heads(cfg.num_kv_heads, tp.size)
+        quant, kv_copies = cfg.quantization, kv_head_replicas(cfg.num_kv_heads, tp.size)
+        self.qkv_proj = ColumnLinear(cfg.hidden_size, [cfg.num_heads * hd] + [cfg.num_kv_heads * hd] * 2,
+                                     cfg.qkv_bias, quant, fused, tp=tp, replicas=[1, kv_copies, kv_copies])
+        self.shard_sizes = self.qkv_proj.output_sizes  # this rank's q, k, v widths
+        self.o_proj = RowLinear(cfg.num_heads * hd, [cfg.hidden_size], False, quant, fused, tp=tp)
         self.qk_norm = cfg.qk_norm
         if cfg.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, fused)
@@ -74,11 +88,11 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int, fused: bool = False) -> None:
+    def __init__(self, hidden: int, intermediate: int, fused: bool = False, quant=None,
+                 tp: TensorParallel = SINGLE) -> None:
         super().__init__()
-        self.shard_sizes = [intermediate, intermediate]
-        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.gate_up_proj = ColumnLinear(hidden, [intermediate, intermediate], False, quant, fused, tp=tp)
+        self.down_proj = RowLinear(intermediate, [hidden], False, quant, fused, tp=tp)
         self.kernel = None
         if fused:  # the Triton backend: silu(gate) * up in one kernel (minivllm/kernels/activation.py)
             from minivllm.kernels.activation import silu_and_mul
@@ -96,12 +110,12 @@ class MLP(nn.Module):
 class DecoderLayer(nn.Module):
     """x + attn(norm(x)), then + mlp(norm(...)); each residual add is left to the next norm, which fuses it."""
 
-    def __init__(self, cfg, backend, fused: bool = False) -> None:
+    def __init__(self, cfg, backend, fused: bool = False, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, fused)
-        self.self_attn = Attention(cfg, backend, fused)
+        self.self_attn = Attention(cfg, backend, fused, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, fused)
-        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, fused)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, fused, cfg.quantization, tp)
 
     def forward(self, x, residual, rope, rotary, kv_cache, meta) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:  # the first layer: nothing to add yet
@@ -114,24 +128,25 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg, backend) -> None:
+    def __init__(self, cfg, backend, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
         fused = backend.name == "triton"  # the Triton backend brings fused norm, rotary and SwiGLU kernels too
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, backend, fused) for _ in range(cfg.num_layers))
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, backend, fused, tp) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, fused)
         self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
                                           cfg.rope_scaling, fused)
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, cfg, backend) -> None:
+    def __init__(self, cfg, backend, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
-        self.config = cfg
-        self.model = LlamaModel(cfg, backend)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.config, self.tp = cfg, tp
+        self.model = LlamaModel(cfg, backend, tp)
+        rows = self.model.embed_tokens.rows  # the vocab split like the embedding's, padded to N equal shards
+        self.lm_head = ColumnLinear(cfg.hidden_size, [rows * tp.size], False, method=UnquantizedLinearMethod(), tp=tp)
         if cfg.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+            self.lm_head.tie_to(self.model.embed_tokens)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
@@ -144,4 +159,6 @@ class LlamaForCausalLM(nn.Module):
         return self.model.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+        """[T, vocab] float logits; under tensor parallelism every rank's vocab shard, gathered (padding cut)."""
+        logits = self.tp.all_gather(self.lm_head(hidden))
+        return (logits if self.tp.size == 1 else logits[:, : self.config.vocab_size]).float()

@@ -1,7 +1,9 @@
-"""Load a Hugging Face checkpoint directory (config.json + *.safetensors) into our decoder.
+"""Load a Hugging Face checkpoint directory (config.json + *.safetensors), or a GGUF file, into our decoder.
 
 The config is parsed by transformers' AutoConfig and the tensors are read with safetensors, shard by shard,
-straight into the (possibly fused) parameters, so nothing is held twice in memory.
+straight into the (possibly fused) parameters, so nothing is held twice in memory. A quantized checkpoint
+(config.json's `quantization_config`) is recognised when the config is read, and refused there if it is of
+a format we do not run; its linear layers then hold the format's own tensors (minivllm/quantization/).
 """
 
 from __future__ import annotations
@@ -13,8 +15,12 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from minivllm.distributed.parallel import SINGLE, TensorParallel
+from minivllm.model.embedding import VocabParallelEmbedding
+from minivllm.model.linear import LinearBase
 from minivllm.model.llama import LlamaForCausalLM
-from minivllm.model.packed_linear import pack_linears, packing_applies
+from minivllm.quantization import QuantizationConfig, checkpoint_quantization
+from minivllm.quantization.gguf import gguf_tensors, is_gguf, read_gguf_hf_config
 
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
 # checkpoint name -> (our fused parameter, which shard of it)
@@ -45,6 +51,8 @@ class ModelConfig:
     eos_token_id: int | list[int] | None
     hf_config: object = None
     sliding_window: int | None = None  # tokens a query may look back, where the model limits it (Mistral v0.1)
+    quantization: QuantizationConfig | None = None  # what the linear layers hold (None: float weights)
+    gguf: bool = False  # the checkpoint is one GGUF file (dequantized at load)
 
 
 def read_model_config(path: str | Path) -> ModelConfig:
@@ -52,14 +60,18 @@ def read_model_config(path: str | Path) -> ModelConfig:
     from transformers import AutoConfig
 
     path = Path(path)
-    if not path.is_dir():
+    gguf = is_gguf(path)
+    if gguf:
+        hf = read_gguf_hf_config(path)
+    elif not path.is_dir():
         raise ValueError(f"model directory not found: {path}")
-    if not (path / "config.json").is_file():
+    elif not (path / "config.json").is_file():
         raise ValueError(f"no config.json in model directory {path}")
-    try:
-        hf = AutoConfig.from_pretrained(path, local_files_only=True)
-    except Exception as e:  # transformers raises many kinds; we only promise a ValueError
-        raise ValueError(f"malformed config.json in {path}: {e}") from e
+    else:
+        try:
+            hf = AutoConfig.from_pretrained(path, local_files_only=True)
+        except Exception as e:  # transformers raises many kinds; we only promise a ValueError
+            raise ValueError(f"malformed config.json in {path}: {e}") from e
     if hf.model_type not in SUPPORTED:
         raise ValueError(f"{path}: model_type {hf.model_type!r} is not supported (supported: {SUPPORTED})")
     heads = hf.num_attention_heads
@@ -82,12 +94,18 @@ def read_model_config(path: str | Path) -> ModelConfig:
         eos_token_id=hf.eos_token_id, hf_config=hf,
         # Qwen2/3 configs carry a window that is off unless use_sliding_window says otherwise
         sliding_window=getattr(hf, "sliding_window", None) if getattr(hf, "use_sliding_window", True) else None,
+        quantization=checkpoint_quantization(_as_dict(getattr(hf, "quantization_config", None)), str(path)),
+        gguf=gguf,
     )
+
+
+def _as_dict(qc) -> dict | None:
+    return qc if qc is None or isinstance(qc, dict) else qc.to_dict()
 
 
 def read_generation_config(path: str | Path) -> dict:
     """generation_config.json as a dict ({} when the checkpoint has none): EOS ids and sampling defaults."""
-    file = Path(path) / "generation_config.json"
+    file = Path(path) / "generation_config.json"  # (a GGUF file has none: the path is not a directory)
     if not file.is_file():
         return {}
     try:
@@ -96,60 +114,76 @@ def read_generation_config(path: str | Path) -> dict:
         raise ValueError(f"malformed generation_config.json in {path}: {e}") from e
 
 
-def load_model(path: str | Path, cfg: ModelConfig, backend, dtype: torch.dtype, device: str) -> LlamaForCausalLM:
-    """Build the model without initialising weights, then copy every checkpoint tensor into place."""
+def load_model(path: str | Path, cfg: ModelConfig, backend, dtype: torch.dtype, device: str,
+               tp: TensorParallel = SINGLE) -> LlamaForCausalLM:
+    """Build the model without initialising weights, then copy every checkpoint tensor into place.
+
+    A linear layer's tensors go through its `weight_loader` (model/linear.py), whatever the format; once all
+    are in, each layer's quantization method prepares them for its kernels (`process_weights_after_loading`).
+    Under tensor parallelism (`tp`) every rank reads the whole checkpoint and keeps its slices.
+    """
     path = Path(path)
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"no *.safetensors weights in model directory {path}")
     with torch.device("meta"):
-        model = LlamaForCausalLM(cfg, backend)
+        model = LlamaForCausalLM(cfg, backend, tp)
     model = model.to_empty(device=device).to(dtype)
     if cfg.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
-    params = dict(model.named_parameters())
+        model.lm_head.tie_to(model.model.embed_tokens)
+    linears = {name: m for name, m in model.named_modules() if isinstance(m, LinearBase)}
+    params = {name: p for name, p in model.named_parameters() if name.rpartition(".")[0] not in linears}
     loaded: set[str] = set()
-    for file in files:
-        with safe_open(file, framework="pt", device="cpu") as f:
-            for name in f.keys():
-                if "rotary_emb" in name or (cfg.tie_word_embeddings and name == "lm_head.weight"):
-                    continue
-                target, shard = name, None
-                for ckpt_name, (fused, idx) in PACKED.items():
-                    if f".{ckpt_name}." in name:
-                        target, shard = name.replace(ckpt_name, fused), idx
-                if target not in params:
-                    raise ValueError(f"{file}: unexpected tensor {name!r} for a {cfg.model_type} model")
-                param, tensor = params[target], f.get_tensor(name)
-                if shard is not None:
-                    module = model.get_submodule(target.rsplit(".", 2)[0])
-                    offset = sum(module.shard_sizes[:shard])
-                    param = param.data.narrow(0, offset, module.shard_sizes[shard])
-                if param.shape != tensor.shape:
-                    raise ValueError(f"{file}: {name} has shape {tuple(tensor.shape)}, "
-                                     f"expected {tuple(param.shape)}")
-                with torch.no_grad():
-                    param.copy_(tensor)
-                loaded.add(f"{target}#{shard}")
-    expected = {f"{n}#{s}" for n in params for s in _shards(model, n)}
-    if cfg.tie_word_embeddings:
-        expected.discard("lm_head.weight#None")
-    missing = sorted(expected - loaded)
+    for where, name, tensor in _checkpoint_tensors(path, cfg):
+        if "rotary_emb" in name or (cfg.tie_word_embeddings and name == "lm_head.weight"):
+            continue
+        target, shard = name, None
+        for ckpt_name, (fused, idx) in PACKED.items():
+            if f".{ckpt_name}." in name:
+                target, shard = name.replace(ckpt_name, fused), idx
+        layer_name, _, param_name = target.rpartition(".")
+        layer = linears.get(layer_name)
+        if layer is not None and param_name in layer.layouts:
+            layer.weight_loader(param_name, tensor(), shard, where=f"{where}: {name}")
+            continue
+        if layer is not None and param_name == "bias" and not tensor().any():
+            continue  # some GPTQ exporters save all-zero biases for layers that have none
+        if target not in params:
+            hint = "" if cfg.quantization else " (a quantized checkpoint whose config.json lacks quantization_config?)"
+            raise ValueError(f"{where}: unexpected tensor {name!r} for a {cfg.model_type} model{hint}")
+        param, value = params[target], tensor()
+        owner = model.get_submodule(target.rpartition(".")[0])
+        if isinstance(owner, VocabParallelEmbedding):  # this rank's vocab rows
+            owner.weight_loader(value, where=f"{where}: {name}")
+            loaded.add(target)
+            continue
+        if param.shape != value.shape:
+            raise ValueError(f"{where}: {name} has shape {tuple(value.shape)}, expected {tuple(param.shape)}")
+        with torch.no_grad():
+            param.copy_(value)
+        loaded.add(target)
+    missing = sorted([f"{n}#None" for n in params if n not in loaded]
+                     + [f"{name}.{p}#{s}" for name, layer in linears.items()
+                        for p, s in layer.expected() - layer.loaded])
     if missing:
         raise ValueError(f"{path}: checkpoint is missing weights: {', '.join(missing[:5])}"
                          + (" ..." if len(missing) > 5 else ""))
+    for layer in linears.values():
+        layer.process_weights_after_loading()
     model.model.rotary_emb.build()
-    if packing_applies(device, dtype):  # the CPU fast path: oneDNN's blocked bf16 weights (packed_linear.py)
-        pack_linears(model)
     return model.eval()
 
 
-def _shards(model: torch.nn.Module, param_name: str) -> list[int | None]:
-    module = model.get_submodule(param_name.rsplit(".", 2)[0])
-    if any(param_name.endswith(f"{fused}.{kind}") for fused in ("qkv_proj", "gate_up_proj")
-           for kind in ("weight", "bias")):
-        return list(range(len(module.shard_sizes)))
-    return [None]
+def _checkpoint_tensors(path: Path, cfg: ModelConfig):
+    """(where, name, get-the-tensor) for each tensor of the checkpoint, in Hugging Face names."""
+    if cfg.gguf:
+        for name, tensor in gguf_tensors(path, cfg):
+            yield path.name, name, lambda tensor=tensor: tensor
+        return
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"no *.safetensors weights in model directory {path}")
+    for file in files:
+        with safe_open(file, framework="pt", device="cpu") as f:
+            for name in f.keys():
+                yield file, name, lambda f=f, name=name: f.get_tensor(name)
 
 
 def generation_defaults(path: str | Path, eos_token_id: int | list[int] | None,

@@ -4,8 +4,9 @@ A plain `F.linear` on CPU hands oneDNN a row-major weight, which it must re-bloc
 AMX) kernels on every call. Reordering each weight once into oneDNN's blocked layout and calling its linear
 primitive directly makes the model's matmuls about 1.5x faster at batch 1 and 64 on a 135M model (see
 bench/RESULTS.md). The arithmetic is the same bf16 dot product with fp32 accumulation, so outputs match
-`F.linear`. The readable model (model/llama.py) is untouched: this module swaps its `nn.Linear`s after the
-weights are loaded, only where `packing_applies` says so.
+`F.linear`. The readable model (model/llama.py) is untouched: the unquantized linear method
+(minivllm/quantization/unquantized.py) reorders its weights with `reorder_weight` after loading and calls
+`packed_linear`, only where `packing_applies` says so. `PackedLinear` does the same for a plain `nn.Linear`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,16 @@ def packing_applies(device: str | torch.device, dtype: torch.dtype) -> bool:
             and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
+def reorder_weight(weight: torch.Tensor, batch_hint: int = 64) -> torch.Tensor:
+    """W [out, in] bf16 -> the same values in oneDNN's blocked layout (an opaque tensor only oneDNN reads)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), batch_hint)
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ W.T + b through oneDNN's linear primitive, W as `reorder_weight` left it."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
 class PackedLinear(nn.Module):
     """`y = x @ W.T + b` through oneDNN, with W kept only in its reordered (opaque) layout.
 
@@ -31,7 +42,7 @@ class PackedLinear(nn.Module):
 
     def __init__(self, linear: nn.Linear, tied: bool, batch_hint: int) -> None:
         super().__init__()
-        packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), batch_hint)
+        packed = reorder_weight(linear.weight, batch_hint)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         if tied:
             self.weight = linear.weight  # still the embedding's
@@ -42,7 +53,7 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight = getattr(self, "packed_weight", self.weight)
-        return torch.ops.mkldnn._linear_pointwise(x, weight, self.bias, "none", [], "")
+        return packed_linear(x, weight, self.bias)
 
 
 def pack_linears(model: nn.Module, batch_hint: int = 64) -> int:

@@ -17,14 +17,17 @@ import torch
 from minivllm.config import EngineConfig
 from minivllm.core.kv_sizing import DEFAULT_CPU_KV_CACHE_BYTES, gpu_kv_budget, max_useful_blocks, num_blocks_for_budget
 from minivllm.core.step_io import SchedulerOutput
+from minivllm.distributed.parallel import local_kv_heads
 from minivllm.runner.step_batch import StepInputs, attention_metadata, to_device
 from minivllm.utils import cdiv
 
 
 def kv_cache_shape(config: EngineConfig, num_blocks: int) -> tuple[int, ...]:
-    """[layers, K/V, blocks, block_size, kv_heads, head_dim]: a block id names the same slots in every layer."""
+    """[layers, K/V, blocks, block_size, kv_heads, head_dim]: a block id names the same slots in every layer
+    (and on every tensor-parallel rank, each of which caches only its own KV heads)."""
     mc = config.model_config
-    return mc.num_layers, 2, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim
+    kv_heads = local_kv_heads(mc.num_kv_heads, config.tensor_parallel_size)
+    return mc.num_layers, 2, num_blocks, config.block_size, kv_heads, mc.head_dim
 
 
 def num_kv_blocks(config: EngineConfig, device: torch.device, bytes_per_block: int, profile: Callable[[], int],

@@ -19,7 +19,8 @@ from minivllm.attention import get_attention_backend
 from minivllm.config import EngineConfig
 from minivllm.core.kv_sizing import kv_bytes_per_block
 from minivllm.core.step_io import RunnerOutput, SchedulerOutput
-from minivllm.cpu_platform import CpuThreadSizer
+from minivllm.cpu_platform import CpuThreadSizer, torch_default_threads
+from minivllm.distributed.parallel import SINGLE, TensorParallel, local_kv_heads
 from minivllm.model import load_model
 from minivllm.runner.cuda_graphs import build_decode_graphs
 from minivllm.runner.logprobs import raw_logprobs, sampled_logprobs
@@ -39,9 +40,11 @@ LogitsObserver = Callable[[list[str], torch.Tensor], None]
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, draft_reserve: tuple[int, int] = (0, 0)) -> None:
+    def __init__(self, config: EngineConfig, draft_reserve: tuple[int, int] = (0, 0),
+                 tp: TensorParallel = SINGLE) -> None:
         """`config` must be resolved (EngineConfig.resolve): its model config, dtype and max_model_len are final.
-        `draft_reserve`: (bytes, bytes per block) a draft model loaded after us will take (spec_decode)."""
+        `draft_reserve`: (bytes, bytes per block) a draft model loaded after us will take (spec_decode).
+        `tp`: this rank's share of a tensor-parallel model (distributed/): its weights, its KV heads."""
         self.config = config
         self.device = torch.device(config.device)
         if self.device.type == "cuda" and self.device.index is None:  # tensors say cuda:0: so must we, or
@@ -49,18 +52,23 @@ class ModelRunner:
         self.model_config = mc = config.model_config
         self.dtype = config.dtype
         # CPU: torch's threads follow the cores other processes leave free, unless cpu_threads fixes them
-        self.thread_sizer = CpuThreadSizer(fixed=config.cpu_threads) if self.device.type == "cpu" else None
+        self.thread_sizer = (CpuThreadSizer(fixed=config.cpu_threads,  # ranks share the cores
+                                            max_threads=max(1, torch_default_threads() // tp.size))
+                             if self.device.type == "cpu" else None)
         self.backend = get_attention_backend(config.attention_backend, config.device,
                                              config.hooks.online_softmax_update)
-        self.model = load_model(config.model, mc, self.backend, self.dtype, config.device)
+        self.model = load_model(config.model, mc, self.backend, self.dtype, config.device, tp)
         self.sampler = Sampler(config.seed, config.hooks.top_p)
         self.logits_processors = PersistentBatch(config, self.device)  # vLLM v1 logits processors, if any
         self.sequences: dict[str, SequenceState] = {}
         self.logits_observers: list[LogitsObserver] = []
         self.proposer: Proposer | None = None  # the engine hands us a drafter once our cache is sized
-        self.bytes_per_block = kv_bytes_per_block(mc.num_layers, config.block_size, mc.num_kv_heads, mc.head_dim,
+        self.bytes_per_block = kv_bytes_per_block(mc.num_layers, config.block_size,
+                                                  local_kv_heads(mc.num_kv_heads, tp.size), mc.head_dim,
                                                   self.dtype.itemsize)
-        self.num_blocks = num_kv_blocks(config, self.device, self.bytes_per_block, self.profile_run, *draft_reserve)
+        # every rank must have every block id the scheduler hands out
+        self.num_blocks = tp.min_int(num_kv_blocks(config, self.device, self.bytes_per_block, self.profile_run,
+                                                   *draft_reserve))
         if self.num_blocks < 1:
             raise ValueError("no memory left for the KV cache: lower the model size or raise the budget")
         # zeros so unused slots are never NaN
@@ -68,7 +76,8 @@ class ModelRunner:
         self.block_copier = BlockCopier(self.kv_cache, host_kv_cache(config, self.dtype, self.bytes_per_block,
                                                                      pin=self.device.type == "cuda"),
                                         self.bytes_per_block)
-        self.graphs = build_decode_graphs(self.model, self.kv_cache, config, self.backend.name, self.device)
+        self.graphs = (build_decode_graphs(self.model, self.kv_cache, config, self.backend.name, self.device)
+                       if tp.size == 1 else None)  # (collectives are not captured: eager under tensor parallelism)
 
     def profile_run(self) -> int:
         """The activation peak of the largest possible step, in bytes (memory.py; 0 off CUDA)."""

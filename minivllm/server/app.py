@@ -163,8 +163,14 @@ def build_app(engine: LLMEngine, model_name: str | None = None, *, limits: Serve
 
     @app.get("/health", responses={**openapi.json_object("status"), 503: {"description": "The engine died"}})
     async def health() -> Response:
-        if async_engine.error is not None:
-            return JSONResponse({"status": "error", "error": repr(async_engine.error)}, status_code=503)
+        error = async_engine.error
+        if error is None:
+            try:
+                async_engine.engine.check_health()  # a dead tensor-parallel worker, even while idle
+            except RuntimeError as e:
+                error = e
+        if error is not None:
+            return JSONResponse({"status": "error", "error": repr(error)}, status_code=503)
         return JSONResponse({"status": "ok"})
 
     @app.get("/ping", responses=openapi.json_object("status"))

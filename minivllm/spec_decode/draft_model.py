@@ -62,7 +62,7 @@ class DraftModelProposer:
         blocks = num_target_blocks + draft_extra_blocks(target_config, self.k)
         config = replace(target_config, model=path, num_kv_blocks=blocks, enable_prefix_caching=False,
                          speculative_model=None, num_speculative_tokens=0, model_config=None,
-                         dtype=target_config.dtype)
+                         dtype=target_config.dtype, quantization=None)  # the draft runs as its checkpoint is
         self.runner = ModelRunner(config.resolve())  # captures graphs for its k - 1 decode steps on a GPU
         if self.runner.model_config.vocab_size != vocab_size:
             raise ValueError(f"draft model {path} has vocab size {self.runner.model_config.vocab_size}, "

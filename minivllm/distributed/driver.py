@@ -1,0 +1,41 @@
+"""Rank 0's ModelRunner under tensor parallelism: the same runner on its own shard, plus the step channel.
+
+Each step it broadcasts the SchedulerOutput (plain data, pickled) over the gloo group, then executes it
+itself; the workers do the same on theirs and meet it in the collectives inside the model. Why the process
+group rather than a pipe: it is the one mechanism that also crosses machines (torchrun), and it costs about
+the same (bench/tp_throughput.py measures it). If anything fails mid-step, the workers' own error is raised
+and every worker is stopped: the engine does not limp on with ranks that disagree.
+"""
+
+from __future__ import annotations
+
+from minivllm.config import EngineConfig
+from minivllm.core.step_io import RunnerOutput, SchedulerOutput
+from minivllm.distributed.workers import Workers
+from minivllm.runner.model_runner import ModelRunner
+
+
+class TensorParallelRunner(ModelRunner):
+    def __init__(self, config: EngineConfig, draft_reserve: tuple[int, int] = (0, 0)) -> None:
+        self.workers = Workers(config)
+        try:
+            super().__init__(config, draft_reserve, self.workers.tp)
+            self.workers.expect("ready")
+        except BaseException as e:
+            error = self.workers.fail()  # one rank's start-up error fails the whole LLM(...) with it
+            if error is not None:
+                raise error from e
+            raise
+
+    def execute(self, sched: SchedulerOutput) -> RunnerOutput:
+        try:
+            self.workers.send(sched)
+            return super().execute(sched)
+        except BaseException as e:  # a worker died mid-step (its collective failed), or Ctrl-C: stop them all
+            error = self.workers.fail()
+            if error is not None:
+                raise error from e
+            raise
+
+    def shutdown(self) -> None:
+        self.workers.shutdown()

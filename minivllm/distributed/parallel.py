@@ -1,0 +1,115 @@
+"""One rank's view of tensor parallelism: who it is, and the three collectives the model needs.
+
+A `TensorParallel` is passed explicitly to every layer that splits (model/linear.py, model/embedding.py): no
+global state beyond the process-group objects it holds. They are built directly on a c10d store (TCPStore),
+not through `init_process_group`, so two engines in one process (or a user's own default group) never meet.
+Two groups over the same ranks: `device_group` for the model's tensors (gloo on CPU, NCCL on CUDA) and
+`cpu_group` (always gloo) for the engine's own messages: the step's SchedulerOutput, the KV block count.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class TensorParallel:
+    rank: int = 0
+    size: int = 1
+    device_group: object = None  # a ProcessGroup (None when size == 1)
+    cpu_group: object = None
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum over ranks, in place (row-parallel layers' partial sums, the vocab-parallel embedding)."""
+        if self.size > 1:
+            self.device_group.allreduce([x]).wait()
+        return x
+
+    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
+        """Every rank's `x` side by side along the last dim (the LM head's vocab shards)."""
+        if self.size == 1:
+            return x
+        x = x.contiguous()
+        parts = [torch.empty_like(x) for _ in range(self.size)]
+        self.device_group.allgather([parts], [x]).wait()
+        return torch.cat(parts, dim=-1)
+
+    def min_int(self, value: int) -> int:
+        """The smallest `value` over ranks (each rank's KV block count: all must allocate the same ids)."""
+        if self.size == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.int64)
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.MIN
+        self.cpu_group.allreduce([t], opts).wait()
+        return int(t.item())
+
+    def broadcast_object(self, obj: object = None) -> object:
+        """Rank 0's `obj` on every rank: its pickle's length, then its bytes, over the gloo group."""
+        if self.rank == 0:
+            data = torch.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8)
+            size = torch.tensor([len(data)], dtype=torch.int64)
+        else:
+            size = torch.zeros(1, dtype=torch.int64)
+        self.cpu_group.broadcast(size, 0).wait()
+        if self.rank != 0:
+            data = torch.empty(int(size.item()), dtype=torch.uint8)
+        self.cpu_group.broadcast(data, 0).wait()
+        return obj if self.rank == 0 else pickle.loads(data.numpy().tobytes())
+
+
+SINGLE = TensorParallel()  # one process: every collective is the identity
+
+
+def connect(rank: int, size: int, store: dist.Store, device: torch.device, timeout_s: float) -> TensorParallel:
+    """Join the two process groups on `store` (every rank calls this; gloo connects all pairs here)."""
+    timeout = timedelta(seconds=timeout_s)
+    cpu_group = dist.ProcessGroupGloo(dist.PrefixStore("cpu", store), rank, size, timeout)
+    if device.type == "cuda":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        device_group = dist.ProcessGroupNCCL(dist.PrefixStore("nccl", store), rank, size, options)
+    else:
+        device_group = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, size, timeout)
+    return TensorParallel(rank, size, device_group, cpu_group)
+
+
+def kv_head_replicas(num_kv_heads: int, tp_size: int) -> int:
+    """How many ranks hold each KV head: 1, or tp / kv_heads when there are fewer KV heads than ranks."""
+    return max(1, tp_size // num_kv_heads)
+
+
+def local_kv_heads(num_kv_heads: int, tp_size: int) -> int:
+    """KV heads one rank computes and caches."""
+    return num_kv_heads * kv_head_replicas(num_kv_heads, tp_size) // tp_size
+
+
+def check_divisible(model_config, tp_size: int) -> None:
+    """A ValueError at start-up, naming tensor_parallel_size and the count, for a model that does not split."""
+    mc = model_config
+    counts = {"num_attention_heads": mc.num_heads, "intermediate_size": mc.intermediate_size}
+    for name, count in counts.items():
+        if count % tp_size:
+            raise ValueError(f"tensor_parallel_size={tp_size} does not divide the model's {name} ({count})")
+    kv = mc.num_kv_heads
+    if kv % tp_size and tp_size % kv:
+        raise ValueError(f"tensor_parallel_size={tp_size} and the model's num_key_value_heads ({kv}): one must be "
+                         f"a multiple of the other (KV heads are split, or replicated when fewer than the ranks)")
+
+
+def shard_of(loaded: torch.Tensor, dim: int, index: int, extent: int) -> torch.Tensor:
+    """The `index`-th slice of `extent` along `dim`; zero-padded where it runs past the end (the vocab's last
+    shard when the vocab size is not a multiple of the ranks)."""
+    start = index * extent
+    have = max(0, min(extent, loaded.shape[dim] - start))
+    part = loaded.narrow(dim, min(start, loaded.shape[dim]), have)
+    if have == extent:
+        return part
+    shape = list(loaded.shape)
+    shape[dim] = extent - have
+    return torch.cat([part, loaded.new_zeros(shape)], dim=dim)

@@ -1,0 +1,55 @@
+"""A tensor-parallel worker process (ranks 1..N-1): its shard of the model, then one step per message.
+
+Every rank runs the same `ModelRunner.execute` on the same SchedulerOutput: each computes its heads and its
+slice of the MLP, the collectives inside the model combine them, and every rank samples the same tokens from
+the same all-gathered logits with the same seeds, so its per-sequence state (the tokens it feeds back next
+step) stays equal to rank 0's without being sent. Only rank 0's RunnerOutput is used.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import traceback
+from dataclasses import replace
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from minivllm.config import EngineConfig
+from minivllm.distributed.parallel import connect
+
+
+def worker_main(config: EngineConfig, rank: int, size: int, host: str, port: int, conn, timeout_s: float) -> None:
+    """Entry point of a spawned worker. Reports ("joined"), ("ready", num_blocks) or ("error", traceback) on
+    `conn`; returns when rank 0 broadcasts None (shutdown), or exits with status 1 on any error."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is rank 0's to handle: it stops us
+    try:
+        store = dist.TCPStore(host, port, size, is_master=False, timeout=timedelta(seconds=timeout_s))
+        conn.send(("joined", None))
+        serve_steps(config, rank, size, store, timeout_s, conn.send)
+    except BaseException:  # noqa: BLE001 - whatever it was, rank 0 must hear it
+        try:
+            conn.send(("error", traceback.format_exc()))
+        except OSError:  # rank 0 is gone too
+            pass
+        sys.exit(1)
+
+
+def serve_steps(config: EngineConfig, rank: int, size: int, store: dist.Store, timeout_s: float,
+                report=lambda message: None, device_index: int | None = None) -> None:
+    """Join the groups, build this rank's ModelRunner, then execute every step rank 0 broadcasts until None."""
+    if config.device.startswith("cuda"):
+        index = rank if device_index is None else device_index  # torchrun: LOCAL_RANK, one GPU per process
+        config = replace(config, device=f"cuda:{index}")
+        torch.cuda.set_device(index)
+    tp = connect(rank, size, store, torch.device(config.device), timeout_s)
+    from minivllm.runner.model_runner import ModelRunner
+    from minivllm.spec_decode import make_proposer
+
+    runner = ModelRunner(config, tp=tp)
+    runner.proposer = make_proposer(config, runner.num_blocks, config.model_config.vocab_size)
+    report(("ready", runner.num_blocks))
+    while (sched := tp.broadcast_object()) is not None:
+        runner.execute(sched)

@@ -1,0 +1,40 @@
+"""The token embedding, split by vocabulary rows across tensor-parallel ranks (Megatron's vocab-parallel one).
+
+Rank r holds rows [r * V', (r + 1) * V') with V' = ceil(vocab / N) (the last rank's tail is zero padding). A
+token outside a rank's rows looks up zeros there; one all-reduce adds the ranks' rows, so every rank ends with
+the full hidden state. The LM head, tied to this weight or not, is split the same way (its logits gathered).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minivllm.distributed.parallel import SINGLE, TensorParallel, shard_of
+from minivllm.utils import cdiv
+
+
+class VocabParallelEmbedding(nn.Module):
+    def __init__(self, vocab_size: int, hidden_size: int, tp: TensorParallel = SINGLE) -> None:
+        super().__init__()
+        self.tp, self.vocab_size = tp, vocab_size
+        self.rows = cdiv(vocab_size, tp.size)  # per rank
+        self.start = tp.rank * self.rows
+        self.weight = nn.Parameter(torch.empty(self.rows, hidden_size), requires_grad=False)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return F.embedding(input_ids, self.weight)
+        local = input_ids - self.start
+        outside = (local < 0) | (local >= self.rows)
+        x = F.embedding(local.masked_fill(outside, 0), self.weight)
+        return self.tp.all_reduce(x.masked_fill_(outside[:, None], 0))
+
+    def weight_loader(self, loaded: torch.Tensor, where: str = "") -> None:
+        """Copy this rank's rows of the checkpoint's [vocab, hidden] tensor."""
+        if loaded.shape != (self.vocab_size, self.weight.shape[1]):
+            raise ValueError(f"{where} has shape {tuple(loaded.shape)}, expected ({self.vocab_size}, "
+                             f"{self.weight.shape[1]})")
+        with torch.no_grad():
+            self.weight.copy_(shard_of(loaded, 0, self.tp.rank, self.rows))

@@ -1,0 +1,91 @@
+"""GPTQ 4-bit checkpoints (config.json: `quantization_config.quant_method == "gptq"`), AutoGPTQ's layout.
+
+For a linear layer with K inputs, N outputs and groups of G inputs, the checkpoint holds:
+
+    qweight  int32 [K/8, N]    eight 4-bit q per word, packed *down the inputs*: q[k, n] is nibble k % 8
+                               of qweight[k // 8, n]
+    qzeros   int32 [K/G, N/8]  eight 4-bit zero points per word, packed *across the outputs*; the original
+                               ("gptq", v1) format stores z - 1, "gptq_v2" stores z
+    scales   fp16  [K/G, N]
+    g_idx    int32 [K]         the group of each input: k // G, unless the checkpoint was quantized in
+                               act-order (desc_act=True), where inputs were taken by decreasing importance
+
+    W[n, k] = (q[k, n] - z[g_idx[k], n]) * s[g_idx[k], n]
+
+Act-order is honoured: sorting the inputs by g_idx makes each group contiguous again, so the weight is
+stored in that order and each activation row is permuted the same way before the matmul.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from minivllm.quantization.base import Layout, LinearMethod, QuantizationConfig, add_weight
+from minivllm.quantization.int4 import Int4LinearMethod, unpack_cols, unpack_rows
+
+FORMATS = ("gptq", "gptq_v2")  # checkpoint_format values with this layout (v1 stores zero points minus one)
+
+
+class GPTQLinearMethod(Int4LinearMethod):
+    def __init__(self, group_size: int, zeros_minus_one: bool, triton: bool = False) -> None:
+        super().__init__(group_size, triton)
+        self.zeros_minus_one = zeros_minus_one
+
+    def create_weights(self, layer: nn.Module) -> None:
+        k, n, g = layer.input_size, layer.output_size, self.group(layer)
+        if k % 8 or n % 8 or k % g:
+            raise ValueError(f"GPTQ: a {k} -> {n} linear layer does not fit 8-value words and {g}-input groups")
+        add_weight(layer, "qweight", (k // 8, n), torch.int32, Layout(output_dim=1, input_dim=0, packed_dim=0,
+                                                                       pack_factor=8))
+        add_weight(layer, "qzeros", (k // g, n // 8), torch.int32, Layout(output_dim=1, input_dim=0, packed_dim=1,
+                                                                           pack_factor=8))
+        add_weight(layer, "scales", (k // g, n), torch.float32, Layout(output_dim=1, input_dim=0))
+        add_weight(layer, "g_idx", (k,), torch.int32, Layout(output_dim=None, input_dim=0, optional=True))
+
+    def unpack(self, layer: nn.Module):
+        q = unpack_rows(layer.qweight.data)
+        zeros = unpack_cols(layer.qzeros.data) + (1 if self.zeros_minus_one else 0)
+        default = torch.arange(layer.input_size, device=q.device) // self.group(layer)
+        g_idx = layer.g_idx.data.long() if any(name == "g_idx" for name, _ in layer.loaded) else default
+        if torch.equal(g_idx, default):
+            return q, zeros, layer.scales.data, None
+        perm = torch.argsort(g_idx, stable=True)  # act-order: put each group's inputs back together
+        if not torch.equal(g_idx[perm], default):
+            raise ValueError(f"GPTQ: g_idx does not put exactly {self.group(layer)} inputs in each group")
+        return q[perm], zeros, layer.scales.data, perm
+
+
+@dataclass(frozen=True)
+class GPTQConfig(QuantizationConfig):
+    group_size: int = 128
+    desc_act: bool = False
+    checkpoint_format: str = "gptq"
+    name = "gptq"
+
+    @classmethod
+    def from_hf(cls, qc: dict, where: str) -> GPTQConfig:
+        bits, group = qc.get("bits", 4), qc.get("group_size", 128)
+        fmt = qc.get("checkpoint_format") or "gptq"
+        if bits != 4:
+            raise ValueError(f"{where}: {bits}-bit GPTQ is not supported (minivllm runs 4-bit GPTQ)")
+        if fmt not in FORMATS:
+            raise ValueError(f"{where}: GPTQ checkpoint_format {fmt!r} is not supported (supported: {FORMATS}); "
+                             "marlin- and bitblas-repacked checkpoints have another layout")
+        if group != -1 and (group < 8 or group % 8):
+            raise ValueError(f"{where}: GPTQ group_size {group} is not supported (-1 or a multiple of 8)")
+        if qc.get("dynamic"):
+            raise ValueError(f"{where}: GPTQ 'dynamic' per-module settings are not supported")
+        return cls(group, bool(qc.get("desc_act", False)), fmt)
+
+    def linear_method(self, triton: bool) -> LinearMethod:
+        return GPTQLinearMethod(self.group_size, self.checkpoint_format == "gptq", triton)
+
+    def checkpoint_is_float(self) -> bool:
+        return False
+
+    def describe(self) -> str:
+        order = ", act-order" if self.desc_act else ""
+        return f"gptq (4-bit, group {self.group_size}{order}, {self.checkpoint_format})"

@@ -1,0 +1,69 @@
+"""Weight-only int8 (`quantization="int8"`): any float checkpoint, quantized as it loads.
+
+Each output channel n (a row of W [N, K]) gets one scale, s[n] = max_k |W[n, k]| / 127, and the weight is
+kept as q = round(W / s[:, None]) in [-127, 127]: one byte per weight instead of two (bf16) or four (fp32).
+Activations stay in float; since s depends only on n, y = x @ (q * s[:, None]).T = (x @ q.T) * s, so the
+matmul runs on q converted to the activations' dtype (exact: every int8 fits fp16 and bf16) and the scale
+is applied once per output. CPU: torch's `_weight_int8pack_mm` does exactly that; GPU: a Triton kernel
+(minivllm/kernels/int8_linear.py) loads int8 tiles, converts them in registers and multiplies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minivllm.quantization.base import Layout, LinearMethod, QuantizationConfig, add_weight
+
+
+def quantize_per_channel(weight: torch.Tensor, scale_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """W [N, K] float -> (q [N, K] int8, s [N] in scale_dtype), symmetric, one scale per output channel.
+
+    The scale is rounded to scale_dtype first, so q is computed against the scale the kernel will use.
+    """
+    w = weight.float()
+    scale = (w.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float16).tiny).to(scale_dtype)
+    q = torch.round(w / scale.float()[:, None]).clamp(-127, 127).to(torch.int8)
+    return q, scale
+
+
+def dequantize_per_channel(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return q.float() * scale.float()[:, None]
+
+
+class Int8LinearMethod(LinearMethod):
+    def __init__(self, triton: bool = False) -> None:
+        self.triton = triton
+
+    def create_weights(self, layer: nn.Module) -> None:
+        # the checkpoint is float: load W as it is, quantize after
+        add_weight(layer, "weight", (layer.output_size, layer.input_size), torch.float32, Layout(0, 1))
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        q, scale = quantize_per_channel(layer.weight.data, layer.weight.dtype)
+        layer.weight = nn.Parameter(q, requires_grad=False)
+        layer.weight_scale = nn.Parameter(scale, requires_grad=False)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        q, scale = layer.weight, layer.weight_scale
+        if self.triton:
+            from minivllm.kernels.int8_linear import int8_linear
+
+            return int8_linear(x, q, scale, bias)
+        if x.device.type == "cpu" and (x.dtype != torch.bfloat16 or q.shape[1] % 16 == 0):
+            y = torch.ops.aten._weight_int8pack_mm(x.contiguous(), q, scale)
+        else:  # a GPU's torch reference; and bf16 with K % 16 != 0, where torch 2.13's CPU kernel reads past
+            # the row (wrong sums or a crash: found by tests/test_quantization.py)
+            y = F.linear(x, q.to(x.dtype)) * scale
+        return y if bias is None else y + bias
+
+
+@dataclass(frozen=True)
+class Int8Config(QuantizationConfig):
+    name = "int8"
+
+    def linear_method(self, triton: bool) -> LinearMethod:
+        return Int8LinearMethod(triton)
