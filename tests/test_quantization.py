@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from minivllm import LLM, SamplingParams
 from minivllm.quantization import weight_bytes
 from minivllm.quantization.awq import unpack_awq
+from minivllm.quantization.gguf import write_gguf
 from minivllm.quantization.int4 import pack_rows, unpack_cols, unpack_rows
 from minivllm.quantization.int8 import quantize_per_channel
 from minivllm.quantization.packing import (
@@ -205,66 +206,6 @@ def test_int8_bf16_runs_through_torch_int8_kernel(llama_path):
 
 
 # --- GGUF files ------------------------------------------------------------------------------------------------
-
-def write_gguf(path, model, tokenizer_dir, arch: str = "llama"):
-    """A GGUF file as llama.cpp's converter writes it: metadata, a byte-level BPE tokenizer, attn_q/attn_k rows
-    permuted, the MLP in Q8_0 and the attention in Q4_0 (embeddings, norms and the head in F32)."""
-    import gguf
-
-    cfg = model.config
-    heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
-    writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_name("tiny")
-    writer.add_context_length(cfg.max_position_embeddings)
-    writer.add_embedding_length(cfg.hidden_size)
-    writer.add_block_count(cfg.num_hidden_layers)
-    writer.add_feed_forward_length(cfg.intermediate_size)
-    writer.add_head_count(heads)
-    writer.add_head_count_kv(kv_heads)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    writer.add_rope_dimension_count(cfg.hidden_size // heads)
-    tok = json.loads((tokenizer_dir / "tokenizer.json").read_text())
-    tokens = sorted(tok["model"]["vocab"], key=tok["model"]["vocab"].get)
-    special = {a["id"] for a in tok["added_tokens"]}
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_types([gguf.TokenType.CONTROL if i in special else gguf.TokenType.NORMAL
-                            for i in range(len(tokens))])
-    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]])
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_add_bos_token(True)
-
-    def permute(w, n):
-        return w.reshape(n, 2, w.shape[0] // n // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-             "lm_head.weight": "output.weight"}
-    for i in range(cfg.num_hidden_layers):
-        for ours, theirs in (("input_layernorm", "attn_norm"), ("post_attention_layernorm", "ffn_norm"),
-                             ("self_attn.q_proj", "attn_q"), ("self_attn.k_proj", "attn_k"),
-                             ("self_attn.v_proj", "attn_v"), ("self_attn.o_proj", "attn_output"),
-                             ("mlp.gate_proj", "ffn_gate"), ("mlp.up_proj", "ffn_up"), ("mlp.down_proj", "ffn_down")):
-            names[f"model.layers.{i}.{ours}.weight"] = f"blk.{i}.{theirs}.weight"
-    state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
-    for hf_name, name in names.items():
-        w = state[hf_name]
-        if arch == "llama" and ".attn_q." in name:
-            w = permute(w, heads)
-        if arch == "llama" and ".attn_k." in name:
-            w = permute(w, kv_heads)
-        if name.startswith("blk.") and w.ndim == 2:
-            qtype = gguf.GGMLQuantizationType.Q8_0 if ".ffn_" in name else gguf.GGMLQuantizationType.Q4_0
-            writer.add_tensor(name, gguf.quants.quantize(w, qtype), raw_dtype=qtype)
-        else:
-            writer.add_tensor(name, w.astype(np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-
 
 @pytest.fixture(scope="module")
 def gguf_file(tmp_path_factory):
