@@ -10,7 +10,8 @@ is applied once per output. CPU: torch's `_weight_int8pack_mm` does exactly that
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -35,17 +36,22 @@ def dequantize_per_channel(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor
 
 
 class Int8LinearMethod(LinearMethod):
-    def __init__(self, triton: bool = False) -> None:
+    def __init__(self, triton: bool = False, quantize: Callable | None = None) -> None:
         self.triton = triton
+        self.quantize = quantize  # a learner's own quantize_per_channel (EngineHooks.int8_quantize), or None
 
     def create_weights(self, layer: nn.Module) -> None:
         # the checkpoint is float: load W as it is, quantize after
         add_weight(layer, "weight", (layer.output_size, layer.input_size), torch.float32, Layout(0, 1))
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        q, scale = quantize_per_channel(layer.weight.data, layer.weight.dtype)
-        layer.weight = nn.Parameter(q, requires_grad=False)
-        layer.weight_scale = nn.Parameter(scale, requires_grad=False)
+        weight = layer.weight.data
+        if self.quantize is None:
+            q, scale = quantize_per_channel(weight, weight.dtype)
+        else:
+            q, scale = self.quantize(weight)
+        layer.weight = nn.Parameter(q.to(torch.int8), requires_grad=False)
+        layer.weight_scale = nn.Parameter(scale.to(weight.dtype), requires_grad=False)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         q, scale = layer.weight, layer.weight_scale
@@ -63,7 +69,8 @@ class Int8LinearMethod(LinearMethod):
 
 @dataclass(frozen=True)
 class Int8Config(QuantizationConfig):
+    quantize: Callable | None = field(default=None, compare=False)  # EngineHooks.int8_quantize
     name = "int8"
 
     def linear_method(self, triton: bool) -> LinearMethod:
-        return Int8LinearMethod(triton)
+        return Int8LinearMethod(triton, self.quantize)
