@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from minivllm import LLM, SamplingParams
-from minivllm.quantization import weight_bytes
+from minivllm.quantization import int4, weight_bytes
 from minivllm.quantization.awq import unpack_awq
 from minivllm.quantization.gguf import write_gguf
 from minivllm.quantization.int4 import pack_rows, unpack_cols, unpack_rows
@@ -107,13 +107,17 @@ def four_bit(tmp_path_factory):
     return out
 
 
+@pytest.mark.parametrize("kernel", ["torch", "cpu"])
 @pytest.mark.parametrize("name", ["gptq", "awq", "gptq-act-order"])
-def test_4bit_checkpoint_matches_transformers_on_the_dequantized_weights(four_bit, name):
+def test_4bit_checkpoint_matches_transformers_on_the_dequantized_weights(four_bit, name, kernel, monkeypatch):
+    """fp32 dequantizes then multiplies ("torch"); torch's int4 CPU kernel (bf16's path) is forced on too."""
+    if kernel == "cpu":
+        monkeypatch.setattr(int4, "CPU_KERNEL_DTYPES", (torch.float32,))
     path, reference = four_bit[name]
     llm = LLM(str(path), dtype="float32", num_kv_blocks=64)
     assert greedy(llm, PROMPTS, MAX_NEW) == reference
     layer = llm.engine.runner.model.model.layers[0].mlp.gate_up_proj
-    assert layer.kernel == "cpu", "the CPU runs torch's int4 kernel (groups of 32, outputs a multiple of 16)"
+    assert layer.kernel == kernel
     assert (layer.perm is not None) == (name == "gptq-act-order")
     config = llm.engine.config.model_config.quantization
     assert config.name == name.split("-")[0] and config.group_size == GROUP
@@ -198,11 +202,19 @@ def test_int8_triton_path_interpreted_equals_the_cpu_path(tmp_path):
     assert greedy(llm, PROMPTS[::2], 3) == cpu
 
 
-def test_int8_bf16_runs_through_torch_int8_kernel(llama_path):
+def test_bf16_runs_through_torchs_int8_and_int4_kernels(llama_path, four_bit):
+    """bf16 (the CPU default where native): q/k/v have K = 64, down_proj K = 136 (not a multiple of 16: the
+    int8 kernel is bypassed there); the 4-bit layers run torch's int4 kernel."""
     llm = LLM(str(llama_path), dtype="bfloat16", quantization="int8", num_kv_blocks=64)
     layer = llm.engine.runner.model.model.layers[0].self_attn.qkv_proj
     assert layer.weight.dtype == torch.int8 and layer.weight_scale.dtype == torch.bfloat16
     assert len(greedy(llm, PROMPTS, 4)[0]) == 4
+    path, reference = four_bit["gptq"]
+    llm = LLM(str(path), dtype="bfloat16", num_kv_blocks=64)
+    assert llm.engine.runner.model.model.layers[0].mlp.down_proj.kernel == "cpu"
+    tokens = greedy(llm, PROMPTS, MAX_NEW)
+    agree = np.mean([a == b for x, y in zip(tokens, reference) for a, b in zip(x, y)])
+    assert agree > 0.5, f"bf16 agrees with the fp32 reference on {agree:.0%} of tokens"
 
 
 # --- GGUF files ------------------------------------------------------------------------------------------------
