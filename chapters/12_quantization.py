@@ -125,9 +125,11 @@ for name in ("Llama-2-7B", "Llama-3-8B"):
 
 # %% [markdown]
 # In fp16 neither model fits at all: 12.6 and 15 GiB of weights leave nothing for the cache. int8 makes
-# Llama-2-7B fit with room for a few thousand tokens; 4-bit weights leave 8-9 GiB, tens of thousands of
-# tokens, and an fp8 cache doubles that again (each block costs half the bytes). That is why a T4 learner
-# downloads GPTQ and AWQ checkpoints, and why vLLM offers `kv_cache_dtype="fp8"`.
+# both fit: about twelve thousand tokens of context for Llama-2-7B (32 KV heads make each of its tokens
+# four times as expensive as Llama-3-8B's), over thirty thousand for Llama-3-8B. 4-bit weights leave more
+# again, and an fp8 cache doubles every figure (each block costs half the bytes). That is why a T4 learner
+# downloads GPTQ and AWQ checkpoints, and why vLLM offers `kv_cache_dtype="fp8"` (sized here by the same
+# formula; minivllm's cache is not fp8 yet).
 #
 # ## The embedded model, quantized two ways
 #
@@ -186,9 +188,12 @@ assert results["int8"]["bytes"] <= 0.35 * base["bytes"]
 # AWQ checkpoints do better than our plain rounding: they choose each q to minimise the layer's *output*
 # error on calibration data (GPTQ), or rescale the input channels that matter most before rounding (AWQ).
 #
-# Speed on a CPU is another matter: this model's matmuls are tiny, so a step's time goes to everything
-# else, and the 4-bit and int8 kernels only pay off on models whose weights dominate the step.
-# `bench/quant_throughput.py` measures a larger model; `bench/RESULTS.md` has the figures.
+# Speed is another matter. In fp32 (this chapter's setting, for an exact comparison) the quantized layers
+# convert their weights back to float on every call, so they can only be slower. On a GPU, reading half
+# a byte per weight instead of two is what makes decoding faster: the Triton kernels
+# (`minivllm/kernels/int8_linear.py`, `int4_linear.py`) convert each tile in registers. On a CPU in bf16
+# torch's own int8 and int4 kernels run, and `bench/quant_throughput.py` measures a larger model: see
+# `bench/RESULTS.md` for whether they beat oneDNN's bf16 matmul on the machine at hand.
 #
 # ## Inside a 4-bit word
 #
