@@ -99,16 +99,19 @@ def four_bit(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("int4")
     build_checkpoint("llama", root / "float", **SIZES)
+    build_checkpoint("qwen2", root / "qwen2", **SIZES)  # float biases on q/k/v, the head tied to the embedding
     out = {}
-    for name, fmt, seed in (("gptq", "gptq", None), ("awq", "awq", None), ("gptq-act-order", "gptq", 7)):
-        write_quantized_checkpoint(root / "float", root / name, fmt, GROUP, seed, float_twin=root / f"{name}-twin")
+    for name, fmt, seed in (("gptq", "gptq", None), ("awq", "awq", None), ("gptq-act-order", "gptq", 7),
+                            ("awq-qwen2", "awq", None)):
+        src = root / ("qwen2" if "qwen2" in name else "float")
+        write_quantized_checkpoint(src, root / name, fmt, GROUP, seed, float_twin=root / f"{name}-twin")
         hf = tf.AutoModelForCausalLM.from_pretrained(root / f"{name}-twin", dtype=torch.float32).eval()
         out[name] = root / name, [hf_greedy(hf, p, MAX_NEW) for p in PROMPTS]
     return out
 
 
 @pytest.mark.parametrize("kernel", ["torch", "cpu"])
-@pytest.mark.parametrize("name", ["gptq", "awq", "gptq-act-order"])
+@pytest.mark.parametrize("name", ["gptq", "awq", "gptq-act-order", "awq-qwen2"])
 def test_4bit_checkpoint_matches_transformers_on_the_dequantized_weights(four_bit, name, kernel, monkeypatch):
     """fp32 dequantizes then multiplies ("torch"); torch's int4 CPU kernel (bf16's path) is forced on too."""
     if kernel == "cpu":
