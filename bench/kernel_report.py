@@ -143,7 +143,7 @@ def model_variants(model: Model, arch: Arch, dtype: str, block_size: int) -> lis
     """Every launch the engine makes for one model on one target: the same arguments the launchers pass."""
     import importlib
 
-    from minivllm.kernels import activation, norm, paged_decode, paged_prefill, rotary
+    from minivllm.kernels import activation, int4_linear, int8_linear, norm, paged_decode, paged_prefill, rotary
     from minivllm.runner.cuda_graphs import capture_sizes
 
     store_kv = importlib.import_module("minivllm.kernels.store_kv")  # the package exports the function of that name
@@ -197,6 +197,20 @@ def model_variants(model: Model, arch: Arch, dtype: str, block_size: int) -> lis
     out.append(_variant(activation._silu_and_mul_kernel, arch.sm, dtype, dict(
         gate_up_ptr=p, out_ptr=p, stride_gt=2 * model.intermediate, stride_ot=model.intermediate,
         intermediate=model.intermediate), activation.silu_and_mul_config(model.intermediate)))
+    # quantized linears (issue 24): a decode and a prefill batch, with and without bias (Qwen2's q/k/v);
+    # 4-bit with the groups checkpoints use (32, 128). One shape: only divisibility hints depend on it
+    n, k = model.hidden, model.intermediate
+    for num_tokens in QUERY_LENS if model.name == ELEMENTWISE_MODELS[-1] else ():
+        for bias in (False, True):
+            config = int8_linear.int8_linear_config(num_tokens, torch_dtype, arch.sm)
+            out.append(_variant(int8_linear._int8_linear_kernel, arch.sm, dtype, dict(
+                x_ptr=p, w_ptr="*i8", scale_ptr=p, bias_ptr=p, out_ptr=p, M=num_tokens, N=n, K=k, stride_xm=k,
+                stride_wn=k, stride_om=n), dict(HAS_BIAS=bias, **config)))
+            for group in (32, 128):
+                out.append(_variant(int4_linear._int4_linear_kernel, arch.sm, dtype, dict(
+                    x_ptr=p, qweight_ptr="*i32", zeros_ptr="*u8", scales_ptr=p, bias_ptr=p, out_ptr=p, M=num_tokens,
+                    N=n, K=k, stride_xm=k, stride_qk=n, stride_zg=n, stride_sg=n, stride_om=n),
+                    dict(HAS_BIAS=bias, **int4_linear.int4_linear_config(num_tokens, group, torch_dtype, arch.sm))))
     return out
 
 

@@ -236,6 +236,4 @@ print(f"forks shared {stats['num_forked_blocks']} blocks by reference; "
 # | beam search with copy-on-write | one block copy per fork | always, next to copying whole tables |
 
 # %% [markdown]
-# That is the last chapter. Back to [00 · a first generation](00_first_generation.ipynb) to step through the
-# journey again, or on to the engine's source: every module the chapters read is listed in the README under
-# "What is inside".
+# Next: [12 · Quantization: the formats learners download](12_quantization.ipynb).

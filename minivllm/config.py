@@ -140,7 +140,10 @@ class EngineConfig:
         if draft not in (None, NGRAM):
             draft = resolve_model_path(draft, None, self.download_dir, "draft model")
         mc = self.model_config or read_model_config(model)
-        mc = replace(mc, quantization=resolve_quantization(self.quantization, mc.quantization, mc.gguf, str(model)))
+        quantization = resolve_quantization(self.quantization, mc.quantization, mc.gguf, str(model))
+        if quantization is not None and quantization.name == "int8" and self.hooks.int8_quantize is not None:
+            quantization = replace(quantization, quantize=self.hooks.int8_quantize)  # a learner's (chapter 12)
+        mc = replace(mc, quantization=quantization)
         dtype = self.resolve_dtype(mc.torch_dtype)
         tp = self.tensor_parallel_size
         if tp > 1:

@@ -28,3 +28,6 @@ class EngineHooks:
     online_softmax_update: Callable[..., Any] | None = None
     # sampling/rejection_sampler.py, `verify_sampled`: which drafted tokens a sampling request keeps
     verify_sampled: Callable[..., list[int]] | None = None
+    # quantization/int8.py, `quantize_per_channel`: W [N, K] float -> (q [N, K] int8, scale [N]), used by
+    # quantization="int8" as each linear layer loads
+    int8_quantize: Callable[[Any], tuple[Any, Any]] | None = None

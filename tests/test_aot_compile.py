@@ -51,7 +51,8 @@ def test_every_variant_compiles_without_spills(records, arch):
     assert mine, f"no variants for sm_{arch}"
     kernels = {r["kernel"].split(":")[1] for r in mine}
     assert kernels == {"_store_kv_kernel", "_paged_decode_kernel", "_split_reduce_kernel", "_paged_prefill_kernel",
-                       "_rms_norm_kernel", "_rotary_kernel", "_silu_and_mul_kernel"}
+                       "_rms_norm_kernel", "_rotary_kernel", "_silu_and_mul_kernel", "_int8_linear_kernel",
+                       "_int4_linear_kernel"}
     bad = []
     for r in mine:
         where = f"sm_{arch} {r['dtype']} {r['label']}"

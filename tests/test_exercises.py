@@ -12,7 +12,7 @@ import torch
 from minivllm import EngineConfig, LLMEngine, SamplingParams
 from minivllm.config import DEFAULT_MODEL
 from minivllm.core.block_pool import BlockPool
-from minivllm.exercises import ExerciseFailure, ch01, ch02, ch03, ch04, ch05, ch06, ch07
+from minivllm.exercises import ExerciseFailure, ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch12
 from minivllm.exercises.common import for_all_workloads, run_workload
 from minivllm.hooks import EngineHooks
 
@@ -97,6 +97,16 @@ def resample_from_p(target_probs, draft, draft_probs, generator):
     return out
 
 
+def one_scale_per_tensor(weight):
+    scale = (weight.abs().amax() / 127).expand(weight.shape[0])  # per tensor, not per output channel
+    return torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8), scale
+
+
+def truncates(weight):
+    scale = weight.abs().amax(dim=1) / 127
+    return (weight / scale[:, None]).trunc().to(torch.int8), scale
+
+
 FAST = {"max_examples": 2}  # after the 3 hard workloads every property check tries first
 EXERCISES = {  # name: (checker, its fast arguments, solution module, solution name, stub)
     "ch01": (ch01.check_enqueue, FAST, "ch01_enqueue", "my_enqueue", stub),
@@ -106,6 +116,7 @@ EXERCISES = {  # name: (checker, its fast arguments, solution module, solution n
     "ch05": (ch05.check_top_p, {"draws": 8000}, "ch05_top_p", "my_top_p", stub),
     "ch06": (ch06.check_hash_block, {}, "ch06_hash_block", "my_hash_block", stub),
     "ch07": (ch07.check_verify_sampled, {"trials": 3000}, "ch07_verify_sampled", "my_verify_sampled", stub),
+    "ch12": (ch12.check_int8_quantize, {}, "ch12_int8_quantize", "my_quantize", stub),
 }
 MISTAKES = [  # (exercise, planted mistake, words the verdict must contain)
     ("ch01", lifo_for_preempted, "goes back to the head"),
@@ -116,6 +127,8 @@ MISTAKES = [  # (exercise, planted mistake, words the verdict must contain)
     ("ch05", top_p_in_sorted_order, "your filter kept tokens"),
     ("ch06", hash_without_parent, "depend on the parent"),
     ("ch07", resample_from_p, "normalise(max(0, p - q))"),
+    ("ch12", one_scale_per_tensor, "max|w| / 127 per row"),
+    ("ch12", truncates, "round(w / scale)"),
 ]
 
 

@@ -15,8 +15,9 @@ import torch
 import torch.nn.functional as F
 
 from minivllm import LLM, SamplingParams
-from minivllm.quantization import weight_bytes
+from minivllm.quantization import int4, weight_bytes
 from minivllm.quantization.awq import unpack_awq
+from minivllm.quantization.gguf import write_gguf
 from minivllm.quantization.int4 import pack_rows, unpack_cols, unpack_rows
 from minivllm.quantization.int8 import quantize_per_channel
 from minivllm.quantization.packing import (
@@ -98,21 +99,28 @@ def four_bit(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("int4")
     build_checkpoint("llama", root / "float", **SIZES)
+    build_checkpoint("qwen2", root / "qwen2", **SIZES)  # float biases on q/k/v, the head tied to the embedding
     out = {}
-    for name, fmt, seed in (("gptq", "gptq", None), ("awq", "awq", None), ("gptq-act-order", "gptq", 7)):
-        write_quantized_checkpoint(root / "float", root / name, fmt, GROUP, seed, float_twin=root / f"{name}-twin")
+    for name, fmt, seed in (("gptq", "gptq", None), ("awq", "awq", None), ("gptq-act-order", "gptq", 7),
+                            ("awq-qwen2", "awq", None)):
+        src = root / ("qwen2" if "qwen2" in name else "float")
+        write_quantized_checkpoint(src, root / name, fmt, GROUP, seed, float_twin=root / f"{name}-twin")
         hf = tf.AutoModelForCausalLM.from_pretrained(root / f"{name}-twin", dtype=torch.float32).eval()
         out[name] = root / name, [hf_greedy(hf, p, MAX_NEW) for p in PROMPTS]
     return out
 
 
-@pytest.mark.parametrize("name", ["gptq", "awq", "gptq-act-order"])
-def test_4bit_checkpoint_matches_transformers_on_the_dequantized_weights(four_bit, name):
+@pytest.mark.parametrize("kernel", ["torch", "cpu"])
+@pytest.mark.parametrize("name", ["gptq", "awq", "gptq-act-order", "awq-qwen2"])
+def test_4bit_checkpoint_matches_transformers_on_the_dequantized_weights(four_bit, name, kernel, monkeypatch):
+    """fp32 dequantizes then multiplies ("torch"); torch's int4 CPU kernel (bf16's path) is forced on too."""
+    if kernel == "cpu":
+        monkeypatch.setattr(int4, "CPU_KERNEL_DTYPES", (torch.float32,))
     path, reference = four_bit[name]
     llm = LLM(str(path), dtype="float32", num_kv_blocks=64)
     assert greedy(llm, PROMPTS, MAX_NEW) == reference
     layer = llm.engine.runner.model.model.layers[0].mlp.gate_up_proj
-    assert layer.kernel == "cpu", "the CPU runs torch's int4 kernel (groups of 32, outputs a multiple of 16)"
+    assert layer.kernel == kernel
     assert (layer.perm is not None) == (name == "gptq-act-order")
     config = llm.engine.config.model_config.quantization
     assert config.name == name.split("-")[0] and config.group_size == GROUP
@@ -197,74 +205,22 @@ def test_int8_triton_path_interpreted_equals_the_cpu_path(tmp_path):
     assert greedy(llm, PROMPTS[::2], 3) == cpu
 
 
-def test_int8_bf16_runs_through_torch_int8_kernel(llama_path):
+def test_bf16_runs_through_torchs_int8_and_int4_kernels(llama_path, four_bit):
+    """bf16 (the CPU default where native): q/k/v have K = 64, down_proj K = 136 (not a multiple of 16: the
+    int8 kernel is bypassed there); the 4-bit layers run torch's int4 kernel."""
     llm = LLM(str(llama_path), dtype="bfloat16", quantization="int8", num_kv_blocks=64)
     layer = llm.engine.runner.model.model.layers[0].self_attn.qkv_proj
     assert layer.weight.dtype == torch.int8 and layer.weight_scale.dtype == torch.bfloat16
     assert len(greedy(llm, PROMPTS, 4)[0]) == 4
+    path, reference = four_bit["gptq"]
+    llm = LLM(str(path), dtype="bfloat16", num_kv_blocks=64)
+    assert llm.engine.runner.model.model.layers[0].mlp.down_proj.kernel == "cpu"
+    tokens = greedy(llm, PROMPTS, MAX_NEW)
+    agree = np.mean([a == b for x, y in zip(tokens, reference) for a, b in zip(x, y)])
+    assert agree > 0.5, f"bf16 agrees with the fp32 reference on {agree:.0%} of tokens"
 
 
 # --- GGUF files ------------------------------------------------------------------------------------------------
-
-def write_gguf(path, model, tokenizer_dir, arch: str = "llama"):
-    """A GGUF file as llama.cpp's converter writes it: metadata, a byte-level BPE tokenizer, attn_q/attn_k rows
-    permuted, the MLP in Q8_0 and the attention in Q4_0 (embeddings, norms and the head in F32)."""
-    import gguf
-
-    cfg = model.config
-    heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
-    writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_name("tiny")
-    writer.add_context_length(cfg.max_position_embeddings)
-    writer.add_embedding_length(cfg.hidden_size)
-    writer.add_block_count(cfg.num_hidden_layers)
-    writer.add_feed_forward_length(cfg.intermediate_size)
-    writer.add_head_count(heads)
-    writer.add_head_count_kv(kv_heads)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    writer.add_rope_dimension_count(cfg.hidden_size // heads)
-    tok = json.loads((tokenizer_dir / "tokenizer.json").read_text())
-    tokens = sorted(tok["model"]["vocab"], key=tok["model"]["vocab"].get)
-    special = {a["id"] for a in tok["added_tokens"]}
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_types([gguf.TokenType.CONTROL if i in special else gguf.TokenType.NORMAL
-                            for i in range(len(tokens))])
-    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]])
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_add_bos_token(True)
-
-    def permute(w, n):
-        return w.reshape(n, 2, w.shape[0] // n // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-             "lm_head.weight": "output.weight"}
-    for i in range(cfg.num_hidden_layers):
-        for ours, theirs in (("input_layernorm", "attn_norm"), ("post_attention_layernorm", "ffn_norm"),
-                             ("self_attn.q_proj", "attn_q"), ("self_attn.k_proj", "attn_k"),
-                             ("self_attn.v_proj", "attn_v"), ("self_attn.o_proj", "attn_output"),
-                             ("mlp.gate_proj", "ffn_gate"), ("mlp.up_proj", "ffn_up"), ("mlp.down_proj", "ffn_down")):
-            names[f"model.layers.{i}.{ours}.weight"] = f"blk.{i}.{theirs}.weight"
-    state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
-    for hf_name, name in names.items():
-        w = state[hf_name]
-        if arch == "llama" and ".attn_q." in name:
-            w = permute(w, heads)
-        if arch == "llama" and ".attn_k." in name:
-            w = permute(w, kv_heads)
-        if name.startswith("blk.") and w.ndim == 2:
-            qtype = gguf.GGMLQuantizationType.Q8_0 if ".ffn_" in name else gguf.GGMLQuantizationType.Q4_0
-            writer.add_tensor(name, gguf.quants.quantize(w, qtype), raw_dtype=qtype)
-        else:
-            writer.add_tensor(name, w.astype(np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-
 
 @pytest.fixture(scope="module")
 def gguf_file(tmp_path_factory):

@@ -47,14 +47,16 @@ def int4_linear_config(num_tokens: int, group: int, dtype: torch.dtype, arch: in
     """Constexprs and launch options, shared with the ahead-of-time compile test (tests/test_aot_compile.py).
 
     BLOCK_K divides the group (so each step needs one row of zero points and scales) and is >= 16 (tl.dot):
-    the group must be a multiple of 16. fp32 and sm_75 take narrower output tiles (fewer registers).
+    the group must be a multiple of 16. fp32 (twice the registers per value) and sm_75 take 32-wide tiles:
+    64 spill there.
     """
     assert group % 16 == 0, "the Triton 4-bit kernel needs groups of a multiple of 16 inputs"
     small = arch is not None and (arch < 80 or dtype == torch.float32)
+    tile = 32 if small else 64
     block_k = 64 if group % 64 == 0 and not small else 32 if group % 32 == 0 else 16
-    return dict(GROUP=group, BLOCK_M=min(64, max(16, triton.next_power_of_2(num_tokens))),
-                BLOCK_N=64, BLOCK_K=block_k, DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
-                num_warps=4, num_stages=2 if small else 3)
+    return dict(GROUP=group, BLOCK_M=min(tile, max(16, triton.next_power_of_2(num_tokens))), BLOCK_N=tile,
+                BLOCK_K=block_k, DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32", num_warps=4,
+                num_stages=2 if small else 3)
 
 
 def int4_linear(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, group: int,

@@ -41,12 +41,12 @@ def int8_linear_config(num_tokens: int, dtype: torch.dtype, arch: int | None = N
     """Constexprs and launch options, shared with the ahead-of-time compile test (tests/test_aot_compile.py).
 
     Tiles no taller than the batch (tl.dot wants >= 16 rows): decode batches read each weight tile once for
-    16 rows. fp32 (twice the registers per value) and sm_75 (T4: 64 KiB shared memory) take smaller K steps.
+    16 rows. fp32 (twice the registers per value) and sm_75 take 32-wide tiles: 64 spill there.
     """
     small = arch is not None and (arch < 80 or dtype == torch.float32)
-    return dict(BLOCK_M=min(64, max(16, triton.next_power_of_2(num_tokens))), BLOCK_N=64,
-                BLOCK_K=32 if small else 64, DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
-                num_warps=4, num_stages=2 if small else 3)
+    tile = 32 if small else 64
+    return dict(BLOCK_M=min(tile, max(16, triton.next_power_of_2(num_tokens))), BLOCK_N=tile, BLOCK_K=tile,
+                DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32", num_warps=4, num_stages=2 if small else 3)
 
 
 def int8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,

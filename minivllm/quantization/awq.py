@@ -74,8 +74,3 @@ class AWQConfig(QuantizationConfig):
     def linear_method(self, triton: bool) -> LinearMethod:
         return AWQLinearMethod(self.group_size, triton)
 
-    def checkpoint_is_float(self) -> bool:
-        return False
-
-    def describe(self) -> str:
-        return f"awq (4-bit, group {self.group_size}, gemm)"

@@ -43,7 +43,7 @@ def add_weight(layer: nn.Module, name: str, shape: tuple[int, ...], dtype: torch
 
 
 class LinearMethod:
-    """Plain float weights: the base every format departs from."""
+    """The interface every format implements (unquantized.py is the plainest)."""
 
     def create_weights(self, layer: nn.Module) -> None:
         raise NotImplementedError
@@ -66,21 +66,14 @@ def _tensors(layer: nn.Module):
 
 @dataclass(frozen=True)
 class QuantizationConfig:
-    """A format's settings, from config.json's `quantization_config` or from `quantization=`.
-
-    `triton`: whether methods should launch Triton kernels (the model's Triton backend) or torch's own ops.
-    """
+    """A format's settings, from config.json's `quantization_config` or from `quantization=`; this base is
+    float weights."""
 
     name = "none"
 
     def linear_method(self, triton: bool) -> LinearMethod:
+        """The method for one linear layer; `triton`: launch Triton kernels (the model's Triton backend)
+        rather than torch's own ops."""
         from minivllm.quantization.unquantized import UnquantizedLinearMethod
 
         return UnquantizedLinearMethod(triton)
-
-    def checkpoint_is_float(self) -> bool:
-        """True when the checkpoint holds float weights that the method quantizes itself at load (int8)."""
-        return True
-
-    def describe(self) -> str:
-        return self.name

@@ -97,3 +97,72 @@ def gguf_tensors(path: Path, cfg) -> Iterator[tuple[str, torch.Tensor]]:
         if cfg.model_type in ("llama", "mistral") and (".q_proj." in name or ".k_proj." in name):
             w = unpermute(w, cfg.num_heads if ".q_proj." in name else cfg.num_kv_heads)
         yield name, w
+
+
+def write_gguf(path: str | Path, model, tokenizer_dir: str | Path, arch: str = "llama",
+               mlp_type: str = "Q8_0", attention_type: str = "Q4_0") -> None:
+    """A transformers Llama as llama.cpp's converter writes it (tests, benchmarks, chapter 12): metadata, the
+    byte-level BPE tokenizer of `tokenizer_dir`/tokenizer.json, attn_q/attn_k rows permuted, the MLP and the
+    attention matrices in the given GGML types ("F32" keeps them float), embeddings, norms and head in F32."""
+    import json
+
+    import gguf
+    import numpy as np
+
+    cfg = model.config
+    heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_name("tiny")
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    writer.add_rope_freq_base(float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))))
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_rope_dimension_count(cfg.hidden_size // heads)
+    tok = json.loads((Path(tokenizer_dir) / "tokenizer.json").read_text())
+    tokens = sorted(tok["model"]["vocab"], key=tok["model"]["vocab"].get)
+    special = {a["id"] for a in tok["added_tokens"]}
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([gguf.TokenType.CONTROL if i in special else gguf.TokenType.NORMAL
+                            for i in range(len(tokens))])
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]])
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_add_bos_token(True)
+
+    def permute(w, n):
+        return w.reshape(n, 2, w.shape[0] // n // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
+    for i in range(cfg.num_hidden_layers):
+        for ours, theirs in (("input_layernorm", "attn_norm"), ("post_attention_layernorm", "ffn_norm"),
+                             ("self_attn.q_proj", "attn_q"), ("self_attn.k_proj", "attn_k"),
+                             ("self_attn.v_proj", "attn_v"), ("self_attn.o_proj", "attn_output"),
+                             ("mlp.gate_proj", "ffn_gate"), ("mlp.up_proj", "ffn_up"), ("mlp.down_proj", "ffn_down")):
+            names[f"model.layers.{i}.{ours}.weight"] = f"blk.{i}.{theirs}.weight"
+    state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    if cfg.tie_word_embeddings:  # no output.weight: readers tie the head to token_embd
+        del names["lm_head.weight"]
+    for hf_name, name in names.items():
+        w = state[hf_name]
+        if arch == "llama" and ".attn_q." in name:
+            w = permute(w, heads)
+        if arch == "llama" and ".attn_k." in name:
+            w = permute(w, kv_heads)
+        kind = mlp_type if ".ffn_" in name else attention_type
+        if name.startswith("blk.") and w.ndim == 2 and kind != "F32":
+            qtype = gguf.GGMLQuantizationType[kind]
+            writer.add_tensor(name, gguf.quants.quantize(w, qtype), raw_dtype=qtype)
+        else:
+            writer.add_tensor(name, w.astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()

@@ -83,9 +83,3 @@ class GPTQConfig(QuantizationConfig):
     def linear_method(self, triton: bool) -> LinearMethod:
         return GPTQLinearMethod(self.group_size, self.checkpoint_format == "gptq", triton)
 
-    def checkpoint_is_float(self) -> bool:
-        return False
-
-    def describe(self) -> str:
-        order = ", act-order" if self.desc_act else ""
-        return f"gptq (4-bit, group {self.group_size}{order}, {self.checkpoint_format})"

@@ -9,8 +9,10 @@ eight q (or z) per int32 word. They differ only in which way the words run and i
 nibbles sit (gptq.py, awq.py); each format's `unpack` returns plain q, z, s, after which the two share
 everything: once loaded, the weights are laid out for the kernel that will run them:
 
-* CPU: torch's `_weight_int4pack_mm_for_cpu` (weights in its own packed layout, [N, K/2] bytes, and per
-  group a scale and an offset: W = (q - 8) * s + (8 - z) * s, the same numbers regrouped);
+* CPU, bf16/fp16: torch's `_weight_int4pack_mm_for_cpu` (weights in its own packed layout, [N, K/2] bytes,
+  and per group a scale and an offset: W = (q - 8) * s + (8 - z) * s, the same numbers regrouped). In fp32
+  that kernel is a slow reference loop (10-100x slower than fp32 `F.linear` at 16 rows, measured in
+  bench/RESULTS.md), so fp32 dequantizes and multiplies instead, exactly as the checkpoint defines W;
 * GPU (the Triton backend): minivllm/kernels/int4_linear.py, which reads q packed eight to a word along K
   (GPTQ's own layout), z as bytes and s, and dequantizes each tile in registers;
 * anywhere else (the torch reference on a GPU, groups the CPU kernel does not take): dequantize, then matmul.
@@ -26,6 +28,7 @@ from minivllm.quantization.base import LinearMethod
 
 SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)  # nibble i of a word sits at bits 4i..4i+3
 CPU_GROUP_SIZES = (32, 64, 128, 256)  # what _weight_int4pack_mm_for_cpu accepts
+CPU_KERNEL_DTYPES = (torch.bfloat16, torch.float16)  # where it is the fast path (see above)
 
 
 def unpack_rows(packed: torch.Tensor) -> torch.Tensor:
@@ -85,8 +88,8 @@ class Int4LinearMethod(LinearMethod):
         layer.perm = perm
         keep = lambda name, t: layer.register_buffer(name, t.contiguous(), persistent=False)  # noqa: E731
         n = layer.output_size
-        layer.kernel = ("triton" if self.triton and group % 16 == 0 else
-                        "cpu" if q.device.type == "cpu" and group in CPU_GROUP_SIZES and n % 16 == 0 else "torch")
+        cpu = q.device.type == "cpu" and dtype in CPU_KERNEL_DTYPES and group in CPU_GROUP_SIZES and n % 16 == 0
+        layer.kernel = "triton" if self.triton and group % 16 == 0 else "cpu" if cpu else "torch"
         if layer.kernel == "cpu":
             keep("qweight", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.T.contiguous(), 1))
             s = scales.float()

@@ -1,0 +1,279 @@
+# ---
+# jupyter:
+#   accelerator: GPU
+#   colab:
+#     gpuType: T4
+#     provenance: []
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 12 · Quantization
+#
+# A Colab T4 has 16 GB. An 8B model in bf16 needs 16 GB for its weights alone, so most small models on the
+# Hub come quantized: their weights stored in fewer bits, as **GPTQ** or **AWQ** 4-bit checkpoints or as
+# llama.cpp's **GGUF** files. vLLM serves them with `LLM(..., quantization="awq")` or
+# `vllm serve ... --quantization gptq`; minivllm does the same (`quantization=None` follows the checkpoint):
+#
+# | format | bits per weight | where the scales live | minivllm |
+# |---|---|---|---|
+# | FP16 / BF16 | 16 | none | the default |
+# | INT8 weight-only | 8 | one per output channel | `quantization="int8"`, quantized as any float checkpoint loads |
+# | GPTQ 4-bit | 4 | a scale and a zero point per group of 128 inputs | detected from `config.json` |
+# | AWQ 4-bit | 4 | the same, another packing order | detected from `config.json` |
+# | GGUF Q8_0 / Q4_0 | 8.5 / 4.5 | an fp16 scale per block of 32 | `LLM("model.gguf")`, dequantized at load |
+# | FP8 (Hopper) | 8 | per tensor | refused here (and the FP8 KV cache is not implemented yet) |
+#
+# This chapter does the arithmetic first (what fits a T4, computed by the engine's own sizing code), then
+# quantizes the embedded model two ways and measures what it costs, looks inside a 4-bit word, and ends
+# with an exercise: the int8 quantizer, graded by the engine.
+
+# %%
+# Setup: on Colab, fetch the repository and install it; anywhere else this cell does nothing.
+import os
+import subprocess
+import sys
+
+REPO = "https://github.com/minivllm/minivllm"
+if "google.colab" in sys.modules:
+    if not os.path.isdir("/content/minivllm"):
+        subprocess.run(["git", "clone", "--depth", "1", REPO, "/content/minivllm"], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", "/content/minivllm"], check=True)
+    sys.path.insert(0, "/content/minivllm")
+
+# %%
+import math
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+from transformers import LlamaConfig
+
+from minivllm import LLM, SamplingParams, widgets
+from minivllm.config import DEFAULT_MODEL
+from minivllm.core.kv_sizing import gpu_kv_budget, kv_bytes_per_block, kv_bytes_per_token, num_blocks_for_budget
+from minivllm.model import read_model_config
+from minivllm.quantization import weight_bytes
+from minivllm.quantization.sizing import model_weight_bytes
+
+GiB = 2**30
+
+# %% [markdown]
+# ## Bytes per weight, bytes per KV token
+#
+# Two things fill a GPU: the weights, read once per step, and the KV cache, which grows with every token of
+# every running request. Quantizing the weights shrinks the first; storing K and V in fp8 would halve the
+# second. `model_weight_bytes` (`minivllm/quantization/sizing.py`) counts a model's weights in each format:
+# linear layers in the format, embeddings, LM head and norms in fp16, as the 4-bit formats keep them;
+# `kv_bytes_per_token` is the engine's own KV formula (chapter 02). Three configs: Llama-2-7B, Llama-3-8B
+# (no weights needed: the engine reads a config the way it reads a checkpoint's), and the embedded model.
+
+# %%
+def model_config_of(**hf_config):
+    """The engine's view of a transformers config, read the way it reads a checkpoint's config.json."""
+    with tempfile.TemporaryDirectory() as d:
+        LlamaConfig(**hf_config).save_pretrained(d)
+        return read_model_config(d)
+
+
+MODELS = {
+    "Llama-2-7B": model_config_of(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                                  num_attention_heads=32, num_key_value_heads=32, vocab_size=32000),
+    "Llama-3-8B": model_config_of(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                                  num_attention_heads=32, num_key_value_heads=8, vocab_size=128256),
+    "minivllm-tiny": read_model_config(DEFAULT_MODEL),
+}
+FORMATS = {"fp16": "float", "int8": "int8", "4-bit (GPTQ/AWQ g128)": "gptq", "GGUF Q4_0": "gguf-Q4_0"}
+print(f"{'model':14s}" + "".join(f"{f:>24s}" for f in FORMATS) + f"{'KV/token fp16':>15s}{'fp8':>9s}")
+for name, mc in MODELS.items():
+    sizes = [model_weight_bytes(mc, fmt, dtype_bytes=2) for fmt in FORMATS.values()]
+    kv16, kv8 = (kv_bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, b) for b in (2, 1))
+    kv = f"{kv16 / 1024:11.0f} KiB{kv8 / 1024:5.0f} KiB"
+    print(f"{name:14s}" + "".join(f"{s / GiB:21.3f} GiB" for s in sizes) + kv)
+llama2 = MODELS["Llama-2-7B"]
+assert kv_bytes_per_token(llama2.num_layers, llama2.num_kv_heads, llama2.head_dim, 2) == 512 * 1024
+
+# %% [markdown]
+# A 4-bit Llama-2-7B is 3.6 GiB instead of 12.6; Llama-3-8B's vocabulary of 128k tokens keeps 2 GiB of
+# embeddings and head in fp16 whatever the format. Per token of context, Llama-2-7B needs half a MiB of
+# K and V (32 KV heads); Llama-3-8B, with grouped-query attention (8 KV heads), a quarter of that.
+#
+# ## What fits a T4
+#
+# The engine sizes the KV cache as vLLM does (chapter 02): `gpu_memory_utilization` (0.9) of the GPU,
+# minus the weights and the activations' peak, divided into blocks of 16 tokens. Colab's T4 shows about
+# 15 GiB to torch; we assume 1 GiB of activations (on a real GPU the engine profiles it).
+
+# %%
+T4_BYTES, ACTIVATIONS, BLOCK = 15 * GiB, 1 * GiB, 16
+print(f"{'model':12s} {'weights':>22s} {'KV':>5s} {'blocks':>8s} {'tokens of context':>18s}")
+for name in ("Llama-2-7B", "Llama-3-8B"):
+    mc = MODELS[name]
+    for label, fmt in (("fp16", "float"), ("int8", "int8"), ("4-bit", "gptq")):
+        weights = model_weight_bytes(mc, fmt)
+        for kv, kv_bytes in (("fp16", 2), ("fp8", 1)):
+            budget = gpu_kv_budget(T4_BYTES, 0.9, weights + ACTIVATIONS)
+            blocks = max(0, num_blocks_for_budget(budget, kv_bytes_per_block(mc.num_layers, BLOCK, mc.num_kv_heads,
+                                                                              mc.head_dim, kv_bytes)))
+            print(f"{name:12s} {label:>6s} ({weights / GiB:5.1f} GiB)     {kv:>5s} {blocks:8d} {blocks * BLOCK:18,d}")
+
+# %% [markdown]
+# In fp16 neither model fits at all: 12.6 and 15 GiB of weights leave nothing for the cache. int8 makes
+# both fit: about twelve thousand tokens of context for Llama-2-7B (32 KV heads make each of its tokens
+# four times as expensive as Llama-3-8B's), over thirty thousand for Llama-3-8B. 4-bit weights leave more
+# again, and an fp8 cache doubles every figure (each block costs half the bytes). That is why a T4 learner
+# downloads GPTQ and AWQ checkpoints, and why vLLM offers `kv_cache_dtype="fp8"` (sized here by the same
+# formula; minivllm's cache is not fp8 yet).
+#
+# ## The embedded model, quantized two ways
+#
+# Now measured rather than computed. The embedded model is quantized to **int8** as it loads, and to
+# **4-bit GPTQ** by minivllm's own packer (`minivllm/quantization/packing.py`: round-to-nearest per group
+# of 32 inputs, written in GPTQ's published layout, then loaded back like any Hub checkpoint). Against the
+# float model (fp32, so the comparison sees only the quantization): bytes of weights as loaded, greedy
+# agreement (the fraction of 32-token continuations' positions where the quantized model picks the float
+# model's token) and perplexity on held-out stories from the project's corpus generator (`data/corpus.py`,
+# a seed the training never saw), each scored with the engine's own `prompt_logprobs`.
+
+# %%
+sys.path.insert(0, str(Path(DEFAULT_MODEL).parents[1]))  # data/: the corpus generator
+from corpus import HELDOUT_SEED, generate_corpus  # noqa: E402
+
+from minivllm.quantization.packing import write_quantized_checkpoint  # noqa: E402
+
+work = Path(tempfile.mkdtemp())
+write_quantized_checkpoint(DEFAULT_MODEL, work / "gptq", "gptq", group_size=32)
+stories = generate_corpus(40, HELDOUT_SEED)
+prompts = [" ".join(s.split()[:5]) for s in generate_corpus(16, HELDOUT_SEED + 1)]
+
+
+def perplexity(llm) -> float:
+    outs = llm.generate(stories, SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)
+    nll = [-lp[t].logprob for o in outs for t, lp in zip(o.prompt_token_ids[1:], o.prompt_logprobs[1:])]
+    return math.exp(sum(nll) / len(nll))
+
+
+greedy = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+results = {}
+for name, path, quantization in (("float32", DEFAULT_MODEL, None), ("int8", DEFAULT_MODEL, "int8"),
+                                 ("GPTQ 4-bit g32", work / "gptq", None)):
+    llm = LLM(str(path), dtype="float32", quantization=quantization, num_kv_blocks=512)
+    start = time.perf_counter()
+    tokens = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)]
+    seconds = time.perf_counter() - start
+    results[name] = dict(bytes=weight_bytes(llm.engine.runner.model), tokens=tokens, ppl=perplexity(llm),
+                         tok_s=sum(map(len, tokens)) / seconds)
+base = results["float32"]
+for name, r in results.items():
+    agree = sum(a == b for x, y in zip(base["tokens"], r["tokens"]) for a, b in zip(x, y)) / (32 * len(prompts))
+    r["agree"] = agree
+    print(f"{name:15s} weights {r['bytes'] / 2**20:5.2f} MiB ({r['bytes'] / base['bytes']:4.0%})   greedy agreement "
+          f"{agree:5.1%}   held-out perplexity {r['ppl']:.3f}   {r['tok_s']:6.0f} tok/s")
+assert results["int8"]["bytes"] <= 0.35 * base["bytes"]
+
+# %% [markdown]
+# int8 keeps about a third of the fp32 bytes (the embedding stays float: at this size it is a tenth of the
+# model) and changes nothing visible: per-channel scales lose at most half a step of 1/127 of each row's
+# largest weight. 4-bit is an eighth of fp32 per linear weight (plus a scale and a zero point per group of
+# 32) and costs more, though not where one might look first: the perplexity of held-out stories barely
+# moves (this model finds its stories very predictable), but greedy continuations leave the float model's
+# at a few positions (and, once they differ, go their own way). With groups of 128, as most Hub
+# checkpoints use, agreement drops further (84% against 97% when this chapter was written). Real GPTQ and
+# AWQ checkpoints do better than our plain rounding: they choose each q to minimise the layer's *output*
+# error on calibration data (GPTQ), or rescale the input channels that matter most before rounding (AWQ).
+#
+# Speed is another matter. In fp32 (this chapter's setting, for an exact comparison) the quantized layers
+# convert their weights back to float on every call, so they can only be slower. On a GPU, reading half
+# a byte per weight instead of two is what makes decoding faster: the Triton kernels
+# (`minivllm/kernels/int8_linear.py`, `int4_linear.py`) convert each tile in registers. On a CPU in bf16
+# torch's own int8 and int4 kernels run, and `bench/quant_throughput.py` measures a larger model: see
+# `bench/RESULTS.md` for whether they beat oneDNN's bf16 matmul on the machine at hand.
+#
+# ## Inside a 4-bit word
+#
+# GPTQ packs eight 4-bit values into each int32 of `qweight` [K/8, N], *down the inputs*: input `k` of
+# output column `n` is nibble `k % 8` of word `qweight[k // 8, n]`. Unpacking is a shift and a mask:
+# `q = (word >> 4 * (k % 8)) & 0xF`, and then `w = (q - zero) * scale` with the zero point and scale of
+# that input's group. AWQ packs across the outputs instead, and in the order 0, 2, 4, 6, 1, 3, 5, 7
+# (its CUDA kernel converts pairs of nibbles with bit tricks). Below: one real word from the checkpoint
+# just written, its 32 bits, and the eight weights it holds.
+
+# %%
+from safetensors import safe_open  # noqa: E402
+
+from minivllm.quantization.int4 import unpack_cols  # noqa: E402
+
+with safe_open(work / "gptq" / "model.safetensors", "pt") as f:
+    qweight = f.get_tensor("model.layers.0.mlp.down_proj.qweight")
+    qzeros = f.get_tensor("model.layers.0.mlp.down_proj.qzeros")
+    scales = f.get_tensor("model.layers.0.mlp.down_proj.scales")
+word = int(qweight[0, 0]) & 0xFFFFFFFF
+nibbles = [(word >> (4 * i)) & 0xF for i in range(8)]
+zero = int(unpack_cols(qzeros)[0, 0]) + 1  # GPTQ v1 stores zero - 1
+weights = [(q - zero) * float(scales[0, 0]) for q in nibbles]
+print(f"qweight[0, 0] = 0x{word:08X}; nibbles (inputs 0..7 of output 0) = {nibbles}; zero point {zero}, "
+      f"scale {float(scales[0, 0]):.5f}")
+print("weights:", [round(w, 4) for w in weights])
+
+fig = Figure(figsize=(12, 2.6))
+ax = fig.subplots()
+colors = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c"]
+for bit in range(32):
+    nib = bit // 4
+    x = 31 - bit  # the most significant bit on the left, as the word is written
+    ax.add_patch(Rectangle((x, 1), 1, 1, color=colors[nib], alpha=0.35))
+    ax.text(x + 0.5, 1.5, str((word >> bit) & 1), ha="center", va="center", fontsize=9)
+for nib in range(8):
+    x = 32 - 4 * (nib + 1)
+    ax.text(x + 2, 0.55, f"input {nib}\nq={nibbles[nib]}", ha="center", va="center", fontsize=8, color=colors[nib])
+    ax.text(x + 2, -0.25, f"w={weights[nib]:+.3f}", ha="center", va="center", fontsize=8)
+ax.set_xlim(0, 32)
+ax.set_ylim(-0.6, 2.1)
+ax.axis("off")
+ax.set_title(f"GPTQ qweight[0, 0] = 0x{word:08X}: input k sits in bits 4k..4k+3, w = (q - {zero}) x scale")
+widgets.show(fig)
+
+# %% [markdown]
+# The loader turns both layouts into one before the first step (`minivllm/quantization/int4.py`): on a
+# CPU, the layout of torch's own int4 matmul (`_weight_int4pack_mm_for_cpu`, which wants
+# `w = (q - 8) * s + (8 - z) * s`, the same numbers regrouped); on a GPU, GPTQ's words for the Triton
+# kernel (`minivllm/kernels/int4_linear.py`), which shifts each tile's nibbles out in registers. The tests
+# build GPTQ and AWQ checkpoints like the one above from a random Llama and check that greedy tokens equal
+# transformers' on a float checkpoint holding exactly the dequantized weights (`tests/test_quantization.py`).
+
+# %% [markdown]
+# ## Exercise: int8 per-channel quantization
+#
+# Write `my_quantize(weight)`: `weight` is a float32 matrix `[N outputs, K inputs]`; return `(q, scale)` with
+# `q` an int8 matrix of the same shape and `scale` one float per output channel (row), such that
+# `weight ≈ q * scale[:, None]`, symmetric (no zero point) and using the full range: each row's largest
+# `|w|` becomes ±127. Round to the nearest integer. A row of zeros must not turn into NaN.
+#
+# **How it works.** Write your version in the next cell (replace `raise NotImplementedError`) and run it, then
+# run the checker below it. The checker plugs your function into the real engine through its documented
+# hook, `LLM(quantization="int8", hooks=EngineHooks(int8_quantize=...))` (`minivllm.hooks`; nothing is
+# patched): every linear layer of the embedded model is quantized by your code as it loads, and the greedy
+# tokens must equal those of the engine's own int8. Before that it checks a matrix with a known answer and
+# properties on random ones. The reference solution is `chapters/solutions/ch12_int8_quantize.py`: try first.
+
+# %%
+def my_quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    raise NotImplementedError  # your code here
+
+
+# %%
+from minivllm.exercises.ch12 import check_int8_quantize  # noqa: E402
+
+check_int8_quantize(my_quantize)
+
+
+# %% [markdown]
+# That is the last chapter. Back to [00 · a first generation](00_first_generation.ipynb) to step through the
+# journey again, or on to the engine's source: every module the chapters read is listed in the README under
+# "What is inside".

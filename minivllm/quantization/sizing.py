@@ -1,0 +1,47 @@
+"""How many bytes a model's weights take in each format: the arithmetic chapter 12 tabulates.
+
+Linear layers hold almost all the weights; embeddings, the LM head and the norms stay in the compute dtype
+in every format here (as GPTQ and AWQ checkpoints keep them). Per linear layer with K inputs, N outputs:
+
+    float            N * K * dtype bytes
+    int8             N * K + N * dtype bytes              (one scale per output channel)
+    gptq / awq       N * K / 2 + (K / G) * N * (2 + 1/2)  (fp16 scale and 4-bit zero point per group of G)
+                     (+ 4 * K for GPTQ's g_idx)
+    gguf Q8_0, Q4_0  N * K * 34 / 32, N * K * 18 / 32     (blocks of 32: an fp16 scale plus 32 or 16 bytes;
+                     as stored in the file: minivllm dequantizes them at load)
+"""
+
+from __future__ import annotations
+
+FORMATS = ("float", "int8", "gptq", "awq", "gguf-Q8_0", "gguf-Q4_0")
+
+
+def linear_bytes(in_features: int, out_features: int, fmt: str = "float", dtype_bytes: int = 2,
+                 group_size: int = 128) -> int:
+    k, n = in_features, out_features
+    g = k if group_size == -1 else group_size
+    if fmt == "float":
+        return n * k * dtype_bytes
+    if fmt == "int8":
+        return n * k + n * dtype_bytes
+    if fmt in ("gptq", "awq"):
+        return n * k // 2 + (k // g) * n * 2 + (k // g) * n // 2 + (4 * k if fmt == "gptq" else 0)
+    if fmt == "gguf-Q8_0":
+        return n * k * 34 // 32
+    if fmt == "gguf-Q4_0":
+        return n * k * 18 // 32
+    raise ValueError(f"unknown format {fmt!r} (known: {FORMATS})")
+
+
+def model_weight_bytes(mc, fmt: str = "float", dtype_bytes: int = 2, group_size: int = 128) -> int:
+    """Weight bytes of a model (a ModelConfig from read_model_config) with its linear layers in `fmt`."""
+    q, kv = mc.num_heads * mc.head_dim, mc.num_kv_heads * mc.head_dim
+    per_layer = (linear_bytes(mc.hidden_size, q + 2 * kv, fmt, dtype_bytes, group_size)
+                 + linear_bytes(q, mc.hidden_size, fmt, dtype_bytes, group_size)
+                 + linear_bytes(mc.hidden_size, 2 * mc.intermediate_size, fmt, dtype_bytes, group_size)
+                 + linear_bytes(mc.intermediate_size, mc.hidden_size, fmt, dtype_bytes, group_size)
+                 + 2 * mc.hidden_size * dtype_bytes)  # the two norms
+    if mc.qkv_bias:
+        per_layer += (q + 2 * kv) * dtype_bytes
+    embeddings = mc.vocab_size * mc.hidden_size * dtype_bytes * (1 if mc.tie_word_embeddings else 2)
+    return mc.num_layers * per_layer + embeddings + mc.hidden_size * dtype_bytes
