@@ -4,6 +4,11 @@
     workers.py   rank 0 starts ranks 1..N-1 (torch.multiprocessing spawn), watches them, stops them
     worker.py    what a worker process runs: build its shard, then execute every step rank 0 sends
     driver.py    rank 0's ModelRunner: sends each step's SchedulerOutput to the workers, then runs its own shard
+    cleanup.py   vLLM's cleanup_dist_env_and_memory, which examples call between two LLMs in one script
 
 Rank 0 is the engine's own process: the scheduler, the block pool and the output side exist only there.
 """
+
+from minivllm.distributed.cleanup import cleanup_dist_env_and_memory  # vLLM's name, which its examples call
+
+__all__ = ["cleanup_dist_env_and_memory"]

@@ -1,6 +1,7 @@
 """vLLM's `vllm.distributed.cleanup_dist_env_and_memory`, which examples call between two LLMs in one script.
 
-minivllm runs in one process with no process group to tear down, so cleaning up is returning memory: Python
+An engine's worker processes (tensor parallelism) stop with the engine itself (`LLMEngine.shutdown`, or when
+it is collected), so what is left to clean up is returning memory: Python
 objects no longer referenced (the deleted LLM's weights and KV cache) and, on CUDA, the allocator's cached
 blocks, so the next LLM's memory profile starts from what is really in use.
 """
