@@ -124,3 +124,21 @@ def test_whole_vocabulary_and_bad_values(checkpoints):
                             use_tqdm=False)
     assert capped.generate({"prompt_token_ids": [1, 2]}, SamplingParams(max_tokens=2, logprobs=20),
                            use_tqdm=False)[0].outputs[0].logprobs is not None
+
+
+def test_prompt_logprobs_are_computed_a_bounded_chunk_a_step():
+    """A long prompt with prompt_logprobs is prefilled at most PROMPT_LOGPROBS_TOKENS_PER_STEP positions a step, so
+    it cannot stall the others' step; the logprobs equal those of a much finer chunking."""
+    from minivllm.core.scheduler import PROMPT_LOGPROBS_TOKENS_PER_STEP as CAP
+
+    prompt = [(37 * i) % 500 + 3 for i in range(2 * CAP + 88)]
+    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1)
+    llm = LLM(num_kv_blocks=128)
+    out = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0]
+    chunks = [e.num_tokens for t in llm.engine.trace for e in t.scheduled if e.kind == "prefill"]
+    assert chunks == [CAP, CAP, 88], chunks
+    fine = LLM(num_kv_blocks=128, max_num_batched_tokens=64).generate([{"prompt_token_ids": prompt}], params,
+                                                                        use_tqdm=False)[0]
+    assert len(out.prompt_logprobs) == len(prompt) and out.prompt_logprobs[0] is None
+    for ours, ref, token in zip(out.prompt_logprobs[1:], fine.prompt_logprobs[1:], prompt[1:]):
+        assert ours[token].logprob == pytest.approx(ref[token].logprob, abs=1e-4)

@@ -47,6 +47,12 @@ def priority_enqueue(waiting: deque[Sequence], request: Sequence, preempted: boo
     waiting.insert(next((i for i, r in enumerate(waiting) if r.priority_key > key), len(waiting)), request)
 
 
+# A prompt that asks for prompt_logprobs costs a log-softmax over the vocabulary and a top-k per position: with
+# chunked prefill it is computed at most this many positions a step, so one such request cannot stall everyone's
+# step for seconds (1000 positions with 20 logprobs took 1.4 s of one step on the 2-core test machine).
+PROMPT_LOGPROBS_TOKENS_PER_STEP = 256
+
+
 def prefill_chunk(num_remaining: int, budget: int, enable_chunked_prefill: bool) -> int:
     """How many of a waiting request's remaining tokens this step computes, with `budget` tokens left: all of
     them if they fit, else a chunk filling the budget (chunked prefill), or 0 (it waits) without chunking."""
@@ -102,7 +108,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            n = min(req.num_tokens - req.num_computed_tokens, self._prefill_budget(req, budget))
             if n <= 0:  # a beam whose logits are in, waiting for its siblings' (beam_search.py): nothing to do
                 i += 1
                 continue
@@ -130,7 +136,8 @@ class Scheduler:
             swapped = self.swap is not None and self.swap.is_swapped(req)
             cached = [] if swapped else self.kv.find_cached_prefix(req)
             num_done = req.num_computed_tokens if swapped else len(cached) * self.kv.block_size
-            n = self.prefill_chunk(req.num_tokens - num_done, budget, self.enable_chunked_prefill)
+            n = self.prefill_chunk(req.num_tokens - num_done, self._prefill_budget(req, budget),
+                                   self.enable_chunked_prefill)
             if n <= 0:
                 break
             swap_in = self.swap.swap_in(self.kv, req, n) if swapped else None
@@ -178,6 +185,13 @@ class Scheduler:
         else:
             self._enqueue(child, preempted=True)
         return child
+
+    def _prefill_budget(self, seq: Sequence, budget: int) -> int:
+        """The step's budget as one sequence may use it: less for a prompt with prompt_logprobs (see above)."""
+        if seq.params.prompt_logprobs is None or not self.enable_chunked_prefill or \
+                seq.num_computed_tokens >= seq.num_prompt_tokens:
+            return budget
+        return min(budget, PROMPT_LOGPROBS_TOKENS_PER_STEP)
 
     def _entry(self, seq: Sequence, num_new: int, spec: list[int], num_known_blocks: int) -> ScheduledSequence:
         """The sequence's share of this step. The runner gets the blocks added to its table since the last step,
