@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from minivllm import LLM, EngineConfig, SamplingParams
 from minivllm.cpu_platform import CpuThreadSizer, cpu_has_native_bf16, default_cpu_dtype
-from minivllm.model.packed_linear import PackedLinear, pack_linears, packing_applies
+from minivllm.model.packed_linear import packed_linear, packing_applies, reorder_weight
 
 LOGPROB_TOL = 0.1  # nats; measured: up to 0.078 (llama) and 0.064 (qwen3); transformers' own bf16 vs fp32: 0.22
 PROMPTS = [[1, 2, 3, 4, 5], list(range(7, 40)), [100, 3], list(range(200, 250, 3))]
@@ -49,22 +49,25 @@ def test_packed_linear_equals_f_linear():
     gen = torch.Generator().manual_seed(0)
     for bias in (False, True):
         linear = torch.nn.Linear(96, 200, bias=bias).to(torch.bfloat16)
-        packed = PackedLinear(linear, tied=False, batch_hint=64)
+        packed = reorder_weight(linear.weight)
         for rows in (1, 7, 64, 300):
             x = torch.randn(rows, 96, generator=gen).to(torch.bfloat16)
-            torch.testing.assert_close(packed(x), F.linear(x, linear.weight, linear.bias), atol=1e-2, rtol=1e-2)
+            torch.testing.assert_close(packed_linear(x, packed, linear.bias), F.linear(x, linear.weight, linear.bias),
+                                       atol=1e-2, rtol=1e-2)
 
 
 @pytest.mark.skipif(not packing_applies("cpu", torch.bfloat16), reason="no native bf16 / oneDNN on this CPU")
-def test_packing_keeps_tied_weights_and_true_parameter_counts():
-    emb = torch.nn.Embedding(50, 16).to(torch.bfloat16)
-    model = torch.nn.ModuleDict({"emb": emb, "proj": torch.nn.Linear(16, 8, bias=False).to(torch.bfloat16),
-                                 "head": torch.nn.Linear(16, 50, bias=False).to(torch.bfloat16)})
-    model["head"].weight = emb.weight
-    before = sum(p.numel() for p in model.parameters())
-    assert pack_linears(model) == 2
-    assert model["head"].weight is emb.weight, "the tied head still shares the embedding's parameter"
-    assert sum(p.numel() for p in model.parameters()) == before
+def test_packing_keeps_tied_weights_and_true_parameter_counts(checkpoints):
+    """The engine's bf16 model: linears packed, the tied head still the embedding's parameter, counts true."""
+    from transformers import AutoModelForCausalLM
+
+    path, _ = checkpoints["qwen2"]  # tied embeddings
+    model = LLM(str(path), dtype="bfloat16", device="cpu", num_kv_blocks=16).engine.runner.model
+    hf = AutoModelForCausalLM.from_pretrained(path)
+    assert model.lm_head.tied and model.lm_head.weight is model.model.embed_tokens.weight
+    packed = [m for m in model.modules() if getattr(m, "packed", False)]
+    assert len(packed) > 2 and model.lm_head in packed
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in hf.parameters())
 
 
 def test_bf16_logprobs_track_transformers_bf16(checkpoints):
