@@ -16,9 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -29,7 +27,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_load import start_server  # noqa: E402
+from serve_load import start_server, stop_server  # noqa: E402
 
 
 @dataclass
@@ -233,12 +231,7 @@ def main() -> None:
             if args.json:
                 print(json.dumps(res))
     finally:
-        if proc is not None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_server(proc)
 
 
 if __name__ == "__main__":

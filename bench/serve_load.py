@@ -146,6 +146,17 @@ def random_model(path: Path) -> Path:
     return path
 
 
+def stop_server(proc: subprocess.Popen | None) -> None:
+    """Ask a server started by `start_server` to stop as an operator would (SIGINT), and kill it after 30 s."""
+    if proc is None:
+        return
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def start_server(model: str, port: int, extra: list[str]) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "minivllm", "serve", "--model", model, "--port", str(port), "--log-level", "warning",
            *extra]
@@ -209,12 +220,7 @@ def main() -> None:
                                                            args.seed, args.disconnect_every, args.continuous_usage))
         after = server_blocks(url)
     finally:
-        if proc is not None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_server(proc)
         if tmp is not None:
             tmp.cleanup()
 
