@@ -8,8 +8,9 @@ __all__ = ["AttentionBackend", "AttentionMetadata", "TorchAttentionBackend", "ge
 
 
 def get_attention_backend(name: str, device: str, online_softmax_update=None) -> AttentionBackend:
-    """"auto" is Triton on CUDA and the torch reference elsewhere. `online_softmax_update`: a learner's own
-    (minivllm.hooks): the torch reference then attends decode steps block by block with it (online_softmax.py)."""
+    """"auto" is Triton on CUDA and the torch backend elsewhere (on CPU with its compiled kernel, cpu_kernel.py).
+    `online_softmax_update`: a learner's own (minivllm.hooks): the torch reference then attends decode steps block
+    by block with it (online_softmax.py)."""
     if online_softmax_update is not None:
         from minivllm.attention.online_softmax import OnlineSoftmaxBackend
 
@@ -17,7 +18,7 @@ def get_attention_backend(name: str, device: str, online_softmax_update=None) ->
     if name == "auto":
         name = "triton" if device.startswith("cuda") else "torch"
     if name == "torch":
-        return TorchAttentionBackend()
+        return TorchAttentionBackend(device, fast=True)
     if name == "triton":
         from minivllm.attention.triton_backend import TritonAttentionBackend
 

@@ -1,6 +1,7 @@
 """The torch reference backend: store K/V through the slot mapping, attend through the block table.
 
-It is written for clarity, runs anywhere, and is the oracle the Triton kernels are tested against.
+It is written for clarity, runs anywhere, and is the oracle the Triton kernels are tested against. On CPU the
+backend attends through a compiled kernel that reads the cache in place instead (cpu_kernel.py), where it can.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import itertools
 import torch
 import torch.nn.functional as F
 
+from minivllm.attention import cpu_kernel
 from minivllm.attention.metadata import AttentionMetadata
 from minivllm.utils import cdiv
 
@@ -140,10 +142,18 @@ def _attend_group(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 class TorchAttentionBackend:
     name = "torch"
+    kernel: cpu_kernel.Kernel | None = None  # the CPU fast path, when built; else the reference alone
+
+    def __init__(self, device: str = "cpu", fast: bool = False) -> None:
+        """`fast`: on CPU, attend through cpu_kernel's compiled kernel (unless MINIVLLM_CPU_ATTENTION=reference)."""
+        if fast and str(device).startswith("cpu") and cpu_kernel.wanted():
+            self.kernel = cpu_kernel.load_kernel()
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        if self.kernel is not None and cpu_kernel.fits(q, k_cache, meta):
+            return self.kernel(q, k_cache, v_cache, meta, scale)
         if meta.is_decode_only:
             return paged_decode_ref(q, k_cache, v_cache, meta, scale)
         return paged_attention_ref(q, k_cache, v_cache, meta, scale)

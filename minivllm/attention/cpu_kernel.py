@@ -1,0 +1,72 @@
+"""The CPU fast path of the torch backend: cpu_paged_attention.cpp, built by torch's cpp_extension at first use.
+
+Why C++: the reference (torch_backend.py) copies each request's K/V blocks out of the cache into a padded
+tensor and masks the padding; on CPU that copy and the masked SDPA were over a quarter of a decode step. The
+kernel reads the blocks in place. It is compiled once per machine (about a minute, `-O3 -march=native`) into
+torch's extension cache (TORCH_EXTENSIONS_DIR, by default ~/.cache/torch_extensions); the module's name carries
+a hash of the CPU's flags, so a cache shared by different machines never hands one another's build.
+MINIVLLM_CPU_ATTENTION=reference keeps the reference; without a compiler the reference stays too, after a warning.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from minivllm.attention.metadata import AttentionMetadata
+from minivllm.logger import init_logger
+
+logger = init_logger(__name__)
+SOURCE = Path(__file__).with_name("cpu_paged_attention.cpp")
+Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata, float], torch.Tensor]
+
+
+def wanted() -> bool:
+    """The fast path is on unless MINIVLLM_CPU_ATTENTION=reference."""
+    choice = os.environ.get("MINIVLLM_CPU_ATTENTION", "kernel")
+    if choice not in ("kernel", "reference"):
+        raise ValueError(f"MINIVLLM_CPU_ATTENTION must be 'kernel' or 'reference', got {choice!r}")
+    return choice == "kernel"
+
+
+def _cpu_fingerprint() -> str:
+    try:
+        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
+    except OSError:
+        flags = ""
+    return hashlib.sha1(flags.encode()).hexdigest()[:10]
+
+
+@functools.cache  # one build (or one failure) per process; torch caches the build itself across processes
+def load_kernel() -> Kernel | None:
+    """The compiled kernel as `kernel(q, k_cache, v_cache, meta, scale)`, or None (with a warning) if it cannot
+    be built here."""
+    try:
+        from torch.utils.cpp_extension import load
+
+        module = load(name=f"minivllm_cpu_paged_attention_{_cpu_fingerprint()}", sources=[str(SOURCE)],
+                      extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"])
+    except Exception as err:  # no compiler, no headers, a failed build: the reference still works
+        logger.warning("CPU paged-attention kernel unavailable, using the torch reference: %s",
+                       str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__)
+        return None
+
+    def kernel(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+               scale: float) -> torch.Tensor:
+        return module.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
+                                      scale)
+
+    return kernel
+
+
+def fits(q: torch.Tensor, k_cache: torch.Tensor, meta: AttentionMetadata) -> bool:
+    """What the kernel handles: CPU tensors, a cache in the query's dtype (an fp8 cache takes the reference), and
+    no padded rows."""
+    return (q.device.type == "cpu" and k_cache.dtype == q.dtype and q.stride(-1) == 1
+            and q.dtype in (torch.float32, torch.bfloat16, torch.float16) and k_cache.is_contiguous()
+            and sum(meta.query_lens_cpu) == q.shape[0])

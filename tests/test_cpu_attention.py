@@ -1,0 +1,109 @@
+"""The CPU fast path (attention/cpu_kernel.py) against the torch reference it replaces on CPU.
+
+Random caches whose requests own shuffled physical blocks; contexts that cross block boundaries; GQA ratios
+1, 2, 4 and odd head counts; decode-only batches and mixes of prompts, chunks, drafts and decodes.
+"""
+
+import logging
+
+import pytest
+import torch
+
+from minivllm.attention import cpu_kernel, get_attention_backend
+from minivllm.attention.metadata import AttentionMetadata
+from minivllm.attention.torch_backend import TorchAttentionBackend, paged_attention_ref
+
+TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=1.6e-2, rtol=1.6e-2)}
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    kernel = cpu_kernel.load_kernel()
+    if kernel is None:
+        pytest.skip("no C++ compiler: the CPU kernel cannot be built here")
+    return kernel
+
+
+def make_batch(query_lens, seq_lens, block_size, num_heads, num_kv_heads, head_dim, dtype, seed=0):
+    """q [T, heads, dim], caches [blocks, block_size, kv_heads, dim] and a metadata over shuffled blocks."""
+    gen = torch.Generator().manual_seed(seed)
+    need = [-(-s // block_size) for s in seq_lens]
+    num_blocks = sum(need) + 2
+    k_cache, v_cache = (torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen).to(dtype)
+                        for _ in range(2))
+    perm = torch.randperm(num_blocks, generator=gen).tolist()
+    tables = []
+    for n in need:
+        table, perm = perm[:n], perm[n:]
+        tables.append(table + [0] * (max(need) - n))
+    q = torch.randn(sum(query_lens), num_heads, head_dim, generator=gen).to(dtype)
+    meta = AttentionMetadata(
+        slot_mapping=torch.zeros(sum(query_lens), dtype=torch.int64),
+        block_tables=torch.tensor(tables, dtype=torch.int32),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        query_start_loc=torch.tensor([0, *query_lens]).cumsum(0).to(torch.int32),
+        max_query_len=max(query_lens), max_seq_len=max(seq_lens),
+        query_lens_cpu=list(query_lens), seq_lens_cpu=list(seq_lens))
+    return q, k_cache, v_cache, meta
+
+
+BATCHES = {
+    "decode": ([1] * 6, [1, 15, 16, 17, 33, 100]),
+    "many-decodes": ([1] * 40, [3 + 7 * i for i in range(40)]),  # enough for the reference's length groups
+    "mixed": ([12, 1, 3, 1, 40], [12, 17, 20, 64, 57]),  # a prompt, decodes, 3 drafts, a chunk after a prefix
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 4, 64), (6, 3, 64), (8, 2, 64), (9, 3, 64), (5, 1, 24)])
+@pytest.mark.parametrize("batch", list(BATCHES))
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_kernel_matches_reference(kernel, dtype, heads, kv_heads, head_dim, batch, block_size):
+    q, k_cache, v_cache, meta = make_batch(*BATCHES[batch], block_size, heads, kv_heads, head_dim, dtype)
+    want = paged_attention_ref(q.float(), k_cache.float(), v_cache.float(), meta, 0.3)
+    got = kernel(q, k_cache, v_cache, meta, 0.3)
+    assert got.dtype == dtype and got.shape == q.shape
+    torch.testing.assert_close(got.float(), want, **TOL[dtype])
+
+
+def test_strided_query_and_large_block(kernel):
+    """q as a view of a fused projection (rows wider than heads * dim), blocks of 32."""
+    q, k_cache, v_cache, meta = make_batch([1, 7, 1], [40, 7, 70], 32, 4, 2, 64, torch.float32)
+    wide = torch.randn(q.shape[0], 4 * 64 + 96)
+    wide[:, 32 : 32 + 256] = q.flatten(1)
+    strided = wide[:, 32 : 32 + 256].view(-1, 4, 64)
+    torch.testing.assert_close(kernel(strided, k_cache, v_cache, meta, 0.125),
+                               paged_attention_ref(q, k_cache, v_cache, meta, 0.125), **TOL[torch.float32])
+
+
+def test_backend_uses_kernel_and_falls_back(kernel):
+    """The CPU backend stores then attends through the kernel; a cache in another dtype (an fp8 cache, say)
+    takes the reference."""
+    backend = get_attention_backend("auto", "cpu")
+    assert backend.kernel is not None and TorchAttentionBackend().kernel is None
+    q, k_cache, v_cache, meta = make_batch([3, 1], [9, 21], 4, 4, 2, 64, torch.float32)
+    k, v = torch.randn(4, 2, 64), torch.randn(4, 2, 64)
+    meta.slot_mapping = torch.tensor([k_cache.shape[0] * 4 - 1 - i for i in range(4)])  # slots nobody reads
+    caches = (k_cache.clone(), v_cache.clone())
+    got = backend.forward(q, k, v, k_cache, v_cache, meta, 0.2)
+    want = TorchAttentionBackend().forward(q, k, v, *caches, meta, 0.2)
+    assert torch.equal(k_cache, caches[0])
+    torch.testing.assert_close(got, want, **TOL[torch.float32])
+    assert not cpu_kernel.fits(q, k_cache.half(), meta)
+    assert not cpu_kernel.fits(q[:3], k_cache, meta)  # rows the metadata does not account for
+
+
+def test_switch_and_missing_compiler(monkeypatch, caplog):
+    monkeypatch.setenv("MINIVLLM_CPU_ATTENTION", "reference")
+    assert get_attention_backend("auto", "cpu").kernel is None
+    monkeypatch.setenv("MINIVLLM_CPU_ATTENTION", "fastest")
+    with pytest.raises(ValueError, match="MINIVLLM_CPU_ATTENTION"):
+        get_attention_backend("auto", "cpu")
+
+    def no_compiler(*args, **kwargs):
+        raise RuntimeError("Error building extension: c++: command not found")
+
+    monkeypatch.setattr("torch.utils.cpp_extension.load", no_compiler)
+    with caplog.at_level(logging.WARNING):
+        assert cpu_kernel.load_kernel.__wrapped__() is None
+    assert "using the torch reference" in caplog.text and "command not found" in caplog.text
