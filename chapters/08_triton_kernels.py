@@ -18,7 +18,9 @@
 # against, but it copies the whole context every step. The Triton kernels in `minivllm/kernels/` read the
 # paged cache where it lies, walking the block table inside the kernel, and fuse scores, softmax and the
 # weighted sum into one pass. This chapter reads the decode kernel, checks it against the reference, and,
-# on a GPU, measures how close it gets to the memory bandwidth that bounds decode.
+# on a GPU, measures how close it gets to the memory bandwidth that bounds decode. (On CPU the torch backend
+# does the same in place reading through a small C++ kernel, `minivllm/attention/cpu_paged_attention.cpp`,
+# compiled at first use; `MINIVLLM_CPU_ATTENTION=reference` keeps the gathering reference.)
 #
 # Without a CUDA GPU, Triton can still run the kernels through its **interpreter** (numpy, one program
 # at a time): slow, but the same code and exact in fp32. The interpreter is chosen when a kernel is

@@ -49,8 +49,9 @@ def load_kernel() -> Kernel | None:
     try:
         from torch.utils.cpp_extension import load
 
-        module = load(name=f"minivllm_cpu_paged_attention_{_cpu_fingerprint()}", sources=[str(SOURCE)],
-                      extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"])
+        load(name=f"minivllm_cpu_paged_attention_{_cpu_fingerprint()}", sources=[str(SOURCE)],
+             extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"], is_python_module=False)
+        op = torch.ops.minivllm_cpu.paged_attention
     except Exception as err:  # no compiler, no headers, a failed build: the reference still works
         logger.warning("CPU paged-attention kernel unavailable, using the torch reference: %s",
                        str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__)
@@ -58,7 +59,7 @@ def load_kernel() -> Kernel | None:
 
     def kernel(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
                scale: float) -> torch.Tensor:
-        return module.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
+        return op(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
                                       scale)
 
     return kernel

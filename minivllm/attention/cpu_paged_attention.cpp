@@ -5,7 +5,8 @@
 // query rows), walks its block table and reads each key and value once, in place. The query heads that share a
 // KV head (GQA) are extra rows of the same item, so a key loaded for one serves them all. Scores, softmax and
 // sums are fp32, whatever the cache holds.
-#include <torch/extension.h>
+#include <torch/library.h>
+#include <ATen/ATen.h>
 
 #include <ATen/Parallel.h>
 #ifdef __AVX512F__
@@ -85,9 +86,9 @@ struct WorkItem {
 };
 
 template <typename scalar_t>
-void attend(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-            const torch::Tensor& block_tables, const torch::Tensor& seq_lens, const torch::Tensor& query_start_loc,
-            double scale, torch::Tensor& out) {
+void attend(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+            const at::Tensor& block_tables, const at::Tensor& seq_lens, const at::Tensor& query_start_loc,
+            double scale, at::Tensor& out) {
   const int64_t num_seqs = seq_lens.size(0), num_heads = q.size(1), head_dim = q.size(2);
   const int64_t block_size = k_cache.size(1), num_kv_heads = k_cache.size(2), group = num_heads / num_kv_heads;
   const int64_t q_token_stride = q.stride(0), q_head_stride = q.stride(1);
@@ -190,16 +191,16 @@ void attend(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::T
 
 // q [T, heads, dim] (last dim contiguous); caches [blocks, block_size, kv_heads, dim] contiguous;
 // block_tables [B, width], seq_lens [B], query_start_loc [B + 1]: int32. Returns [T, heads, dim].
-torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                              const torch::Tensor& block_tables, const torch::Tensor& seq_lens,
-                              const torch::Tensor& query_start_loc, double scale) {
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                              const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                              const at::Tensor& query_start_loc, double scale) {
   TORCH_CHECK(q.stride(2) == 1 && k_cache.is_contiguous() && v_cache.is_contiguous(), "unsupported layout");
   TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
               "cache and query dtypes differ");
-  TORCH_CHECK(block_tables.scalar_type() == torch::kInt32 && seq_lens.scalar_type() == torch::kInt32 &&
-                  query_start_loc.scalar_type() == torch::kInt32 && block_tables.stride(1) == 1,
+  TORCH_CHECK(block_tables.scalar_type() == at::kInt && seq_lens.scalar_type() == at::kInt &&
+                  query_start_loc.scalar_type() == at::kInt && block_tables.stride(1) == 1,
               "metadata must be contiguous int32");
-  auto out = torch::empty({q.size(0), q.size(1), q.size(2)}, q.options());
+  auto out = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_attention", [&] {
     attend<scalar_t>(q, k_cache, v_cache, block_tables.contiguous(), seq_lens.contiguous(),
                      query_start_loc.contiguous(), scale, out);
@@ -207,6 +208,9 @@ torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_cac
   return out;
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_attention", &paged_attention, "attention over the paged KV cache, read in place");
+// a dispatcher op (torch.ops.minivllm_cpu.paged_attention): the profiler sees it, like any aten op
+TORCH_LIBRARY(minivllm_cpu, m) {
+  m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor seq_lens, "
+        "Tensor query_start_loc, float scale) -> Tensor");
+  m.impl("paged_attention", c10::DispatchKey::CPU, TORCH_FN(paged_attention));
 }
