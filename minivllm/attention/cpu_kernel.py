@@ -2,7 +2,7 @@
 
 Why C++: the reference (torch_backend.py) copies each request's K/V blocks out of the cache into a padded
 tensor and masks the padding; on CPU that copy and the masked SDPA were over a quarter of a decode step. The
-kernel reads the blocks in place. It is compiled once per machine (about a minute, `-O3 -march=native`) into
+kernel reads the blocks in place. It is compiled once per machine (15-25 s, `-O3 -march=native`) into
 torch's extension cache (TORCH_EXTENSIONS_DIR, by default ~/.cache/torch_extensions); the module's name carries
 a hash of the CPU's flags, so a cache shared by different machines never hands one another's build.
 MINIVLLM_CPU_ATTENTION=reference keeps the reference; without a compiler the reference stays too, after a warning.
@@ -52,6 +52,8 @@ def load_kernel() -> Kernel | None:
         load(name=f"minivllm_cpu_paged_attention_{_cpu_fingerprint()}", sources=[str(SOURCE)],
              extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"], is_python_module=False)
         op = torch.ops.minivllm_cpu.paged_attention
+        # its output's shape, for torch.compile (which can then trace a model through the op without a graph break)
+        torch.library.register_fake("minivllm_cpu::paged_attention")(lambda q, *rest: q.new_empty(q.shape))
     except Exception as err:  # no compiler, no headers, a failed build: the reference still works
         logger.warning("CPU paged-attention kernel unavailable, using the torch reference: %s",
                        str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__)
