@@ -14,6 +14,7 @@
 #endif
 
 #include <algorithm>
+#include <type_traits>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -81,6 +82,16 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
+#ifdef __AVX512BF16__
+// bf16 query and key as they are: vdpbf16ps multiplies pairs exactly and sums them in fp32, 32 per instruction
+inline float dot_bf16(const c10::BFloat16* a, const c10::BFloat16* b, int64_t n) {
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t d = 0; d < n; d += 32)
+    sum = _mm512_dpbf16_ps(sum, (__m512bh)_mm512_loadu_si512(a + d), (__m512bh)_mm512_loadu_si512(b + d));
+  return _mm512_reduce_add_ps(sum);
+}
+#endif
+
 struct WorkItem {
   int64_t seq, kv_head, first_row;  // rows are (query, head of the group) pairs, query-major
 };
@@ -115,6 +126,7 @@ void attend(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
   {
     std::vector<float> qf, acc, scores, sums;  // this thread's: query rows, output rows, scores [rows, context]
     std::vector<float> row(head_dim);          // the key or value being read, in fp32
+    std::vector<const scalar_t*> q_rows;     // per row: the query as it is
     std::vector<int64_t> visible;        // per row: how many keys it may see (causal)
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < num_items; ++i) {
@@ -125,10 +137,12 @@ void attend(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
       qf.resize(rows * head_dim);
       acc.assign(rows * head_dim, 0.0f);
       visible.resize(rows);
+      q_rows.resize(rows);
       int64_t max_visible = 0;
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t query = (w.first_row + r) / group, head = w.kv_head * group + (w.first_row + r) % group;
         const scalar_t* src = q_ptr + (first_token + query) * q_token_stride + head * q_head_stride;
+        q_rows[r] = src;
         for (int64_t d = 0; d < head_dim; ++d) qf[r * head_dim + d] = static_cast<float>(src[d]) * fscale;
         visible[r] = ctx - q_len + query + 1;  // query `query` sits at position ctx - q_len + query
         max_visible = std::max(max_visible, visible[r]);
@@ -141,6 +155,15 @@ void attend(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
         if (t + block_size < max_visible)
           prefetch_row(k_ptr + table[t / block_size + 1] * block_stride + (t % block_size) * token_stride +
                            w.kv_head * head_dim, head_dim);
+#ifdef __AVX512BF16__
+        if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+          if (head_dim % 32 == 0) {
+            for (int64_t r = 0; r < rows; ++r)
+              if (t < visible[r]) scores[r * max_visible + t] = fscale * dot_bf16(q_rows[r], key, head_dim);
+            continue;
+          }
+        }
+#endif
         widen(key, row.data(), head_dim);
         for (int64_t r = 0; r < rows; ++r) {
           if (t >= visible[r]) continue;
