@@ -2,7 +2,7 @@
 
 Why C++: the reference (torch_backend.py) copies each request's K/V blocks out of the cache into a padded
 tensor and masks the padding; on CPU that copy and the masked SDPA were over a quarter of a decode step. The
-kernel reads the blocks in place. It is compiled once per machine (15-25 s, `-O3 -march=native`) into
+kernel reads the blocks in place. It is compiled once per machine (10-25 s, `-O3 -march=native`) into
 torch's extension cache (TORCH_EXTENSIONS_DIR, by default ~/.cache/torch_extensions); the module's name carries
 a hash of the CPU's flags, so a cache shared by different machines never hands one another's build.
 MINIVLLM_CPU_ATTENTION=reference keeps the reference; without a compiler the reference stays too, after a warning.
