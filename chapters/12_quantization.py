@@ -274,6 +274,4 @@ check_int8_quantize(my_quantize)
 
 
 # %% [markdown]
-# That is the last chapter. Back to [00 · a first generation](00_first_generation.ipynb) to step through the
-# journey again, or on to the engine's source: every module the chapters read is listed in the README under
-# "What is inside".
+# Next: [13 · Tensor parallelism: one model over several processes](13_tensor_parallelism.ipynb).

@@ -148,9 +148,9 @@ class EngineConfig:
         tp = self.tensor_parallel_size
         if tp > 1:
             check_divisible(mc, tp)
-            if mc.quantization is not None and not mc.quantization.checkpoint_is_float():
-                raise ValueError(f"tensor_parallel_size={tp} with a {mc.quantization.describe()} checkpoint is not "
-                                 f"supported yet (float checkpoints, and int8 quantized at load, are)")
+            if mc.quantization is not None and mc.quantization.name in ("gptq", "awq"):  # packed 4-bit groups
+                raise ValueError(f"tensor_parallel_size={tp} with a {mc.quantization.name.upper()} checkpoint is "
+                                 f"not supported (float checkpoints, GGUF files and quantization='int8' are)")
         max_len = self.max_model_len
         limit, why = mc.max_position_embeddings, "max_position_embeddings"
         if mc.sliding_window is not None and mc.sliding_window < limit:  # not implemented: stay inside it
