@@ -16,6 +16,7 @@ import time
 
 import psutil
 import pytest
+import torch
 from conftest import build_checkpoint, hf_greedy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -122,8 +123,10 @@ def test_qwen2_tp2_replicated_kv_heads_tied_embeddings_ngram_drafts_and_a_killed
     assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(hf, p, 8) for p in PROMPTS]
     assert llm.engine.stats()["spec_num_proposed"] > 0
     assert llm.engine.runner.kv_cache.shape[-2] == 1, "each rank caches its own (here: the one) KV head"
-    states = llm.engine.runner.rank_states()  # a replicated KV head: both ranks' caches hold the same numbers
-    assert states[0]["kv_block_sums"] == states[1]["kv_block_sums"] and any(states[0]["kv_block_sums"])
+    # a replicated KV head: both ranks' caches hold the same numbers (up to the last bits: each rank sizes its
+    # own CPU threads to the load, and a matmul's summation order follows the thread count)
+    sums = [torch.tensor(s["kv_block_sums"]) for s in llm.engine.runner.rank_states()]
+    assert sums[0].abs().sum() > 0 and torch.allclose(sums[0], sums[1], rtol=1e-5, atol=1e-5)
     llm.engine.check_health()
     os.kill(pids[0], signal.SIGKILL)
     start = time.monotonic()
