@@ -8,7 +8,6 @@ computes the same model, so greedy tokens must be equal.
 """
 
 import json
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -328,38 +327,24 @@ def test_cli_takes_quantization(llama_path, capsys):
 
 # --- under tensor parallelism ------------------------------------------------------------------------------------
 
-def test_gguf_splits_across_two_ranks_like_float_weights(gguf_file):
-    """GGUF is dequantized at load: each rank keeps its slice of the float tensors (one worker process)."""
+def test_gguf_with_int8_on_two_ranks_equals_one_rank(gguf_file):
+    """GGUF is dequantized at load, so each rank keeps its slice of float tensors; int8 then quantizes each
+    rank's shard with the single process's scales: a column layer holds whole output rows, a row layer takes
+    each row's max |w| over every rank's inputs (an all-reduce at load). Tokens and scales equal one rank's."""
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-    want = LLM(str(gguf_file), dtype="float32", num_kv_blocks=64).generate(PROMPTS_TEXT, params, use_tqdm=False)
-    with LLM(str(gguf_file), dtype="float32", num_kv_blocks=64, tensor_parallel_size=2) as llm:
-        got = llm.generate(PROMPTS_TEXT, params, use_tqdm=False)
+    prompts = ["Hi, my name is", "Today is a beautiful summer day"]
+    kwargs = dict(dtype="float32", quantization="int8", num_kv_blocks=64)
+    one = LLM(str(gguf_file), **kwargs)
+    want = one.generate(prompts, params, use_tqdm=False)
+    with LLM(str(gguf_file), tensor_parallel_size=2, **kwargs) as llm:
+        got = llm.generate(prompts, params, use_tqdm=False)
+        whole, rank0 = one.engine.runner.model.model.layers[0].mlp, llm.engine.runner.model.model.layers[0].mlp
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
-
-
-PROMPTS_TEXT = ["Hi, my name is", "Today is a beautiful summer day"]
-
-
-def test_int8_shards_keep_whole_rows_and_row_layers_scale_their_input_slice(llama_path):
-    """Loaded for rank 0 of 2 in this process (no process group is needed to load): a column layer holds whole
-    output rows, so its scales are the single process's; a row layer's are its input slice's own maxima."""
-    from minivllm.attention import get_attention_backend
-    from minivllm.distributed.parallel import TensorParallel
-    from minivllm.model import read_model_config
-    from minivllm.model.loader import load_model
-    from minivllm.quantization.int8 import Int8Config
-
-    mc = read_model_config(llama_path)
-    backend = get_attention_backend("torch", "cpu")
-    whole, rank0 = (load_model(llama_path, replace(mc, quantization=Int8Config()), backend, torch.float32, "cpu", tp)
-                    for tp in (TensorParallel(), TensorParallel(0, 2)))
-    floats = load_model(llama_path, mc, backend, torch.float32, "cpu").model.layers[0].mlp
-    gate_up, mine = whole.model.layers[0].mlp.gate_up_proj, rank0.model.layers[0].mlp.gate_up_proj
-    inter = mc.intermediate_size
-    assert torch.equal(mine.weight_scale, torch.cat([gate_up.weight_scale[: inter // 2],
-                                                     gate_up.weight_scale[inter: inter + inter // 2]]))
-    _, scale = quantize_per_channel(floats.down_proj.weight[:, : inter // 2], torch.float32)
-    assert torch.equal(rank0.model.layers[0].mlp.down_proj.weight_scale, scale)
+    scales = whole.gate_up_proj.weight_scale
+    half = scales.shape[0] // 4  # rank 0: the first half of gate's rows and of up's
+    assert torch.equal(rank0.gate_up_proj.weight_scale, torch.cat([scales[:half], scales[2 * half: 3 * half]]))
+    assert torch.equal(rank0.down_proj.weight_scale, whole.down_proj.weight_scale)
+    assert torch.equal(rank0.down_proj.weight, whole.down_proj.weight[:, : whole.down_proj.weight.shape[1] // 2])
 
 
 @pytest.mark.parametrize("qc, name", [({"quant_method": "gptq", "bits": 4, "group_size": 32}, "GPTQ"),

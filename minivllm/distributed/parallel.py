@@ -49,6 +49,14 @@ class TensorParallel:
             self.device_group.allreduce([x]).wait()
         return x
 
+    def all_reduce_max(self, x: torch.Tensor) -> torch.Tensor:
+        """Element-wise max over ranks, in place (at load: a row-parallel layer's int8 scales; not counted)."""
+        if self.size > 1:
+            opts = dist.AllreduceOptions()
+            opts.reduceOp = dist.ReduceOp.MAX
+            self.device_group.allreduce([x], opts).wait()
+        return x
+
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
         """Every rank's `x` side by side along the last dim (the LM head's vocab shards)."""
         if self.size == 1:
