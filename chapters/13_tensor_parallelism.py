@@ -69,12 +69,14 @@ from minivllm.quantization.unquantized import UnquantizedLinearMethod
 # a worker process (the `spawn` start method: a fresh Python interpreter that imports minivllm and loads its
 # half of the weights), meets it on a TCP rendezvous at a port the OS picks, and checks that the model
 # splits: heads, KV heads and the MLP width must divide by the ranks (a `ValueError` naming
-# `tensor_parallel_size` otherwise). The dtype is the engine's "auto": float32 or bf16, depending on the CPU.
+# `tensor_parallel_size` otherwise). Both run on the CPU, also on a GPU machine: 2 ranks on CUDA need 2
+# GPUs (one per rank, NCCL between them), and Colab gives one; on a machine with two, drop `device="cpu"`.
+# The dtype is the engine's "auto": float32 or bf16, depending on the CPU.
 
 # %%
-one = LLM(DEFAULT_MODEL, num_kv_blocks=256)
+one = LLM(DEFAULT_MODEL, device="cpu", num_kv_blocks=256)
 start = time.perf_counter()
-two = LLM(DEFAULT_MODEL, tensor_parallel_size=2, num_kv_blocks=256)
+two = LLM(DEFAULT_MODEL, device="cpu", tensor_parallel_size=2, num_kv_blocks=256)
 print(f"2 ranks ready in {time.perf_counter() - start:.1f} s (worker pid {two.engine.runner.workers.procs[0].pid})")
 DTYPE = two.engine.config.dtype
 mc = two.engine.config.model_config
@@ -175,8 +177,8 @@ widgets.show(fig)
 # gate and up for the same MLP columns (silu(gate) * up is computed element by element). o_proj and
 # down_proj are split by columns, the inputs the column layers left on each rank. The embedding is split by
 # vocabulary rows; the LM head shares its weight (the embedded model ties them), so its logits come out
-# split by vocabulary too and are all-gathered before sampling. With fewer KV heads than ranks (Llama-3-70B
-# has 8 on 16 GPUs), each KV head is copied onto `N / num_kv_heads` ranks instead of split.
+# split by vocabulary too and are all-gathered before sampling. With fewer KV heads than ranks (8 KV heads
+# on 16 ranks, say), each KV head is copied onto `N / num_kv_heads` ranks instead of split.
 #
 # ## Two all-reduces per layer, and what they carry
 #
@@ -223,7 +225,7 @@ assert traffic.all_gather_calls == steps
 
 # %% [markdown]
 # The count matches the formula to the byte. Those are the tensors' sizes; what crosses the wire depends on
-# the algorithm. A ring all-reduce (NCCL's and gloo's usual one) sends `2 (N - 1) / N` of the tensor from
+# the algorithm. A ring all-reduce (what NCCL usually runs) sends `2 (N - 1) / N` of the tensor from
 # every rank: its size exactly for N = 2, nearly twice it for large N. For a real model the numbers grow
 # with the hidden size: Llama-3-8B (hidden 4096, 32 layers) in bf16 moves 8 KiB per all-reduce per token,
 # 65 all-reduces per token, about half a MiB per token per rank. A prefill of 2,000 tokens therefore moves
@@ -280,7 +282,8 @@ for label, ms in step_ms.items():
 # On a CPU with a couple of cores two ranks are no faster, and usually slower: the model's matmuls were
 # already using every core, and a tiny model's step is mostly fixed costs (Python, the scheduler, the
 # broadcast of the step to the worker, 13 all-reduces of a few KiB through the kernel's TCP stack, each
-# tens of microseconds). `bench/tp_throughput.py` measures it properly; `bench/RESULTS.md` has the figures.
+# from tens to hundreds of microseconds depending on the load). `bench/tp_throughput.py` measures it
+# properly; `bench/RESULTS.md` has the figures.
 #
 # ## What changes on GPUs with NVLink (computed, not measured)
 #

@@ -204,15 +204,17 @@ TP3 = dict(hidden_size=96, intermediate_size=144, num_attention_heads=6)  # voca
 
 @pytest.mark.parametrize("kind, kv_heads", [("llama", 3), ("qwen2", 1), ("qwen3", 3)])
 def test_three_ranks_equal_transformers(tmp_path, kind, kv_heads):
-    """tp=3: 2 heads per rank; Qwen2's one KV head is replicated on all three ranks."""
+    """tp=3: 2 heads per rank; Qwen2's one KV head is replicated on all three ranks. Chunked prefill (16 tokens a
+    step) and 16 blocks of 4 for 28 blocks' worth of requests: preemption."""
     hf = build_checkpoint(kind, tmp_path / kind, num_key_value_heads=kv_heads, **TP3)
-    with LLM(str(tmp_path / kind), tensor_parallel_size=3, dtype="float32", block_size=4, num_kv_blocks=40,
+    with LLM(str(tmp_path / kind), tensor_parallel_size=3, dtype="float32", block_size=4, num_kv_blocks=16,
              max_num_batched_tokens=16) as llm:
         assert len(worker_pids(llm)) == 2
         outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS],
                             SamplingParams(max_tokens=6, temperature=0, ignore_eos=True), use_tqdm=False)
         assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(hf, p, 6) for p in PROMPTS]
         assert llm.engine.runner.kv_cache.shape[-2] == max(1, kv_heads // 3)
+        assert llm.engine.stats()["num_preemptions"] > 0
 
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
