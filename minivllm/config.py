@@ -144,8 +144,13 @@ class EngineConfig:
         if quantization is not None and quantization.name == "int8" and self.hooks.int8_quantize is not None:
             quantization = replace(quantization, quantize=self.hooks.int8_quantize)  # a learner's (chapter 12)
         mc = replace(mc, quantization=quantization)
-        dtype = self.resolve_dtype(mc.torch_dtype)
         tp = self.tensor_parallel_size
+        if tp > 1 and self.device.startswith("cuda") and "RANK" not in os.environ:  # (torchrun: ranks span nodes)
+            gpus = torch.cuda.device_count()
+            if gpus < tp:
+                raise ValueError(f"tensor_parallel_size={tp} needs {tp} GPUs on this machine (one per rank), but "
+                                 f"it has {gpus}: use fewer ranks, torchrun across machines, or device='cpu'")
+        dtype = self.resolve_dtype(mc.torch_dtype)
         if tp > 1:
             check_divisible(mc, tp)
             if mc.quantization is not None and mc.quantization.name in ("gptq", "awq"):  # packed 4-bit groups

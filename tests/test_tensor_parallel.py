@@ -154,6 +154,16 @@ def test_sizes_that_do_not_divide_are_refused_before_any_process_starts(checkpoi
     assert multiprocessing.active_children() == before
 
 
+def test_more_cuda_ranks_than_gpus_is_refused_at_start_up(checkpoints, monkeypatch):
+    """Each CUDA rank takes its own GPU: too few is a ValueError naming both counts, not a worker's crash."""
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 1)
+    before = multiprocessing.active_children()
+    with pytest.raises(ValueError, match=r"tensor_parallel_size=2 needs 2 GPUs .* it has 1"):
+        LLM(str(checkpoints["llama"][0]), tensor_parallel_size=2, device="cuda")
+    assert multiprocessing.active_children() == before
+
+
 TORCHRUN_SCRIPT = """
 import json, sys
 from minivllm import LLM, SamplingParams
