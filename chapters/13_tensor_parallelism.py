@@ -172,13 +172,14 @@ fig.suptitle("Which rank holds each weight element: rank 0 blue, rank 1 orange (
 widgets.show(fig)
 
 # %% [markdown]
-# q/k/v is split three times over: rank 0 holds the first half of the query heads *and* the first half of
-# the KV heads, so each rank attends its own heads with its own K and V. gate/up likewise: each rank needs
-# gate and up for the same MLP columns (silu(gate) * up is computed element by element). o_proj and
-# down_proj are split by columns, the inputs the column layers left on each rank. The embedding is split by
-# vocabulary rows; the LM head shares its weight (the embedded model ties them), so its logits come out
-# split by vocabulary too and are all-gathered before sampling. With fewer KV heads than ranks (8 KV heads
-# on 16 ranks, say), each KV head is copied onto `N / num_kv_heads` ranks instead of split.
+# (Every panel is drawn at the same height; the titles give the real shapes.) q/k/v is split three times
+# over: rank 0 holds the first half of the query heads *and* the first half of the KV heads, so each rank
+# attends its own heads with its own K and V. gate/up likewise: each rank needs gate and up for the same MLP
+# columns (silu(gate) * up is computed element by element). o_proj and down_proj are split by columns, the
+# inputs the column layers left on each rank. The embedding is split by vocabulary rows; the LM head shares
+# its weight (the embedded model ties them), so its logits come out split by vocabulary too and are
+# all-gathered before sampling. With fewer KV heads than ranks (8 KV heads on 16 ranks, say), each KV head
+# is copied onto `N / num_kv_heads` ranks instead of split.
 #
 # ## Two all-reduces per layer, and what they carry
 #
