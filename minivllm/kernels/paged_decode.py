@@ -72,7 +72,8 @@ def _paged_decode_kernel(
 
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=g_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_G, BLOCK_D]
-    qk_scale = scale * k_dequant * 1.4426950408889634  # softmax via exp2 (the native instruction): fold in log2(e)
+    # softmax via exp2 (the native instruction): fold in log2(e), and an fp8 cache's K scale
+    qk_scale = scale * k_dequant * 1.4426950408889634
 
     m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)  # running max of the scores
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)  # running sum of exp(score - m_i)
@@ -155,16 +156,23 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sm
 
 def decode_launch_config(head_dim: int, group: int, block_size: int, num_splits: int, dtype: torch.dtype,
                          arch: int | None = None, block_n: int | None = None, num_warps: int = 4,
-                         num_stages: int = 2, kv_fp8: int = 0) -> dict:
+                         num_stages: int | None = None, kv_fp8: int = 0) -> dict:
     """The decode kernel's constexprs and launch options: one pure function, so that the launcher and the
     ahead-of-time compile test (tests/test_aot_compile.py) see the very same variants.
 
     arch is the GPU's compute capability as an int (75 for a T4), None off CUDA. Compiled ahead of time
     (bench/kernel_report.py), 64-position tiles need more than the 255 registers a thread may have and
     spill on sm_75 and in fp32: there the default tile is 32 positions.
+
+    An fp8 cache (kv_fp8, see fp8.py) is converted in registers, so the software pipeline (num_stages=2)
+    would keep the next tile's bytes there too: fp8 launches default to one stage (with two, 64-wide tiles
+    spill on sm_80 and sm_90), and in fp32 to 16-position tiles (32 still spills on sm_90).
     """
     if block_n is None:
-        block_n = 32 if small_tiles(arch, dtype) else 64
+        block_n = 16 if kv_fp8 and arch is not None and dtype == torch.float32 else \
+            32 if small_tiles(arch, dtype) else 64
+    if num_stages is None:
+        num_stages = 1 if kv_fp8 else 2
     assert block_n >= 16 and block_n & (block_n - 1) == 0, "tl.dot needs a power of two >= 16"
     return dict(QUERY_GROUP=group, KV_BLOCK_SIZE=block_size, NUM_SPLITS=num_splits,
                 BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
@@ -203,7 +211,7 @@ def num_sms(device: torch.device) -> int:
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
                            max_seq_len: int | None = None, num_splits: int | None = None,
-                           block_n: int | None = None, num_warps: int = 4, num_stages: int = 2,
+                           block_n: int | None = None, num_warps: int = 4, num_stages: int | None = None,
                            k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     """Attention of one query per request over its paged context: q [B, H, D] -> [B, H, D].
 

@@ -125,7 +125,8 @@ def prefill_launch_config(head_dim: int, group: int, block_size: int, max_query_
     assert block_m >= group, "a tile must hold every query head of at least one query"
     return dict(QUERY_GROUP=group, QUERIES_PER_TILE=block_m // group, KV_BLOCK_SIZE=block_size,
                 BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-                DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32", KV_FP8=kv_fp8, num_warps=4, num_stages=2)
+                DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32", KV_FP8=kv_fp8, num_warps=4,
+                num_stages=1 if kv_fp8 else 2)  # fp8: converted in registers, no prefetch (decode_launch_config)
 
 
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
