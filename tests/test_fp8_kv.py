@@ -265,3 +265,34 @@ def test_draft_model_sizing_uses_the_cache_dtype(checkpoints):
 def test_llm_engine_reports_fp8_sizing(llama_path):
     eng = LLMEngine(EngineConfig(llama_path, kv_cache_dtype="fp8_e5m2", num_kv_blocks=8, block_size=4))
     assert eng.runner.bytes_per_block == eng.runner.kv_cache[:, :, :1].numel()  # one byte per element
+
+
+def test_draft_model_and_online_softmax_hook_read_fp8(checkpoints):
+    """A draft model's cache follows the target's kv_cache_dtype; the chapter-02 hook's block-by-block decode
+    reads an fp8 cache like the batched reference (the same greedy tokens)."""
+    from minivllm.attention.online_softmax import online_softmax_update
+    from minivllm.hooks import EngineHooks
+
+    path = checkpoints["llama"][0]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    prompts = [{"prompt_token_ids": p} for p in ([*range(3, 20)], [7, 8, 9])]
+    plain = LLM(path, kv_cache_dtype="fp8", num_kv_blocks=64)
+    want = [o.outputs[0].token_ids for o in plain.generate(prompts, params, use_tqdm=False)]
+    hooked = LLM(path, kv_cache_dtype="fp8", num_kv_blocks=64,
+                 hooks=EngineHooks(online_softmax_update=online_softmax_update))
+    assert [o.outputs[0].token_ids for o in hooked.generate(prompts, params, use_tqdm=False)] == want
+    drafted = LLM(path, kv_cache_dtype="fp8", num_kv_blocks=64, speculative_model=path, num_speculative_tokens=2)
+    assert drafted.engine.runner.proposer.runner.kv_cache.dtype == torch.float8_e4m3fn
+    assert [o.outputs[0].token_ids for o in drafted.generate(prompts, params, use_tqdm=False)] == want
+
+
+def test_tensor_parallel_ranks_share_the_fp8_cache_layout(checkpoints):
+    """Under tensor parallelism each rank caches its KV heads in fp8: the same tokens as one process."""
+    path = checkpoints["llama"][0]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    prompts = [{"prompt_token_ids": p} for p in ([*range(3, 20)], [7, 8, 9])]
+    kwargs = dict(dtype="float32", kv_cache_dtype="fp8_e5m2", block_size=4, num_kv_blocks=32)
+    want = [o.outputs[0].token_ids for o in LLM(path, **kwargs).generate(prompts, params, use_tqdm=False)]
+    with LLM(path, tensor_parallel_size=2, **kwargs) as llm:
+        assert llm.engine.runner.kv_cache.dtype == torch.float8_e5m2
+        assert [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == want
