@@ -87,6 +87,7 @@ DEFAULT_BLOCK_SIZE = 16
 # and the largest one bracket the rest.
 ELEMENTWISE_MODELS = ("qwen3-test", "llama-3-8b")
 QUERY_LENS = (1, 2048)  # prefill max_query_len: the launcher's shortest and tallest tiles
+KV_FORMATS = (0, 1, 2)  # the kernels' KV_FP8: the model's dtype, fp8 e4m3, fp8 e5m2 (minivllm/kernels/fp8.py)
 MAX_MODEL_LEN = 32768  # long enough that choose_num_splits is capped only by the grid, as in CUDA graphs
 
 
@@ -139,46 +140,65 @@ def _ptr(dtype: str) -> str:
     return "*" + {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}[dtype]
 
 
-def model_variants(model: Model, arch: Arch, dtype: str, block_size: int) -> list[Variant]:
-    """Every launch the engine makes for one model on one target: the same arguments the launchers pass."""
+def attention_variants(model: Model, arch: Arch, dtype: str, block_size: int, kv_fp8: int) -> list[Variant]:
+    """The store, decode (and split-K reduce) and prefill launches over one cache layout: `kv_fp8` is the
+    kernels' KV_FP8 (0: the model's dtype; 1, 2: fp8 e4m3 / e5m2, passed as bytes)."""
     import importlib
 
-    from minivllm.kernels import activation, int4_linear, int8_linear, norm, paged_decode, paged_prefill, rotary
+    from minivllm.kernels import paged_decode, paged_prefill
     from minivllm.runner.cuda_graphs import capture_sizes
 
     store_kv = importlib.import_module("minivllm.kernels.store_kv")  # the package exports the function of that name
 
     torch_dtype, p = getattr(torch, dtype), _ptr(dtype)
+    c = p if kv_fp8 == 0 else "*u8"
     h, kv, d, group = model.heads, model.kv_heads, model.head_dim, model.heads // model.kv_heads
     qkv = (h + 2 * kv) * d  # q, k, v are views of the fused projection's rows
     cache = dict(stride_cb=block_size * kv * d, stride_cs=kv * d, stride_ch=d, stride_bt=MAX_MODEL_LEN // block_size,
                  head_dim=d)
     out = []
     out.append(_variant(store_kv._store_kv_kernel, arch.sm, dtype, dict(
-        key_ptr=p, value_ptr=p, k_cache_ptr=p, v_cache_ptr=p, slot_mapping_ptr="*i64",
+        key_ptr=p, value_ptr=p, k_cache_ptr=c, v_cache_ptr=c, slot_mapping_ptr="*i64", k_scale=0.5, v_scale=0.5,
         stride_kt=qkv, stride_kh=d, stride_vt=qkv, stride_vh=d, num_kv_heads=kv, **cache),
-        store_kv.store_kv_config(kv, d, block_size)))
+        store_kv.store_kv_config(kv, d, block_size, kv_fp8)))
     # decode: split-K off, and the largest count the CUDA graphs fix on this GPU. Other counts > 1 change
     # one constant divisor in the kernel and a smaller BLOCK_S in the reduce: no new register or shared-memory
     # pressure, so they are left out to keep the compile count down.
     chosen = {paged_decode.choose_num_splits(size, kv, MAX_MODEL_LEN, arch.num_sms) for size in capture_sizes(256)}
     for num_splits in sorted({1, max(chosen)}) if block_size == DEFAULT_BLOCK_SIZE else (1,):
         out.append(_variant(paged_decode._paged_decode_kernel, arch.sm, dtype, dict(
-            q_ptr=p, k_cache_ptr=p, v_cache_ptr=p, block_tables_ptr="*i32", seq_lens_ptr="*i32", out_ptr=p,
+            q_ptr=p, k_cache_ptr=c, v_cache_ptr=c, block_tables_ptr="*i32", seq_lens_ptr="*i32", out_ptr=p,
             part_acc_ptr="*fp32" if num_splits > 1 else p, part_m_ptr="*fp32" if num_splits > 1 else p,
-            part_l_ptr="*fp32" if num_splits > 1 else p, scale=d**-0.5, stride_qb=h * d, stride_qh=d,
-            stride_ob=h * d, stride_oh=d, **cache),
-            paged_decode.decode_launch_config(d, group, block_size, num_splits, torch_dtype, arch.sm)))
+            part_l_ptr="*fp32" if num_splits > 1 else p, scale=d**-0.5, k_dequant=1.0, v_dequant=1.0,
+            stride_qb=h * d, stride_qh=d, stride_ob=h * d, stride_oh=d, **cache),
+            paged_decode.decode_launch_config(d, group, block_size, num_splits, torch_dtype, arch.sm,
+                                              kv_fp8=kv_fp8)))
         if num_splits > 1:
             out.append(_variant(paged_decode._split_reduce_kernel, arch.sm, dtype, dict(
                 part_acc_ptr="*fp32", part_m_ptr="*fp32", part_l_ptr="*fp32", out_ptr=p, stride_ob=h * d,
                 stride_oh=d, num_heads=h, head_dim=d), paged_decode.split_reduce_config(d, num_splits)))
     for max_query_len in QUERY_LENS if block_size == DEFAULT_BLOCK_SIZE else QUERY_LENS[-1:]:
         out.append(_variant(paged_prefill._paged_prefill_kernel, arch.sm, dtype, dict(
-            q_ptr=p, k_cache_ptr=p, v_cache_ptr=p, block_tables_ptr="*i32", query_start_loc_ptr="*i32",
-            seq_lens_ptr="*i32", out_ptr=p, scale=d**-0.5, stride_qt=h * d, stride_qh=d, stride_ot=h * d,
-            stride_oh=d, **cache),
-            paged_prefill.prefill_launch_config(d, group, block_size, max_query_len, torch_dtype, arch.sm)))
+            q_ptr=p, k_cache_ptr=c, v_cache_ptr=c, block_tables_ptr="*i32", query_start_loc_ptr="*i32",
+            seq_lens_ptr="*i32", out_ptr=p, scale=d**-0.5, k_dequant=1.0, v_dequant=1.0, stride_qt=h * d,
+            stride_qh=d, stride_ot=h * d, stride_oh=d, **cache),
+            paged_prefill.prefill_launch_config(d, group, block_size, max_query_len, torch_dtype, arch.sm,
+                                                kv_fp8=kv_fp8)))
+    return out
+
+
+def model_variants(model: Model, arch: Arch, dtype: str, block_size: int) -> list[Variant]:
+    """Every launch the engine makes for one model on one target: the same arguments the launchers pass."""
+    from minivllm.kernels import activation, int4_linear, int8_linear, norm, rotary
+
+    torch_dtype, p = getattr(torch, dtype), _ptr(dtype)
+    h, kv, d = model.heads, model.kv_heads, model.head_dim
+    qkv = (h + 2 * kv) * d  # q, k, v are views of the fused projection's rows
+    out = []
+    # the cache in the model's dtype, and (issue 24) as fp8 bytes in either format, converted in the kernels;
+    # fp8 at the default block size only: the block size changes address arithmetic, not the conversions
+    for kv_fp8 in KV_FORMATS if block_size == DEFAULT_BLOCK_SIZE else KV_FORMATS[:1]:
+        out += attention_variants(model, arch, dtype, block_size, kv_fp8)
     if block_size != DEFAULT_BLOCK_SIZE or model.name not in ELEMENTWISE_MODELS:
         return out  # the rest does not depend on the cache layout, nor on the attention shape
     norms = [(model.hidden, 1, model.hidden, residual) for residual in (False, True)]
@@ -362,7 +382,9 @@ def section(records: list[dict], seconds: float) -> str:
         f"bundled ptxas for T4 (sm_75), A100 (sm_80) and H100 (sm_90): {len(records)} compiles ({counts}) in "
         f"{seconds:.0f} s on 2 cores (less when Triton's on-disk cache holds them; about 60 s cold on an idle 2-core "
         "machine). Model shapes: " + ", ".join(m.name for m in MODELS) + "; dtypes fp16 "
-        "everywhere, bf16 from sm_80, fp32 (opt-in on GPU) everywhere. Occupancy: resident warps per SM over "
+        "everywhere, bf16 from sm_80, fp32 (opt-in on GPU) everywhere; KV caches in the model's dtype and, for the "
+        "store, decode and prefill kernels at block size 16, in fp8 e4m3 and e5m2 (`kv_cache_dtype`). Occupancy: "
+        "resident warps per SM over "
         "the maximum (32 on sm_75, 64 on sm_80/sm_90), from registers (64K per SM), shared memory (64/164/228 "
         "KiB per SM, 1 KiB reserved per block from sm_80), max blocks and threads per SM. Ranges are min–max "
         "over a row's variants; the worst variant is the one with the lowest occupancy.", "",

@@ -231,10 +231,10 @@ assert gqa == 327_680 and quoted // gqa == 8 and round(gqa * 4096 / 1e9, 1) == 1
 
 # %%
 mc, bs = runner.model_config, engine.config.block_size
-dtype_bytes = runner.dtype.itemsize
+dtype_bytes = runner.cache_dtype.itemsize  # the model's dtype, unless kv_cache_dtype="fp8" (chapter 12)
 per_token = kv_bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, dtype_bytes)
 print(f"{engine.config.model.name}: {mc.num_layers} layers, {mc.num_kv_heads} KV heads x {mc.head_dim} dims, "
-      f"{runner.dtype} ({dtype_bytes} bytes)")
+      f"{runner.cache_dtype} ({dtype_bytes} bytes)")
 print(f"bytes per token: 2 x {mc.num_layers} x {mc.num_kv_heads} x {mc.head_dim} x {dtype_bytes} = {per_token:,}")
 print(f"bytes per block: x {bs} tokens = {runner.bytes_per_block:,} = {runner.bytes_per_block / KiB:.0f} KiB")
 print(f"blocks: {runner.num_blocks:,} = {runner.num_blocks * bs:,} tokens of KV cache "

@@ -25,11 +25,12 @@
 # | GPTQ 4-bit | 4 | a scale and a zero point per group of 128 inputs | detected from `config.json` |
 # | AWQ 4-bit | 4 | the same, another packing order | detected from `config.json` |
 # | GGUF Q8_0 / Q4_0 | 8.5 / 4.5 | an fp16 scale per block of 32 | `LLM("model.gguf")`, dequantized at load |
-# | FP8 (Hopper) | 8 | per tensor | refused here (and the FP8 KV cache is not implemented yet) |
+# | FP8 weights (Hopper) | 8 | per tensor | refused here |
+# | **FP8 KV cache** (K and V, not weights) | 8 | a K and a V scale per layer | `kv_cache_dtype="fp8"` |
 #
 # This chapter does the arithmetic first (what fits a T4, computed by the engine's own sizing code), then
-# quantizes the embedded model two ways and measures what it costs, looks inside a 4-bit word, and ends
-# with an exercise: the int8 quantizer, graded by the engine.
+# quantizes the embedded model two ways and its KV cache two ways and measures what it costs, looks inside a
+# 4-bit word, and ends with an exercise: the int8 quantizer, graded by the engine.
 
 # %%
 # Setup: on Colab, fetch the repository and install it; anywhere else this cell does nothing.
@@ -60,6 +61,7 @@ from minivllm.config import DEFAULT_MODEL
 from minivllm.core.kv_sizing import gpu_kv_budget, kv_bytes_per_block, kv_bytes_per_token, num_blocks_for_budget
 from minivllm.model import read_model_config
 from minivllm.quantization import weight_bytes
+from minivllm.quantization.kv_cache import kv_cache_torch_dtype
 from minivllm.quantization.sizing import model_weight_bytes
 
 GiB = 2**30
@@ -68,7 +70,7 @@ GiB = 2**30
 # ## Bytes per weight, bytes per KV token
 #
 # Two things fill a GPU: the weights, read once per step, and the KV cache, which grows with every token of
-# every running request. Quantizing the weights shrinks the first; storing K and V in fp8 would halve the
+# every running request. Quantizing the weights shrinks the first; storing K and V in fp8 halves the
 # second. `model_weight_bytes` (`minivllm/quantization/sizing.py`) counts a model's weights in each format:
 # linear layers in the format, embeddings, LM head and norms in fp16, as the 4-bit formats keep them;
 # `kv_bytes_per_token` is the engine's own KV formula (chapter 02). Three configs: Llama-2-7B, Llama-3-8B
@@ -93,7 +95,8 @@ FORMATS = {"fp16": "float", "int8": "int8", "4-bit (GPTQ/AWQ g128)": "gptq", "GG
 print(f"{'model':14s}" + "".join(f"{f:>24s}" for f in FORMATS) + f"{'KV/token fp16':>15s}{'fp8':>9s}")
 for name, mc in MODELS.items():
     sizes = [model_weight_bytes(mc, fmt, dtype_bytes=2) for fmt in FORMATS.values()]
-    kv16, kv8 = (kv_bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, b) for b in (2, 1))
+    kv16, kv8 = (kv_bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim,
+                                    kv_cache_torch_dtype(kv, torch.float16).itemsize) for kv in ("auto", "fp8"))
     kv = f"{kv16 / 1024:11.0f} KiB{kv8 / 1024:5.0f} KiB"
     print(f"{name:14s}" + "".join(f"{s / GiB:21.3f} GiB" for s in sizes) + kv)
 llama2 = MODELS["Llama-2-7B"]
@@ -108,38 +111,46 @@ assert kv_bytes_per_token(llama2.num_layers, llama2.num_kv_heads, llama2.head_di
 #
 # The engine sizes the KV cache as vLLM does (chapter 02): `gpu_memory_utilization` (0.9) of the GPU,
 # minus the weights and the activations' peak, divided into blocks of 16 tokens. Colab's T4 shows about
-# 15 GiB to torch; we assume 1 GiB of activations (on a real GPU the engine profiles it).
+# 15 GiB to torch; we assume 1 GiB of activations (on a real GPU the engine profiles it). The KV element
+# comes from the engine's own `kv_cache_torch_dtype`: the model's fp16 for `kv_cache_dtype="auto"`, one byte
+# for `"fp8"`.
 
 # %%
 T4_BYTES, ACTIVATIONS, BLOCK = 15 * GiB, 1 * GiB, 16
-print(f"{'model':12s} {'weights':>22s} {'KV':>5s} {'blocks':>8s} {'tokens of context':>18s}")
+print(f"{'model':12s} {'weights':>22s} {'kv_cache_dtype':>15s} {'blocks':>8s} {'tokens of context':>18s}")
+t4_blocks = {}
 for name in ("Llama-2-7B", "Llama-3-8B"):
     mc = MODELS[name]
     for label, fmt in (("fp16", "float"), ("int8", "int8"), ("4-bit", "gptq")):
         weights = model_weight_bytes(mc, fmt)
-        for kv, kv_bytes in (("fp16", 2), ("fp8", 1)):
+        for kv in ("auto", "fp8"):
+            element = kv_cache_torch_dtype(kv, torch.float16).itemsize  # 2, or 1 for fp8
             budget = gpu_kv_budget(T4_BYTES, 0.9, weights + ACTIVATIONS)
             blocks = max(0, num_blocks_for_budget(budget, kv_bytes_per_block(mc.num_layers, BLOCK, mc.num_kv_heads,
-                                                                              mc.head_dim, kv_bytes)))
-            print(f"{name:12s} {label:>6s} ({weights / GiB:5.1f} GiB)     {kv:>5s} {blocks:8d} {blocks * BLOCK:18,d}")
+                                                                              mc.head_dim, element)))
+            t4_blocks[name, label, kv] = blocks
+            print(f"{name:12s} {label:>6s} ({weights / GiB:5.1f} GiB) {kv:>15s} {blocks:8d} {blocks * BLOCK:18,d}")
+assert t4_blocks["Llama-3-8B", "4-bit", "fp8"] >= 1.99 * t4_blocks["Llama-3-8B", "4-bit", "auto"]
 
 # %% [markdown]
 # In fp16 neither model fits at all: 12.6 and 15 GiB of weights leave nothing for the cache. int8 makes
 # both fit: about twelve thousand tokens of context for Llama-2-7B (32 KV heads make each of its tokens
 # four times as expensive as Llama-3-8B's), over thirty thousand for Llama-3-8B. 4-bit weights leave more
 # again, and an fp8 cache doubles every figure (each block costs half the bytes). That is why a T4 learner
-# downloads GPTQ and AWQ checkpoints, and why vLLM offers `kv_cache_dtype="fp8"` (sized here by the same
-# formula; minivllm's cache is not fp8 yet).
+# downloads GPTQ and AWQ checkpoints and passes `kv_cache_dtype="fp8"` (`--kv-cache-dtype fp8` to the
+# server), in vLLM as here.
 #
 # ## The embedded model, quantized two ways
 #
 # Now measured rather than computed. The embedded model is quantized to **int8** as it loads, and to
 # **4-bit GPTQ** by minivllm's own packer (`minivllm/quantization/packing.py`: round-to-nearest per group
-# of 32 inputs, written in GPTQ's published layout, then loaded back like any Hub checkpoint). Against the
-# float model (fp32, so the comparison sees only the quantization): bytes of weights as loaded, greedy
-# agreement (the fraction of 32-token continuations' positions where the quantized model picks the float
-# model's token) and perplexity on held-out stories from the project's corpus generator (`data/corpus.py`,
-# a seed the training never saw), each scored with the engine's own `prompt_logprobs`.
+# of 32 inputs, written in GPTQ's published layout, then loaded back like any Hub checkpoint); then, with
+# float weights, its **KV cache** is stored in fp8, both formats. Against the float model (fp32, so the
+# comparison sees only the quantization): bytes of weights as loaded, greedy agreement (the fraction of
+# 32-token continuations' positions where the quantized model picks the float model's token), perplexity
+# on held-out stories from the project's corpus generator (`data/corpus.py`, a seed the training never saw),
+# each scored with the engine's own `prompt_logprobs`, and the largest change of any of those stories'
+# token logprobs.
 
 # %%
 sys.path.insert(0, str(Path(DEFAULT_MODEL).parents[1]))  # data/: the corpus generator
@@ -153,33 +164,63 @@ stories = generate_corpus(40, HELDOUT_SEED)
 prompts = [" ".join(s.split()[:5]) for s in generate_corpus(16, HELDOUT_SEED + 1)]
 
 
-def perplexity(llm) -> float:
+def story_logprobs(llm) -> list[float]:
+    """The logprob of every token of the held-out stories, each given the ones before it."""
     outs = llm.generate(stories, SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)
-    nll = [-lp[t].logprob for o in outs for t, lp in zip(o.prompt_token_ids[1:], o.prompt_logprobs[1:])]
-    return math.exp(sum(nll) / len(nll))
+    return [lp[t].logprob for o in outs for t, lp in zip(o.prompt_token_ids[1:], o.prompt_logprobs[1:])]
 
 
 greedy = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
 results = {}
-for name, path, quantization in (("float32", DEFAULT_MODEL, None), ("int8", DEFAULT_MODEL, "int8"),
-                                 ("GPTQ 4-bit g32", work / "gptq", None)):
-    llm = LLM(str(path), dtype="float32", quantization=quantization, num_kv_blocks=512)
+for name, path, quantization, kv in (("float32", DEFAULT_MODEL, None, "auto"), ("int8", DEFAULT_MODEL, "int8", "auto"),
+                                     ("GPTQ 4-bit g32", work / "gptq", None, "auto"),
+                                     ("KV fp8 e4m3", DEFAULT_MODEL, None, "fp8_e4m3"),
+                                     ("KV fp8 e5m2", DEFAULT_MODEL, None, "fp8_e5m2")):
+    llm = LLM(str(path), dtype="float32", quantization=quantization, kv_cache_dtype=kv, num_kv_blocks=512)
     start = time.perf_counter()
     tokens = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)]
     seconds = time.perf_counter() - start
-    results[name] = dict(bytes=weight_bytes(llm.engine.runner.model), tokens=tokens, ppl=perplexity(llm),
+    results[name] = dict(bytes=weight_bytes(llm.engine.runner.model), tokens=tokens, logprobs=story_logprobs(llm),
                          tok_s=sum(map(len, tokens)) / seconds)
 base = results["float32"]
 for name, r in results.items():
-    agree = sum(a == b for x, y in zip(base["tokens"], r["tokens"]) for a, b in zip(x, y)) / (32 * len(prompts))
-    r["agree"] = agree
+    r["agree"] = sum(a == b for x, y in zip(base["tokens"], r["tokens"]) for a, b in zip(x, y)) / (32 * len(prompts))
+    r["ppl"] = math.exp(-sum(r["logprobs"]) / len(r["logprobs"]))
+    r["max_dlogprob"] = max(abs(a - b) for a, b in zip(base["logprobs"], r["logprobs"]))
     print(f"{name:15s} weights {r['bytes'] / 2**20:5.2f} MiB ({r['bytes'] / base['bytes']:4.0%})   greedy agreement "
-          f"{agree:5.1%}   held-out perplexity {r['ppl']:.3f}   {r['tok_s']:6.0f} tok/s")
+          f"{r['agree']:5.1%}   held-out perplexity {r['ppl']:.3f} (max |dlogprob| {r['max_dlogprob']:.3f})   "
+          f"{r['tok_s']:6.0f} tok/s")
 assert results["int8"]["bytes"] <= 0.35 * base["bytes"]
+assert results["KV fp8 e4m3"]["agree"] >= 0.9 and results["KV fp8 e5m2"]["agree"] >= 0.85
 
 # %% [markdown]
-# int8 keeps about a third of the fp32 bytes (the embedding stays float: at this size it is a tenth of the
-# model) and changes nothing visible: per-channel scales lose at most half a step of 1/127 of each row's
+# The weights and the KV cache are quantized for different reasons, and the table shows it: int8 and 4-bit
+# shrink the weights (the fp8 rows keep them whole), an fp8 cache shrinks what each token of context costs.
+# What it buys, measured by the engine's own sizing: the same KV budget, in blocks, for the cache in the
+# model's dtype on this machine and in fp8.
+
+# %%
+budget_bytes = 4 * 2**20
+for kv in ("auto", "fp8", "fp8_e5m2"):
+    llm = LLM(kv_cache_dtype=kv, kv_cache_memory_bytes=budget_bytes, max_num_seqs=64)
+    runner = llm.engine.runner
+    results[f"blocks {kv}"] = runner.num_blocks
+    print(f"kv_cache_dtype={kv!r:11s} cache {str(runner.kv_cache.dtype):20s} {runner.kv_cache.element_size()} "
+          f"byte(s) per element: {runner.num_blocks:4d} blocks of {runner.config.block_size} tokens in "
+          f"{budget_bytes >> 20} MiB")
+assert results["blocks fp8"] >= 1.9 * results["blocks auto"]
+
+# %% [markdown]
+# The fp8 caches hold two (against fp16 or bf16) or four (against fp32) times the blocks, and the first table
+# shows what that costs on this model: greedy agreement and perplexity next to the float model's, the
+# largest logprob change of any story token small; e4m3 (3 mantissa bits) closer than e5m2 (2 bits), whose
+# wider range a cache with sensible scales does not need. Each layer's K and V are stored as fp8(x / scale)
+# with one scale per tensor: 1.0 here, or the `k_scale` / `v_scale` a checkpoint ships (vLLM's convention).
+# The torch backend upcasts what it reads and multiplies by the scale; the Triton kernels read the bytes and
+# convert them with shifts (`minivllm/kernels/fp8.py`), which every GPU can do, a T4 included.
+#
+# Back to the weights: int8 keeps about a third of the fp32 bytes (the embedding stays float: at this size it is
+# a tenth of the model) and changes nothing visible: per-channel scales lose at most half a step of 1/127 of each row's
 # largest weight. 4-bit is an eighth of fp32 per linear weight (plus a scale and a zero point per group of
 # 32) and costs more, though not where one might look first: the perplexity of held-out stories barely
 # moves (this model finds its stories very predictable), but greedy continuations leave the float model's
@@ -274,6 +315,4 @@ check_int8_quantize(my_quantize)
 
 
 # %% [markdown]
-# That is the last chapter. Back to [00 · a first generation](00_first_generation.ipynb) to step through the
-# journey again, or on to the engine's source: every module the chapters read is listed in the README under
-# "What is inside".
+# Next: [13 · Tensor parallelism: one model over several processes](13_tensor_parallelism.ipynb).

@@ -37,6 +37,9 @@ class EngineConfig:
     # None: as the checkpoint is (float, GPTQ, AWQ, GGUF); "int8": weight-only int8 quantized at load (see
     # minivllm/quantization/__init__.py for every accepted spelling)
     quantization: str | None = None
+    # the KV cache's elements: "auto" (the model's dtype), or "fp8" (= "fp8_e4m3") / "fp8_e5m2" with a per-tensor
+    # scale per layer: twice the blocks for the same bytes (minivllm/quantization/kv_cache.py)
+    kv_cache_dtype: str = "auto"
     device: str = "auto"
     block_size: int = 16
     num_kv_blocks: int | None = None
@@ -70,6 +73,9 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.model is None:
             self.model = DEFAULT_MODEL
+        from minivllm.quantization.kv_cache import check_kv_cache_dtype
+
+        check_kv_cache_dtype(self.kv_cache_dtype)
         if self.generation_config not in ("auto", "vllm"):
             raise ValueError(f"generation_config must be 'auto' or 'vllm', got {self.generation_config!r}")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
@@ -132,6 +138,7 @@ class EngineConfig:
         from minivllm.distributed.parallel import check_divisible, local_kv_heads
         from minivllm.model import read_model_config, resolve_model_path
         from minivllm.quantization import resolve_quantization
+        from minivllm.quantization.kv_cache import kv_cache_torch_dtype
 
         model = resolve_model_path(self.model, self.revision, self.download_dir)
         tokenizer = (model if self.tokenizer is None else
@@ -144,13 +151,18 @@ class EngineConfig:
         if quantization is not None and quantization.name == "int8" and self.hooks.int8_quantize is not None:
             quantization = replace(quantization, quantize=self.hooks.int8_quantize)  # a learner's (chapter 12)
         mc = replace(mc, quantization=quantization)
-        dtype = self.resolve_dtype(mc.torch_dtype)
         tp = self.tensor_parallel_size
+        if tp > 1 and self.device.startswith("cuda") and "RANK" not in os.environ:  # (torchrun: ranks span nodes)
+            gpus = torch.cuda.device_count()
+            if gpus < tp:
+                raise ValueError(f"tensor_parallel_size={tp} needs {tp} GPUs on this machine (one per rank), but "
+                                 f"it has {gpus}: use fewer ranks, torchrun across machines, or device='cpu'")
+        dtype = self.resolve_dtype(mc.torch_dtype)
         if tp > 1:
             check_divisible(mc, tp)
-            if mc.quantization is not None and not mc.quantization.checkpoint_is_float():
-                raise ValueError(f"tensor_parallel_size={tp} with a {mc.quantization.describe()} checkpoint is not "
-                                 f"supported yet (float checkpoints, and int8 quantized at load, are)")
+            if mc.quantization is not None and mc.quantization.name in ("gptq", "awq"):  # packed 4-bit groups
+                raise ValueError(f"tensor_parallel_size={tp} with a {mc.quantization.name.upper()} checkpoint is "
+                                 f"not supported (float checkpoints, GGUF files and quantization='int8' are)")
         max_len = self.max_model_len
         limit, why = mc.max_position_embeddings, "max_position_embeddings"
         if mc.sliding_window is not None and mc.sliding_window < limit:  # not implemented: stay inside it
@@ -162,7 +174,7 @@ class EngineConfig:
             blocks = self.num_kv_blocks
             if blocks is None and (self.kv_cache_memory_bytes or not self.device.startswith("cuda")):
                 per_block = kv_bytes_per_block(mc.num_layers, self.block_size, local_kv_heads(mc.num_kv_heads, tp),
-                                               mc.head_dim, dtype.itemsize)
+                                               mc.head_dim, kv_cache_torch_dtype(self.kv_cache_dtype, dtype).itemsize)
                 blocks = (self.kv_cache_memory_bytes or DEFAULT_CPU_KV_CACHE_BYTES) // per_block
             if blocks is not None:
                 max_len = min(max_len, blocks * self.block_size)
@@ -174,6 +186,15 @@ class EngineConfig:
         name = self.served_model_name or (DEFAULT_MODEL.name if self.model is DEFAULT_MODEL else str(self.model))
         return replace(self, model=model, tokenizer=tokenizer, served_model_name=name, speculative_model=draft,
                        model_config=mc, dtype=dtype, max_model_len=max_len)
+
+    @property
+    def cache_dtype(self) -> torch.dtype:
+        """The KV cache tensors' element type (the model's dtype, or fp8): once resolved, as dtype is then final."""
+        from minivllm.quantization.kv_cache import kv_cache_torch_dtype
+
+        if not isinstance(self.dtype, torch.dtype):
+            raise ValueError("cache_dtype needs a resolved config (EngineConfig.resolve)")
+        return kv_cache_torch_dtype(self.kv_cache_dtype, self.dtype)
 
     def resolve_dtype(self, checkpoint_dtype: torch.dtype | None) -> torch.dtype:
         """On CPU bf16 where it is native, else float32 (vLLM-CPU's rule); on CUDA the checkpoint's half type,

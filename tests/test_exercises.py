@@ -12,7 +12,7 @@ import torch
 from minivllm import EngineConfig, LLMEngine, SamplingParams
 from minivllm.config import DEFAULT_MODEL
 from minivllm.core.block_pool import BlockPool
-from minivllm.exercises import ExerciseFailure, ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch12
+from minivllm.exercises import ExerciseFailure, ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch12, ch13
 from minivllm.exercises.common import for_all_workloads, run_workload
 from minivllm.hooks import EngineHooks
 
@@ -107,6 +107,13 @@ def truncates(weight):
     return (weight / scale[:, None]).trunc().to(torch.int8), scale
 
 
+def kv_heads_not_replicated(num_heads, num_kv_heads, head_dim, tp_size, rank):
+    q, kv = num_heads // tp_size, max(1, num_kv_heads // tp_size)  # rank r takes KV head r even when kv < tp
+    k, v = (num_heads + rank * kv) * head_dim, (num_heads + num_kv_heads + rank * kv) * head_dim
+    return [*range(rank * q * head_dim, (rank + 1) * q * head_dim), *range(k, k + kv * head_dim),
+            *range(v, v + kv * head_dim)]
+
+
 FAST = {"max_examples": 2}  # after the 3 hard workloads every property check tries first
 EXERCISES = {  # name: (checker, its fast arguments, solution module, solution name, stub)
     "ch01": (ch01.check_enqueue, FAST, "ch01_enqueue", "my_enqueue", stub),
@@ -117,6 +124,7 @@ EXERCISES = {  # name: (checker, its fast arguments, solution module, solution n
     "ch06": (ch06.check_hash_block, {}, "ch06_hash_block", "my_hash_block", stub),
     "ch07": (ch07.check_verify_sampled, {"trials": 3000}, "ch07_verify_sampled", "my_verify_sampled", stub),
     "ch12": (ch12.check_int8_quantize, {}, "ch12_int8_quantize", "my_quantize", stub),
+    "ch13": (ch13.check_qkv_rows, {"max_ranks": 4}, "ch13_qkv_rows", "my_qkv_rows", stub),
 }
 MISTAKES = [  # (exercise, planted mistake, words the verdict must contain)
     ("ch01", lifo_for_preempted, "goes back to the head"),
@@ -129,6 +137,7 @@ MISTAKES = [  # (exercise, planted mistake, words the verdict must contain)
     ("ch07", resample_from_p, "normalise(max(0, p - q))"),
     ("ch12", one_scale_per_tensor, "max|w| / 127 per row"),
     ("ch12", truncates, "round(w / scale)"),
+    ("ch13", kv_heads_not_replicated, "replicated on tp_size / num_kv_heads ranks"),
 ]
 
 

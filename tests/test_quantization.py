@@ -323,3 +323,34 @@ def test_cli_takes_quantization(llama_path, capsys):
     assert "quantization='fp8' is not supported" in capsys.readouterr().err
     assert main(["generate", "Hi", "--max-tokens", "2", "--num-kv-blocks", "16", "--quantization", "int8"]) == 0
     assert "'Hi' ->" in capsys.readouterr().out  # the embedded model, quantized as it loads
+
+
+# --- under tensor parallelism ------------------------------------------------------------------------------------
+
+def test_gguf_with_int8_on_two_ranks_equals_one_rank(gguf_file):
+    """GGUF is dequantized at load, so each rank keeps its slice of float tensors; int8 then quantizes each
+    rank's shard with the single process's scales: a column layer holds whole output rows, a row layer takes
+    each row's max |w| over every rank's inputs (an all-reduce at load). Tokens and scales equal one rank's."""
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    prompts = ["Hi, my name is", "Today is a beautiful summer day"]
+    kwargs = dict(dtype="float32", quantization="int8", num_kv_blocks=64)
+    one = LLM(str(gguf_file), **kwargs)
+    want = one.generate(prompts, params, use_tqdm=False)
+    with LLM(str(gguf_file), tensor_parallel_size=2, **kwargs) as llm:
+        got = llm.generate(prompts, params, use_tqdm=False)
+        whole, rank0 = one.engine.runner.model.model.layers[0].mlp, llm.engine.runner.model.model.layers[0].mlp
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    scales = whole.gate_up_proj.weight_scale
+    half = scales.shape[0] // 4  # rank 0: the first half of gate's rows and of up's
+    assert torch.equal(rank0.gate_up_proj.weight_scale, torch.cat([scales[:half], scales[2 * half: 3 * half]]))
+    assert torch.equal(rank0.down_proj.weight_scale, whole.down_proj.weight_scale)
+    assert torch.equal(rank0.down_proj.weight, whole.down_proj.weight[:, : whole.down_proj.weight.shape[1] // 2])
+
+
+@pytest.mark.parametrize("qc, name", [({"quant_method": "gptq", "bits": 4, "group_size": 32}, "GPTQ"),
+                                      ({"quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": True,
+                                        "version": "gemm"}, "AWQ")])
+def test_4bit_checkpoints_are_refused_under_tensor_parallelism(tmp_path, qc, name):
+    path = _bogus_checkpoint(tmp_path / "m", qc)
+    with pytest.raises(ValueError, match=f"tensor_parallel_size=2 with a {name} checkpoint is not supported"):
+        LLM(str(path), tensor_parallel_size=2, num_kv_blocks=16)

@@ -13,7 +13,9 @@ class AttentionBackend(Protocol):
     name: str  # "torch", "triton": CUDA graphs are only captured for backends whose kernels allow it
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                v_cache: torch.Tensor, meta: AttentionMetadata, scale: float, k_scale: float = 1.0,
+                v_scale: float = 1.0) -> torch.Tensor:
         """Store the step's new K/V ([T, kv_heads, dim]) in their cache slots, then attend each new query
-        ([T, heads, dim]) over its request's whole context; returns [T, heads, dim]."""
+        ([T, heads, dim]) over its request's whole context; returns [T, heads, dim]. An fp8 cache stores
+        K / k_scale and V / v_scale and reads them back times the scale; a float cache ignores the scales."""
         ...

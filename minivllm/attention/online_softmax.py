@@ -17,6 +17,7 @@ import torch
 
 from minivllm.attention.metadata import AttentionMetadata
 from minivllm.attention.torch_backend import TorchAttentionBackend, store_kv
+from minivllm.quantization.kv_cache import dequantize
 from minivllm.utils import cdiv
 
 State = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
@@ -33,8 +34,10 @@ def online_softmax_update(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, s
 
 
 def blockwise_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-                     scale: float, update: Callable[..., State] = online_softmax_update) -> torch.Tensor:
-    """q [B, heads, dim] -> [B, heads, dim]: each request's context read block by block through its table."""
+                     scale: float, update: Callable[..., State] = online_softmax_update, k_scale: float = 1.0,
+                     v_scale: float = 1.0) -> torch.Tensor:
+    """q [B, heads, dim] -> [B, heads, dim]: each request's context read block by block through its table
+    (an fp8 cache's blocks upcast times their scales)."""
     num_heads, block_size = q.shape[1], k_cache.shape[1]
     group = num_heads // k_cache.shape[2]  # query heads per KV head (GQA)
     tables = meta.block_tables.tolist()
@@ -46,8 +49,10 @@ def blockwise_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         acc = torch.zeros(num_heads, q.shape[2], device=q.device)
         for i in range(cdiv(seq_len, block_size)):
             n = min(block_size, seq_len - i * block_size)  # the last block may be partly filled
-            k = k_cache[tables[b][i], :n].float().repeat_interleave(group, dim=1).transpose(0, 1)  # [H, n, D]
-            v = v_cache[tables[b][i], :n].float().repeat_interleave(group, dim=1).transpose(0, 1)
+            k = dequantize(k_cache[tables[b][i], :n], k_scale, torch.float32).float()
+            v = dequantize(v_cache[tables[b][i], :n], v_scale, torch.float32).float()
+            k = k.repeat_interleave(group, dim=1).transpose(0, 1)  # [H, n, D]
+            v = v.repeat_interleave(group, dim=1).transpose(0, 1)
             m, l, acc = update(m, l, acc, torch.einsum("hd,hnd->hn", qb, k) * scale, v)  # noqa: E741
         out[b] = (acc / l[:, None]).to(q.dtype)
     return out
@@ -62,8 +67,9 @@ class OnlineSoftmaxBackend(TorchAttentionBackend):
         self.update = update
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                v_cache: torch.Tensor, meta: AttentionMetadata, scale: float, k_scale: float = 1.0,
+                v_scale: float = 1.0) -> torch.Tensor:
         if not meta.is_decode_only:
-            return super().forward(q, k, v, k_cache, v_cache, meta, scale)
-        store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        return blockwise_decode(q, k_cache, v_cache, meta, scale, self.update)
+            return super().forward(q, k, v, k_cache, v_cache, meta, scale, k_scale, v_scale)
+        store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
+        return blockwise_decode(q, k_cache, v_cache, meta, scale, self.update, k_scale, v_scale)

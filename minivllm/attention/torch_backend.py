@@ -1,6 +1,7 @@
 """The torch reference backend: store K/V through the slot mapping, attend through the block table.
 
-It is written for clarity, runs anywhere, and is the oracle the Triton kernels are tested against. On CPU the
+It is written for clarity, runs anywhere, and is the oracle the Triton kernels are tested against. An fp8 cache
+(kv_cache_dtype) is quantized as it is stored and upcast, times its scale, as it is read (`read_kv`). On CPU the
 backend attends through a compiled kernel that reads the cache in place instead (cpu_kernel.py), where it can.
 """
 
@@ -13,17 +14,20 @@ import torch.nn.functional as F
 
 from minivllm.attention import cpu_kernel
 from minivllm.attention.metadata import AttentionMetadata
+from minivllm.quantization.kv_cache import as_bytes, dequantize, quantize
 from minivllm.utils import cdiv
 
 
 def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
-    """Write each new token's K and V into its slot; caches are [num_blocks, block_size, kv_heads, dim]."""
+             slot_mapping: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+    """Write each new token's K and V into its slot; caches are [num_blocks, block_size, kv_heads, dim].
+    An fp8 cache gets K / k_scale and V / v_scale, written as bytes (no fp8 index_copy_ on CPU)."""
     if (slot_mapping < 0).any():  # padded rows (CUDA-graph batches) store nothing
         keep = slot_mapping >= 0
         key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, key)
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value)
+    key, value = quantize(key, k_scale, k_cache.dtype), quantize(value, v_scale, v_cache.dtype)
+    as_bytes(k_cache).view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, as_bytes(key))
+    as_bytes(v_cache).view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, as_bytes(value))
 
 
 def gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
@@ -35,6 +39,11 @@ def gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
     return flat.view(-1, *cache.shape[2:])
 
 
+def read_kv(cache: torch.Tensor, block_ids: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tensor:
+    """`gather_blocks` in the compute dtype: an fp8 cache's elements upcast and multiplied by their scale."""
+    return dequantize(gather_blocks(cache, block_ids), scale, dtype)
+
+
 def gather_context(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
     """One request's K (or V) for positions 0..seq_len-1, read block by block: [seq_len, kv_heads, dim]."""
     num_blocks = cdiv(seq_len, cache.shape[1])
@@ -42,7 +51,8 @@ def gather_context(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int)
 
 
 def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                        meta: AttentionMetadata, scale: float, max_batched_query: int = 8) -> torch.Tensor:
+                        meta: AttentionMetadata, scale: float, max_batched_query: int = 8,
+                        k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     """Causal attention of each request's new queries over its whole cached context. q: [T, heads, dim].
 
     Requests with a few new tokens (decodes, draft verification) are attended together, one batched call per
@@ -56,8 +66,8 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
             short.setdefault(q_len, []).append(b)
             continue
         qb = q[starts[b] : starts[b] + q_len].transpose(0, 1)  # [heads, q_len, dim]
-        kb = gather_context(k_cache, meta.block_tables[b], seq_len).transpose(0, 1)
-        vb = gather_context(v_cache, meta.block_tables[b], seq_len).transpose(0, 1)
+        kb = dequantize(gather_context(k_cache, meta.block_tables[b], seq_len), k_scale, q.dtype).transpose(0, 1)
+        vb = dequantize(gather_context(v_cache, meta.block_tables[b], seq_len), v_scale, q.dtype).transpose(0, 1)
         # query i sits at position seq_len - q_len + i and sees keys up to there
         q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
         mask = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]
@@ -66,18 +76,19 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     for q_len, reqs in short.items():
         rows = torch.tensor([starts[b] + i for b in reqs for i in range(q_len)], device=q.device)
         out[rows] = attend_batched(q[rows].view(len(reqs), q_len, *q.shape[1:]), k_cache, v_cache, meta,
-                                   reqs, scale).flatten(0, 1)
+                                   reqs, scale, k_scale, v_scale).flatten(0, 1)
     return out
 
 
 def paged_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                     meta: AttentionMetadata, scale: float, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     """All requests decode one token. q: [B, heads, dim]."""
-    return attend_batched(q[:, None], k_cache, v_cache, meta, list(range(meta.num_seqs)), scale)[:, 0]
+    return attend_batched(q[:, None], k_cache, v_cache, meta, list(range(meta.num_seqs)), scale, k_scale,
+                          v_scale)[:, 0]
 
 
 def attend_batched(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-                   reqs: list[int], scale: float) -> torch.Tensor:
+                   reqs: list[int], scale: float, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     """Requests `reqs`, each with the same number m of new queries: q [B, m, heads, dim] -> same shape.
 
     The grouping, block ids and masks depend only on the step, so the first layer builds them and the
@@ -89,10 +100,10 @@ def attend_batched(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         meta.group_plans[key] = _plan_groups(meta, reqs, m, group, k_cache.shape[1])
     plan = meta.group_plans[key]
     if plan[0][0] is None:  # one group, in batch order: no rows to pick or scatter
-        return _attend_group(q, k_cache, v_cache, plan[0][1], plan[0][2], scale)
+        return _attend_group(q, k_cache, v_cache, plan[0][1], plan[0][2], scale, k_scale, v_scale)
     out = torch.empty_like(q)
     for rows, block_ids, mask in plan:
-        out[rows] = _attend_group(q[rows], k_cache, v_cache, block_ids, mask, scale)
+        out[rows] = _attend_group(q[rows], k_cache, v_cache, block_ids, mask, scale, k_scale, v_scale)
     return out
 
 
@@ -126,14 +137,14 @@ def _plan_groups(meta: AttentionMetadata, reqs: list[int], m: int, group: int, b
 
 
 def _attend_group(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_ids: torch.Tensor,
-                  mask: torch.Tensor, scale: float) -> torch.Tensor:
+                  mask: torch.Tensor, scale: float, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     """The query heads that share a KV head (GQA) stand in for extra query positions: q is viewed as
     [B, kv_heads, heads_per_kv * m, dim], so K and V are never copied per query head."""
     num_seqs, m, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
-    k = gather_blocks(k_cache, block_ids).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)  # [B, kv, ctx, d]
-    v = gather_blocks(v_cache, block_ids).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
+    k = read_kv(k_cache, block_ids, q.dtype, k_scale).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
+    v = read_kv(v_cache, block_ids, q.dtype, v_scale).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
     qg = q.view(num_seqs, m, num_kv_heads, group, head_dim).permute(0, 2, 3, 1, 4).reshape(
         num_seqs, num_kv_heads, group * m, head_dim)
     out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)
@@ -150,10 +161,11 @@ class TorchAttentionBackend:
             self.kernel = cpu_kernel.load_kernel()
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        if self.kernel is not None and cpu_kernel.fits(q, k_cache, meta):
+                v_cache: torch.Tensor, meta: AttentionMetadata, scale: float, k_scale: float = 1.0,
+                v_scale: float = 1.0) -> torch.Tensor:
+        store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
+        if self.kernel is not None and cpu_kernel.fits(q, k_cache, meta):  # an fp8 cache takes the reference
             return self.kernel(q, k_cache, v_cache, meta, scale)
         if meta.is_decode_only:
-            return paged_decode_ref(q, k_cache, v_cache, meta, scale)
-        return paged_attention_ref(q, k_cache, v_cache, meta, scale)
+            return paged_decode_ref(q, k_cache, v_cache, meta, scale, k_scale, v_scale)
+        return paged_attention_ref(q, k_cache, v_cache, meta, scale, k_scale=k_scale, v_scale=v_scale)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from minivllm.config import EngineConfig
 from minivllm.core.step_io import RunnerOutput, SchedulerOutput
+from minivllm.distributed.parallel import CollectiveTraffic
+from minivllm.distributed.worker import RankStateQuery, rank_state
 from minivllm.distributed.workers import Workers
 from minivllm.runner.model_runner import ModelRunner
 
@@ -36,6 +38,16 @@ class TensorParallelRunner(ModelRunner):
             if error is not None:
                 raise error from e
             raise
+
+    @property
+    def traffic(self) -> CollectiveTraffic:
+        """What rank 0's collectives have carried so far (every rank runs the same ones); `.reset()` zeroes it."""
+        return self.workers.tp.traffic
+
+    def rank_states(self) -> list[dict]:
+        """`rank_state` of every rank, rank 0 first, taken between steps (spawned workers only, not torchrun's)."""
+        self.workers.send(RankStateQuery())
+        return [rank_state(self), *self.workers.expect("state")]
 
     def shutdown(self) -> None:
         self.workers.shutdown()

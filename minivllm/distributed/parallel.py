@@ -5,16 +5,32 @@ global state beyond the process-group objects it holds. They are built directly 
 not through `init_process_group`, so two engines in one process (or a user's own default group) never meet.
 Two groups over the same ranks: `device_group` for the model's tensors (gloo on CPU, NCCL on CUDA) and
 `cpu_group` (always gloo) for the engine's own messages: the step's SchedulerOutput, the KV block count.
+Each rank counts what its model's collectives carried (`traffic`): chapter 13 reads rank 0's to check the
+bytes per token it computed from the config.
 """
 
 from __future__ import annotations
 
 import pickle
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+
+@dataclass
+class CollectiveTraffic:
+    """What one rank's model handed to its collectives: calls, and the bytes of the tensors given (each rank's
+    input; on the wire a ring all-reduce sends 2 (N - 1) / N of that per rank, an all-gather (N - 1) times)."""
+
+    all_reduce_calls: int = 0
+    all_reduce_bytes: int = 0
+    all_gather_calls: int = 0
+    all_gather_bytes: int = 0
+
+    def reset(self) -> None:
+        self.all_reduce_calls = self.all_reduce_bytes = self.all_gather_calls = self.all_gather_bytes = 0
 
 
 @dataclass(frozen=True)
@@ -23,11 +39,22 @@ class TensorParallel:
     size: int = 1
     device_group: object = None  # a ProcessGroup (None when size == 1)
     cpu_group: object = None
+    traffic: CollectiveTraffic = field(default_factory=CollectiveTraffic, compare=False)  # counted when size > 1
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum over ranks, in place (row-parallel layers' partial sums, the vocab-parallel embedding)."""
         if self.size > 1:
+            self.traffic.all_reduce_calls += 1
+            self.traffic.all_reduce_bytes += x.numel() * x.element_size()
             self.device_group.allreduce([x]).wait()
+        return x
+
+    def all_reduce_max(self, x: torch.Tensor) -> torch.Tensor:
+        """Element-wise max over ranks, in place (at load: a row-parallel layer's int8 scales; not counted)."""
+        if self.size > 1:
+            opts = dist.AllreduceOptions()
+            opts.reduceOp = dist.ReduceOp.MAX
+            self.device_group.allreduce([x], opts).wait()
         return x
 
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
@@ -35,6 +62,8 @@ class TensorParallel:
         if self.size == 1:
             return x
         x = x.contiguous()
+        self.traffic.all_gather_calls += 1
+        self.traffic.all_gather_bytes += x.numel() * x.element_size()
         parts = [torch.empty_like(x) for _ in range(self.size)]
         self.device_group.allgather([parts], [x]).wait()
         return torch.cat(parts, dim=-1)

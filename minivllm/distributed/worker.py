@@ -11,7 +11,7 @@ from __future__ import annotations
 import signal
 import sys
 import traceback
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import timedelta
 
 import torch
@@ -19,6 +19,20 @@ import torch.distributed as dist
 
 from minivllm.config import EngineConfig
 from minivllm.distributed.parallel import connect
+
+
+@dataclass(frozen=True)
+class RankStateQuery:
+    """Sent on the step channel instead of a step: every worker reports `rank_state` on its pipe (tests and
+    chapter 13 compare the ranks' per-sequence state with rank 0's between steps)."""
+
+
+def rank_state(runner) -> dict:
+    """What must agree across ranks: each sequence's tokens and block table, the block count; and a sum per KV
+    block of this rank's cache (equal across ranks only where they hold the same, replicated, KV heads)."""
+    cache = runner.kv_cache.movedim(2, 0).flatten(1)  # [blocks, everything else]
+    return {"sequences": {rid: (list(s.token_ids), list(s.block_table)) for rid, s in runner.sequences.items()},
+            "num_blocks": runner.num_blocks, "kv_block_sums": cache.double().sum(dim=1).tolist()}
 
 
 def worker_main(config: EngineConfig, rank: int, size: int, host: str, port: int, conn, timeout_s: float) -> None:
@@ -52,4 +66,7 @@ def serve_steps(config: EngineConfig, rank: int, size: int, store: dist.Store, t
     runner.proposer = make_proposer(config, runner.num_blocks, config.model_config.vocab_size)
     report(("ready", runner.num_blocks))
     while (sched := tp.broadcast_object()) is not None:
-        runner.execute(sched)
+        if isinstance(sched, RankStateQuery):
+            report(("state", rank_state(runner)))
+        else:
+            runner.execute(sched)

@@ -5,7 +5,7 @@ the table into flags (`max_num_seqs` -> `--max-num-seqs`, booleans as `--x/--no-
 `from_cli_args` reads them back, so a flag, a keyword and a server option cannot drift apart.
 
 Two kinds of field. Most are EngineConfig's own knobs. The rest are vLLM arguments with no meaning in a one-GPU
-teaching engine (`pipeline_parallel_size`, `kv_cache_dtype`, ...): a value that asks for nothing we lack (1, None,
+teaching engine (`pipeline_parallel_size`, `data_parallel_size`, ...): a value that asks for nothing we lack (1, None,
 "auto") is accepted and ignored; any other is refused with a ValueError naming the argument. So is an unknown
 name, or a value of the wrong type: nothing ends in a bare TypeError.
 """
@@ -27,6 +27,7 @@ import torch
 from minivllm.config import NGRAM, EngineConfig
 from minivllm.hooks import EngineHooks
 from minivllm.keyword_args import ANY, refuse_unknown_kwargs, same_value
+from minivllm.quantization.kv_cache import ACCEPTED_KV_CACHE_DTYPES
 
 
 def arg(default: Any, help: str = "", *, cli: bool = True, choices: tuple | None = None,
@@ -57,6 +58,8 @@ class EngineArgs:
                                  choices=("auto", "vllm"))
     dtype: str | torch.dtype = arg(EngineConfig.dtype, "weights and activations dtype",
                                    choices=("auto", "half", "float16", "bfloat16", "float", "float32"))
+    kv_cache_dtype: str = arg(EngineConfig.kv_cache_dtype, "KV cache elements: the model's dtype ('auto'), or fp8 "
+                              "('fp8' = 'fp8_e4m3', 'fp8_e5m2'): twice the blocks", choices=ACCEPTED_KV_CACHE_DTYPES)
     device: str = arg(EngineConfig.device, '"auto", "cpu", "cuda" or "cuda:N"')
     block_size: int = arg(EngineConfig.block_size, "tokens per KV cache block")
     num_kv_blocks: int | None = arg(EngineConfig.num_kv_blocks, "KV cache blocks (default: sized from memory)")
@@ -99,7 +102,6 @@ class EngineArgs:
     data_parallel_size: int = vllm_arg(1, (1,), short="-dp")
     decode_context_parallel_size: int = vllm_arg(1, (1,))
     distributed_executor_backend: str | None = vllm_arg(None, (None, "uni", "mp"))
-    kv_cache_dtype: str = vllm_arg("auto", ("auto",))
     load_format: str = vllm_arg("auto", ("auto", "safetensors"))
     tokenizer_mode: str = vllm_arg("auto", ("auto", "hf"))
     skip_tokenizer_init: bool = vllm_arg(False, (False,))

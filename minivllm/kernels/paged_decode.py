@@ -11,6 +11,9 @@ So the kernel is organised around reading K/V as few times as possible and keepi
 * split-K ("flash-decoding"): with few requests, (request, kv head) pairs alone cannot fill the GPU, so
   each context is also cut into NUM_SPLITS slices processed by separate programs; each writes its
   partial (m_i, l_i, acc) and a small reduce kernel merges them.
+
+An fp8 cache (kv_cache_dtype) is read as bytes and decoded in registers (fp8.py); its scales are folded into
+the score scale (K) and into the output (V), so they cost nothing per element.
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ import functools
 import torch
 import triton
 import triton.language as tl
+
+from minivllm.kernels.fp8 import dequant_factor, fp8_to_half, kv_format
+from minivllm.quantization.kv_cache import as_bytes
 
 MIN_TOKENS_PER_SPLIT = 256  # below this a slice is too short to pay for its share of the reduce
 MAX_SPLITS = 16
@@ -31,6 +37,7 @@ def _paged_decode_kernel(
     out_ptr,  # [B, H, D] (used when NUM_SPLITS == 1)
     part_acc_ptr, part_m_ptr, part_l_ptr,  # [B, H, NUM_SPLITS, D], [B, H, NUM_SPLITS] fp32 (split-K)
     scale,
+    k_dequant, v_dequant,  # what a decoded fp8 element is multiplied by (1.0 for a float cache): fp8.py
     stride_qb, stride_qh,
     stride_cb, stride_cs, stride_ch,  # cache strides: block, slot in block, kv head (head_dim stride 1)
     stride_bt,
@@ -43,6 +50,7 @@ def _paged_decode_kernel(
     BLOCK_N: tl.constexpr,  # context positions per tile
     BLOCK_D: tl.constexpr,  # head_dim padded to a power of two (>= 16)
     DOT_PRECISION: tl.constexpr,  # "ieee" keeps fp32 exact on GPUs that would otherwise use tf32
+    KV_FP8: tl.constexpr = 0,  # 0: the cache has q's dtype; 1: fp8 e4m3, 2: fp8 e5m2 (read as bytes)
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -64,7 +72,8 @@ def _paged_decode_kernel(
 
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=g_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_G, BLOCK_D]
-    qk_scale = scale * 1.4426950408889634  # softmax via exp2 (the native instruction): fold in log2(e)
+    # softmax via exp2 (the native instruction): fold in log2(e), and an fp8 cache's K scale
+    qk_scale = scale * k_dequant * 1.4426950408889634
 
     m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)  # running max of the scores
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)  # running sum of exp(score - m_i)
@@ -79,6 +88,9 @@ def _paged_decode_kernel(
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(k_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)  # [N, D]
         v = tl.load(v_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        if KV_FP8 != 0:
+            k = fp8_to_half(k, KV_FP8).to(q.dtype)
+            v = fp8_to_half(v, KV_FP8).to(q.dtype)
 
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_G, BLOCK_N]
         s = tl.where(n_mask[None, :], s, float("-inf"))
@@ -91,6 +103,7 @@ def _paged_decode_kernel(
         m_i = m_new
 
     out_mask = g_mask[:, None] & d_mask[None, :]
+    acc = acc * v_dequant
     if NUM_SPLITS == 1:
         out = acc / l_i[:, None]
         tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
@@ -143,21 +156,28 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sm
 
 def decode_launch_config(head_dim: int, group: int, block_size: int, num_splits: int, dtype: torch.dtype,
                          arch: int | None = None, block_n: int | None = None, num_warps: int = 4,
-                         num_stages: int = 2) -> dict:
+                         num_stages: int | None = None, kv_fp8: int = 0) -> dict:
     """The decode kernel's constexprs and launch options: one pure function, so that the launcher and the
     ahead-of-time compile test (tests/test_aot_compile.py) see the very same variants.
 
     arch is the GPU's compute capability as an int (75 for a T4), None off CUDA. Compiled ahead of time
     (bench/kernel_report.py), 64-position tiles need more than the 255 registers a thread may have and
     spill on sm_75 and in fp32: there the default tile is 32 positions.
+
+    An fp8 cache (kv_fp8, see fp8.py) is converted in registers, so the software pipeline (num_stages=2)
+    would keep the next tile's bytes there too: fp8 launches default to one stage (with two, 64-wide tiles
+    spill on sm_80 and sm_90), and in fp32 to 16-position tiles (32 still spills on sm_90).
     """
     if block_n is None:
-        block_n = 32 if small_tiles(arch, dtype) else 64
+        block_n = 16 if kv_fp8 and arch is not None and dtype == torch.float32 else \
+            32 if small_tiles(arch, dtype) else 64
+    if num_stages is None:
+        num_stages = 1 if kv_fp8 else 2
     assert block_n >= 16 and block_n & (block_n - 1) == 0, "tl.dot needs a power of two >= 16"
     return dict(QUERY_GROUP=group, KV_BLOCK_SIZE=block_size, NUM_SPLITS=num_splits,
                 BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
                 BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-                DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
+                DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32", KV_FP8=kv_fp8,
                 num_warps=num_warps, num_stages=num_stages)
 
 
@@ -191,14 +211,15 @@ def num_sms(device: torch.device) -> int:
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
                            max_seq_len: int | None = None, num_splits: int | None = None,
-                           block_n: int | None = None, num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
+                           block_n: int | None = None, num_warps: int = 4, num_stages: int | None = None,
+                           k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     """Attention of one query per request over its paged context: q [B, H, D] -> [B, H, D].
 
     caches: [num_blocks, block_size, kv_heads, D]; block_tables [B, max_blocks] int32; seq_lens [B] int32
     (context length including the token being decoded). max_seq_len (a host int, so no device sync)
     drives the automatic split-K choice; num_splits forces it (1 = no split). block_n (None: the choice of
     `decode_launch_config` for this GPU), num_warps and num_stages are the tuning knobs
-    `bench/gpu_kernels.py --sweep` explores on a GPU.
+    `bench/gpu_kernels.py --sweep` explores on a GPU. An fp8 cache holds K / k_scale and V / v_scale.
     """
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
@@ -212,8 +233,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         if max_seq_len is None:
             max_seq_len = int(seq_lens.max())
         num_splits = choose_num_splits(num_seqs, num_kv_heads, max_seq_len, num_sms(q.device))
+    fmt = kv_format(k_cache.dtype)
     config = decode_launch_config(head_dim, num_heads // num_kv_heads, k_cache.shape[1], num_splits, q.dtype,
-                                  device_arch(q.device), block_n, num_warps, num_stages)
+                                  device_arch(q.device), block_n, num_warps, num_stages, fmt)
     if num_splits > 1:
         shape = (num_seqs, num_heads, num_splits)
         part_acc = torch.empty(*shape, head_dim, dtype=torch.float32, device=q.device)
@@ -222,7 +244,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     else:  # unused by the kernel, but every pointer argument needs a tensor
         part_acc = part_m = part_l = out
     _paged_decode_kernel[(num_seqs, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, seq_lens, out, part_acc, part_m, part_l, scale,
+        q, as_bytes(k_cache), as_bytes(v_cache), block_tables, seq_lens, out, part_acc, part_m, part_l, scale,
+        dequant_factor(fmt, k_scale), dequant_factor(fmt, v_scale),
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),

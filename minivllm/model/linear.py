@@ -96,6 +96,10 @@ class LinearBase(nn.Module):
             target.copy_(loaded)
         self.loaded.add((name, shard))
 
+    def row_absmax(self, weight: torch.Tensor) -> torch.Tensor:
+        """Each output row's max |w| over the whole layer's inputs (per-channel quantizers' scales)."""
+        return weight.float().abs().amax(dim=1)
+
     def process_weights_after_loading(self) -> None:
         self.quant_method.process_weights_after_loading(self)
         del self.loaded
@@ -134,6 +138,10 @@ class RowLinear(LinearBase):
 
     def rank_slice(self, shard: int | None) -> int:
         return self.tp.rank
+
+    def row_absmax(self, weight: torch.Tensor) -> torch.Tensor:
+        """The max over every rank's slice of the row: int8 under tensor parallelism keeps one process's scales."""
+        return self.tp.all_reduce_max(super().row_absmax(weight))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x @ W_r.T on this rank's inputs, then one all-reduce sums the ranks' partial outputs (bias added once)."""

@@ -73,6 +73,9 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, fused)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, fused)
         self.scale = self.head_dim**-0.5
+        # an fp8 KV cache stores K / k_scale and V / v_scale (1.0 unless the checkpoint gives them; a float cache
+        # ignores them): see minivllm/quantization/kv_cache.py
+        self.k_scale = self.v_scale = 1.0
         self.backend = backend
 
     def forward(self, x, rope, rotary, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
@@ -83,7 +86,7 @@ class Attention(nn.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotary(rope, q, k)
-        o = self.backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
+        o = self.backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, self.k_scale, self.v_scale)
         return self.o_proj(o.flatten(1))
 
 

@@ -9,6 +9,7 @@ a format we do not run; its linear layers then hold the format's own tensors (mi
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,6 +135,8 @@ def load_model(path: str | Path, cfg: ModelConfig, backend, dtype: torch.dtype, 
     for where, name, tensor in _checkpoint_tensors(path, cfg):
         if "rotary_emb" in name or (cfg.tie_word_embeddings and name == "lm_head.weight"):
             continue
+        if _load_kv_scale(model, name, tensor):
+            continue
         target, shard = name, None
         for ckpt_name, (fused, idx) in PACKED.items():
             if f".{ckpt_name}." in name:
@@ -169,6 +172,21 @@ def load_model(path: str | Path, cfg: ModelConfig, backend, dtype: torch.dtype, 
         layer.process_weights_after_loading()
     model.model.rotary_emb.build()
     return model.eval()
+
+
+def _load_kv_scale(model: LlamaForCausalLM, name: str, tensor) -> bool:
+    """vLLM's convention for fp8 KV scales: `model.layers.N.self_attn[.k_proj|.v_proj|.attn].k_scale` (or
+    `.v_scale`; an older `.kv_scale` serves both). True when `name` was one, now on layer N's attention."""
+    match = re.fullmatch(r"model\.layers\.(\d+)\.self_attn\.(?:[kv]_proj\.|attn\.)?(k|v|kv)_scale", name)
+    if match is None:
+        return False
+    attn = model.model.layers[int(match.group(1))].self_attn
+    scale = float(tensor().float().reshape(-1)[0])  # per tensor: one value (some exporters store shape [1])
+    if not scale > 0:
+        raise ValueError(f"{name} must be a positive scale, got {scale}")
+    for which in ("k", "v") if match.group(2) == "kv" else (match.group(2),):
+        setattr(attn, f"{which}_scale", scale)
+    return True
 
 
 def _checkpoint_tensors(path: Path, cfg: ModelConfig):

@@ -24,13 +24,16 @@ from minivllm.quantization.base import Layout, LinearMethod, QuantizationConfig,
 KERNEL_MAX_ROWS = 32  # CPU: _weight_int8pack_mm up to this many rows (measured: slower than dequantizing beyond)
 
 
-def quantize_per_channel(weight: torch.Tensor, scale_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_per_channel(weight: torch.Tensor, scale_dtype: torch.dtype,
+                         absmax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """W [N, K] float -> (q [N, K] int8, s [N] in scale_dtype), symmetric, one scale per output channel.
 
     The scale is rounded to scale_dtype first, so q is computed against the scale the kernel will use.
+    `absmax`: each row's max |w| when W is only part of the row (a row-parallel rank's slice of the inputs).
     """
     w = weight.float()
-    scale = (w.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float16).tiny).to(scale_dtype)
+    absmax = w.abs().amax(dim=1) if absmax is None else absmax.float()
+    scale = (absmax / 127).clamp(min=torch.finfo(torch.float16).tiny).to(scale_dtype)
     q = torch.round(w / scale.float()[:, None]).clamp(-127, 127).to(torch.int8)
     return q, scale
 
@@ -50,8 +53,8 @@ class Int8LinearMethod(LinearMethod):
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         weight = layer.weight.data
-        if self.quantize is None:
-            q, scale = quantize_per_channel(weight, weight.dtype)
+        if self.quantize is None:  # (the whole row's max |w|, also when this rank holds part of the row)
+            q, scale = quantize_per_channel(weight, weight.dtype, layer.row_absmax(weight))
         else:
             q, scale = self.quantize(weight)
         layer.weight = nn.Parameter(q.to(torch.int8), requires_grad=False)

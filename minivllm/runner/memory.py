@@ -18,6 +18,7 @@ from minivllm.config import EngineConfig
 from minivllm.core.kv_sizing import DEFAULT_CPU_KV_CACHE_BYTES, gpu_kv_budget, max_useful_blocks, num_blocks_for_budget
 from minivllm.core.step_io import SchedulerOutput
 from minivllm.distributed.parallel import local_kv_heads
+from minivllm.quantization.kv_cache import as_bytes
 from minivllm.runner.step_batch import StepInputs, attention_metadata, to_device
 from minivllm.utils import cdiv
 
@@ -53,7 +54,8 @@ def num_kv_blocks(config: EngineConfig, device: torch.device, bytes_per_block: i
 
 def host_kv_cache(config: EngineConfig, dtype: torch.dtype, bytes_per_block: int, pin: bool) -> torch.Tensor | None:
     """The host blocks for preemption by swap: `swap_space` GiB (pinned on CUDA, so copies use DMA), capped at the
-    blocks the sequences could ever fill. `empty`: pages are only touched when blocks land there."""
+    blocks the sequences could ever fill; `dtype` is the device cache's (fp8 blocks swap as they are). `empty`:
+    pages are only touched when blocks land there."""
     if config.preemption_mode != "swap":
         return None
     num = min(num_blocks_for_budget(int(config.swap_space * 2**30), bytes_per_block),
@@ -62,8 +64,9 @@ def host_kv_cache(config: EngineConfig, dtype: torch.dtype, bytes_per_block: int
 
 
 @torch.inference_mode()
-def profile_run(model, config: EngineConfig, dtype: torch.dtype, device: torch.device) -> int:
-    """One forward pass at the largest step size; returns its activation peak in bytes (0 off CUDA).
+def profile_run(model, config: EngineConfig, cache_dtype: torch.dtype, device: torch.device) -> int:
+    """One forward pass at the largest step size, over a cache of `cache_dtype`; returns its activation peak in
+    bytes (0 off CUDA).
 
     The KV cache gets what is left after weights and this peak, so a full step can never run out.
     """
@@ -73,7 +76,7 @@ def profile_run(model, config: EngineConfig, dtype: torch.dtype, device: torch.d
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-    cache = torch.zeros(kv_cache_shape(config, cdiv(n, config.block_size)), dtype=dtype, device=device)
+    cache = torch.zeros(kv_cache_shape(config, cdiv(n, config.block_size)), dtype=cache_dtype, device=device)
     table = np.arange(cache.shape[2], dtype=np.int32)[None]  # one sequence spanning the whole cache
     inputs = StepInputs(np.zeros(n, np.int64), np.arange(n) % mc.max_position_embeddings, np.arange(n), table,
                         [n], [n], list(range(n - min(n, config.max_num_seqs), n)))
@@ -106,7 +109,8 @@ class BlockCopier:
             if pairs:
                 src = torch.tensor([a for a, _ in pairs], device=src_cache.device)
                 dst = torch.tensor([b for _, b in pairs], device=dst_cache.device)
-                dst_cache.index_copy_(2, dst, src_cache.index_select(2, src).to(dst_cache.device))
+                # fp8 blocks move as bytes: torch has no index_copy_ for fp8 on CPU
+                as_bytes(dst_cache).index_copy_(2, dst, as_bytes(src_cache).index_select(2, src).to(dst_cache.device))
                 if src_cache is not dst_cache:
                     self.swap_bytes += len(pairs) * self.bytes_per_block
         if self.kv_cache.device.type == "cuda":

@@ -63,17 +63,19 @@ class ModelRunner:
         self.sequences: dict[str, SequenceState] = {}
         self.logits_observers: list[LogitsObserver] = []
         self.proposer: Proposer | None = None  # the engine hands us a drafter once our cache is sized
+        self.cache_dtype = config.cache_dtype  # the model's dtype, or fp8 (kv_cache_dtype): half the bytes
         self.bytes_per_block = kv_bytes_per_block(mc.num_layers, config.block_size,
                                                   local_kv_heads(mc.num_kv_heads, tp.size), mc.head_dim,
-                                                  self.dtype.itemsize)
+                                                  self.cache_dtype.itemsize)
         # every rank must have every block id the scheduler hands out
         self.num_blocks = tp.min_int(num_kv_blocks(config, self.device, self.bytes_per_block, self.profile_run,
                                                    *draft_reserve))
         if self.num_blocks < 1:
             raise ValueError("no memory left for the KV cache: lower the model size or raise the budget")
         # zeros so unused slots are never NaN
-        self.kv_cache = torch.zeros(kv_cache_shape(config, self.num_blocks), dtype=self.dtype, device=self.device)
-        self.block_copier = BlockCopier(self.kv_cache, host_kv_cache(config, self.dtype, self.bytes_per_block,
+        self.kv_cache = torch.zeros(kv_cache_shape(config, self.num_blocks), dtype=self.cache_dtype,
+                                    device=self.device)
+        self.block_copier = BlockCopier(self.kv_cache, host_kv_cache(config, self.cache_dtype, self.bytes_per_block,
                                                                      pin=self.device.type == "cuda"),
                                         self.bytes_per_block)
         self.graphs = (build_decode_graphs(self.model, self.kv_cache, config, self.backend.name, self.device)
@@ -81,7 +83,7 @@ class ModelRunner:
 
     def profile_run(self) -> int:
         """The activation peak of the largest possible step, in bytes (memory.py; 0 off CUDA)."""
-        return profile_run(self.model, self.config, self.dtype, self.device)
+        return profile_run(self.model, self.config, self.cache_dtype, self.device)
 
     # ---- one step, phase by phase ------------------------------------------------------------------
     @torch.inference_mode()

@@ -20,6 +20,7 @@ from minivllm.config import NGRAM, EngineConfig
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.kv_sizing import kv_bytes_per_block
 from minivllm.model import read_model_config
+from minivllm.quantization.kv_cache import kv_cache_torch_dtype
 from minivllm.runner.model_runner import ModelRunner
 from minivllm.runner.sequence_state import SequenceState
 from minivllm.runner.step_batch import StepRow
@@ -46,8 +47,9 @@ def draft_memory_needs(target_config: EngineConfig) -> tuple[int, int]:
         return 0, 0
     mc = read_model_config(path)
     dtype = target_config.resolve_dtype(mc.torch_dtype)
+    cache_dtype = kv_cache_torch_dtype(target_config.kv_cache_dtype, dtype)  # the draft's cache is like ours
     per_block = kv_bytes_per_block(mc.num_layers, target_config.block_size, mc.num_kv_heads, mc.head_dim,
-                                   dtype.itemsize)
+                                   cache_dtype.itemsize)
     stored = mc.torch_dtype.itemsize if mc.torch_dtype is not None else 4
     weights = sum(f.stat().st_size for f in Path(path).glob("*.safetensors")) * dtype.itemsize // stored
     extra = draft_extra_blocks(target_config, target_config.num_speculative_tokens)
