@@ -2,7 +2,8 @@
 
 Native bf16 instructions decide the CPU's default dtype (vLLM-CPU's rule): x86 reports `avx512_bf16` or
 `amx_bf16` in /proc/cpuinfo's flags, Arm `bf16` in its features. Without them bf16 is emulated through fp32 and
-is slower than fp32 itself, so "auto" stays fp32 there. CpuThreadSizer (below) sizes the threads.
+is slower than fp32 itself, so "auto" stays fp32 there. CpuThreadSizer (below) sizes the threads, and
+bind_cpu_threads pins them to cores where asked (MINIVLLM_CPU_OMP_THREADS_BIND).
 """
 
 from __future__ import annotations
@@ -112,7 +113,9 @@ class CpuThreadSizer:
     def __init__(self, fixed: int | None = None, max_threads: int | None = None, interval_s: float = 2.0) -> None:
         """`fixed`: use exactly this many threads, never resized (EngineConfig.cpu_threads)."""
         self.bound_cpus = bind_cpu_threads()  # opt-in pinning, applied once per engine (see bind_cpu_threads)
-        self.max_threads = min(max_threads or torch_default_threads(), len(self.bound_cpus or range(1 << 16)))
+        self.max_threads = max_threads or torch_default_threads()
+        if self.bound_cpus:
+            self.max_threads = min(self.max_threads, len(self.bound_cpus))
         self.interval_s = interval_s
         if fixed:
             torch.set_num_threads(fixed)
