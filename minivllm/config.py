@@ -51,7 +51,7 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
     attention_backend: str = "auto"
-    enforce_eager: bool = False  # True: never capture CUDA graphs (they only ever run on CUDA with Triton)
+    enforce_eager: bool = False  # True: no CUDA graphs (CUDA + Triton), no torch.compile (CPU: model/compiled.py)
     seed: int = 0
     cpu_threads: int | None = None  # CPU only: None sizes torch's threads to the cores left free (cpu_platform.py)
     max_logprobs: int = 20  # vLLM's: the most logprobs / prompt_logprobs a request may ask for (-1: no cap)

@@ -2,7 +2,8 @@
 
 Native bf16 instructions decide the CPU's default dtype (vLLM-CPU's rule): x86 reports `avx512_bf16` or
 `amx_bf16` in /proc/cpuinfo's flags, Arm `bf16` in its features. Without them bf16 is emulated through fp32 and
-is slower than fp32 itself, so "auto" stays fp32 there. CpuThreadSizer (below) sizes the threads.
+is slower than fp32 itself, so "auto" stays fp32 there. CpuThreadSizer (below) sizes the threads, and
+bind_cpu_threads pins them to cores where asked (MINIVLLM_CPU_OMP_THREADS_BIND).
 """
 
 from __future__ import annotations
@@ -54,6 +55,50 @@ def torch_default_threads() -> int:
     return min(cores, torch.get_num_threads())
 
 
+def parse_cpu_list(text: str) -> list[int]:
+    """"0-3,8,10-11" -> [0, 1, 2, 3, 8, 10, 11] (the kernel's cpulist format, as taskset and vLLM take it)."""
+    cpus: list[int] = []
+    for part in text.split(","):
+        first, _, last = part.strip().partition("-")
+        cpus.extend(range(int(first), int(last or first) + 1))
+    return cpus
+
+
+def bind_cpu_threads(setting: str | None = None, idle_load: float = 0.5) -> list[int] | None:
+    """Pin this process's threads to cores, by MINIVLLM_CPU_OMP_THREADS_BIND (vLLM's VLLM_CPU_OMP_THREADS_BIND):
+    unset or "off" (the default): nothing; "auto": the cores we may run on, only while the machine is idle;
+    a list ("0-7", "0,2,4,6"): those cores. Returns the cores bound to, or None.
+
+    Why: an unpinned thread migrates between cores and leaves its cache behind, and two engines on one big
+    machine should not trade cores. But pinning is only right when the cores are ours: on a shared machine a
+    pinned thread cannot move away from a busy core, and every parallel region waits for it (CpuThreadSizer's
+    reason). "auto" calls the machine idle when its 1-minute load average is under `idle_load` (other processes
+    use less than half a core); otherwise it leaves placement to the OS and the sizer. Every thread that exists
+    now is bound (the OpenMP workers included) and threads started later inherit the set; torch's thread
+    count is capped at its size. For one thread per core exactly, also start Python with OMP_PROC_BIND=close.
+    """
+    setting = (setting if setting is not None else os.environ.get("MINIVLLM_CPU_OMP_THREADS_BIND", "off")).strip()
+    if setting in ("", "off") or not hasattr(os, "sched_setaffinity"):
+        return None
+    if setting == "auto":
+        if os.getloadavg()[0] >= idle_load:
+            return None
+        cpus = sorted(os.sched_getaffinity(0))
+    else:
+        try:
+            cpus = parse_cpu_list(setting)
+        except ValueError:
+            raise ValueError(f"MINIVLLM_CPU_OMP_THREADS_BIND must be off, auto or a CPU list like 0-7, "
+                             f"got {setting!r}") from None
+    for task in Path("/proc/self/task").iterdir():  # sched_setaffinity(0) would move the calling thread only
+        try:
+            os.sched_setaffinity(int(task.name), cpus)
+        except ProcessLookupError:  # a thread that ended meanwhile
+            pass
+    torch.set_num_threads(min(torch.get_num_threads(), len(cpus)))
+    return cpus
+
+
 class CpuThreadSizer:
     """Sizes torch's intra-op threads to the cores other processes leave free, re-checked every `interval_s`.
 
@@ -67,7 +112,10 @@ class CpuThreadSizer:
 
     def __init__(self, fixed: int | None = None, max_threads: int | None = None, interval_s: float = 2.0) -> None:
         """`fixed`: use exactly this many threads, never resized (EngineConfig.cpu_threads)."""
+        self.bound_cpus = bind_cpu_threads()  # opt-in pinning, applied once per engine (see bind_cpu_threads)
         self.max_threads = max_threads or torch_default_threads()
+        if self.bound_cpus:
+            self.max_threads = min(self.max_threads, len(self.bound_cpus))
         self.interval_s = interval_s
         if fixed:
             torch.set_num_threads(fixed)

@@ -72,7 +72,7 @@ class EngineArgs:
     enable_chunked_prefill: bool = arg(EngineConfig.enable_chunked_prefill)
     enable_prefix_caching: bool = arg(EngineConfig.enable_prefix_caching)
     attention_backend: str = arg(EngineConfig.attention_backend, choices=("auto", "torch", "triton"))
-    enforce_eager: bool = arg(EngineConfig.enforce_eager, "no CUDA graphs for decode steps")
+    enforce_eager: bool = arg(EngineConfig.enforce_eager, "no CUDA graphs for decode steps, no torch.compile on CPU")
     seed: int = arg(EngineConfig.seed)
     cpu_threads: int | None = arg(EngineConfig.cpu_threads, "torch threads on CPU (default: the free cores)")
     max_logprobs: int = arg(EngineConfig.max_logprobs, "the most logprobs / prompt_logprobs a request may ask for "

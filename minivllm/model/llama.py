@@ -78,7 +78,8 @@ class Attention(nn.Module):
         self.k_scale = self.v_scale = 1.0
         self.backend = backend
 
-    def forward(self, x, rope, rotary, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+    def project(self, x, rope, rotary) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """This step's queries, keys and values, [T, heads, dim], q and k rotated to their positions."""
         q, k, v = self.qkv_proj(x).split(self.shard_sizes, dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
@@ -86,8 +87,11 @@ class Attention(nn.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotary(rope, q, k)
-        o = self.backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, self.k_scale, self.v_scale)
-        return self.o_proj(o.flatten(1))
+        return q, k, v
+
+    def attend(self, q, k, v, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+        """Store k, v in the cache, attend every query over its request's context: [T, heads, dim]."""
+        return self.backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, self.k_scale, self.v_scale)
 
 
 class MLP(nn.Module):
@@ -121,12 +125,23 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, fused, cfg.quantization, tp)
 
     def forward(self, x, residual, rope, rotary, kv_cache, meta) -> tuple[torch.Tensor, torch.Tensor]:
+        q, k, v, residual = self.before_attention(x, residual, rope, rotary)
+        o = self.self_attn.attend(q, k, v, kv_cache, meta)
+        return self.after_attention(o, residual)
+
+    # Attention reads and writes the paged cache; everything around it is a pure function of its inputs, which
+    # is what model/compiled.py hands to torch.compile on CPU.
+    def before_attention(self, x, residual, rope, rotary):
+        """Norm (adding the residual the layer before deferred), then q, k, v: (q, k, v, residual)."""
         if residual is None:  # the first layer: nothing to add yet
             x, residual = self.input_layernorm(x), x
         else:
             x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(x, rope, rotary, kv_cache, meta)
-        x, residual = self.post_attention_layernorm(x, residual)
+        return *self.self_attn.project(x, rope, rotary), residual
+
+    def after_attention(self, o, residual) -> tuple[torch.Tensor, torch.Tensor]:
+        """Output projection, the residual add deferred into the next norm, then the MLP: (x, residual)."""
+        x, residual = self.post_attention_layernorm(self.self_attn.o_proj(o.flatten(1)), residual)
         return self.mlp(x), residual
 
 

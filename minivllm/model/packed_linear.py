@@ -29,4 +29,21 @@ def reorder_weight(weight: torch.Tensor, batch_hint: int = 64) -> torch.Tensor:
 
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x @ W.T + b through oneDNN's linear primitive, W as `reorder_weight` left it."""
+    if torch.compiler.is_compiling():
+        return torch.ops.minivllm.packed_linear(x, packed, bias)
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+
+# packed_linear as one opaque op for torch.compile (model/compiled.py): inductor's own lowering of oneDNN's linear
+# wants the weight frozen into the graph as a constant, where ours is an input shared by every layer's graph.
+# Registered through torch.library directly: the custom_op decorator's wrapper costs ~40 us a call.
+_LIB = torch.library.Library("minivllm", "FRAGMENT")
+_LIB.define("packed_linear(Tensor x, Tensor packed, Tensor? bias) -> Tensor")
+_LIB.impl("packed_linear", lambda x, packed, bias: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], ""),
+          "CompositeExplicitAutograd")  # any backend: the packed weight dispatches as MkldnnCPU
+
+
+@torch.library.register_fake("minivllm::packed_linear")
+def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], packed.shape[0])

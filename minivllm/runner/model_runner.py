@@ -22,6 +22,7 @@ from minivllm.core.step_io import RunnerOutput, SchedulerOutput
 from minivllm.cpu_platform import CpuThreadSizer, torch_default_threads
 from minivllm.distributed.parallel import SINGLE, TensorParallel, local_kv_heads
 from minivllm.model import load_model
+from minivllm.model.compiled import compile_decoder_layers
 from minivllm.runner.cuda_graphs import build_decode_graphs
 from minivllm.runner.logprobs import raw_logprobs, sampled_logprobs
 from minivllm.runner.memory import BlockCopier, host_kv_cache, kv_cache_shape, num_kv_blocks, profile_run
@@ -58,6 +59,8 @@ class ModelRunner:
         self.backend = get_attention_backend(config.attention_backend, config.device,
                                              config.hooks.online_softmax_update)
         self.model = load_model(config.model, mc, self.backend, self.dtype, config.device, tp)
+        # CPU: the layers' work around attention compiled by inductor, lazily at first use (model/compiled.py)
+        self.compiled = compile_decoder_layers(self.model, config.enforce_eager) if self.device.type == "cpu" else None
         self.sampler = Sampler(config.seed, config.hooks.top_p)
         self.logits_processors = PersistentBatch(config, self.device)  # vLLM v1 logits processors, if any
         self.sequences: dict[str, SequenceState] = {}
