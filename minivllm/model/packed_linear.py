@@ -1,13 +1,10 @@
-"""CPU fast path: linear layers whose bf16 or fp32 weights oneDNN has reordered once, at load time.
+"""CPU fast path: linear layers whose bf16 weights oneDNN has reordered once, at load time.
 
 A plain `F.linear` on CPU hands oneDNN a row-major weight, which it must re-block for its bf16 (AVX512-BF16 /
 AMX) kernels on every call. Reordering each weight once into oneDNN's blocked layout and calling its linear
 primitive directly makes the model's matmuls about 1.5x faster at batch 1 and 64 on a 135M model (see
 bench/RESULTS.md). The arithmetic is the same bf16 dot product with fp32 accumulation, so outputs match
-`F.linear`. In fp32 (where `F.linear` goes to MKL) the blocked weights made a batch-1 step 1.5x faster on a
-2-core AVX-512 machine without AMX; sums are ordered differently, so results differ from `F.linear` in the
-last bits (about 1e-6 relative), as they do between batch sizes.
-The readable model (model/llama.py) is untouched: the unquantized linear method
+`F.linear`. The readable model (model/llama.py) is untouched: the unquantized linear method
 (minivllm/quantization/unquantized.py) reorders its weights with `reorder_weight` after loading and calls
 `packed_linear`, only where `packing_applies` says so.
 """
@@ -20,9 +17,8 @@ from minivllm.cpu_platform import cpu_has_native_bf16
 
 
 def packing_applies(device: str | torch.device, dtype: torch.dtype) -> bool:
-    """fp32, or bf16 on a CPU with native bf16 instructions, through a torch built with oneDNN's linear primitive."""
-    return (torch.device(device).type == "cpu" and (dtype == torch.float32 or dtype == torch.bfloat16
-                                                     and cpu_has_native_bf16())
+    """bf16 on a CPU with native bf16 instructions, through a torch built with oneDNN's linear primitive."""
+    return (torch.device(device).type == "cpu" and dtype == torch.bfloat16 and cpu_has_native_bf16()
             and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
