@@ -17,6 +17,7 @@ import torch
 from minivllm.distributed.parallel import TensorParallel, kv_head_replicas
 from minivllm.exercises.report import ExerciseFailure, Report, run_checks
 from minivllm.model.linear import ColumnLinear
+from minivllm.model.packed_linear import plain_weight
 from minivllm.quantization.unquantized import UnquantizedLinearMethod
 
 
@@ -97,7 +98,7 @@ def check_qkv_rows(rows_fn: Callable, max_ranks: int = 8) -> Report:
 
         def qkv(tp: TensorParallel) -> torch.Tensor:
             model = load_model(DEFAULT_MODEL, mc, backend, torch.float32, "cpu", tp)
-            return model.model.layers[0].self_attn.qkv_proj.weight
+            return plain_weight(model.model.layers[0].self_attn.qkv_proj.weight)
 
         full = qkv(TensorParallel())
         for rank in range(2):

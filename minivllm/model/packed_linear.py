@@ -1,10 +1,13 @@
-"""CPU fast path: linear layers whose bf16 weights oneDNN has reordered once, at load time.
+"""CPU fast path: linear layers whose bf16 or fp32 weights oneDNN has reordered once, at load time.
 
 A plain `F.linear` on CPU hands oneDNN a row-major weight, which it must re-block for its bf16 (AVX512-BF16 /
 AMX) kernels on every call. Reordering each weight once into oneDNN's blocked layout and calling its linear
 primitive directly makes the model's matmuls about 1.5x faster at batch 1 and 64 on a 135M model (see
 bench/RESULTS.md). The arithmetic is the same bf16 dot product with fp32 accumulation, so outputs match
-`F.linear`. The readable model (model/llama.py) is untouched: the unquantized linear method
+`F.linear`. In fp32 (where `F.linear` goes to MKL) the blocked weights made a batch-1 step 1.5x faster on a
+2-core AVX-512 machine without AMX; sums are ordered differently, so results differ from `F.linear` in the
+last bits (about 1e-6 relative), as they do between batch sizes.
+The readable model (model/llama.py) is untouched: the unquantized linear method
 (minivllm/quantization/unquantized.py) reorders its weights with `reorder_weight` after loading and calls
 `packed_linear`, only where `packing_applies` says so.
 """
@@ -17,14 +20,21 @@ from minivllm.cpu_platform import cpu_has_native_bf16
 
 
 def packing_applies(device: str | torch.device, dtype: torch.dtype) -> bool:
-    """bf16 on a CPU with native bf16 instructions, through a torch built with oneDNN's linear primitive."""
-    return (torch.device(device).type == "cpu" and dtype == torch.bfloat16 and cpu_has_native_bf16()
+    """fp32, or bf16 on a CPU with native bf16 instructions, through a torch built with oneDNN's linear primitive."""
+    return (torch.device(device).type == "cpu" and (dtype == torch.float32 or dtype == torch.bfloat16
+                                                     and cpu_has_native_bf16())
             and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
 def reorder_weight(weight: torch.Tensor, batch_hint: int = 64) -> torch.Tensor:
     """W [out, in] bf16 -> the same values in oneDNN's blocked layout (an opaque tensor only oneDNN reads)."""
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), batch_hint)
+
+
+def plain_weight(weight: torch.Tensor) -> torch.Tensor:
+    """The weight in its ordinary row-major layout, for code that reads values back (a chapter's table, an
+    exercise's checker): a packed weight is reordered back, exactly, since oneDNN only moved the values."""
+    return weight.to_dense() if weight.is_mkldnn else weight
 
 
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -1,9 +1,9 @@
 """Float weights as the checkpoint has them: y = x @ W.T + b.
 
-On a CPU with native bf16 the weights are reordered once, after loading, into oneDNN's blocked layout and
-multiplied by its linear primitive (minivllm/model/packed_linear.py: about 1.5x faster than `F.linear`, which
-re-blocks the weight on every call). A weight tied to the embedding keeps the embedding's parameter and the
-packed copy is held beside it.
+On a CPU (fp32, or bf16 where the CPU has native bf16) the weights are reordered once, after loading, into
+oneDNN's blocked layout and multiplied by its linear primitive (minivllm/model/packed_linear.py: about 1.5x
+faster than `F.linear`, which re-blocks the weight on every call). A weight tied to the embedding keeps the
+embedding's parameter and the packed copy is held beside it; `plain_weight` reads a packed weight back.
 """
 
 from __future__ import annotations
