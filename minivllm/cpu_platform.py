@@ -20,17 +20,23 @@ NATIVE_BF16_FLAGS = {"avx512_bf16", "amx_bf16", "bf16"}
 
 
 @functools.cache  # a fact about the hardware: read the file once per process
-def cpu_has_native_bf16() -> bool:
-    """True where the CPU computes bf16 dot products in hardware (AVX512-BF16, AMX, Arm BF16)."""
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as /proc/cpuinfo lists them (x86 `flags`, Arm `Features`); empty elsewhere."""
     try:
         text = Path("/proc/cpuinfo").read_text()
-    except OSError:  # macOS, Windows: Apple silicon has bf16 but torch's CPU kernels there gain little from it
-        return False
-    flags = set()
+    except OSError:  # macOS, Windows
+        return frozenset()
+    flags: set[str] = set()
     for line in text.splitlines():
         if line.startswith(("flags", "Features")):
             flags.update(line.partition(":")[2].split())
-    return bool(flags & NATIVE_BF16_FLAGS) and platform.machine() in ("x86_64", "AMD64", "aarch64", "arm64")
+    return frozenset(flags)
+
+
+def cpu_has_native_bf16() -> bool:
+    """True where the CPU computes bf16 dot products in hardware (AVX512-BF16, AMX, Arm BF16). Apple silicon has
+    bf16 but reports no flags here: torch's CPU kernels there gain little from it."""
+    return bool(cpu_flags() & NATIVE_BF16_FLAGS) and platform.machine() in ("x86_64", "AMD64", "aarch64", "arm64")
 
 
 def default_cpu_dtype() -> torch.dtype:

@@ -1,0 +1,138 @@
+// Small-batch linear layers on CPU: y = x @ W.T (+ b) for a few rows of x (minivllm/model/small_linear.py).
+//
+// Decoding one token per request multiplies each weight by a handful of rows, so a step reads every weight byte
+// once and does two flops per byte: the time is the time to stream the weights from memory. oneDNN's batch-1
+// path reached about half this machine's read bandwidth. This kernel lays each weight out once, at load time,
+// in the order it is read: tiles of 64 output rows, and inside a tile, for each pair of inputs k, k+1 (bf16) or
+// each input k (fp32), the 64 rows' weights side by side. A step then reads one contiguous stream per tile,
+// and each 64-byte load feeds sixteen outputs at once: the input element is broadcast, multiplied into
+// sixteen accumulators, and no horizontal sum is ever needed. Sums are fp32 whatever the weight's dtype.
+#include <torch/library.h>
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cstring>
+
+namespace {
+
+constexpr int64_t kTile = 64;   // output rows per tile: four 16-lane vectors
+constexpr int64_t kRows = 4;    // rows of x per pass over a tile: 4 x 4 accumulators stay in registers
+
+// W [N, K] -> [ceil(N / 64), K / pack, 64, pack], zero-padded; pack = 2 for bf16 (one pair per 32-bit lane,
+// what vdpbf16ps multiplies), 1 for fp32.
+at::Tensor pack_small_linear(const at::Tensor& weight) {
+  TORCH_CHECK(weight.dim() == 2, "weight must be [out, in]");
+  const bool bf16 = weight.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(bf16 || weight.scalar_type() == at::kFloat, "bf16 or fp32 weights only");
+  const int64_t pack = bf16 ? 2 : 1, n = weight.size(0), k = weight.size(1);
+  const int64_t tiles = (n + kTile - 1) / kTile, k_padded = (k + pack - 1) / pack * pack;
+  auto padded = at::zeros({tiles * kTile, k_padded}, weight.options());
+  padded.narrow(0, 0, n).narrow(1, 0, k).copy_(weight);
+  // [tiles, 64, K/pack, pack] -> [tiles, K/pack, 64, pack]
+  return padded.view({tiles, kTile, k_padded / pack, pack}).transpose(1, 2).contiguous();
+}
+
+#ifdef __AVX512F__
+// One tile of 64 outputs for ROWS rows of x. bf16: x is read as 32-bit pairs, each broadcast to 16 lanes and
+// multiplied pairwise into the 16 accumulators (vdpbf16ps); fp32: one element broadcast and fused-multiply-added.
+template <int ROWS, bool BF16>
+inline void tile_rows(const void* x, int64_t x_stride, const void* tile, int64_t steps, const float* bias,
+                      float* out, int64_t out_stride) {
+  __m512 acc[ROWS][4];
+  for (int r = 0; r < ROWS; ++r)
+    for (int v = 0; v < 4; ++v) acc[r][v] = bias ? _mm512_loadu_ps(bias + 16 * v) : _mm512_setzero_ps();
+  const char* w = static_cast<const char*>(tile);
+  for (int64_t s = 0; s < steps; ++s, w += 256) {  // one step: 64 outputs x (a bf16 pair or one fp32) = 256 bytes
+    _mm_prefetch(w + 1024, _MM_HINT_T0);
+    for (int r = 0; r < ROWS; ++r) {
+      if constexpr (BF16) {
+#ifdef __AVX512BF16__
+        uint32_t pair;
+        std::memcpy(&pair, static_cast<const char*>(x) + (r * x_stride + 2 * s) * 2, 4);
+        const __m512bh xb = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
+        for (int v = 0; v < 4; ++v)
+          acc[r][v] = _mm512_dpbf16_ps(acc[r][v], (__m512bh)_mm512_loadu_si512(w + 64 * v), xb);
+#endif
+      } else {
+        const __m512 xb = _mm512_set1_ps(static_cast<const float*>(x)[r * x_stride + s]);
+        for (int v = 0; v < 4; ++v)
+          acc[r][v] = _mm512_fmadd_ps(_mm512_loadu_ps(reinterpret_cast<const float*>(w) + 16 * v), xb, acc[r][v]);
+      }
+    }
+  }
+  for (int r = 0; r < ROWS; ++r)
+    for (int v = 0; v < 4; ++v) _mm512_storeu_ps(out + r * out_stride + 16 * v, acc[r][v]);
+}
+
+template <bool BF16>
+void tile_any_rows(int rows, const void* x, int64_t x_stride, const void* tile, int64_t steps, const float* bias,
+                   float* out, int64_t out_stride) {
+  switch (rows) {
+    case 1: return tile_rows<1, BF16>(x, x_stride, tile, steps, bias, out, out_stride);
+    case 2: return tile_rows<2, BF16>(x, x_stride, tile, steps, bias, out, out_stride);
+    case 3: return tile_rows<3, BF16>(x, x_stride, tile, steps, bias, out, out_stride);
+    default: return tile_rows<4, BF16>(x, x_stride, tile, steps, bias, out, out_stride);
+  }
+}
+#endif
+
+}  // namespace
+
+// x [M, K] (any M; meant for a few rows), packed as pack_small_linear left it, bias [N] or None -> [M, N].
+at::Tensor small_linear(const at::Tensor& x_in, const at::Tensor& packed, const std::optional<at::Tensor>& bias_in,
+                        int64_t n) {
+#ifndef __AVX512F__
+  TORCH_CHECK(false, "small_linear needs AVX-512");
+#endif
+  const bool bf16 = packed.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(x_in.scalar_type() == packed.scalar_type(), "x and the weight must share a dtype");
+#ifndef __AVX512BF16__
+  TORCH_CHECK(!bf16, "bf16 small_linear needs AVX512-BF16");
+#endif
+  const int64_t pack = packed.size(3), k_padded = packed.size(1) * pack, tiles = packed.size(0);
+  const int64_t k = x_in.size(-1), m = x_in.numel() / std::max<int64_t>(k, 1);
+  TORCH_CHECK(k <= k_padded && k_padded - k < pack && n <= tiles * kTile, "x, the weight and n disagree");
+  at::Tensor x = x_in.reshape({m, k});
+  if (k != k_padded) x = at::constant_pad_nd(x, {0, k_padded - k});  // an odd K in bf16: one zero input
+  x = x.contiguous();
+  at::Tensor bias;
+  if (bias_in.has_value() && bias_in->defined())
+    bias = at::constant_pad_nd(bias_in->to(at::kFloat), {0, tiles * kTile - n}).contiguous();
+  auto acc = at::empty({m, tiles * kTile}, x.options().dtype(at::kFloat));
+#ifdef __AVX512F__
+  const char* w = static_cast<const char*>(packed.data_ptr());
+  const int64_t tile_bytes = packed[0].numel() * packed.element_size(), steps = k_padded / pack;
+  const char* xs = static_cast<const char*>(x.data_ptr());
+  const int64_t x_row_bytes = k_padded * x.element_size();
+  float* out = acc.data_ptr<float>();
+  const float* b = bias.defined() ? bias.data_ptr<float>() : nullptr;
+  at::parallel_for(0, tiles, 1, [&](int64_t first, int64_t last) {
+    for (int64_t t = first; t < last; ++t)
+      for (int64_t r = 0; r < m; r += kRows) {
+        const int rows = static_cast<int>(std::min(kRows, m - r));
+        const void* xr = xs + r * x_row_bytes;
+        float* o = out + r * tiles * kTile + t * kTile;
+        const float* bt = b ? b + t * kTile : nullptr;
+        if (bf16)
+          tile_any_rows<true>(rows, xr, k_padded, w + t * tile_bytes, steps, bt, o, tiles * kTile);
+        else
+          tile_any_rows<false>(rows, xr, k_padded, w + t * tile_bytes, steps, bt, o, tiles * kTile);
+      }
+  });
+#endif
+  auto y = acc.narrow(1, 0, n);
+  auto shape = x_in.sizes().vec();
+  shape.back() = n;
+  return (bf16 ? y.to(at::kBFloat16) : y.contiguous()).view(shape);
+}
+
+TORCH_LIBRARY_FRAGMENT(minivllm_cpu, m) {
+  m.def("pack_small_linear(Tensor weight) -> Tensor");
+  m.def("small_linear(Tensor x, Tensor packed, Tensor? bias, int n) -> Tensor");
+  m.impl("pack_small_linear", c10::DispatchKey::CPU, TORCH_FN(pack_small_linear));
+  m.impl("small_linear", c10::DispatchKey::CPU, TORCH_FN(small_linear));
+}
