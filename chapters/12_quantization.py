@@ -192,7 +192,7 @@ for name, r in results.items():
           f"{r['layer_bytes'] / base['layer_bytes']:4.0%})   greedy agreement "
           f"{r['agree']:5.1%}   held-out perplexity {r['ppl']:.3f} (max |dlogprob| {r['max_dlogprob']:.3f})   "
           f"{r['tok_s']:6.0f} tok/s")
-assert results["int8"]["layer_bytes"] <= 0.27 * base["layer_bytes"] and results["int8"]["bytes"] <= 0.4 * base["bytes"]
+assert results["int8"]["layer_bytes"] <= 0.27 * base["layer_bytes"] and results["int8"]["bytes"] <= 0.35 * base["bytes"]
 assert results["KV fp8 e4m3"]["agree"] >= 0.9 and results["KV fp8 e5m2"]["agree"] >= 0.85
 
 # %% [markdown]
@@ -221,11 +221,11 @@ assert results["blocks fp8"] >= 1.9 * results["blocks auto"]
 # The torch backend upcasts what it reads and multiplies by the scale; the Triton kernels read the bytes and
 # convert them with shifts (`minivllm/kernels/fp8.py`), which every GPU can do, a T4 included.
 #
-# Back to the weights: int8 keeps a quarter of the decoder layers' fp32 bytes and about a third to two fifths of
-# the whole model's: the embedding stays float (at this size it is a tenth of the model), and on a CPU the LM head
-# tied to it is held a second time, reordered for oneDNN's matmul (`minivllm/model/packed_linear.py`). It changes
-# nothing visible: per-channel scales lose at most half a step of 1/127 of each row's
-# largest weight. 4-bit is an eighth of fp32 per linear weight (plus a scale and a zero point per group of
+# Back to the weights: int8 keeps a quarter of the decoder layers' fp32 bytes and about a third of the whole
+# model's (the embedding stays float: at this size it is a tenth of the model). These are the formats' bytes; on a
+# CPU the engine also keeps float weights a second time in the layouts its matmuls read fastest
+# (`layout_copy_bytes` counts them; `minivllm/model/small_linear.py` says why). int8 changes nothing visible:
+# per-channel scales lose at most half a step of 1/127 of each row's largest weight. 4-bit is an eighth of fp32 per linear weight (plus a scale and a zero point per group of
 # 32) and costs more, though not where one might look first: the perplexity of held-out stories barely
 # moves (this model finds its stories very predictable), but greedy continuations leave the float model's
 # at a few positions (and, once they differ, go their own way). With groups of 128, as most Hub

@@ -184,8 +184,8 @@ def test_int8_triton_kernel_matches_the_torch_path(dtype):
 
 
 def test_int8_embedded_model_bytes_and_greedy_agreement():
-    """int8 decoder layers hold <= 27% of their fp32 bytes, the whole model <= 40% (the embedding and the LM head
-    stay float; on a CPU the tied LM head is held twice, once reordered for oneDNN); greedy tokens against fp32."""
+    """int8 decoder layers hold <= 27% of their fp32 bytes, the whole model <= 35% (the embedding stays float);
+    greedy tokens measured against fp32."""
     prompts = ["Hi, my name is", "Today is a beautiful summer day", "Once upon a time", "The little dog"]
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     runs = {}
@@ -197,7 +197,7 @@ def test_int8_embedded_model_bytes_and_greedy_agreement():
     ratio, layers_ratio = runs["int8"][1] / runs[None][1], runs["int8"][2] / runs[None][2]
     agree = np.mean([a == b for x, y in zip(runs[None][0], runs["int8"][0]) for a, b in zip(x, y)])
     assert layers_ratio <= 0.27, f"int8 decoder layers hold {layers_ratio:.1%} of their fp32 bytes"
-    assert ratio <= 0.40, f"int8 holds {ratio:.1%} of the fp32 bytes"
+    assert ratio <= 0.35, f"int8 holds {ratio:.1%} of the fp32 bytes"
     assert agree >= 0.9, f"greedy agreement {agree:.0%}"  # measured: 100% (256 tokens, bench/RESULTS.md)
 
 

@@ -5,7 +5,7 @@ from memory. oneDNN's linear primitive (packed_linear.py) reaches about half the
 this kernel, with each weight laid out once in the order it reads it, gets close to all of it (bench/RESULTS.md:
 a 135M model's batch-1 bf16 matmuls about 1.6x faster). Past `SMALL_ROWS` rows oneDNN's blocked GEMM is faster,
 so the unquantized linear method keeps both layouts of each weight and picks one per call: the price is a second
-copy of the weights in memory, which `weight_bytes` counts. Needs AVX-512 (and AVX512-BF16 for bf16); elsewhere,
+copy of the weights in memory (`layout_copy_bytes` counts it). Needs AVX-512 (and AVX512-BF16 for bf16); elsewhere,
 or without a compiler, oneDNN alone serves every call.
 """
 

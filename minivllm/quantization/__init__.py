@@ -1,6 +1,6 @@
 """Quantized weights: one small module per format, each a config plus a linear method (see base.py).
 
-    unquantized.py  float weights (bf16 through oneDNN on CPUs that have it)
+    unquantized.py  float weights (through oneDNN and a small-batch kernel on CPUs)
     int8.py         weight-only int8, quantized at load from any float checkpoint (`quantization="int8"`)
     int4.py         what GPTQ and AWQ share: 4-bit groups, their CPU, Triton and torch matmuls
     gptq.py, awq.py the two published 4-bit checkpoint layouts, detected from config.json
@@ -24,7 +24,7 @@ SUPPORTED_TEXT = ("supported: quantization=None (the checkpoint as it is), 'int8
                   "model, dequantized at load)")
 
 __all__ = ["ACCEPTED", "LinearMethod", "QuantizationConfig", "checkpoint_quantization", "resolve_quantization",
-           "weight_bytes"]
+           "layout_copy_bytes", "weight_bytes"]
 
 
 def checkpoint_quantization(qc: dict | None, where: str) -> QuantizationConfig | None:
@@ -71,12 +71,25 @@ def resolve_quantization(requested: str | None, checkpoint: QuantizationConfig |
 
 
 def weight_bytes(model) -> int:
-    """Bytes the model's weights take in memory, as loaded: every parameter and every buffer the linear
-    layers keep (packed 4-bit words, scales, oneDNN copies), each tensor once; not the rotary tables."""
+    """Bytes the model's weights take in their format, as loaded: every parameter and every buffer the linear
+    layers keep (packed 4-bit words, scales), each tensor once; not the rotary tables, and not the copies a
+    layer keeps in another layout for speed (`layout_copy_bytes`)."""
     from minivllm.model.linear import LinearBase
 
     tensors = {id(t): t for t in model.parameters()}
     for layer in model.modules():
         if isinstance(layer, LinearBase):
-            tensors.update({id(t): t for t in layer.buffers(recurse=False) if t is not None})
+            copies = layer.quant_method.layout_copies
+            tensors.update({id(t): t for name, t in layer.named_buffers(recurse=False)
+                            if t is not None and name not in copies})
     return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def layout_copy_bytes(model) -> int:
+    """Bytes of the weights held a second time in another layout for speed: on a CPU, oneDNN's copy of a weight
+    tied to the embedding and the small-batch kernel's copies (model/packed_linear.py, model/small_linear.py)."""
+    from minivllm.model.linear import LinearBase
+
+    return sum(t.numel() * t.element_size() for layer in model.modules() if isinstance(layer, LinearBase)
+               for name, t in layer.named_buffers(recurse=False)
+               if t is not None and name in layer.quant_method.layout_copies)

@@ -45,6 +45,10 @@ def add_weight(layer: nn.Module, name: str, shape: tuple[int, ...], dtype: torch
 class LinearMethod:
     """The interface every format implements (unquantized.py is the plainest)."""
 
+    # buffers holding the same weight again in another layout, for speed (unquantized.py on a CPU): memory the
+    # engine spends, but not part of the format, so weight_bytes leaves them out and layout_copy_bytes counts them
+    layout_copies: tuple[str, ...] = ()
+
     def create_weights(self, layer: nn.Module) -> None:
         raise NotImplementedError
 
@@ -55,8 +59,10 @@ class LinearMethod:
         raise NotImplementedError
 
     def weight_bytes(self, layer: nn.Module) -> int:
-        """Bytes the layer's weights take once processed (bias excluded): what the chapter's table counts."""
-        return sum(t.numel() * t.element_size() for name, t in _tensors(layer) if name != "bias")
+        """Bytes the layer's weights take once processed (bias and layout copies excluded): what the chapter's
+        table counts."""
+        return sum(t.numel() * t.element_size() for name, t in _tensors(layer)
+                   if name != "bias" and name not in self.layout_copies)
 
 
 def _tensors(layer: nn.Module):

@@ -20,6 +20,8 @@ from minivllm.quantization.base import Layout, LinearMethod, add_weight
 
 
 class UnquantizedLinearMethod(LinearMethod):
+    layout_copies = ("packed_weight", "small_weight")
+
     def __init__(self, triton: bool = False) -> None:
         self.triton = triton  # nothing to launch: cuBLAS (through F.linear) is the float GEMM on a GPU
 
