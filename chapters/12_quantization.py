@@ -225,8 +225,8 @@ assert results["blocks fp8"] >= 1.9 * results["blocks auto"]
 # model's (the embedding stays float: at this size it is a tenth of the model). These are the formats' bytes; on a
 # CPU the engine also keeps float weights a second time in the layouts its matmuls read fastest
 # (`layout_copy_bytes` counts them; `minivllm/model/small_linear.py` says why). int8 changes nothing visible:
-# per-channel scales lose at most half a step of 1/127 of each row's largest weight. 4-bit is an eighth of fp32 per linear weight (plus a scale and a zero point per group of
-# 32) and costs more, though not where one might look first: the perplexity of held-out stories barely
+# per-channel scales lose at most half a step of 1/127 of each row's largest weight. 4-bit is an eighth of fp32
+# per linear weight (plus a scale and a zero point per group of 32) and costs more, though not where one might look first: the perplexity of held-out stories barely
 # moves (this model finds its stories very predictable), but greedy continuations leave the float model's
 # at a few positions (and, once they differ, go their own way). With groups of 128, as most Hub
 # checkpoints use, agreement drops further (84% against 97% when this chapter was written). Real GPTQ and
