@@ -41,7 +41,7 @@ at::Tensor pack_small_linear(const at::Tensor& weight) {
 // multiplied pairwise into the 16 accumulators (vdpbf16ps); fp32: one element broadcast and fused-multiply-added.
 template <int ROWS, bool BF16>
 inline void tile_rows(const void* x, int64_t x_stride, const void* tile, int64_t steps, const float* bias,
-                      float* out, int64_t out_stride) {
+                      void* out, int64_t out_stride, int64_t cols) {
   __m512 acc[ROWS][4];
   for (int r = 0; r < ROWS; ++r)
     for (int v = 0; v < 4; ++v) acc[r][v] = bias ? _mm512_loadu_ps(bias + 16 * v) : _mm512_setzero_ps();
@@ -64,18 +64,30 @@ inline void tile_rows(const void* x, int64_t x_stride, const void* tile, int64_t
       }
     }
   }
+  // the tile's last columns may lie past N (the weight was padded to whole tiles): masked stores skip them
   for (int r = 0; r < ROWS; ++r)
-    for (int v = 0; v < 4; ++v) _mm512_storeu_ps(out + r * out_stride + 16 * v, acc[r][v]);
+    for (int v = 0; v < 4; ++v) {
+      const int64_t left = std::clamp<int64_t>(cols - 16 * v, 0, 16);
+      const __mmask16 mask = static_cast<__mmask16>((1u << left) - 1u);
+      if constexpr (BF16) {
+#ifdef __AVX512BF16__
+        _mm256_mask_storeu_epi16(static_cast<uint16_t*>(out) + r * out_stride + 16 * v, mask,
+                                 (__m256i)_mm512_cvtneps_pbh(acc[r][v]));  // round to nearest even, as torch
+#endif
+      } else {
+        _mm512_mask_storeu_ps(static_cast<float*>(out) + r * out_stride + 16 * v, mask, acc[r][v]);
+      }
+    }
 }
 
 template <bool BF16>
 void tile_any_rows(int rows, const void* x, int64_t x_stride, const void* tile, int64_t steps, const float* bias,
-                   float* out, int64_t out_stride) {
+                   void* out, int64_t out_stride, int64_t cols) {
   switch (rows) {
-    case 1: return tile_rows<1, BF16>(x, x_stride, tile, steps, bias, out, out_stride);
-    case 2: return tile_rows<2, BF16>(x, x_stride, tile, steps, bias, out, out_stride);
-    case 3: return tile_rows<3, BF16>(x, x_stride, tile, steps, bias, out, out_stride);
-    default: return tile_rows<4, BF16>(x, x_stride, tile, steps, bias, out, out_stride);
+    case 1: return tile_rows<1, BF16>(x, x_stride, tile, steps, bias, out, out_stride, cols);
+    case 2: return tile_rows<2, BF16>(x, x_stride, tile, steps, bias, out, out_stride, cols);
+    case 3: return tile_rows<3, BF16>(x, x_stride, tile, steps, bias, out, out_stride, cols);
+    default: return tile_rows<4, BF16>(x, x_stride, tile, steps, bias, out, out_stride, cols);
   }
 }
 #endif
@@ -102,32 +114,32 @@ at::Tensor small_linear(const at::Tensor& x_in, const at::Tensor& packed, const 
   at::Tensor bias;
   if (bias_in.has_value() && bias_in->defined())
     bias = at::constant_pad_nd(bias_in->to(at::kFloat), {0, tiles * kTile - n}).contiguous();
-  auto acc = at::empty({m, tiles * kTile}, x.options().dtype(at::kFloat));
+  auto y = at::empty({m, n}, x.options());
 #ifdef __AVX512F__
   const char* w = static_cast<const char*>(packed.data_ptr());
   const int64_t tile_bytes = packed[0].numel() * packed.element_size(), steps = k_padded / pack;
   const char* xs = static_cast<const char*>(x.data_ptr());
-  const int64_t x_row_bytes = k_padded * x.element_size();
-  float* out = acc.data_ptr<float>();
+  char* ys = static_cast<char*>(y.data_ptr());
+  const int64_t x_row_bytes = k_padded * x.element_size(), y_row_bytes = n * y.element_size();
   const float* b = bias.defined() ? bias.data_ptr<float>() : nullptr;
   at::parallel_for(0, tiles, 1, [&](int64_t first, int64_t last) {
     for (int64_t t = first; t < last; ++t)
       for (int64_t r = 0; r < m; r += kRows) {
         const int rows = static_cast<int>(std::min(kRows, m - r));
         const void* xr = xs + r * x_row_bytes;
-        float* o = out + r * tiles * kTile + t * kTile;
+        void* o = ys + r * y_row_bytes + t * kTile * y.element_size();
         const float* bt = b ? b + t * kTile : nullptr;
+        const int64_t cols = std::min(kTile, n - t * kTile);
         if (bf16)
-          tile_any_rows<true>(rows, xr, k_padded, w + t * tile_bytes, steps, bt, o, tiles * kTile);
+          tile_any_rows<true>(rows, xr, k_padded, w + t * tile_bytes, steps, bt, o, n, cols);
         else
-          tile_any_rows<false>(rows, xr, k_padded, w + t * tile_bytes, steps, bt, o, tiles * kTile);
+          tile_any_rows<false>(rows, xr, k_padded, w + t * tile_bytes, steps, bt, o, n, cols);
       }
   });
 #endif
-  auto y = acc.narrow(1, 0, n);
   auto shape = x_in.sizes().vec();
   shape.back() = n;
-  return (bf16 ? y.to(at::kBFloat16) : y.contiguous()).view(shape);
+  return y.view(shape);
 }
 
 TORCH_LIBRARY_FRAGMENT(minivllm_cpu, m) {
