@@ -52,3 +52,15 @@ def test_the_engine_uses_it_for_decode_and_onednn_for_prompts(dtype, monkeypatch
                         lambda *a: calls.append(a[0].shape[0]) or small_linear(*a))
     llm.generate(["Once upon a time there was a little dog who"], use_tqdm=False)
     assert calls and max(calls) <= SMALL_ROWS
+
+
+def test_layout_copies_are_counted_apart_from_the_format():
+    from minivllm.quantization import layout_copy_bytes, weight_bytes
+
+    model = LLM(dtype="float32", num_kv_blocks=64).engine.runner.model
+    layers = model.model.layers
+    plain = sum(p.numel() * 4 for p in layers.parameters())  # every decoder weight once, in fp32
+    assert weight_bytes(layers) == plain
+    # each linear weight again in the small-batch layout (tiles padded to 64 rows)
+    linear = sum(m.output_size * m.input_size * 4 for m in layers.modules() if hasattr(m, "small_weight"))
+    assert linear <= layout_copy_bytes(layers) <= 1.3 * linear
