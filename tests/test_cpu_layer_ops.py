@@ -1,7 +1,7 @@
 """The CPU fast path's fused layer ops (model/cpu_layer_ops.py) against the readable torch code they replace.
 
-bf16 follows the readable model's rounding step by step, so results must equal it but for the odd last-place
-difference (RMSNorm's sum of squares runs in another order, silu's exp is another polynomial); fp32 agrees to
+bf16 (and fp16) follow the readable model's rounding step by step, so results must equal it but for the odd
+last-place difference (RMSNorm's sum of squares runs in another order, silu's exp is another polynomial); fp32 agrees to
 rounding. Odd sizes, q/k norm on strided views, residual adds, and rotary with a llama3-scaled table.
 """
 
@@ -16,7 +16,7 @@ from minivllm.model import cpu_layer_ops
 from minivllm.model.llama import RMSNorm
 from minivllm.model.rotary import RotaryEmbedding
 
-DTYPES = [torch.float32, torch.bfloat16]
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 64, "low_freq_factor": 1.0,
           "high_freq_factor": 4.0}
 
@@ -30,14 +30,15 @@ def ops():
 
 
 def assert_matches(got: torch.Tensor, want: torch.Tensor) -> None:
-    """fp32: equal to rounding; bf16: equal, but for at most 1% of elements one bf16 step apart."""
+    """fp32: equal to rounding; bf16, fp16: equal, but for at most 1% of elements one step of the dtype apart."""
     assert got.dtype == want.dtype and got.shape == want.shape
     if got.dtype == torch.float32:
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
         return
     differ = got != want
     assert differ.float().mean().item() <= 0.01, f"{differ.sum().item()} of {got.numel()} elements differ"
-    torch.testing.assert_close(got.float(), want.float(), atol=1e-2, rtol=2 ** -7)
+    step = 2 ** -7 if got.dtype == torch.bfloat16 else 2 ** -10
+    torch.testing.assert_close(got.float(), want.float(), atol=1e-2, rtol=step)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
