@@ -4,7 +4,8 @@ Why: a batch-1 bf16 decode step of a 135M Llama spent ~10 of its ~24 ms outside 
 ops per layer (RMSNorm is seven, rotary a dozen, SwiGLU's activation three) and their dispatch. Here each chain
 is one op. They stand in for the same functions the Triton backend brings (minivllm/kernels/: `rms_norm`,
 `apply_rotary`, `silu_and_mul`, the same contracts, except that rotary works in place), and round where the
-readable model rounds, so bf16 results equal its results (fp32 ones to the order of a sum).
+readable model rounds, so bf16 results equal its results (fp32 ones within ~1 ulp). Measured on a 2-core AMD
+EPYC: ~50 dispatched ops a layer become 21, and that batch-1 step went from 25 to 19 ms (bench/RESULTS.md).
 
 The torch backend brings them on CPU with its compiled attention kernel; MINIVLLM_CPU_ATTENTION=reference keeps
 the readable torch ops as well as the reference attention, and MINIVLLM_CPU_LAYER_OPS=0 the readable ops alone.
