@@ -2,19 +2,16 @@
 
 Why C++: the reference (torch_backend.py) copies each request's K/V blocks out of the cache into a padded
 tensor and masks the padding; on CPU that copy and the masked SDPA were over a quarter of a decode step. The
-kernel reads the blocks in place. It is compiled once per machine (10-25 s, `-O3 -march=native`) into
-torch's extension cache (TORCH_EXTENSIONS_DIR, by default ~/.cache/torch_extensions); the module's name carries
-a hash of the CPU's flags, so a cache shared by different machines never hands one another's build.
+kernel reads the blocks in place. It is compiled once per machine (10-25 s, `-O3 -march=native`), in one build
+with the fused layer ops (minivllm/cpu_extension.py), into torch's extension cache.
 MINIVLLM_CPU_ATTENTION=reference keeps the reference; without a compiler the reference stays too, after a warning.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
@@ -22,7 +19,6 @@ from minivllm.attention.metadata import AttentionMetadata
 from minivllm.logger import init_logger
 
 logger = init_logger(__name__)
-SOURCE = Path(__file__).with_name("cpu_paged_attention.cpp")
 Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata, float], torch.Tensor]
 
 
@@ -34,23 +30,14 @@ def wanted() -> bool:
     return choice == "kernel"
 
 
-def _cpu_fingerprint() -> str:
-    try:
-        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
-    except OSError:
-        flags = ""
-    return hashlib.sha1(flags.encode()).hexdigest()[:10]
-
-
 @functools.cache  # one build (or one failure) per process; torch caches the build itself across processes
 def load_kernel() -> Kernel | None:
     """The compiled kernel as `kernel(q, k_cache, v_cache, meta, scale)`, or None (with a warning) if it cannot
     be built here."""
     try:
-        from torch.utils.cpp_extension import load
+        from minivllm import cpu_extension
 
-        load(name=f"minivllm_cpu_paged_attention_{_cpu_fingerprint()}", sources=[str(SOURCE)],
-             extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"], is_python_module=False)
+        cpu_extension.build()  # this source and the fused layer ops', one build (minivllm/cpu_extension.py)
         op = torch.ops.minivllm_cpu.paged_attention
         # its output's shape, for torch.compile (which can then trace a model through the op without a graph break)
         torch.library.register_fake("minivllm_cpu::paged_attention")(lambda q, *rest: q.new_empty(q.shape))

@@ -13,7 +13,9 @@ import torch
 import torch.nn.functional as F
 
 from minivllm.attention import cpu_kernel
+from minivllm.attention.backend import LayerKernels
 from minivllm.attention.metadata import AttentionMetadata
+from minivllm.model import cpu_layer_ops
 from minivllm.quantization.kv_cache import as_bytes, dequantize, quantize
 from minivllm.utils import cdiv
 
@@ -154,11 +156,15 @@ def _attend_group(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 class TorchAttentionBackend:
     name = "torch"
     kernel: cpu_kernel.Kernel | None = None  # the CPU fast path, when built; else the reference alone
+    layer_kernels: LayerKernels | None = None  # the CPU fast path's fused norm/rotary/SwiGLU ops, when built
 
     def __init__(self, device: str = "cpu", fast: bool = False) -> None:
-        """`fast`: on CPU, attend through cpu_kernel's compiled kernel (unless MINIVLLM_CPU_ATTENTION=reference)."""
+        """`fast`: on CPU, attend through cpu_kernel's compiled kernel and run the layers' norms, rotary and SwiGLU
+        through fused C++ ops (model/cpu_layer_ops.py), unless MINIVLLM_CPU_ATTENTION=reference."""
         if fast and str(device).startswith("cpu") and cpu_kernel.wanted():
             self.kernel = cpu_kernel.load_kernel()
+            if cpu_layer_ops.wanted():
+                self.layer_kernels = cpu_layer_ops.load()
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, meta: AttentionMetadata, scale: float, k_scale: float = 1.0,

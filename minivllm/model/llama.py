@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minivllm.attention.backend import LayerKernels
 from minivllm.attention.metadata import AttentionMetadata
 from minivllm.distributed.parallel import SINGLE, TensorParallel, kv_head_replicas, local_kv_heads
 from minivllm.model.embedding import VocabParallelEmbedding
@@ -29,18 +30,15 @@ from minivllm.quantization.unquantized import UnquantizedLinearMethod
 class RMSNorm(nn.Module):
     """norm(x), or with a residual: (norm(x + residual), x + residual), the add deferred from the layer before.
 
-    `fused` (the Triton backend) does either in one kernel (minivllm/kernels/norm.py).
+    With the backend's `kernels` (Triton's, or the CPU's C++ ops) either is one fused kernel
+    (minivllm/kernels/norm.py, model/cpu_layer_ops.py).
     """
 
-    def __init__(self, dim: int, eps: float, fused: bool = False) -> None:
+    def __init__(self, dim: int, eps: float, kernels: LayerKernels | None = None) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
-        self.kernel = None
-        if fused:
-            from minivllm.kernels.norm import rms_norm
-
-            self.kernel = rms_norm
+        self.kernel = kernels.rms_norm if kernels else None
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if self.kernel is not None:
@@ -59,19 +57,19 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg, backend, fused: bool = False, tp: TensorParallel = SINGLE) -> None:
+    def __init__(self, cfg, backend, kernels: LayerKernels | None = None, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
+        triton = backend.name == "triton"  # quantized matmuls launch Triton kernels too
         self.head_dim = hd = cfg.head_dim
         self.num_heads, self.num_kv_heads = cfg.num_heads // tp.size, local_kv_heads(cfg.num_kv_heads, tp.size)
         quant, kv_copies = cfg.quantization, kv_head_replicas(cfg.num_kv_heads, tp.size)
         self.qkv_proj = ColumnLinear(cfg.hidden_size, [cfg.num_heads * hd] + [cfg.num_kv_heads * hd] * 2,
-                                     cfg.qkv_bias, quant, fused, tp=tp, replicas=[1, kv_copies, kv_copies])
-        self.shard_sizes = self.qkv_proj.output_sizes  # this rank's q, k, v widths
-        self.o_proj = RowLinear(cfg.num_heads * hd, [cfg.hidden_size], False, quant, fused, tp=tp)
+                                     cfg.qkv_bias, quant, triton, tp=tp, replicas=[1, kv_copies, kv_copies])
+        self.o_proj = RowLinear(cfg.num_heads * hd, [cfg.hidden_size], False, quant, triton, tp=tp)
         self.qk_norm = cfg.qk_norm
         if cfg.qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, fused)
-            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, fused)
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, kernels)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, kernels)
         self.scale = self.head_dim**-0.5
         # an fp8 KV cache stores K / k_scale and V / v_scale (1.0 unless the checkpoint gives them; a float cache
         # ignores them): see minivllm/quantization/kv_cache.py
@@ -80,10 +78,8 @@ class Attention(nn.Module):
 
     def project(self, x, rope, rotary) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """This step's queries, keys and values, [T, heads, dim], q and k rotated to their positions."""
-        q, k, v = self.qkv_proj(x).split(self.shard_sizes, dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x).view(-1, self.num_heads + 2 * self.num_kv_heads, self.head_dim)  # rows of heads
+        q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotary(rope, q, k)
@@ -95,16 +91,12 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int, fused: bool = False, quant=None,
-                 tp: TensorParallel = SINGLE) -> None:
+    def __init__(self, hidden: int, intermediate: int, kernels: LayerKernels | None = None, quant=None,
+                 tp: TensorParallel = SINGLE, triton: bool = False) -> None:
         super().__init__()
-        self.gate_up_proj = ColumnLinear(hidden, [intermediate, intermediate], False, quant, fused, tp=tp)
-        self.down_proj = RowLinear(intermediate, [hidden], False, quant, fused, tp=tp)
-        self.kernel = None
-        if fused:  # the Triton backend: silu(gate) * up in one kernel (minivllm/kernels/activation.py)
-            from minivllm.kernels.activation import silu_and_mul
-
-            self.kernel = silu_and_mul
+        self.gate_up_proj = ColumnLinear(hidden, [intermediate, intermediate], False, quant, triton, tp=tp)
+        self.down_proj = RowLinear(intermediate, [hidden], False, quant, triton, tp=tp)
+        self.kernel = kernels.silu_and_mul if kernels else None  # silu(gate) * up in one kernel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
@@ -117,12 +109,13 @@ class MLP(nn.Module):
 class DecoderLayer(nn.Module):
     """x + attn(norm(x)), then + mlp(norm(...)); each residual add is left to the next norm, which fuses it."""
 
-    def __init__(self, cfg, backend, fused: bool = False, tp: TensorParallel = SINGLE) -> None:
+    def __init__(self, cfg, backend, kernels: LayerKernels | None = None, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, fused)
-        self.self_attn = Attention(cfg, backend, fused, tp)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, fused)
-        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, fused, cfg.quantization, tp)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels)
+        self.self_attn = Attention(cfg, backend, kernels, tp)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, kernels, cfg.quantization, tp,
+                       triton=backend.name == "triton")
 
     def forward(self, x, residual, rope, rotary, kv_cache, meta) -> tuple[torch.Tensor, torch.Tensor]:
         q, k, v, residual = self.before_attention(x, residual, rope, rotary)
@@ -148,12 +141,14 @@ class DecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, cfg, backend, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
-        fused = backend.name == "triton"  # the Triton backend brings fused norm, rotary and SwiGLU kernels too
+        # fused norm, rotary and SwiGLU kernels, if the backend brings them: the Triton backend its Triton kernels,
+        # the torch backend on CPU C++ ops (model/cpu_layer_ops.py); None keeps the readable torch ops below
+        kernels = getattr(backend, "layer_kernels", None)
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, backend, fused, tp) for _ in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, fused)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, backend, kernels, tp) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels)
         self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
-                                          cfg.rope_scaling, fused)
+                                          cfg.rope_scaling, kernels.apply_rotary if kernels else None)
 
 
 class LlamaForCausalLM(nn.Module):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -30,15 +31,13 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict | None,
-                 fused: bool = False) -> None:
+                 kernel: Callable | None = None) -> None:
+        """`kernel`: the backend's fused rotation of q and k, `kernel(positions, q, k, cos_sin)`
+        (minivllm/kernels/rotary.py, model/cpu_layer_ops.py); None rotates with the torch ops below."""
         super().__init__()
         self.head_dim, self.max_positions, self.theta, self.scaling = head_dim, max_positions, theta, scaling
         self.register_buffer("cos_sin", torch.empty(max_positions, 2, head_dim), persistent=False)
-        self.kernel = None
-        if fused:  # the Triton backend: q and k rotated in one kernel (minivllm/kernels/rotary.py)
-            from minivllm.kernels.rotary import apply_rotary
-
-            self.kernel = apply_rotary
+        self.kernel = kernel
 
     def build(self) -> None:
         """Fill the cos/sin table (after the module lands on its device)."""

@@ -1,0 +1,79 @@
+"""The CPU fast path's fused layer ops: cpu_layer_ops.cpp, built with the attention kernel (minivllm/cpu_extension.py).
+
+Why: a batch-1 bf16 decode step of a 135M Llama spent ~10 of its ~24 ms outside the matmuls, in ~100 small aten
+ops per layer (RMSNorm is seven, rotary a dozen, SwiGLU's activation three) and their dispatch. Here each chain
+is one op. They stand in for the same functions the Triton backend brings (minivllm/kernels/: `rms_norm`,
+`apply_rotary`, `silu_and_mul`, the same contracts, except that rotary works in place), and round where the
+readable model rounds, so bf16 results equal its results (fp32 ones within ~1 ulp). Measured on a 2-core AMD
+EPYC: ~50 dispatched ops a layer become 21, and that batch-1 step went from 25 to 19 ms (bench/RESULTS.md).
+
+The torch backend brings them on CPU with its compiled attention kernel; MINIVLLM_CPU_ATTENTION=reference keeps
+the readable torch ops as well as the reference attention, and MINIVLLM_CPU_LAYER_OPS=0 the readable ops alone.
+If the extension cannot be built, the readable ops stay, after one warning.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+from minivllm.attention.backend import LayerKernels
+from minivllm.logger import init_logger
+
+logger = init_logger(__name__)
+
+
+def wanted() -> bool:
+    """On unless MINIVLLM_CPU_LAYER_OPS=0."""
+    setting = os.environ.get("MINIVLLM_CPU_LAYER_OPS", "1")
+    if setting not in ("0", "1"):
+        raise ValueError(f"MINIVLLM_CPU_LAYER_OPS must be 0 or 1, got {setting!r}")
+    return setting == "1"
+
+
+@functools.cache  # one build (or one failure, one warning) per process
+def load() -> LayerKernels | None:
+    """The ops as the model calls them, or None (with a warning) if the extension cannot be built here."""
+    try:
+        from minivllm import cpu_extension
+
+        cpu_extension.build()
+        ops = torch.ops.minivllm_cpu
+        ops.rms_norm, ops.add_rms_norm, ops.rotary_embedding, ops.silu_and_mul  # noqa: B018 -- all registered?
+    except Exception as err:  # noqa: BLE001 -- no compiler, a failed build: the readable ops still work
+        logger.warning("CPU fused layer ops unavailable, using the torch ops: %s",
+                       str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__)
+        return None
+    # output shapes, for torch.compile (model/compiled.py traces the layers through these ops)
+    torch.library.register_fake("minivllm_cpu::rms_norm")(lambda x, weight, eps: x.new_empty(x.shape))
+    torch.library.register_fake("minivllm_cpu::add_rms_norm")(
+        lambda x, residual, weight, eps: (x.new_empty(x.shape), x.new_empty(x.shape)))
+    torch.library.register_fake("minivllm_cpu::rotary_embedding")(lambda positions, q, k, cos_sin: None)
+    torch.library.register_fake("minivllm_cpu::silu_and_mul")(
+        lambda gate_up: gate_up.new_empty(gate_up.shape[0], gate_up.shape[1] // 2))
+    return LayerKernels(rms_norm=rms_norm, apply_rotary=apply_rotary, silu_and_mul=silu_and_mul)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """x [T, dim] or [T, heads, dim] (q/k norm) -> (norm(x), None); with `residual` [T, dim]:
+    (norm(x + residual), x + residual)."""
+    if residual is None:
+        return torch.ops.minivllm_cpu.rms_norm.default(x, weight, eps), None
+    return torch.ops.minivllm_cpu.add_rms_norm.default(x, residual, weight, eps)
+
+
+def apply_rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                 cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [T, heads, dim], k [T, kv_heads, dim] rotated to `positions` [T] in place (the fp32 table
+    `cos_sin` [max_positions, 2, dim]); returns them."""
+    torch.ops.minivllm_cpu.rotary_embedding.default(positions, q, k, cos_sin)
+    return q, k
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up [T, 2 * I] (gate first) -> silu(gate) * up, [T, I]."""
+    return torch.ops.minivllm_cpu.silu_and_mul.default(gate_up)
+
