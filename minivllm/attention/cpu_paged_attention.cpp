@@ -210,19 +210,58 @@ void attend(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
   }
 }
 
+// This step's keys and values into their cache slots, as store_kv in torch_backend.py (the readable reference)
+// does: slot = block * block_size + offset, and a slot < 0 marks a padding row that stores nothing. Done here, in
+// the op, because at batch 1 the separate torch ops (a mask, an any(), two index_copy_) cost more than the copy.
+template <typename index_t>
+void store(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache,
+           const at::Tensor& slot_mapping) {
+  const int64_t num_slots = k_cache.size(0) * k_cache.size(1), kv_heads = k_cache.size(2);
+  const int64_t row_bytes = k_cache.size(3) * k_cache.element_size();
+  const index_t* slots = slot_mapping.data_ptr<index_t>();
+  char* k_dst = static_cast<char*>(k_cache.data_ptr());
+  char* v_dst = static_cast<char*>(v_cache.data_ptr());
+  const char* k_src = static_cast<const char*>(k.data_ptr());
+  const char* v_src = static_cast<const char*>(v.data_ptr());
+  const int64_t elem = k.element_size();
+  for (int64_t t = 0; t < k.size(0); ++t) {
+    const int64_t slot = slots[t];
+    if (slot < 0) continue;
+    TORCH_CHECK(slot < num_slots, "slot ", slot, " is outside the cache (", num_slots, " slots)");
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      const int64_t dst = (slot * kv_heads + h) * row_bytes;
+      std::memcpy(k_dst + dst, k_src + (t * k.stride(0) + h * k.stride(1)) * elem, row_bytes);
+      std::memcpy(v_dst + dst, v_src + (t * v.stride(0) + h * v.stride(1)) * elem, row_bytes);
+    }
+  }
+}
+
 }  // namespace
 
-// q [T, heads, dim] (last dim contiguous); caches [blocks, block_size, kv_heads, dim] contiguous;
-// block_tables [B, width], seq_lens [B], query_start_loc [B + 1]: int32. Returns [T, heads, dim].
-at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                              const at::Tensor& block_tables, const at::Tensor& seq_lens,
-                              const at::Tensor& query_start_loc, double scale) {
+// Stores k and v [T', kv_heads, dim] at slot_mapping [T'] (int64 or int32; T' may be 0: nothing to store), then
+// attends. q [T, heads, dim] and k, v with their last dim contiguous; caches [blocks, block_size, kv_heads, dim]
+// contiguous; block_tables [B, width], seq_lens [B], query_start_loc [B + 1]: int32. Returns [T, heads, dim].
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache,
+                           at::Tensor& v_cache, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
+                           const at::Tensor& seq_lens, const at::Tensor& query_start_loc, double scale) {
   TORCH_CHECK(q.stride(2) == 1 && k_cache.is_contiguous() && v_cache.is_contiguous(), "unsupported layout");
   TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
               "cache and query dtypes differ");
   TORCH_CHECK(block_tables.scalar_type() == at::kInt && seq_lens.scalar_type() == at::kInt &&
                   query_start_loc.scalar_type() == at::kInt && block_tables.stride(1) == 1,
               "metadata must be contiguous int32");
+  TORCH_CHECK(k.scalar_type() == k_cache.scalar_type() && v.scalar_type() == v_cache.scalar_type() &&
+                  k.dim() == 3 && v.sizes() == k.sizes() && k.size(1) == k_cache.size(2) &&
+                  k.size(2) == k_cache.size(3) && k.stride(2) == 1 && v.stride(2) == 1,
+              "new keys and values must be [T, kv_heads, dim] in the cache's dtype, last dim contiguous");
+  TORCH_CHECK(slot_mapping.dim() == 1 && slot_mapping.size(0) == k.size(0), "one slot per new key");
+  const at::Tensor slots = slot_mapping.contiguous();
+  if (slots.scalar_type() == at::kLong) {
+    store<int64_t>(k, v, k_cache, v_cache, slots);
+  } else {
+    TORCH_CHECK(slots.scalar_type() == at::kInt, "slot_mapping must be int64 or int32");
+    store<int32_t>(k, v, k_cache, v_cache, slots);
+  }
   auto out = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_attention", [&] {
     attend<scalar_t>(q, k_cache, v_cache, block_tables.contiguous(), seq_lens.contiguous(),
@@ -231,9 +270,10 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
   return out;
 }
 
-// a dispatcher op (torch.ops.minivllm_cpu.paged_attention): the profiler sees it, like any aten op
+// a dispatcher op (torch.ops.minivllm_cpu.paged_attention): the profiler sees it, like any aten op. The caches are
+// written in place, and the schema says so (a!, b!) so that torch.compile's functionalization knows.
 TORCH_LIBRARY(minivllm_cpu, m) {
-  m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor seq_lens, "
-        "Tensor query_start_loc, float scale) -> Tensor");
+  m.def("paged_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+        "Tensor slot_mapping, Tensor block_tables, Tensor seq_lens, Tensor query_start_loc, float scale) -> Tensor");
   m.impl("paged_attention", c10::DispatchKey::CPU, TORCH_FN(paged_attention));
 }
