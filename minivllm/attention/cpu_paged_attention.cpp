@@ -245,7 +245,8 @@ void attend(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   const int32_t* starts = query_start_loc.data_ptr<int32_t>();
   constexpr bool is_bf16 = std::is_same_v<scalar_t, c10::BFloat16>;
-  const bool whole_vectors = head_dim % (is_bf16 ? 32 : 16) == 0, vector = kVector && head_dim % 16 == 0;
+  const bool whole_vectors = head_dim % (is_bf16 ? 32 : 16) == 0;
+  [[maybe_unused]] const bool vector = kVector && head_dim % 16 == 0;  // rows widened to fp32 take the vector code
   const bool scores_in_place = kScoresInPlace<scalar_t> && whole_vectors;
   const bool values_in_place = kValuesInPlace<scalar_t> && whole_vectors;
   // bf16 values summed in place leave each 32 output elements as 16 even then 16 odd ones (add_values)
