@@ -11,9 +11,10 @@ import torch
 
 from minivllm.attention import cpu_kernel, get_attention_backend
 from minivllm.attention.metadata import AttentionMetadata
-from minivllm.attention.torch_backend import TorchAttentionBackend, paged_attention_ref
+from minivllm.attention.torch_backend import TorchAttentionBackend, paged_attention_ref, store_kv
 
-TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=1.6e-2, rtol=1.6e-2)}
+TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=1.6e-2, rtol=1.6e-2),
+       torch.float16: dict(atol=2e-3, rtol=2e-3)}
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +67,16 @@ def test_kernel_matches_reference(kernel, dtype, heads, kv_heads, head_dim, batc
     torch.testing.assert_close(got.float(), want, **TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype,head_dim", [(torch.float16, 64), (torch.bfloat16, 48), (torch.float16, 24)])
+@pytest.mark.parametrize("batch", list(BATCHES))
+def test_rows_widened_first(kernel, dtype, head_dim, batch):
+    """The rows the vector code does not read in place (fp16; bf16 rows that are not whole 32-element vectors)
+    are widened to fp32 per chunk first, then take the fp32 vector code (head_dim 48, 64) or plain loops (24)."""
+    q, k_cache, v_cache, meta = make_batch(*BATCHES[batch], 4, 6, 2, head_dim, dtype)
+    want = paged_attention_ref(q.float(), k_cache.float(), v_cache.float(), meta, 0.3)
+    torch.testing.assert_close(kernel(q, k_cache, v_cache, meta, 0.3).float(), want, **TOL[dtype])
+
+
 def test_strided_query_and_large_block(kernel):
     """q as a view of a fused projection (rows wider than heads * dim), blocks of 32."""
     q, k_cache, v_cache, meta = make_batch([1, 7, 1], [40, 7, 70], 32, 4, 2, 64, torch.float32)
@@ -74,6 +85,43 @@ def test_strided_query_and_large_block(kernel):
     strided = wide[:, 32 : 32 + 256].view(-1, 4, 64)
     torch.testing.assert_close(kernel(strided, k_cache, v_cache, meta, 0.125),
                                paged_attention_ref(q, k_cache, v_cache, meta, 0.125), **TOL[torch.float32])
+
+
+def new_slots(meta, block_size):
+    """Each new token's slot: query i of request b sits at position seq_len - q_len + i."""
+    tables = meta.block_tables.tolist()
+    return [tables[b][p // block_size] * block_size + p % block_size
+            for b, (q_len, seq_len) in enumerate(zip(meta.query_lens_cpu, meta.seq_lens_cpu))
+            for p in range(seq_len - q_len, seq_len)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("slot_dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize("batch", ["decode", "mixed"])  # decodes; a prompt, drafts and a chunk after a prefix
+def test_kernel_stores_like_store_kv(kernel, dtype, slot_dtype, batch):
+    """Given this step's k and v, the op writes them to their slots first (store_kv's job), then attends: the
+    caches after it are store_kv's, bit for bit, and the output the reference's over those caches. k and v are
+    views of a wider projection, and two rows are padding (slot -1): they store nothing."""
+    block_size, heads, kv_heads, dim = 4, 6, 3, 64
+    q, k_cache, v_cache, meta = make_batch(*BATCHES[batch], block_size, heads, kv_heads, dim, dtype, seed=1)
+    slots = new_slots(meta, block_size)
+    slots[0] = slots[-1] = -1
+    meta.slot_mapping = torch.tensor(slots, dtype=slot_dtype)
+    kv = torch.randn(q.shape[0], 2 * kv_heads * dim + 8).to(dtype)
+    k, v = (kv[:, i * kv_heads * dim : (i + 1) * kv_heads * dim].view(-1, kv_heads, dim) for i in range(2))
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    store_kv(k, v, want_k, want_v, meta.slot_mapping.long())
+    want = paged_attention_ref(q.float(), want_k.float(), want_v.float(), meta, 0.3)
+    got = kernel(q, k_cache, v_cache, meta, 0.3, k, v)
+    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
+    torch.testing.assert_close(got.float(), want, **TOL[dtype])
+
+
+def test_store_rejects_a_slot_outside_the_cache(kernel):
+    q, k_cache, v_cache, meta = make_batch([1], [5], 4, 2, 2, 64, torch.float32)
+    meta.slot_mapping = torch.tensor([k_cache.shape[0] * 4])
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        kernel(q, k_cache, v_cache, meta, 0.3, torch.zeros(1, 2, 64), torch.zeros(1, 2, 64))
 
 
 def test_backend_uses_kernel_and_falls_back(kernel):
@@ -87,10 +135,11 @@ def test_backend_uses_kernel_and_falls_back(kernel):
     caches = (k_cache.clone(), v_cache.clone())
     got = backend.forward(q, k, v, k_cache, v_cache, meta, 0.2)
     want = TorchAttentionBackend().forward(q, k, v, *caches, meta, 0.2)
-    assert torch.equal(k_cache, caches[0])
+    assert torch.equal(k_cache, caches[0]) and torch.equal(v_cache, caches[1])  # the kernel stored k, v too
     torch.testing.assert_close(got, want, **TOL[torch.float32])
     assert not cpu_kernel.fits(q, k_cache.half(), meta)
     assert not cpu_kernel.fits(q[:3], k_cache, meta)  # rows the metadata does not account for
+    assert not cpu_kernel.fits(q, k_cache, meta, k.half(), v.half())  # new keys in another dtype than the cache
 
 
 def test_switch_and_missing_compiler(monkeypatch, caplog):

@@ -3,8 +3,10 @@
 // The torch reference copies every request's blocks into a padded tensor, then runs SDPA with a padding mask:
 // the cache is read once, written once and read again. Here each work item, one (request, KV head, tile of
 // query rows), walks its block table and reads each key and value once, in place. The query heads that share a
-// KV head (GQA) are extra rows of the same item, so a key loaded for one serves them all. Scores, softmax and
-// sums are fp32, whatever the cache holds.
+// KV head (GQA) are extra rows of the same item, so a key loaded for one serves them all. Keys are scored and
+// values summed a chunk of 16 positions at a time, which is what the vector code below is shaped for. Scores,
+// softmax and sums are fp32, whatever the cache holds. Before attending, the op stores this step's keys and
+// values in their slots (`store`), so that a layer costs one op call.
 #include <torch/library.h>
 #include <ATen/ATen.h>
 
@@ -22,6 +24,8 @@
 namespace {
 
 constexpr int64_t kRowsPerTile = 16;  // query rows per work item: bounds the scores buffer for long prompts
+constexpr int64_t kChunk = 16;        // keys scored (and values summed) together: one AVX-512 vector of scores
+constexpr int64_t kAhead = 48;        // prefetch distance, in keys (measured: 16 too short, 64 no better)
 
 // exp for x <= 0 (a score minus its row's max), written so the compiler vectorises the loop that calls it:
 // the libm call does not. Cephes' expf: x = n ln2 + r, a degree-6 polynomial for e^r, 2^n from the exponent.
@@ -58,39 +62,167 @@ inline void widen<c10::BFloat16>(const c10::BFloat16* src, float* dst, int64_t n
   for (int64_t d = 0; d < n; ++d) out[d] = static_cast<uint32_t>(raw[d]) << 16;
 }
 
-// Blocks sit anywhere in the cache, so the hardware prefetcher cannot guess the next one: ask for the row at the
-// same offset one block ahead while this block is read (without it the loads of K and V were ~70% of the time).
-template <typename scalar_t>
-inline void prefetch_row(const scalar_t* row, int64_t n) {
-  const char* p = reinterpret_cast<const char*>(row);
-  for (int64_t byte = 0; byte < n * static_cast<int64_t>(sizeof(scalar_t)); byte += 64) __builtin_prefetch(p + byte);
+// Asks for the cache line at p ahead of its use, into L2 (prefetcht1): into L1 (t0) the requests held the core's
+// few L1 miss slots, and a cold batch-64 decode ran ~1.4x slower. Spelled out on x86 because GCC deleted loops whose
+// only work was __builtin_prefetch (it counts as no side effect): the chunk prefetches had silently vanished.
+inline void prefetch_line(const void* p) {
+#if defined(__x86_64__)
+  asm volatile("prefetcht1 %0" : : "m"(*static_cast<const char*>(p)));
+#else
+  __builtin_prefetch(p);
+#endif
 }
 
-// A dot product of fp32 rows. GCC reduces its vector sum through memory, one lane at a time, which cost more than
-// the multiplies: with AVX-512 (-march=native says so) the 16 lanes are summed in registers instead.
-inline float dot(const float* a, const float* b, int64_t n) {
-#ifdef __AVX512F__
-  if (n % 16 == 0) {
-    __m512 sum = _mm512_setzero_ps();
-    for (int64_t d = 0; d < n; d += 16) sum = _mm512_fmadd_ps(_mm512_loadu_ps(a + d), _mm512_loadu_ps(b + d), sum);
-    return _mm512_reduce_add_ps(sum);
+// The key (or value) rows of one KV head of one request, position by position. Blocks sit anywhere in the cache,
+// so every position goes through the block table, and the hardware prefetcher cannot guess the next block:
+// `prefetch` asks for rows ahead of the ones being read (without it the loads were ~70% of the time). The score
+// pass and the value pass both read their rows through here.
+template <typename scalar_t>
+struct PagedRows {
+  const scalar_t* cache;  // the cache, offset to this KV head
+  const int32_t* table;   // this request's block table
+  int64_t block_size, block_stride, token_stride, row_bytes;
+
+  // f(j, row) for positions first + j < end, in order: one division for the lot, not one per row
+  template <typename F>
+  void walk(int64_t first, int64_t end, F&& f) const {
+    int64_t block = first / block_size, offset = first % block_size;
+    for (int64_t t = first; t < end; ++t) {
+      f(t - first, cache + table[block] * block_stride + offset * token_stride);
+      if (++offset == block_size) offset = 0, ++block;
+    }
   }
+  void prefetch(int64_t first, int64_t end) const {
+    walk(first, end, [&](int64_t, const scalar_t* row) {
+      for (int64_t byte = 0; byte < row_bytes; byte += 64) prefetch_line(reinterpret_cast<const char*>(row) + byte);
+    });
+  }
+  // the rows of positions [t0, t0 + kChunk); from `end` on the last row repeats (scored, never used), so a chunk
+  // is always kChunk real addresses and the vector code has no ragged edge
+  void chunk(int64_t t0, int64_t end, const scalar_t** rows) const {
+    const int64_t n = std::min(kChunk, end - t0);
+    walk(t0, t0 + n, [&](int64_t j, const scalar_t* row) { rows[j] = row; });
+    std::fill(rows + n, rows + kChunk, rows[n - 1]);
+  }
+};
+
+// ---- scores: q . key for kChunk keys at once -------------------------------------------------------------------
+// A dot product ends in a sum across the vector's 16 lanes, which costs more than the multiplies of a 64-wide row.
+// So each of the chunk's keys gets its own vector of partial sums, and one tree of shuffles and adds (15 adds)
+// sums all 16 vectors together, key j's total landing in lane j: one vector of 16 scores.
+#ifdef __AVX512F__
+inline __m512 sum_lanes(const __m512* v) {
+  __m512 pairs[8], quads[4], halves[2];
+  for (int i = 0; i < 8; ++i)  // within each 128-bit lane: (v0, v1, v0, v1) partial sums
+    pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i) {  // within each 128-bit lane: (v0, v1, v2, v3)
+    const __m512d a = _mm512_castps_pd(pairs[2 * i]), b = _mm512_castps_pd(pairs[2 * i + 1]);
+    quads[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  for (int i = 0; i < 2; ++i)  // then across the 128-bit lanes: even lanes plus odd lanes, twice
+    halves[i] = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], 0x88),
+                              _mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(halves[0], halves[1], 0x88),
+                       _mm512_shuffle_f32x4(halves[0], halves[1], 0xDD));
+}
+
+inline __m512 dot_chunk(const float* q, const float* const* keys, int64_t n) {
+  __m512 acc[kChunk];
+  for (int j = 0; j < kChunk; ++j) acc[j] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < n; d += 16) {
+    const __m512 qd = _mm512_loadu_ps(q + d);
+    for (int j = 0; j < kChunk; ++j) acc[j] = _mm512_fmadd_ps(qd, _mm512_loadu_ps(keys[j] + d), acc[j]);
+  }
+  return sum_lanes(acc);
+}
 #endif
+
+#ifdef __AVX512BF16__
+// bf16 query and keys as they are: vdpbf16ps multiplies pairs exactly and sums them in fp32, 32 per instruction
+inline __m512 dot_chunk(const c10::BFloat16* q, const c10::BFloat16* const* keys, int64_t n) {
+  __m512 acc[kChunk];
+  for (int j = 0; j < kChunk; ++j) acc[j] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < n; d += 32) {
+    const __m512bh qd = (__m512bh)_mm512_loadu_si512(q + d);
+    for (int j = 0; j < kChunk; ++j) acc[j] = _mm512_dpbf16_ps(acc[j], qd, (__m512bh)_mm512_loadu_si512(keys[j] + d));
+  }
+  return sum_lanes(acc);
+}
+#endif
+
+// ---- values: acc += p[j] * value_j over the chunk's kChunk values ---------------------------------------------
+// A weight is 0 past the keys its row sees, so every chunk is whole. Each output vector gets its sum in two or four
+// partial sums, not one: an FMA waits ~4 cycles for the previous one into the same register, and one chain of 16
+// would stall on that latency rather than run at the FMA units' pace.
+#ifdef __AVX512F__
+inline void add_values(float* acc, const float* p, const float* const* values, int64_t dim) {
+  for (int64_t d = 0; d < dim; d += 16) {
+    __m512 part[4] = {_mm512_loadu_ps(acc + d), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int j = 0; j < kChunk; ++j)
+      part[j % 4] = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), _mm512_loadu_ps(values[j] + d), part[j % 4]);
+    _mm512_storeu_ps(acc + d, _mm512_add_ps(_mm512_add_ps(part[0], part[1]), _mm512_add_ps(part[2], part[3])));
+  }
+}
+
+// bf16 values without converting them: 32 bf16 are 16 pairs in 32-bit lanes, and an fp32 is a bf16 with 16 zero
+// bits below it, so a shift gives the even elements as fp32 and a mask the odd ones. The output row is kept in
+// that order (per 32 elements: 16 even, then 16 odd) until it is written.
+inline void add_values(float* acc, const float* p, const c10::BFloat16* const* values, int64_t dim) {
+  const __m512i high = _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
+  for (int64_t d = 0; d < dim; d += 32) {
+    __m512 even[2] = {_mm512_loadu_ps(acc + d), _mm512_setzero_ps()};
+    __m512 odd[2] = {_mm512_loadu_ps(acc + d + 16), _mm512_setzero_ps()};
+    for (int j = 0; j < kChunk; ++j) {
+      const __m512i pairs = _mm512_loadu_si512(values[j] + d);
+      const __m512 pj = _mm512_set1_ps(p[j]);
+      even[j % 2] = _mm512_fmadd_ps(pj, _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16)), even[j % 2]);
+      odd[j % 2] = _mm512_fmadd_ps(pj, _mm512_castsi512_ps(_mm512_and_si512(pairs, high)), odd[j % 2]);
+    }
+    _mm512_storeu_ps(acc + d, _mm512_add_ps(even[0], even[1]));
+    _mm512_storeu_ps(acc + d + 16, _mm512_add_ps(odd[0], odd[1]));
+  }
+}
+#endif
+
+// Which rows the vector code reads straight from the cache: fp32 ones, bf16 keys where vdpbf16ps exists, bf16
+// values (the split needs plain AVX-512), when head_dim is whole vectors (16 fp32, 32 bf16). Any other rows (fp16,
+// an odd head_dim) are widened to fp32 per chunk, then summed by the fp32 vector code or, without AVX-512, by
+// plain loops.
+#ifdef __AVX512F__
+constexpr bool kVector = true;
+#else
+constexpr bool kVector = false;
+#endif
+#ifdef __AVX512BF16__
+constexpr bool kBf16Dot = true;
+#else
+constexpr bool kBf16Dot = false;
+#endif
+template <typename T>
+constexpr bool kScoresInPlace = kVector && (std::is_same_v<T, float> || (std::is_same_v<T, c10::BFloat16> && kBf16Dot));
+template <typename T>
+constexpr bool kValuesInPlace = kVector && (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>);
+
+// The largest of n scores: GCC leaves a max loop scalar, one dependent vmaxss after another (it may not reorder
+// float max without -ffast-math), which was 8% of a bf16 decode call.
+inline float max_of(const float* s, int64_t n) {
+  float mx = -INFINITY;
+  int64_t t = 0;
+#ifdef __AVX512F__
+  __m512 m = _mm512_set1_ps(-INFINITY);
+  for (; t + 16 <= n; t += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(s + t));
+  mx = _mm512_reduce_max_ps(m);
+#endif
+  for (; t < n; ++t) mx = std::max(mx, s[t]);
+  return mx;
+}
+
+inline float plain_dot(const float* a, const float* b, int64_t n) {
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
   for (int64_t d = 0; d < n; ++d) sum += a[d] * b[d];
   return sum;
 }
-
-#ifdef __AVX512BF16__
-// bf16 query and key as they are: vdpbf16ps multiplies pairs exactly and sums them in fp32, 32 per instruction
-inline float dot_bf16(const c10::BFloat16* a, const c10::BFloat16* b, int64_t n) {
-  __m512 sum = _mm512_setzero_ps();
-  for (int64_t d = 0; d < n; d += 32)
-    sum = _mm512_dpbf16_ps(sum, (__m512bh)_mm512_loadu_si512(a + d), (__m512bh)_mm512_loadu_si512(b + d));
-  return _mm512_reduce_add_ps(sum);
-}
-#endif
 
 struct WorkItem {
   int64_t seq, kv_head, first_row;  // rows are (query, head of the group) pairs, query-major
@@ -112,6 +244,13 @@ void attend(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
   const int32_t* tables = block_tables.data_ptr<int32_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   const int32_t* starts = query_start_loc.data_ptr<int32_t>();
+  constexpr bool is_bf16 = std::is_same_v<scalar_t, c10::BFloat16>;
+  const bool whole_vectors = head_dim % (is_bf16 ? 32 : 16) == 0;
+  [[maybe_unused]] const bool vector = kVector && head_dim % 16 == 0;  // rows widened to fp32 take the vector code
+  const bool scores_in_place = kScoresInPlace<scalar_t> && whole_vectors;
+  const bool values_in_place = kValuesInPlace<scalar_t> && whole_vectors;
+  // bf16 values summed in place leave each 32 output elements as 16 even then 16 odd ones (add_values)
+  const bool split_pairs = values_in_place && is_bf16;
 
   std::vector<WorkItem> items;
   for (int64_t s = 0; s < num_seqs; ++s) {
@@ -124,22 +263,30 @@ void attend(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
 
 #pragma omp parallel num_threads(at::get_num_threads())
   {
-    std::vector<float> qf, acc, scores, sums;  // this thread's: query rows, output rows, scores [rows, context]
-    std::vector<float> row(head_dim);          // the key or value being read, in fp32
-    std::vector<const scalar_t*> q_rows;     // per row: the query as it is
-    std::vector<int64_t> visible;        // per row: how many keys it may see (causal)
+    std::vector<float> qf, acc, scores, sums;  // this thread's: query rows, output rows, scores [rows, padded
+                                               // context], softmax denominators
+    std::vector<float> widened(kChunk * head_dim);  // a chunk's rows in fp32, where they are not read in place
+    std::vector<const scalar_t*> q_rows;  // per row: the query as it is
+    std::vector<int64_t> visible;         // per row: how many keys it may see (causal)
+    const scalar_t* rows[kChunk];         // the chunk's keys or values, in the cache
+    const float* rows_f[kChunk];          // the same as fp32
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < num_items; ++i) {
       const WorkItem& w = items[i];
       const int64_t first_token = starts[w.seq], q_len = starts[w.seq + 1] - first_token, ctx = lens[w.seq];
-      const int64_t rows = std::min(kRowsPerTile, q_len * group - w.first_row);
+      const int64_t num_rows = std::min(kRowsPerTile, q_len * group - w.first_row);
       const int32_t* table = tables + w.seq * table_stride;
-      qf.resize(rows * head_dim);
-      acc.assign(rows * head_dim, 0.0f);
-      visible.resize(rows);
-      q_rows.resize(rows);
+      const int64_t row_bytes = head_dim * static_cast<int64_t>(sizeof(scalar_t));
+      const PagedRows<scalar_t> keys{k_ptr + w.kv_head * head_dim, table, block_size, block_stride, token_stride,
+                                     row_bytes};
+      const PagedRows<scalar_t> values{v_ptr + w.kv_head * head_dim, table, block_size, block_stride, token_stride,
+                                       row_bytes};
+      qf.resize(num_rows * head_dim);
+      acc.assign(num_rows * head_dim, 0.0f);
+      visible.resize(num_rows);
+      q_rows.resize(num_rows);
       int64_t max_visible = 0;
-      for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t r = 0; r < num_rows; ++r) {
         const int64_t query = (w.first_row + r) / group, head = w.kv_head * group + (w.first_row + r) % group;
         const scalar_t* src = q_ptr + (first_token + query) * q_token_stride + head * q_head_stride;
         q_rows[r] = src;
@@ -147,82 +294,161 @@ void attend(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
         visible[r] = ctx - q_len + query + 1;  // query `query` sits at position ctx - q_len + query
         max_visible = std::max(max_visible, visible[r]);
       }
-      scores.resize(rows * max_visible);
-      // scores: each key is loaded once for all the rows that see it
-      for (int64_t t = 0; t < max_visible; ++t) {
-        const scalar_t* key = k_ptr + table[t / block_size] * block_stride + (t % block_size) * token_stride +
-                              w.kv_head * head_dim;
-        if (t + block_size < max_visible)
-          prefetch_row(k_ptr + table[t / block_size + 1] * block_stride + (t % block_size) * token_stride +
-                           w.kv_head * head_dim, head_dim);
-#ifdef __AVX512BF16__
-        if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
-          if (head_dim % 32 == 0) {
-            for (int64_t r = 0; r < rows; ++r)
-              if (t < visible[r]) scores[r * max_visible + t] = fscale * dot_bf16(q_rows[r], key, head_dim);
+      const int64_t width = (max_visible + kChunk - 1) / kChunk * kChunk;  // scores rows padded to whole chunks
+      scores.resize(num_rows * width);
+      // The chunk's rows as the summing code takes them: in the cache, or widened to fp32 here.
+      auto load_chunk = [&](const PagedRows<scalar_t>& cache, int64_t t0, bool in_place) {
+        cache.chunk(t0, max_visible, rows);
+        if (in_place) return;
+        for (int64_t j = 0; j < kChunk; ++j) {
+          widen(rows[j], widened.data() + j * head_dim, head_dim);
+          rows_f[j] = widened.data() + j * head_dim;
+        }
+      };
+
+      // The chunk kAhead keys ahead is prefetched a slice per row, between the rows' work: all its lines at once
+      // stalled on the core's few slots for outstanding misses. The score pass runs on into the values.
+      auto prefetch_slice = [&](const PagedRows<scalar_t>& cache, int64_t t, int64_t r) {
+        cache.prefetch(t + r * kChunk / num_rows, std::min(t + (r + 1) * kChunk / num_rows, max_visible));
+      };
+
+      // scores: each chunk of keys is loaded once for all the rows that see it
+      keys.prefetch(0, std::min(kAhead, max_visible));
+      for (int64_t t0 = 0; t0 < max_visible; t0 += kChunk) {
+        const int64_t ahead = t0 + kAhead;
+        load_chunk(keys, t0, scores_in_place);
+        for (int64_t r = 0; r < num_rows; ++r) {
+          if (ahead < width) prefetch_slice(keys, ahead, r);
+          else prefetch_slice(values, ahead - width, r);
+          if (t0 >= visible[r]) continue;  // a prompt's early queries see none of these keys
+          float* s = scores.data() + r * width + t0;
+#ifdef __AVX512F__
+          if constexpr (kScoresInPlace<scalar_t>) {
+            if (scores_in_place) {
+              if constexpr (is_bf16)  // the raw bf16 query, scaled after
+                _mm512_storeu_ps(s, _mm512_mul_ps(_mm512_set1_ps(fscale), dot_chunk(q_rows[r], rows, head_dim)));
+              else
+                _mm512_storeu_ps(s, dot_chunk(qf.data() + r * head_dim, rows, head_dim));
+              continue;
+            }
+          }
+          if (vector) {
+            _mm512_storeu_ps(s, dot_chunk(qf.data() + r * head_dim, rows_f, head_dim));
             continue;
           }
-        }
 #endif
-        widen(key, row.data(), head_dim);
-        for (int64_t r = 0; r < rows; ++r) {
-          if (t >= visible[r]) continue;
-          scores[r * max_visible + t] = dot(qf.data() + r * head_dim, row.data(), head_dim);
+          for (int64_t j = 0; j < kChunk; ++j) s[j] = plain_dot(qf.data() + r * head_dim, rows_f[j], head_dim);
         }
       }
-      // softmax weights, unnormalised: e^(s - max); the sum divides at the end
-      sums.resize(rows);
-      for (int64_t r = 0; r < rows; ++r) {
-        float* s = scores.data() + r * max_visible;
+      // softmax weights, unnormalised: e^(s - max), over the keys each row sees, 0 after them to the chunk's end;
+      // the sum divides at the end
+      sums.resize(num_rows);
+      for (int64_t r = 0; r < num_rows; ++r) {
+        float* s = scores.data() + r * width;
         const int64_t n = visible[r];
-        float mx = -INFINITY, sum = 0.0f;
-        for (int64_t t = 0; t < n; ++t) mx = std::max(mx, s[t]);
+        const float mx = max_of(s, n);
+        float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
         for (int64_t t = 0; t < n; ++t) {
           s[t] = exp_nonpositive(s[t] - mx);
           sum += s[t];
         }
+        std::fill(s + n, s + std::min(width, (n + kChunk - 1) / kChunk * kChunk), 0.0f);
         sums[r] = sum;
       }
-      // weighted sum of values: again each value is loaded once for all its rows
-      for (int64_t t = 0; t < max_visible; ++t) {
-        const scalar_t* value = v_ptr + table[t / block_size] * block_stride + (t % block_size) * token_stride +
-                                w.kv_head * head_dim;
-        if (t + block_size < max_visible)
-          prefetch_row(v_ptr + table[t / block_size + 1] * block_stride + (t % block_size) * token_stride +
-                           w.kv_head * head_dim, head_dim);
-        widen(value, row.data(), head_dim);
-        for (int64_t r = 0; r < rows; ++r) {
-          if (t >= visible[r]) continue;
-          const float p = scores[r * max_visible + t];
+      // weighted sum of values: again each chunk is loaded once for all its rows
+      for (int64_t t0 = 0; t0 < max_visible; t0 += kChunk) {
+        load_chunk(values, t0, values_in_place);
+        for (int64_t r = 0; r < num_rows; ++r) {
+          prefetch_slice(values, t0 + kAhead, r);
+          if (t0 >= visible[r]) continue;
+          const float* p = scores.data() + r * width + t0;
           float* a = acc.data() + r * head_dim;
+#ifdef __AVX512F__
+          if constexpr (kValuesInPlace<scalar_t>) {
+            if (values_in_place) {
+              add_values(a, p, rows, head_dim);
+              continue;
+            }
+          }
+          if (vector) {
+            add_values(a, p, rows_f, head_dim);
+            continue;
+          }
+#endif
+          for (int64_t j = 0; j < kChunk; ++j) {
 #pragma omp simd
-          for (int64_t d = 0; d < head_dim; ++d) a[d] += p * row[d];
+            for (int64_t d = 0; d < head_dim; ++d) a[d] += p[j] * rows_f[j][d];
+          }
         }
       }
-      for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t r = 0; r < num_rows; ++r) {
         const int64_t query = (w.first_row + r) / group, head = w.kv_head * group + (w.first_row + r) % group;
         scalar_t* dst = out_ptr + ((first_token + query) * num_heads + head) * head_dim;
         const float inv = 1.0f / sums[r];
-        for (int64_t d = 0; d < head_dim; ++d) dst[d] = static_cast<scalar_t>(acc[r * head_dim + d] * inv);
+        const float* a = acc.data() + r * head_dim;
+        for (int64_t d = 0; d < head_dim; ++d) {
+          // element d sits at its place, or (split pairs) among the 16 even or 16 odd ones of its 32
+          const int64_t from = split_pairs ? (d & ~int64_t{31}) + (d & 1) * 16 + (d & 31) / 2 : d;
+          dst[d] = static_cast<scalar_t>(a[from] * inv);
+        }
       }
+    }
+  }
+}
+
+// This step's keys and values into their cache slots, as store_kv in torch_backend.py (the readable reference)
+// does: slot = block * block_size + offset, and a slot < 0 marks a padding row that stores nothing. Done here, in
+// the op, because at batch 1 the separate torch ops (a mask, an any(), two index_copy_) cost more than the copy.
+template <typename index_t>
+void store(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache,
+           const at::Tensor& slot_mapping) {
+  const int64_t num_slots = k_cache.size(0) * k_cache.size(1), kv_heads = k_cache.size(2);
+  const int64_t row_bytes = k_cache.size(3) * k_cache.element_size();
+  const index_t* slots = slot_mapping.data_ptr<index_t>();
+  char* k_dst = static_cast<char*>(k_cache.data_ptr());
+  char* v_dst = static_cast<char*>(v_cache.data_ptr());
+  const char* k_src = static_cast<const char*>(k.data_ptr());
+  const char* v_src = static_cast<const char*>(v.data_ptr());
+  const int64_t elem = k.element_size();
+  for (int64_t t = 0; t < k.size(0); ++t) {
+    const int64_t slot = slots[t];
+    if (slot < 0) continue;
+    TORCH_CHECK(slot < num_slots, "slot ", slot, " is outside the cache (", num_slots, " slots)");
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      const int64_t dst = (slot * kv_heads + h) * row_bytes;
+      std::memcpy(k_dst + dst, k_src + (t * k.stride(0) + h * k.stride(1)) * elem, row_bytes);
+      std::memcpy(v_dst + dst, v_src + (t * v.stride(0) + h * v.stride(1)) * elem, row_bytes);
     }
   }
 }
 
 }  // namespace
 
-// q [T, heads, dim] (last dim contiguous); caches [blocks, block_size, kv_heads, dim] contiguous;
-// block_tables [B, width], seq_lens [B], query_start_loc [B + 1]: int32. Returns [T, heads, dim].
-at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                              const at::Tensor& block_tables, const at::Tensor& seq_lens,
-                              const at::Tensor& query_start_loc, double scale) {
+// Stores k and v [T', kv_heads, dim] at slot_mapping [T'] (int64 or int32; T' may be 0: nothing to store), then
+// attends. q [T, heads, dim] and k, v with their last dim contiguous; caches [blocks, block_size, kv_heads, dim]
+// contiguous; block_tables [B, width], seq_lens [B], query_start_loc [B + 1]: int32. Returns [T, heads, dim].
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache,
+                           at::Tensor& v_cache, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
+                           const at::Tensor& seq_lens, const at::Tensor& query_start_loc, double scale) {
   TORCH_CHECK(q.stride(2) == 1 && k_cache.is_contiguous() && v_cache.is_contiguous(), "unsupported layout");
   TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
               "cache and query dtypes differ");
   TORCH_CHECK(block_tables.scalar_type() == at::kInt && seq_lens.scalar_type() == at::kInt &&
                   query_start_loc.scalar_type() == at::kInt && block_tables.stride(1) == 1,
               "metadata must be contiguous int32");
+  TORCH_CHECK(k.scalar_type() == k_cache.scalar_type() && v.scalar_type() == v_cache.scalar_type() &&
+                  k.dim() == 3 && v.sizes() == k.sizes() && k.size(1) == k_cache.size(2) &&
+                  k.size(2) == k_cache.size(3) && k.stride(2) == 1 && v.stride(2) == 1,
+              "new keys and values must be [T, kv_heads, dim] in the cache's dtype, last dim contiguous");
+  TORCH_CHECK(slot_mapping.dim() == 1 && slot_mapping.size(0) == k.size(0), "one slot per new key");
+  const at::Tensor slots = slot_mapping.contiguous();
+  if (slots.scalar_type() == at::kLong) {
+    store<int64_t>(k, v, k_cache, v_cache, slots);
+  } else {
+    TORCH_CHECK(slots.scalar_type() == at::kInt, "slot_mapping must be int64 or int32");
+    store<int32_t>(k, v, k_cache, v_cache, slots);
+  }
   auto out = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_attention", [&] {
     attend<scalar_t>(q, k_cache, v_cache, block_tables.contiguous(), seq_lens.contiguous(),
@@ -231,9 +457,10 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
   return out;
 }
 
-// a dispatcher op (torch.ops.minivllm_cpu.paged_attention): the profiler sees it, like any aten op
+// a dispatcher op (torch.ops.minivllm_cpu.paged_attention): the profiler sees it, like any aten op. The caches are
+// written in place, and the schema says so (a!, b!) so that torch.compile's functionalization knows.
 TORCH_LIBRARY(minivllm_cpu, m) {
-  m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor seq_lens, "
-        "Tensor query_start_loc, float scale) -> Tensor");
+  m.def("paged_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+        "Tensor slot_mapping, Tensor block_tables, Tensor seq_lens, Tensor query_start_loc, float scale) -> Tensor");
   m.impl("paged_attention", c10::DispatchKey::CPU, TORCH_FN(paged_attention));
 }

@@ -2,7 +2,8 @@
 
 It is written for clarity, runs anywhere, and is the oracle the Triton kernels are tested against. An fp8 cache
 (kv_cache_dtype) is quantized as it is stored and upcast, times its scale, as it is read (`read_kv`). On CPU the
-backend attends through a compiled kernel that reads the cache in place instead (cpu_kernel.py), where it can.
+backend stores and attends through a compiled kernel that reads the cache in place instead (cpu_kernel.py), where
+it can.
 """
 
 from __future__ import annotations
@@ -169,9 +170,9 @@ class TorchAttentionBackend:
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, meta: AttentionMetadata, scale: float, k_scale: float = 1.0,
                 v_scale: float = 1.0) -> torch.Tensor:
+        if self.kernel is not None and cpu_kernel.fits(q, k_cache, meta, k, v):  # an fp8 cache takes the reference
+            return self.kernel(q, k_cache, v_cache, meta, scale, k, v)  # stores k and v (as store_kv), then attends
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
-        if self.kernel is not None and cpu_kernel.fits(q, k_cache, meta):  # an fp8 cache takes the reference
-            return self.kernel(q, k_cache, v_cache, meta, scale)
         if meta.is_decode_only:
             return paged_decode_ref(q, k_cache, v_cache, meta, scale, k_scale, v_scale)
         return paged_attention_ref(q, k_cache, v_cache, meta, scale, k_scale=k_scale, v_scale=v_scale)
