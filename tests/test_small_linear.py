@@ -64,3 +64,10 @@ def test_layout_copies_are_counted_apart_from_the_format():
     # each linear weight again in the small-batch layout (tiles padded to 64 rows)
     linear = sum(m.output_size * m.input_size * 4 for m in layers.modules() if hasattr(m, "small_weight"))
     assert linear <= layout_copy_bytes(layers) <= 1.3 * linear
+
+
+def test_the_switch_leaves_every_call_to_onednn(monkeypatch):
+    monkeypatch.setenv("MINIVLLM_CPU_SMALL_LINEAR", "0")
+    assert not small_linear_applies("cpu", torch.float32)
+    layer = LLM(dtype="float32", num_kv_blocks=64).engine.runner.model.model.layers[0].mlp.down_proj
+    assert layer.small_weight is None and layer.weight.is_mkldnn

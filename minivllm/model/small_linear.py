@@ -6,12 +6,13 @@ this kernel, with each weight laid out once in the order it reads it, gets close
 a 135M model's batch-1 bf16 matmuls about 1.6x faster). Past `SMALL_ROWS` rows oneDNN's blocked GEMM is faster,
 so the unquantized linear method keeps both layouts of each weight and picks one per call: the price is a second
 copy of the weights in memory (`layout_copy_bytes` counts it). Needs AVX-512 (and AVX512-BF16 for bf16); elsewhere,
-or without a compiler, oneDNN alone serves every call.
+without a compiler, or with MINIVLLM_CPU_SMALL_LINEAR=0, oneDNN alone serves every call.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -24,9 +25,11 @@ SMALL_ROWS = 8  # up to this many rows of x (tokens in the step) the kernel beat
 
 
 def small_linear_applies(device: str | torch.device, dtype: torch.dtype) -> bool:
-    """fp32 on a CPU with AVX-512, bf16 where it also has AVX512-BF16, and the kernel built."""
+    """fp32 on a CPU with AVX-512, bf16 where it also has AVX512-BF16, and the kernel built (unless
+    MINIVLLM_CPU_SMALL_LINEAR=0)."""
     flags = cpu_flags()
-    return (torch.device(device).type == "cpu" and "avx512f" in flags
+    return (torch.device(device).type == "cpu" and os.environ.get("MINIVLLM_CPU_SMALL_LINEAR", "1") != "0"
+            and "avx512f" in flags
             and (dtype == torch.float32 or dtype == torch.bfloat16 and "avx512_bf16" in flags) and _load())
 
 
