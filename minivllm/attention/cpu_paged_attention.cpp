@@ -11,6 +11,8 @@
 #include <ATen/ATen.h>
 
 #include <ATen/Parallel.h>
+
+#include "../cpu_vector_math.h"
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
@@ -27,24 +29,7 @@ constexpr int64_t kRowsPerTile = 16;  // query rows per work item: bounds the sc
 constexpr int64_t kChunk = 16;        // keys scored (and values summed) together: one AVX-512 vector of scores
 constexpr int64_t kAhead = 48;        // prefetch distance, in keys (measured: 16 too short, 64 no better)
 
-// exp for x <= 0 (a score minus its row's max), written so the compiler vectorises the loop that calls it:
-// the libm call does not. Cephes' expf: x = n ln2 + r, a degree-6 polynomial for e^r, 2^n from the exponent.
-inline float exp_nonpositive(float x) {
-  x = std::max(x, -87.0f);  // e^-87 is ~1e-38, still a normal float; smaller weights vanish anyway
-  const float n = std::nearbyint(x * 1.44269504088896341f);
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float two_n;
-  std::memcpy(&two_n, &bits, sizeof two_n);
-  return p * two_n;
-}
+using minivllm_cpu::exp_approx;  // ../cpu_vector_math.h: e^x for the softmax weights, vectorisable
 
 // One cache row (a key or a value, head_dim elements) widened to fp32 in a loop the compiler vectorises.
 template <typename scalar_t>
@@ -350,7 +335,7 @@ void attend(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
         float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
         for (int64_t t = 0; t < n; ++t) {
-          s[t] = exp_nonpositive(s[t] - mx);
+          s[t] = exp_approx(s[t] - mx);
           sum += s[t];
         }
         std::fill(s + n, s + std::min(width, (n + kChunk - 1) / kChunk * kChunk), 0.0f);

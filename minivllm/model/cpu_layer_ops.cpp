@@ -13,6 +13,8 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include "../cpu_vector_math.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -63,24 +65,7 @@ inline float round_to(float v) {
   }
 }
 
-// Cephes' expf (x = n ln2 + r, a degree-6 polynomial for e^r, 2^n from the exponent bits), written so a loop
-// calling it vectorises, which libm's expf does not. Within ~1 ulp of torch's vectorised exp.
-inline float exp_approx(float x) {
-  x = std::min(std::max(x, -87.0f), 88.0f);  // both ends keep 2^n a normal float
-  const float n = std::nearbyint(x * 1.44269504088896341f);
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float two_n;
-  std::memcpy(&two_n, &bits, sizeof two_n);
-  return p * two_n;
-}
+using minivllm_cpu::exp_approx;  // ../cpu_vector_math.h
 
 // ---- RMSNorm: out = w * round(v / sqrt(mean(v^2) + eps)), v = x, or round(x + residual) written back as the
 // new residual (llama.py's RMSNorm._norm: the add in the model's dtype, the norm in fp32, the weight product in
