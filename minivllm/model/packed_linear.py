@@ -6,10 +6,10 @@ primitive directly makes the model's matmuls about 1.5x faster at batch 1 and 64
 bench/RESULTS.md). The arithmetic is the same bf16 dot product with fp32 accumulation, so outputs match
 `F.linear`. In fp32 (where `F.linear` goes to MKL) the blocked weights made a batch-1 step 1.5x faster on a
 2-core AVX-512 machine without AMX; sums are ordered differently, so results differ from `F.linear` in the
-last bits (about 1e-6 relative), as they do between batch sizes.
-The readable model (model/llama.py) is untouched: the unquantized linear method
-(minivllm/quantization/unquantized.py) reorders its weights with `reorder_weight` after loading and calls
-`packed_linear`, only where `packing_applies` says so.
+last bits (about 1e-6 relative), as they do between batch sizes. The readable model (model/llama.py) is
+untouched: the unquantized linear method (minivllm/quantization/unquantized.py) reorders its weights with
+`reorder_weight` after loading and calls `packed_linear`, only where `packing_applies` says so; decode-sized
+calls go to model/small_linear.py instead, where it applies.
 """
 
 from __future__ import annotations
