@@ -13,6 +13,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from minivllm.cpu_platform import cpu_flags
+
 SOURCES = (
     Path(__file__).parent / "attention" / "cpu_paged_attention.cpp",
     Path(__file__).parent / "model" / "cpu_layer_ops.cpp",
@@ -23,11 +25,7 @@ HEADERS = (Path(__file__).parent / "cpu_vector_math.h",)  # what the sources sha
 
 def _fingerprint() -> str:
     """A hash of the CPU's flags and of where the sources are: two checkouts never share (and rebuild) one build."""
-    try:
-        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
-    except OSError:
-        flags = ""
-    return hashlib.sha1("\n".join([flags, *map(str, SOURCES)]).encode()).hexdigest()[:10]
+    return hashlib.sha1("\n".join([*sorted(cpu_flags()), *map(str, SOURCES)]).encode()).hexdigest()[:10]
 
 
 def build() -> None:
@@ -42,3 +40,14 @@ def build() -> None:
     load(name=f"minivllm_cpu_{_fingerprint()}", sources=[str(s) for s in SOURCES],
          extra_cflags=["-O3", "-march=native", "-fopenmp", f"-DMINIVLLM_CPU_HEADERS={headers}"],
          extra_ldflags=["-fopenmp"], is_python_module=False)
+
+
+def build_failure() -> str | None:
+    """`build()`; None once the ops are registered, else why not, in one line (no compiler, no headers, a failed
+    build): what each caller's warning says before it falls back to the readable torch path."""
+    try:
+        build()
+    except Exception as err:  # noqa: BLE001 -- every failure means the same to the callers: fall back
+        text = str(err).strip()
+        return text.splitlines()[-1] if text else type(err).__name__
+    return None

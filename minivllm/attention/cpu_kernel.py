@@ -35,18 +35,16 @@ def load_kernel() -> Kernel | None:
     """The compiled kernel as `kernel(q, k_cache, v_cache, meta, scale, k=None, v=None)`, or None (with a warning)
     if it cannot be built here. Given k and v (this step's keys and values), it first stores them at
     meta.slot_mapping, as store_kv does: one op per layer instead of store_kv's handful."""
-    try:
-        from minivllm import cpu_extension
+    from minivllm import cpu_extension
 
-        cpu_extension.build()  # this source and the fused layer ops', one build (minivllm/cpu_extension.py)
-        op = torch.ops.minivllm_cpu.paged_attention
-        # its output's shape, for torch.compile (which can then trace a model through the op without a graph break);
-        # the schema marks the caches as written
-        torch.library.register_fake("minivllm_cpu::paged_attention")(lambda q, *rest: q.new_empty(q.shape))
-    except Exception as err:  # no compiler, no headers, a failed build: the reference still works
-        logger.warning("CPU paged-attention kernel unavailable, using the torch reference: %s",
-                       str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__)
+    reason = cpu_extension.build_failure()  # one build with the other CPU sources (minivllm/cpu_extension.py)
+    if reason is not None:  # no compiler, no headers, a failed build: the reference still works
+        logger.warning("CPU paged-attention kernel unavailable, using the torch reference: %s", reason)
         return None
+    op = torch.ops.minivllm_cpu.paged_attention
+    # its output's shape, for torch.compile (which can then trace a model through the op without a graph break);
+    # the schema marks the caches as written
+    torch.library.register_fake("minivllm_cpu::paged_attention")(lambda q, *rest: q.new_empty(q.shape))
 
     def kernel(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
                scale: float, k: torch.Tensor | None = None, v: torch.Tensor | None = None) -> torch.Tensor:

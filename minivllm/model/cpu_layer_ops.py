@@ -36,15 +36,11 @@ def wanted() -> bool:
 @functools.cache  # one build (or one failure, one warning) per process
 def load() -> LayerKernels | None:
     """The ops as the model calls them, or None (with a warning) if the extension cannot be built here."""
-    try:
-        from minivllm import cpu_extension
+    from minivllm import cpu_extension
 
-        cpu_extension.build()
-        ops = torch.ops.minivllm_cpu
-        ops.rms_norm, ops.add_rms_norm, ops.rotary_embedding, ops.silu_and_mul  # noqa: B018 -- all registered?
-    except Exception as err:  # noqa: BLE001 -- no compiler, a failed build: the readable ops still work
-        logger.warning("CPU fused layer ops unavailable, using the torch ops: %s",
-                       str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__)
+    reason = cpu_extension.build_failure()
+    if reason is not None:  # no compiler, a failed build: the readable ops still work
+        logger.warning("CPU fused layer ops unavailable, using the torch ops: %s", reason)
         return None
     # output shapes, for torch.compile (model/compiled.py traces the layers through these ops)
     torch.library.register_fake("minivllm_cpu::rms_norm")(lambda x, weight, eps: x.new_empty(x.shape))

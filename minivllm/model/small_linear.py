@@ -35,15 +35,12 @@ def small_linear_applies(device: str | torch.device, dtype: torch.dtype) -> bool
 
 @functools.cache  # one build (or one failure) per process
 def _load() -> bool:
-    from minivllm.cpu_extension import build
+    from minivllm.cpu_extension import build_failure
 
-    try:
-        build()
-    except Exception as err:  # noqa: BLE001 -- no compiler, no headers: oneDNN serves every call
-        logger.warning("CPU small-batch linear kernel unavailable, using oneDNN for every call: %s",
-                       str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__)
-        return False
-    return True
+    reason = build_failure()
+    if reason is not None:  # no compiler, no headers: oneDNN serves every call
+        logger.warning("CPU small-batch linear kernel unavailable, using oneDNN for every call: %s", reason)
+    return reason is None
 
 
 def pack_small(weight: torch.Tensor) -> torch.Tensor:
