@@ -6,13 +6,13 @@ any part of the engine is built, so every part reads the same final values and n
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
+from minivllm import envs
 from minivllm.cpu_platform import default_cpu_dtype
 from minivllm.hooks import EngineHooks
 
@@ -152,7 +152,7 @@ class EngineConfig:
             quantization = replace(quantization, quantize=self.hooks.int8_quantize)  # a learner's (chapter 12)
         mc = replace(mc, quantization=quantization)
         tp = self.tensor_parallel_size
-        if tp > 1 and self.device.startswith("cuda") and "RANK" not in os.environ:  # (torchrun: ranks span nodes)
+        if tp > 1 and self.device.startswith("cuda") and envs.RANK is None:  # (torchrun: ranks span nodes)
             gpus = torch.cuda.device_count()
             if gpus < tp:
                 raise ValueError(f"tensor_parallel_size={tp} needs {tp} GPUs on this machine (one per rank), but "
@@ -210,10 +210,8 @@ class EngineConfig:
             return names[self.dtype]
         if not self.device.startswith("cuda"):
             return default_cpu_dtype()
-        forced = os.environ.get("MINIVLLM_CUDA_DTYPE")  # bench/gpu_check.sh: float16, as on a T4, on any GPU
+        forced = envs.MINIVLLM_CUDA_DTYPE  # bench/gpu_check.sh: float16, as on a T4, on any GPU
         if forced:
-            if forced not in ("float16", "bfloat16", "float32"):
-                raise ValueError(f"MINIVLLM_CUDA_DTYPE must be 'float16', 'bfloat16' or 'float32', got {forced!r}")
             return getattr(torch, forced)
         bf16_ok = torch.cuda.get_device_capability(torch.device(self.device))[0] >= 8
         if checkpoint_dtype == torch.bfloat16 or checkpoint_dtype in (None, torch.float32):

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from minivllm import envs
+
 NATIVE_BF16_FLAGS = {"avx512_bf16", "amx_bf16", "bf16"}
 
 
@@ -46,10 +48,8 @@ def default_cpu_dtype() -> torch.dtype:
     it to float32, because equality with transformers is exact only there (tests/test_cpu_bf16.py checks bf16);
     float16 runs on CPU what a learner on a GPU without bf16 (Colab's T4) gets, only slower.
     """
-    override = os.environ.get("MINIVLLM_CPU_DTYPE")
+    override = envs.MINIVLLM_CPU_DTYPE
     if override:
-        if override not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"MINIVLLM_CPU_DTYPE must be 'float32', 'bfloat16' or 'float16', got {override!r}")
         return getattr(torch, override)
     return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
 
@@ -83,7 +83,7 @@ def bind_cpu_threads(setting: str | None = None, idle_load: float = 0.5) -> list
     now is bound (the OpenMP workers included) and threads started later inherit the set; torch's thread
     count is capped at its size. For one thread per core exactly, also start Python with OMP_PROC_BIND=close.
     """
-    setting = (setting if setting is not None else os.environ.get("MINIVLLM_CPU_OMP_THREADS_BIND", "off")).strip()
+    setting = (setting if setting is not None else envs.MINIVLLM_CPU_OMP_THREADS_BIND).strip()
     if setting in ("", "off") or not hasattr(os, "sched_setaffinity"):
         return None
     if setting == "auto":

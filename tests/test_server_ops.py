@@ -176,9 +176,9 @@ def test_api_key(keyed):
 def test_api_key_from_environment():
     from minivllm.server.auth import resolve_api_key
 
-    assert resolve_api_key(None, {"VLLM_API_KEY": "from-env"}) == "from-env"
-    assert resolve_api_key("flag", {"VLLM_API_KEY": "from-env"}) == "flag"
-    assert resolve_api_key(None, {"VLLM_API_KEY": ""}) is None and resolve_api_key(None, {}) is None
+    assert resolve_api_key(None, "from-env") == "from-env"
+    assert resolve_api_key("flag", "from-env") == "flag"
+    assert resolve_api_key(None, "") is None and resolve_api_key(None, None) is None
 
 
 def test_cors_preflight_and_allow_header(ops):

@@ -10,11 +10,11 @@ MINIVLLM_CPU_ATTENTION=reference keeps the reference; without a compiler the ref
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 
 import torch
 
+from minivllm import envs
 from minivllm.attention.metadata import AttentionMetadata
 from minivllm.logger import init_logger
 
@@ -24,10 +24,7 @@ Kernel = Callable[..., torch.Tensor]  # kernel(q, k_cache, v_cache, meta, scale,
 
 def wanted() -> bool:
     """The fast path is on unless MINIVLLM_CPU_ATTENTION=reference."""
-    choice = os.environ.get("MINIVLLM_CPU_ATTENTION", "kernel")
-    if choice not in ("kernel", "reference"):
-        raise ValueError(f"MINIVLLM_CPU_ATTENTION must be 'kernel' or 'reference', got {choice!r}")
-    return choice == "kernel"
+    return envs.MINIVLLM_CPU_ATTENTION == "kernel"
 
 
 @functools.cache  # one build (or one failure) per process; torch caches the build itself across processes

@@ -17,8 +17,8 @@ import torch
 
 from minivllm.attention.metadata import AttentionMetadata
 from minivllm.attention.torch_backend import TorchAttentionBackend, store_kv
+from minivllm.core.math_utils import cdiv
 from minivllm.quantization.kv_cache import dequantize
-from minivllm.utils import cdiv
 
 State = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 

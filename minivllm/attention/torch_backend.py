@@ -16,9 +16,9 @@ import torch.nn.functional as F
 from minivllm.attention import cpu_kernel
 from minivllm.attention.backend import LayerKernels
 from minivllm.attention.metadata import AttentionMetadata
+from minivllm.core.math_utils import cdiv
 from minivllm.model import cpu_layer_ops
 from minivllm.quantization.kv_cache import as_bytes, dequantize, quantize
-from minivllm.utils import cdiv
 
 
 def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -6,7 +6,7 @@ tensors. So one block costs 2 (K and V) x layers x block_size x kv_heads x head_
 
 from __future__ import annotations
 
-from minivllm.utils import cdiv
+from minivllm.core.math_utils import cdiv
 
 # Without a GPU there is no memory to profile; this is the KV budget used on CPU unless
 # `kv_cache_memory_bytes` says otherwise (vLLM's CPU backend has a similar fixed knob).

@@ -9,7 +9,6 @@ Stopping is idempotent and also runs when the handle is garbage-collected or the
 
 from __future__ import annotations
 
-import os
 import weakref
 from datetime import timedelta
 from multiprocessing.connection import wait
@@ -18,6 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from minivllm import envs
 from minivllm.config import EngineConfig
 from minivllm.distributed.parallel import TensorParallel, connect
 from minivllm.distributed.worker import serve_steps, worker_main
@@ -33,22 +33,23 @@ class WorkerError(RuntimeError):
 def torchrun_rank(config: EngineConfig) -> int | None:
     """This process's rank when `torchrun` started one process per rank (RANK, WORLD_SIZE set, WORLD_SIZE ==
     tensor_parallel_size); None when this process is to spawn its workers itself."""
-    if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", 0)) != config.tensor_parallel_size:
+    if envs.RANK is None or envs.WORLD_SIZE != config.tensor_parallel_size:
         return None
-    return int(os.environ["RANK"])
+    return envs.RANK
 
 
 def torchrun_store(timeout_s: float) -> dist.Store:
     """The rendezvous torchrun set up (env://: MASTER_ADDR, MASTER_PORT): hosted by its agent, or by rank 0."""
-    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"]),
-                         is_master=not agent and os.environ["RANK"] == "0", timeout=timedelta(seconds=timeout_s))
+    return dist.TCPStore(envs.MASTER_ADDR, envs.MASTER_PORT, envs.WORLD_SIZE,
+                         is_master=not envs.TORCHELASTIC_USE_AGENT_STORE and envs.RANK == 0,
+                         timeout=timedelta(seconds=timeout_s))
 
 
 def run_torchrun_worker(config: EngineConfig, timeout_s: float = TIMEOUT_S) -> None:
     """Ranks 1..N-1 under torchrun: `LLM(...)` becomes this loop and the process exits when rank 0 is done."""
-    serve_steps(config, int(os.environ["RANK"]), config.tensor_parallel_size, torchrun_store(timeout_s), timeout_s,
-                device_index=int(os.environ.get("LOCAL_RANK", os.environ["RANK"])))
+    local_rank = envs.LOCAL_RANK
+    serve_steps(config, envs.RANK, config.tensor_parallel_size, torchrun_store(timeout_s), timeout_s,
+                device_index=envs.RANK if local_rank is None else local_rank)
     raise SystemExit(0)
 
 
@@ -74,7 +75,7 @@ class Workers:
             self.procs.append(proc)
             self.conns.append(parent)
         self.expect("joined")
-        index = int(os.environ.get("LOCAL_RANK", 0)) if external else 0
+        index = (envs.LOCAL_RANK or 0) if external else 0
         device = torch.device("cuda", index) if config.device.startswith("cuda") else torch.device(config.device)
         self.tp: TensorParallel = connect(0, size, self.store, device, timeout_s)
         self._stop.detach()  # the same stop, now able to ask the workers to leave politely

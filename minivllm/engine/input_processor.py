@@ -10,12 +10,12 @@ import time
 from dataclasses import dataclass, replace
 
 from minivllm.config import EngineConfig
+from minivllm.core.math_utils import cdiv
 from minivllm.sampling.logits_processor import load_logits_processor_classes
 from minivllm.sampling_params import SamplingParams
 from minivllm.sequence import Sequence
 from minivllm.structured_output import StructuredOutputManager
 from minivllm.tokenizer import Tokenizer
-from minivllm.utils import cdiv
 
 PromptType = str | list[int] | dict
 

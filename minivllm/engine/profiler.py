@@ -15,14 +15,16 @@ from pathlib import Path
 
 import torch
 
+from minivllm import envs
+
 PROFILER_DIR_VARS = ("MINIVLLM_TORCH_PROFILER_DIR", "VLLM_TORCH_PROFILER_DIR")
 
 
 def profiler_dir() -> Path | None:
     """The trace directory named in the environment (ours first), or None."""
     for var in PROFILER_DIR_VARS:
-        if os.environ.get(var):
-            return Path(os.environ[var]).expanduser()
+        if envs.read(var):
+            return Path(envs.read(var))
     return None
 
 

@@ -25,12 +25,12 @@ layers warn once and run eager from then on.
 
 from __future__ import annotations
 
-import os
 import warnings
 
 import torch
 from torch import nn
 
+from minivllm import envs
 from minivllm.quantization.unquantized import UnquantizedLinearMethod
 
 PIECES = ("before_attention", "after_attention")
@@ -39,10 +39,7 @@ PIECES = ("before_attention", "after_attention")
 def compile_wanted(enforce_eager: bool) -> bool:
     """Opt-in, MINIVLLM_CPU_COMPILE=1 (and not enforce_eager): on the machines measured so far it costs more
     than it saves (bench/RESULTS.md), so the plain layers stay the default, notebooks included."""
-    setting = os.environ.get("MINIVLLM_CPU_COMPILE", "0")
-    if setting not in ("0", "1"):
-        raise ValueError(f"MINIVLLM_CPU_COMPILE must be 0 or 1, got {setting!r}")
-    return setting == "1" and not enforce_eager
+    return envs.MINIVLLM_CPU_COMPILE and not enforce_eager
 
 
 def compile_decoder_layers(model: nn.Module, enforce_eager: bool = False) -> CompiledLayers | None:

@@ -15,10 +15,10 @@ If the extension cannot be built, the readable ops stay, after one warning.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
+from minivllm import envs
 from minivllm.attention.backend import LayerKernels
 from minivllm.logger import init_logger
 
@@ -27,10 +27,7 @@ logger = init_logger(__name__)
 
 def wanted() -> bool:
     """On unless MINIVLLM_CPU_LAYER_OPS=0."""
-    setting = os.environ.get("MINIVLLM_CPU_LAYER_OPS", "1")
-    if setting not in ("0", "1"):
-        raise ValueError(f"MINIVLLM_CPU_LAYER_OPS must be 0 or 1, got {setting!r}")
-    return setting == "1"
+    return envs.MINIVLLM_CPU_LAYER_OPS
 
 
 @functools.cache  # one build (or one failure, one warning) per process

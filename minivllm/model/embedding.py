@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minivllm.core.math_utils import cdiv
 from minivllm.distributed.parallel import SINGLE, TensorParallel, shard_of
-from minivllm.utils import cdiv
 
 
 class VocabParallelEmbedding(nn.Module):

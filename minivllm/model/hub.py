@@ -11,6 +11,8 @@ import importlib
 import os
 from pathlib import Path
 
+from minivllm import envs
+
 # What the engine reads: the config, safetensors weights (sharded or not) and the tokenizer. Nothing else
 # (no *.bin / *.pt / *.gguf duplicates of the weights, no README or images) is downloaded.
 CONFIG_FILES = ["config.json", "generation_config.json"]
@@ -53,8 +55,7 @@ def resolve_model_path(name_or_path: str | os.PathLike, revision: str | None = N
     ref = f"{what} {repo_id!r}" + (f" (revision {revision!r})" if revision else "")
     cache = Path(download_dir).expanduser() if download_dir is not None else _default_cache_dir()
     # huggingface_hub reads HF_HUB_OFFLINE once, at import; a learner sets it in a notebook cell after that.
-    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
-    offline = offline or bool(constants.HF_HUB_OFFLINE)
+    offline = envs.HF_HUB_OFFLINE or bool(constants.HF_HUB_OFFLINE)
     patterns = CONFIG_FILES + TOKENIZER_FILES + ([] if what == "tokenizer" else WEIGHT_FILES)
     try:
         snapshot = Path(huggingface_hub.snapshot_download(repo_id, revision=revision, cache_dir=cache,
@@ -97,7 +98,7 @@ def _default_cache_dir() -> Path:
     """The HF cache as the environment says now: huggingface_hub computed its own default at import time."""
     from huggingface_hub import constants
 
-    env = os.environ.get("HF_HUB_CACHE") or (os.environ.get("HF_HOME") and os.path.join(os.environ["HF_HOME"], "hub"))
+    env = envs.HF_HUB_CACHE or (envs.HF_HOME and os.path.join(envs.HF_HOME, "hub"))
     return Path(os.path.expandvars(env or constants.HF_HUB_CACHE)).expanduser()
 
 

@@ -12,10 +12,10 @@ without a compiler, or with MINIVLLM_CPU_SMALL_LINEAR=0, oneDNN alone serves eve
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
+from minivllm import envs
 from minivllm.cpu_platform import cpu_flags
 from minivllm.logger import init_logger
 
@@ -28,7 +28,7 @@ def small_linear_applies(device: str | torch.device, dtype: torch.dtype) -> bool
     """fp32 on a CPU with AVX-512, bf16 where it also has AVX512-BF16, and the kernel built (unless
     MINIVLLM_CPU_SMALL_LINEAR=0)."""
     flags = cpu_flags()
-    return (torch.device(device).type == "cpu" and os.environ.get("MINIVLLM_CPU_SMALL_LINEAR", "1") != "0"
+    return (torch.device(device).type == "cpu" and envs.MINIVLLM_CPU_SMALL_LINEAR
             and "avx512f" in flags
             and (dtype == torch.float32 or dtype == torch.bfloat16 and "avx512_bf16" in flags) and _load())
 

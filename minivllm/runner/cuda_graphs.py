@@ -24,7 +24,7 @@ import torch
 
 from minivllm.attention import AttentionMetadata
 from minivllm.config import EngineConfig
-from minivllm.utils import cdiv
+from minivllm.core.math_utils import cdiv
 
 
 def capture_sizes(max_num_seqs: int, largest: int = 512) -> list[int]:

@@ -16,11 +16,11 @@ import torch
 
 from minivllm.config import EngineConfig
 from minivllm.core.kv_sizing import DEFAULT_CPU_KV_CACHE_BYTES, gpu_kv_budget, max_useful_blocks, num_blocks_for_budget
+from minivllm.core.math_utils import cdiv
 from minivllm.core.step_io import SchedulerOutput
 from minivllm.distributed.parallel import local_kv_heads
 from minivllm.quantization.kv_cache import as_bytes
 from minivllm.runner.step_batch import StepInputs, attention_metadata, to_device
-from minivllm.utils import cdiv
 
 
 def kv_cache_shape(config: EngineConfig, num_blocks: int) -> tuple[int, ...]:

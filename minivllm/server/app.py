@@ -13,7 +13,6 @@ import contextlib
 import gc
 import json
 import logging
-import os
 import time
 from dataclasses import replace
 
@@ -26,6 +25,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 
 import minivllm
+from minivllm import envs
 from minivllm.config import EngineConfig
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.server import openapi
@@ -261,7 +261,7 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 8000, m
     (uvicorn's default)."""
     limits = limits or ServerLimits()
     configure_logging(log_level, log_format)
-    api_key = resolve_api_key(api_key, os.environ)
+    api_key = resolve_api_key(api_key, envs.VLLM_API_KEY)
     config = engine_config or EngineConfig(model=model, **engine_kwargs)
     engine = LLMEngine(replace(config, trace_steps=0))
     log.info("serving %s on http://%s:%d (%d KV blocks of %d tokens, max_model_len %d%s)", engine.config.model,

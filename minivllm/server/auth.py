@@ -8,7 +8,6 @@ compared with hmac.compare_digest, whose time does not depend on how much of a g
 from __future__ import annotations
 
 import hmac
-from collections.abc import Mapping
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -35,6 +34,6 @@ class APIKeyAuth:
         await self.app(scope, receive, send)
 
 
-def resolve_api_key(given: str | None, environ: Mapping[str, str]) -> str | None:
-    """--api-key wins; otherwise VLLM_API_KEY, as vLLM reads it; an empty value means no key."""
-    return given or environ.get("VLLM_API_KEY") or None
+def resolve_api_key(given: str | None, from_env: str | None) -> str | None:
+    """--api-key wins; otherwise VLLM_API_KEY (`from_env`), as vLLM reads it; an empty value means no key."""
+    return given or from_env or None

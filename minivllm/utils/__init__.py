@@ -4,7 +4,7 @@ One of the thin modules that let vLLM code run with only `vllm` -> `minivllm` ch
 "vLLM import paths" table lists them all.
 """
 
+from minivllm.core.math_utils import cdiv
 from minivllm.entrypoints.arg_parser import FlexibleArgumentParser
-from minivllm.utils.math_utils import cdiv
 
 __all__ = ["FlexibleArgumentParser", "cdiv"]

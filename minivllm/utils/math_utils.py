@@ -1,8 +1,5 @@
-"""Small arithmetic every part shares (vLLM keeps the same helpers at `vllm.utils.math_utils`)."""
+"""vLLM's import path `vllm.utils.math_utils`: a re-export of minivllm/core/math_utils.py."""
 
-from __future__ import annotations
+from minivllm.core.math_utils import cdiv
 
-
-def cdiv(a: int, b: int) -> int:
-    """Ceiling division: how many blocks of size `b` hold `a` tokens."""
-    return -(a // -b)
+__all__ = ["cdiv"]

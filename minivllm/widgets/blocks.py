@@ -11,8 +11,8 @@ import html
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from minivllm.core.math_utils import cdiv
 from minivllm.engine.trace import StepTrace
-from minivllm.utils import cdiv
 from minivllm.widgets.colors import FREE_COLOR, SHARED_COLOR, request_colors
 from minivllm.widgets.journey import QUIET_STYLE, where
 
