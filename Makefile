@@ -29,8 +29,10 @@ demo: $(STAMP)
 	$(PYTHON) -m minivllm generate "Hi, my name is" "Today is a beautiful summer day" "Hello there" \
 		--max-tokens 32 --journey
 
+# ruff, then the layers of the house (import-linter's contracts in pyproject.toml)
 lint: $(STAMP)
 	$(PYTHON) -m ruff check minivllm tests bench data chapters
+	lint-imports --no-cache
 
 # pytest exits 5 when it collects nothing: for us that is a failure, not a pass.
 # HF_HUB_OFFLINE: tests never download; chapter 10 then runs its offline fallback.

@@ -37,7 +37,7 @@ import inspect
 from IPython.display import HTML, display
 
 from minivllm import LLM, SamplingParams, widgets
-from minivllm.sequence import SequenceStatus
+from minivllm.core.sequence import SequenceStatus
 from minivllm.tokenizer import Tokenizer
 
 llm = LLM()

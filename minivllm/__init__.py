@@ -1,15 +1,49 @@
-"""minivllm: a compact vLLM-style inference engine, written to be read."""
+"""minivllm: a compact vLLM-style inference engine, written to be read.
 
-from minivllm.config import EngineConfig
-from minivllm.engine.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
-from minivllm.engine.engine_args import AsyncEngineArgs, EngineArgs
-from minivllm.engine.llm import LLM
-from minivllm.engine.llm_engine import LLMEngine
-from minivllm.hooks import EngineHooks
-from minivllm.outputs import CompletionOutput, RequestOutput
-from minivllm.sampling_params import SamplingParams
+The names below load on first use (as vLLM's own `__init__` does): `from minivllm import LLM` imports the
+engine, while `import minivllm.core.scheduler` loads only the plain-Python core, without torch.
+"""
 
-__all__ = ["LLM", "LLMEngine", "EngineArgs", "AsyncEngineArgs",
-           "EngineConfig", "EngineHooks", "SamplingParams", "RequestOutput", "CompletionOutput",
-           "BeamSearchParams", "BeamSearchOutput", "BeamSearchSequence"]
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+MODULE_ATTRS = {  # name -> the module that defines it
+    "LLM": "minivllm.entrypoints.llm",
+    "LLMEngine": "minivllm.engine.llm_engine",
+    "EngineArgs": "minivllm.engine.arg_utils",
+    "AsyncEngineArgs": "minivllm.engine.arg_utils",
+    "EngineConfig": "minivllm.config",
+    "EngineHooks": "minivllm.hooks",
+    "SamplingParams": "minivllm.sampling_params",
+    "RequestOutput": "minivllm.outputs",
+    "CompletionOutput": "minivllm.outputs",
+    "BeamSearchParams": "minivllm.engine.beam_search",
+    "BeamSearchOutput": "minivllm.engine.beam_search",
+    "BeamSearchSequence": "minivllm.engine.beam_search",
+}
+__all__ = ["LLM", "LLMEngine", "EngineArgs", "AsyncEngineArgs", "EngineConfig", "EngineHooks",
+           "SamplingParams", "RequestOutput", "CompletionOutput", "BeamSearchParams", "BeamSearchOutput",
+           "BeamSearchSequence"]  # = MODULE_ATTRS' names (tests/test_layers.py checks)
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from minivllm.config import EngineConfig
+    from minivllm.engine.arg_utils import AsyncEngineArgs, EngineArgs
+    from minivllm.engine.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
+    from minivllm.engine.llm_engine import LLMEngine
+    from minivllm.entrypoints.llm import LLM
+    from minivllm.hooks import EngineHooks
+    from minivllm.outputs import CompletionOutput, RequestOutput
+    from minivllm.sampling_params import SamplingParams
+
+
+def __getattr__(name: str) -> Any:
+    if name in MODULE_ATTRS:
+        return getattr(import_module(MODULE_ATTRS[name]), name)
+    raise AttributeError(f"module 'minivllm' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *MODULE_ATTRS])

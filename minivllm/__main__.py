@@ -1,6 +1,6 @@
 """Command line: `minivllm generate "Hi, my name is" --max-tokens 32`, or `minivllm serve [MODEL]` (vLLM's).
 
-Both read the engine's flags from one table, EngineArgs (engine/engine_args.py): the names of LLM()'s keyword
+Both read the engine's flags from one table, EngineArgs (engine/arg_utils.py): the names of LLM()'s keyword
 arguments, spelled as flags (`--max-num-seqs`), as vLLM's CLI does.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from minivllm.engine.engine_args import EngineArgs
+from minivllm.engine.arg_utils import EngineArgs
 from minivllm.entrypoints.arg_parser import FlexibleArgumentParser
 from minivllm.entrypoints.openai.api_server import run_server
 from minivllm.entrypoints.openai.cli_args import make_arg_parser

@@ -8,16 +8,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
 from minivllm import envs
+from minivllm.core.kv_sizing import DEFAULT_CPU_KV_CACHE_BYTES, kv_bytes_per_block
 from minivllm.cpu_platform import default_cpu_dtype
+from minivllm.distributed.parallel import check_divisible, local_kv_heads
 from minivllm.hooks import EngineHooks
-
-if TYPE_CHECKING:
-    from minivllm.model.loader import ModelConfig
+from minivllm.model import read_model_config, resolve_model_path
+from minivllm.model.loader import ModelConfig
+from minivllm.quantization import resolve_quantization
+from minivllm.quantization.kv_cache import check_kv_cache_dtype, kv_cache_torch_dtype
+from minivllm.sampling.logits_processor import load_logits_processor_classes
 
 DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "data" / "models" / "minivllm-tiny"
 DEFAULT_DRAFT_MODEL = DEFAULT_MODEL.parent / "minivllm-tiny-draft"  # its speculative-decoding partner
@@ -73,8 +76,6 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.model is None:
             self.model = DEFAULT_MODEL
-        from minivllm.quantization.kv_cache import check_kv_cache_dtype
-
         check_kv_cache_dtype(self.kv_cache_dtype)
         if self.generation_config not in ("auto", "vllm"):
             raise ValueError(f"generation_config must be 'auto' or 'vllm', got {self.generation_config!r}")
@@ -108,8 +109,6 @@ class EngineConfig:
             raise ValueError("preemption_mode='swap' does not swap a draft model's cache: use 'recompute' "
                              "with a draft speculative_model")
         if self.logits_processors:
-            from minivllm.sampling.logits_processor import load_logits_processor_classes
-
             load_logits_processor_classes(self.logits_processors)  # a bad entry fails here, naming itself
             if self.speculative_model is not None:
                 raise ValueError("logits_processors cannot be combined with speculative decoding: drafts are "
@@ -134,12 +133,6 @@ class EngineConfig:
         known before loading (num_kv_blocks, or a byte budget off the GPU). A GPU's cache is sized by
         profiling; a request that could outgrow it is refused when it arrives (InputProcessor).
         """
-        from minivllm.core.kv_sizing import DEFAULT_CPU_KV_CACHE_BYTES, kv_bytes_per_block
-        from minivllm.distributed.parallel import check_divisible, local_kv_heads
-        from minivllm.model import read_model_config, resolve_model_path
-        from minivllm.quantization import resolve_quantization
-        from minivllm.quantization.kv_cache import kv_cache_torch_dtype
-
         model = resolve_model_path(self.model, self.revision, self.download_dir)
         tokenizer = (model if self.tokenizer is None else
                      resolve_model_path(self.tokenizer, self.tokenizer_revision, self.download_dir, "tokenizer"))
@@ -190,8 +183,6 @@ class EngineConfig:
     @property
     def cache_dtype(self) -> torch.dtype:
         """The KV cache tensors' element type (the model's dtype, or fp8): once resolved, as dtype is then final."""
-        from minivllm.quantization.kv_cache import kv_cache_torch_dtype
-
         if not isinstance(self.dtype, torch.dtype):
             raise ValueError("cache_dtype needs a resolved config (EngineConfig.resolve)")
         return kv_cache_torch_dtype(self.kv_cache_dtype, self.dtype)

@@ -79,6 +79,12 @@ class StructuredOutputManager:
     def free(self, request_id: str) -> None:
         self.matchers.pop(request_id, None)
 
+    def active(self) -> bool:
+        return bool(self.matchers)
+
+    def constrains(self, request_id: str) -> bool:
+        return request_id in self.matchers
+
     def bitmask(self, requests: list[tuple[str, list[int]]]) -> tuple[np.ndarray, dict[str, int]]:
         """Masks for (request id, drafts) pairs: 1 + len(drafts) rows each. Returns the int32 bitmask [rows,
         words] and each request's first row."""

@@ -16,8 +16,8 @@ from minivllm import EngineConfig, LLMEngine, SamplingParams
 from minivllm.core.block_pool import BlockPool
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.kv_sizing import kv_bytes_per_block
+from minivllm.core.sequence import SequenceStatus
 from minivllm.engine.beam_search import BeamSearch, BeamSearchParams
-from minivllm.sequence import SequenceStatus
 from tests.conftest import build_checkpoint
 
 
@@ -128,7 +128,7 @@ def test_engine_steps_never_leak_or_overspend(tiny_path, w):
             break
     assert finished == {p[1] for p in pending}, "every request finishes or is aborted (no livelock)"
     assert engine.kv.num_free_blocks == w["num_blocks"], "every block is free at the end"
-    assert not engine.kv.block_tables and not engine.scheduler.requests
+    assert not engine.kv.block_tables and not engine.scheduler.sequences
     assert engine.swap.num_free_blocks == engine.swap.num_blocks and not engine.swap.tables
     event(f"preempted: {engine.scheduler.num_preemptions > 0}, swapped: {engine.swap.num_swapped_out > 0}")
     # no starvation within a priority level: first runs follow (priority level, arrival) order there
@@ -159,7 +159,7 @@ def test_beam_search_under_a_tiny_pool_never_leaks(tiny_path, w):
     assert [len(o.sequences) for o in outs] == [w["width"]] * len(prompts)
     assert all(len(s.tokens) == len(p) + max_tokens for o, p in zip(outs, prompts) for s in o.sequences)
     assert engine.kv.num_free_blocks == w["num_blocks"] and not engine.kv.block_tables
-    assert not engine.scheduler.requests and not engine.runner.sequences
+    assert not engine.scheduler.sequences and not engine.runner.sequences
     assert engine.swap.num_free_blocks == engine.swap.num_blocks
     event(f"preempted: {engine.scheduler.num_preemptions > 0}, copied on write: {engine.kv.num_cow_copies > 0}")
 

@@ -14,8 +14,8 @@ from minivllm import LLM, EngineConfig, LLMEngine, SamplingParams
 from minivllm.core.block_pool import BlockPool
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.scheduler import Scheduler
+from minivllm.core.sequence import Sequence
 from minivllm.core.swap import SwapSpace
-from minivllm.sequence import Sequence
 from tests.conftest import hf_greedy
 
 PROMPTS = [[(7 * i + j) % 200 + 1 for j in range(14 + i)] for i in range(5)]

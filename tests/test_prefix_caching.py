@@ -5,7 +5,7 @@ import pytest
 from minivllm import LLM, SamplingParams
 from minivllm.core.block_hash import extend_block_hashes, hash_block
 from minivllm.core.kv_cache_manager import KVCacheManager
-from minivllm.sequence import Sequence
+from minivllm.core.sequence import Sequence
 
 SYSTEM = list(range(10, 43))  # 33 tokens: 8 full blocks of 4, then one more token
 

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from minivllm import LLM, SamplingParams
 from minivllm.config import DEFAULT_MODEL
-from minivllm.distributed.workers import WorkerError
+from minivllm.executor.workers import WorkerError
 from minivllm.exercises.common import transformers_mismatch
 from minivllm.sampling_params import StructuredOutputsParams
 

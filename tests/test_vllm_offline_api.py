@@ -24,10 +24,10 @@ def llm():
 def test_vllm_import_paths_resolve():
     from minivllm.config import EngineConfig, VllmConfig
     from minivllm.distributed import cleanup_dist_env_and_memory
-    from minivllm.engine.async_llm import AsyncLLM
     from minivllm.inputs import TokensPrompt
     from minivllm.logger import init_logger
     from minivllm.sampling.logits_processor import AdapterLogitsProcessor, LogitsProcessor, process_dict_updates
+    from minivllm.server.async_llm import AsyncLLM
     from minivllm.v1.engine.async_llm import AsyncLLM as AsyncLLM_
     from minivllm.v1.metrics.reader import Counter, Gauge, Histogram, Vector  # noqa: F401
     from minivllm.v1.sample.logits_processor import AdapterLogitsProcessor as A
@@ -190,7 +190,7 @@ def test_async_llm_streams_deltas_and_runs_requests_together():
 
 
 def test_async_llm_abort_and_bad_input():
-    from minivllm.engine.async_llm import AsyncLLM
+    from minivllm.server.async_llm import AsyncLLM
 
     engine = AsyncLLM(LLM(num_kv_blocks=64).engine)
 

@@ -16,8 +16,8 @@ from typing import NamedTuple
 from minivllm.core.block_hash import extend_block_hashes, hash_block
 from minivllm.core.block_pool import BlockPool
 from minivllm.core.math_utils import cdiv
+from minivllm.core.sequence import Sequence
 from minivllm.hooks import EngineHooks
-from minivllm.sequence import Sequence
 
 
 class KVEvent(NamedTuple):

@@ -24,37 +24,37 @@ from __future__ import annotations
 import time
 from collections import deque
 
+from minivllm.core.grammar import Grammars
 from minivllm.core.kv_cache_manager import KVCacheManager
+from minivllm.core.sequence import FinishReason, Sequence, SequenceStatus
 from minivllm.core.step_io import EngineCoreOutput, NewSequenceData, RunnerOutput, ScheduledSequence, SchedulerOutput
 from minivllm.core.swap import SwapSpace
 from minivllm.hooks import EngineHooks
-from minivllm.sequence import FinishReason, Sequence, SequenceStatus
-from minivllm.structured_output import StructuredOutputManager
 
 
-def fcfs_enqueue(waiting: deque[Sequence], request: Sequence, preempted: bool) -> None:
-    """First come, first served: a new request joins the tail; a preempted one goes back to the head, since it
+def fcfs_enqueue(waiting: deque[Sequence], seq: Sequence, preempted: bool) -> None:
+    """First come, first served: a new sequence joins the tail; a preempted one goes back to the head, since it
     is older than everyone still waiting (so it is not overtaken by requests that arrived after it)."""
     if preempted:
-        waiting.appendleft(request)
+        waiting.appendleft(seq)
     else:
-        waiting.append(request)
+        waiting.append(seq)
 
 
-def priority_enqueue(waiting: deque[Sequence], request: Sequence, preempted: bool) -> None:
-    """"priority": keep the queue sorted by (priority, arrival), a preempted request included."""
-    key = request.priority_key
-    waiting.insert(next((i for i, r in enumerate(waiting) if r.priority_key > key), len(waiting)), request)
+def priority_enqueue(waiting: deque[Sequence], seq: Sequence, preempted: bool) -> None:
+    """"priority": keep the queue sorted by (priority, arrival), a preempted sequence included."""
+    key = seq.priority_key
+    waiting.insert(next((i for i, r in enumerate(waiting) if r.priority_key > key), len(waiting)), seq)
 
 
 # A prompt that asks for prompt_logprobs costs a log-softmax over the vocabulary and a top-k per position: with
-# chunked prefill it is computed at most this many positions a step, so one such request cannot stall everyone's
+# chunked prefill it is computed at most this many positions a step, so one such seq cannot stall everyone's
 # step for seconds (1000 positions with 20 logprobs took 1.4 s of one step on the 2-core test machine).
 PROMPT_LOGPROBS_TOKENS_PER_STEP = 256
 
 
 def prefill_chunk(num_remaining: int, budget: int, enable_chunked_prefill: bool) -> int:
-    """How many of a waiting request's remaining tokens this step computes, with `budget` tokens left: all of
+    """How many of a waiting seq's remaining tokens this step computes, with `budget` tokens left: all of
     them if they fit, else a chunk filling the budget (chunked prefill), or 0 (it waits) without chunking."""
     if num_remaining <= budget:
         return num_remaining
@@ -64,7 +64,7 @@ def prefill_chunk(num_remaining: int, budget: int, enable_chunked_prefill: bool)
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
                  enable_chunked_prefill: bool = True, policy: str = "fcfs", swap: SwapSpace | None = None,
-                 structured: StructuredOutputManager | None = None, hooks: EngineHooks | None = None) -> None:
+                 structured: Grammars | None = None, hooks: EngineHooks | None = None) -> None:
         """`policy`: "fcfs" or "priority"; `swap`: where preempted blocks go (None: preemption by recompute);
         `structured`: the grammars of requests with structured outputs (None without a tokenizer); `hooks`: a
         learner's own queue rule or prefill chunking (minivllm.hooks), None: the engine's."""
@@ -80,21 +80,21 @@ class Scheduler:
         self.swap = swap
         self.waiting: deque[Sequence] = deque()  # in policy order: the head is admitted next
         self.running: list[Sequence] = []
-        self.requests: dict[str, Sequence] = {}  # every unfinished request, by id
+        self.sequences: dict[str, Sequence] = {}  # every unfinished seq, by id
         self.num_preemptions = 0
         self._finished_ids: list[str] = []  # finished since the runner last heard: it drops their state
 
-    def add(self, request: Sequence) -> None:
-        if request.params.structured_outputs is not None:
+    def add(self, seq: Sequence) -> None:
+        if seq.params.structured_outputs is not None:
             if self.structured is None:
                 raise ValueError("structured outputs need a tokenizer, and this model has none")
-            self.structured.add(request.request_id, request.params.structured_outputs)
-        self.requests[request.request_id] = request
-        self._enqueue(request)
+            self.structured.add(seq.request_id, seq.params.structured_outputs)
+        self.sequences[seq.request_id] = seq
+        self._enqueue(seq)
 
-    def _enqueue(self, request: Sequence, preempted: bool = False) -> None:
+    def _enqueue(self, seq: Sequence, preempted: bool = False) -> None:
         """Into the waiting queue at its place, by the policy's rule (fcfs_enqueue, priority_enqueue)."""
-        self.enqueue_into(self.waiting, request, preempted)
+        self.enqueue_into(self.waiting, seq, preempted)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -107,62 +107,62 @@ class Scheduler:
         # 1. Running requests, oldest first: decodes and unfinished prefill chunks.
         i = 0
         while i < len(self.running) and budget > 0:
-            req = self.running[i]
-            n = min(req.num_tokens - req.num_computed_tokens, self._prefill_budget(req, budget))
+            seq = self.running[i]
+            n = min(seq.num_tokens - seq.num_computed_tokens, self._prefill_budget(seq, budget))
             if n <= 0:  # a beam whose logits are in, waiting for its siblings' (beam_search.py): nothing to do
                 i += 1
                 continue
-            # a decoding request with drafts verifies them in the same pass, as far as the budget allows
-            spec = req.spec_token_ids[: budget - n] if n == 1 else []
-            num_blocks = len(self.kv.block_tables.get(req.request_id, ()))
-            while not self.kv.allocate(req, n + len(spec)):
+            # a decoding seq with drafts verifies them in the same pass, as far as the budget allows
+            spec = seq.spec_token_ids[: budget - n] if n == 1 else []
+            num_blocks = len(self.kv.block_tables.get(seq.request_id, ()))
+            while not self.kv.allocate(seq, n + len(spec)):
                 victim = self._victim()
                 if self.running.index(victim) < i:  # already scheduled in this step: taken back
                     i -= 1
                 budget += self._preempt(victim, out)
-                if victim is req:
+                if victim is seq:
                     break
             else:
-                out.scheduled.append(self._entry(req, n + len(spec), spec, num_blocks))
+                out.scheduled.append(self._entry(seq, n + len(spec), spec, num_blocks))
                 budget -= n + len(spec)
                 i += 1
 
         # 2. Waiting requests in policy order, unless the running ones already had to preempt in this step.
         blocked = bool(out.preempted)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not blocked:
-            req = self.waiting[0]
-            if req.request_id in out.preempted:  # pushed out in this very step: not back before the next
+            seq = self.waiting[0]
+            if seq.request_id in out.preempted:  # pushed out in this very step: not back before the next
                 break
-            swapped = self.swap is not None and self.swap.is_swapped(req)
-            cached = [] if swapped else self.kv.find_cached_prefix(req)
-            num_done = req.num_computed_tokens if swapped else len(cached) * self.kv.block_size
-            n = self.prefill_chunk(req.num_tokens - num_done, self._prefill_budget(req, budget),
+            swapped = self.swap is not None and self.swap.is_swapped(seq)
+            cached = [] if swapped else self.kv.find_cached_prefix(seq)
+            num_done = seq.num_computed_tokens if swapped else len(cached) * self.kv.block_size
+            n = self.prefill_chunk(seq.num_tokens - num_done, self._prefill_budget(seq, budget),
                                    self.enable_chunked_prefill)
             if n <= 0:
                 break
-            swap_in = self.swap.swap_in(self.kv, req, n) if swapped else None
-            if not (swap_in is not None if swapped else self.kv.allocate(req, n, cached)):
-                victim = self._victim(outranked_by=req)
+            swap_in = self.swap.swap_in(self.kv, seq, n) if swapped else None
+            if not (swap_in is not None if swapped else self.kv.allocate(seq, n, cached)):
+                victim = self._victim(outranked_by=seq)
                 if victim is None:
                     break
                 budget += self._preempt(victim, out)
                 continue
             out.blocks_to_swap_in += swap_in or []
             self.waiting.popleft()
-            if req.num_cached_tokens < 0:  # the first time it is scheduled, not after a preemption
-                req.num_cached_tokens = num_done
-                req.first_scheduled_time = time.monotonic()
-                self.kv.record_prefix_lookup(req.num_prompt_tokens, num_done)
-            req.num_computed_tokens = num_done
-            req.status = SequenceStatus.RUNNING
-            self.running.append(req)
-            out.scheduled.append(self._entry(req, n, [], 0))
+            if seq.num_cached_tokens < 0:  # the first time it is scheduled, not after a preemption
+                seq.num_cached_tokens = num_done
+                seq.first_scheduled_time = time.monotonic()
+                self.kv.record_prefix_lookup(seq.num_prompt_tokens, num_done)
+            seq.num_computed_tokens = num_done
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            out.scheduled.append(self._entry(seq, n, [], 0))
             budget -= n
         out.blocks_to_copy = self.kv.drain_copies()
         out.finished, self._finished_ids = self._finished_ids, []
-        if self.structured is not None and self.structured.matchers:  # any constrained request alive at all
+        if self.structured is not None and self.structured.matchers:  # any constrained seq alive at all
             constrained = [(s.request_id, s.spec_token_ids) for s in out.scheduled
-                           if s.samples and s.request_id in self.structured.matchers]
+                           if s.samples and self.structured.constrains(s.request_id)]
             if constrained:
                 out.grammar_bitmask, out.grammar_rows = self.structured.bitmask(constrained)
         return out
@@ -176,7 +176,7 @@ class Scheduler:
                         index=parent.index, priority=parent.priority, block_hashes=list(parent.block_hashes),
                          external_sampling=parent.external_sampling,
                         num_cached_tokens=parent.num_cached_tokens, first_scheduled_time=parent.first_scheduled_time)
-        self.requests[child_id] = child
+        self.sequences[child_id] = child
         if parent.status is SequenceStatus.RUNNING:
             self.kv.fork(parent.request_id, child)
             child.num_computed_tokens = parent.num_computed_tokens
@@ -208,8 +208,8 @@ class Scheduler:
         return entry
 
     def _victim(self, outranked_by: Sequence | None = None) -> Sequence | None:
-        """Whom to preempt when blocks run out: the newest running request ("fcfs"), or the one with the largest
-        (priority, arrival) ("priority"). For a waiting request (`outranked_by`), only a strictly lower-priority
+        """Whom to preempt when blocks run out: the newest running seq ("fcfs"), or the one with the largest
+        (priority, arrival) ("priority"). For a waiting seq (`outranked_by`), only a strictly lower-priority
         one under "priority", and none under "fcfs" (it waits)."""
         if outranked_by is None:
             return max(self.running, key=lambda r: r.priority_key) if self.policy == "priority" else self.running[-1]
@@ -218,115 +218,115 @@ class Scheduler:
         victim = max(self.running, key=lambda r: r.priority_key)
         return victim if victim.priority_key > outranked_by.priority_key else None
 
-    def _preempt(self, req: Sequence, out: SchedulerOutput) -> int:
-        """Take a running request's blocks back, by swap when the host has room, else by recompute. If this step
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> int:
+        """Take a running seq's blocks back, by swap when the host has room, else by recompute. If this step
         already scheduled it, that is undone; returns the token budget this gives back."""
-        self.running.remove(req)
+        self.running.remove(seq)
         budget_back = 0
         for j, s in enumerate(out.scheduled):
-            if s.request_id == req.request_id:
+            if s.request_id == seq.request_id:
                 budget_back = s.num_new_tokens
                 del out.scheduled[j]
                 break
-        req.runner_knows = False  # it comes back whole: the runner rebuilds its state then
-        swap_out = self.swap.swap_out(self.kv, req) if self.swap is not None else None
+        seq.runner_knows = False  # it comes back whole: the runner rebuilds its state then
+        swap_out = self.swap.swap_out(self.kv, seq) if self.swap is not None else None
         if swap_out is None:  # recompute: everything it had computed is gone
-            self.kv.free(req)
-            req.num_computed_tokens = 0
+            self.kv.free(seq)
+            seq.num_computed_tokens = 0
         else:
             out.blocks_to_swap_out += swap_out
-        req.spec_token_ids = []
-        req.num_preemptions += 1
-        req.status = SequenceStatus.PREEMPTED
-        self._enqueue(req, preempted=True)
-        out.preempted.append(req.request_id)
+        seq.spec_token_ids = []
+        seq.num_preemptions += 1
+        seq.status = SequenceStatus.PREEMPTED
+        self._enqueue(seq, preempted=True)
+        out.preempted.append(seq.request_id)
         self.num_preemptions += 1
         return budget_back
 
     # ---- 2. what the step's results mean -------------------------------------------------------------
     def update_from_output(self, sched: SchedulerOutput, result: RunnerOutput) -> list[EngineCoreOutput]:
-        """Advance every scheduled request by what the runner computed; finish those that hit a stop.
+        """Advance every scheduled seq by what the runner computed; finish those that hit a stop.
 
         K/V written for rejected draft tokens is rolled back simply by not counting it: the next step
         overwrites those slots (and drafts are never hashed into the prefix cache).
         """
         outputs = []
         for s in sched.scheduled:
-            req = self.requests[s.request_id]
+            seq = self.sequences[s.request_id]
             tokens = result.sampled_token_ids.get(s.request_id, [])
-            if req.external_sampling:  # beam search reads the logits and picks the next token itself
-                req.num_computed_tokens += s.num_new_tokens
+            if seq.external_sampling:  # beam search reads the logits and picks the next token itself
+                seq.num_computed_tokens += s.num_new_tokens
                 continue
             num_accepted = result.num_accepted.get(s.request_id, 0)  # rejected drafts' K/V is not counted
-            req.num_computed_tokens += s.num_new_tokens - (len(s.spec_token_ids) - num_accepted)
-            req.num_spec_accepted += num_accepted
-            req.spec_token_ids = []
+            seq.num_computed_tokens += s.num_new_tokens - (len(s.spec_token_ids) - num_accepted)
+            seq.num_spec_accepted += num_accepted
+            seq.spec_token_ids = []
             prompt_logprobs = result.prompt_logprobs.get(s.request_id)
             if not tokens and prompt_logprobs is None:  # a prefill chunk that does not reach the end of the prompt
                 continue
             new = []
             for token in tokens:
-                req.append_output(token)
+                seq.append_output(token)
                 new.append(token)
-                reason = self._check_stop(req, token)
+                reason = self._check_stop(seq, token)
                 if reason is not None:
-                    self.finish(req, reason)
+                    self.finish(seq, reason)
                     break
-            req.num_computed_tokens = min(req.num_computed_tokens, req.num_tokens)  # a stop inside the drafts
+            seq.num_computed_tokens = min(seq.num_computed_tokens, seq.num_tokens)  # a stop inside the drafts
             logprobs = result.logprobs.get(s.request_id)
             outputs.append(EngineCoreOutput(
-                req.request_id, new, req.finish_reason, req.stop_reason, max(req.num_cached_tokens, 0),
-                req.num_preemptions, req.num_spec_proposed, req.num_spec_accepted, req.first_scheduled_time,
+                seq.request_id, new, seq.finish_reason, seq.stop_reason, max(seq.num_cached_tokens, 0),
+                seq.num_preemptions, seq.num_spec_proposed, seq.num_spec_accepted, seq.first_scheduled_time,
                 logprobs[: len(new)] if logprobs is not None else None, prompt_logprobs))
         for rid, drafts in result.spec_token_ids.items():
-            req = self.requests.get(rid)
-            if req is not None and req.status is SequenceStatus.RUNNING:
-                req.spec_token_ids = drafts
-                req.num_spec_proposed += len(drafts)
+            seq = self.sequences.get(rid)
+            if seq is not None and seq.status is SequenceStatus.RUNNING:
+                seq.spec_token_ids = drafts
+                seq.num_spec_proposed += len(drafts)
         return outputs
 
-    def _check_stop(self, req: Sequence, token: int) -> FinishReason | None:
+    def _check_stop(self, seq: Sequence, token: int) -> FinishReason | None:
         """The stops a token id alone decides (stop strings need text: the output processor's job)."""
-        params = req.params
+        params = seq.params
         constrained = params.structured_outputs is not None
-        if constrained and self.structured.accept(req.request_id, token):
+        if constrained and self.structured.accept(seq.request_id, token):
             return FinishReason.STOP  # the grammar is complete: nothing more may follow
         if token in params.stop_token_ids:
-            req.stop_reason = token
+            seq.stop_reason = token
             return FinishReason.STOP
         # an EOS id ends a constrained output only where the grammar could end (a checkpoint may name a
         # plain text token as EOS, which the grammar then allows as text)
-        if not params.ignore_eos and token in req.eos_token_ids and (
-                not constrained or self.structured.can_end(req.request_id)):
+        if not params.ignore_eos and token in seq.eos_token_ids and (
+                not constrained or self.structured.can_end(seq.request_id)):
             return FinishReason.STOP
-        if req.num_tokens >= req.max_total_tokens:
+        if seq.num_tokens >= seq.max_total_tokens:
             return FinishReason.LENGTH
         return None
 
     # ---- 3. leaving ----------------------------------------------------------------------------------
-    def finish(self, req: Sequence, reason: FinishReason, stop_reason: int | str | None = None) -> None:
-        """Retire a request (stop, length or abort) from wherever it is, and return its blocks."""
-        if req.is_finished:
+    def finish(self, seq: Sequence, reason: FinishReason, stop_reason: int | str | None = None) -> None:
+        """Retire a seq (stop, length or abort) from wherever it is, and return its blocks."""
+        if seq.is_finished:
             return
-        if req.status is SequenceStatus.RUNNING:
-            self.running.remove(req)
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
         else:
-            self.waiting.remove(req)
-        self.kv.free(req)
+            self.waiting.remove(seq)
+        self.kv.free(seq)
         if self.swap is not None:
-            self.swap.free(req)
-        req.status = SequenceStatus.FINISHED
-        req.finish_reason = reason
+            self.swap.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
         if stop_reason is not None:
-            req.stop_reason = stop_reason
-        del self.requests[req.request_id]
-        self._finished_ids.append(req.request_id)
+            seq.stop_reason = stop_reason
+        del self.sequences[seq.request_id]
+        self._finished_ids.append(seq.request_id)
         if self.structured is not None:
-            self.structured.free(req.request_id)
+            self.structured.free(seq.request_id)
 
     def finish_requests(self, request_ids: list[str], reason: FinishReason,
                         stop_reasons: dict[str, int | str] | None = None) -> None:
         """Finish requests by id (aborts, stop strings); ids already gone are ignored."""
         for rid in request_ids:
-            if rid in self.requests:
-                self.finish(self.requests[rid], reason, (stop_reasons or {}).get(rid))
+            if rid in self.sequences:
+                self.finish(self.sequences[rid], reason, (stop_reasons or {}).get(rid))

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from minivllm.core.sequence import FinishReason
 from minivllm.sampling_params import SamplingParams
-from minivllm.sequence import FinishReason
 
 
 @dataclass(slots=True)

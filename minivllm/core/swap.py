@@ -7,7 +7,7 @@ again, copies them back into fresh GPU blocks: bytes over PCIe, and its `num_com
 Like the GPU pool, this only decides block ids: a host `BlockPool` (no prefix caching) and a host block table
 per swapped sequence. The GPU side goes through the KV-cache manager (`swap_out`, `swap_in`), the only writer
 of its tables. The scheduler puts the resulting (src, dst) pairs in `SchedulerOutput.blocks_to_swap_out` /
-`blocks_to_swap_in`, and the runner moves the blocks (runner/block_copy.py) before the forward pass. When the
+`blocks_to_swap_in`, and the runner moves the blocks (BlockCopier, runner/memory.py) before the forward pass. When the
 host pool is full, the scheduler falls back to recompute (vLLM V0 raised instead).
 
 The mode is explicit (`EngineConfig.preemption_mode`), not vLLM V0's automatic rule (swap only groups of
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from minivllm.core.block_pool import BlockPool
 from minivllm.core.kv_cache_manager import KVCacheManager
-from minivllm.sequence import Sequence
+from minivllm.core.sequence import Sequence
 
 
 class SwapSpace:

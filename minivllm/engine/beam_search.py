@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from minivllm.core.sequence import FinishReason, Sequence, SequenceStatus
 from minivllm.sampling_params import SamplingParams
-from minivllm.sequence import FinishReason, Sequence, SequenceStatus
 
 if TYPE_CHECKING:
     from minivllm.engine.llm_engine import LLMEngine, PromptType
@@ -172,14 +172,14 @@ class BeamSearch:
             while wanted - got.keys():
                 record = eng.core_step()
                 if record is None:  # nothing could run: beams that are done hold the blocks, so let them go
-                    done = [rid for rid in got if rid in eng.scheduler.requests]
+                    done = [rid for rid in got if rid in eng.scheduler.sequences]
                     if not done:
                         raise RuntimeError("beam search cannot make progress: the KV cache is too small")
                     eng.scheduler.finish_requests(done, FinishReason.ABORT)
                     continue
                 # a beam that is done but was preempted meanwhile need not come back: its forks start afresh
-                eng.scheduler.finish_requests([rid for rid in got if rid in eng.scheduler.requests and
-                                               eng.scheduler.requests[rid].status is not SequenceStatus.RUNNING],
+                eng.scheduler.finish_requests([rid for rid in got if rid in eng.scheduler.sequences and
+                                               eng.scheduler.sequences[rid].status is not SequenceStatus.RUNNING],
                                               FinishReason.ABORT)
                 eng.notify(record)
         finally:

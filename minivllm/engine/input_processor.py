@@ -11,9 +11,9 @@ from dataclasses import dataclass, replace
 
 from minivllm.config import EngineConfig
 from minivllm.core.math_utils import cdiv
+from minivllm.core.sequence import Sequence
 from minivllm.sampling.logits_processor import load_logits_processor_classes
 from minivllm.sampling_params import SamplingParams
-from minivllm.sequence import Sequence
 from minivllm.structured_output import StructuredOutputManager
 from minivllm.tokenizer import Tokenizer
 

@@ -20,27 +20,27 @@ from typing import TYPE_CHECKING, Any
 from minivllm.config import EngineConfig
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.scheduler import Scheduler
+from minivllm.core.sequence import FinishReason
 from minivllm.core.swap import SwapSpace
-from minivllm.distributed.driver import TensorParallelRunner
-from minivllm.distributed.workers import run_torchrun_worker, torchrun_rank
 from minivllm.engine.input_processor import EngineRequest, InputProcessor, PromptType
+from minivllm.engine.metrics import ServerMetrics
 from minivllm.engine.metrics_reader import Metric, read_metrics
 from minivllm.engine.output_processor import OutputProcessor
 from minivllm.engine.profiler import EngineProfiler
 from minivllm.engine.stats import StepCounters
 from minivllm.engine.trace import StepRecord, TraceRecorder
+from minivllm.executor.driver import TensorParallelRunner
+from minivllm.executor.workers import run_torchrun_worker, torchrun_rank
 from minivllm.model import generation_defaults
 from minivllm.outputs import RequestOutput
 from minivllm.runner.model_runner import ModelRunner
 from minivllm.sampling_params import SamplingParams
-from minivllm.sequence import FinishReason
-from minivllm.server.metrics import ServerMetrics
 from minivllm.spec_decode import draft_memory_needs, make_proposer
 from minivllm.structured_output import StructuredOutputManager
 from minivllm.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
-    from minivllm.engine.engine_args import EngineArgs
+    from minivllm.engine.arg_utils import EngineArgs
 
 StepObserver = Callable[["LLMEngine", StepRecord], None]
 
@@ -83,8 +83,9 @@ class LLMEngine:
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs, usage_context: Any = None,
                          stat_loggers: Any = None, enable_multiprocessing: bool = False) -> LLMEngine:
-        """vLLM's constructor from EngineArgs (engine_args.py). `usage_context` is accepted and ignored; custom
-        stat loggers and a separate engine process are not implemented (add_step_observer is the hook here)."""
+        """vLLM's constructor from EngineArgs (engine/arg_utils.py). `usage_context` is accepted and
+        ignored; custom stat loggers and a separate engine process are not implemented (add_step_observer is
+        the hook here)."""
         if stat_loggers is not None:
             raise ValueError("stat_loggers is not supported by minivllm: use engine.add_step_observer(fn)")
         if enable_multiprocessing:

@@ -1,6 +1,6 @@
 """The engine's Prometheus metrics as plain Python objects: what `LLM.get_metrics()` returns (vLLM's reader).
 
-The numbers are the ones `/metrics` serves (server/metrics.py keeps them): this module only reads a registry
+The numbers are the ones `/metrics` serves (engine/metrics.py keeps them): this module only reads a registry
 and turns its samples into vLLM's `Counter`, `Gauge`, `Histogram` and `Vector`, so a script written for
 `vllm.v1.metrics.reader` works unchanged. Only `vllm:` metrics are returned, as vLLM does.
 """

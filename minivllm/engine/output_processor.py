@@ -11,11 +11,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 
+from minivllm.core.sequence import FinishReason
 from minivllm.core.step_io import EngineCoreOutput, TokenLogprobs
 from minivllm.engine.input_processor import EngineRequest
 from minivllm.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
-from minivllm.sequence import FinishReason
 from minivllm.tokenizer import DetokenizerState, Tokenizer, find_stop_string
 
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from minivllm.core.kv_cache_manager import KVEvent
+from minivllm.core.sequence import FinishReason
 from minivllm.core.step_io import EngineCoreOutput, RunnerOutput, SchedulerOutput
-from minivllm.sequence import FinishReason
 
 if TYPE_CHECKING:
     from minivllm.engine.llm_engine import LLMEngine

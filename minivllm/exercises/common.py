@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from minivllm.config import DEFAULT_MODEL
-from minivllm.engine.llm import LLM
+from minivllm.entrypoints.llm import LLM
 from minivllm.exercises.report import ExerciseFailure
 from minivllm.hooks import EngineHooks
 from minivllm.sampling_params import SamplingParams

@@ -1,6 +1,6 @@
 """An OpenAI-compatible HTTP server over LLMEngine: `minivllm serve`, or `build_app(engine)` for your own.
 
-The names below are imported on first use: the engine reads `minivllm.server.metrics` for LLM.get_metrics(),
+The names below are imported on first use: the engine reads `minivllm.engine.metrics` for LLM.get_metrics(),
 and that must not pull FastAPI into every offline script.
 """
 

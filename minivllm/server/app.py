@@ -28,12 +28,12 @@ import minivllm
 from minivllm import envs
 from minivllm.config import EngineConfig
 from minivllm.engine.llm_engine import LLMEngine
+from minivllm.engine.metrics import ServerMetrics
 from minivllm.server import openapi
 from minivllm.server.async_engine import AsyncEngine
 from minivllm.server.auth import APIKeyAuth, resolve_api_key
 from minivllm.server.connection import http_protocol
 from minivllm.server.limits import BodySizeLimit, ServerLimits
-from minivllm.server.metrics import ServerMetrics
 from minivllm.server.preprocess import Preprocessor
 from minivllm.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, engine_error
 from minivllm.server.request_log import RequestIdMiddleware, RequestLog, configure_logging

@@ -12,8 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from minivllm.core.sequence import FinishReason
 from minivllm.sampling_params import MAX_LOGIT_BIAS, SamplingParams, StructuredOutputsParams
-from minivllm.sequence import FinishReason
 from minivllm.server.limits import MAX_N
 
 log = logging.getLogger("minivllm.server")

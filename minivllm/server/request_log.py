@@ -14,8 +14,8 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from minivllm.core.sequence import FinishReason
 from minivllm.outputs import RequestOutput
-from minivllm.sequence import FinishReason
 
 log = logging.getLogger("minivllm.server.requests")
 _VALID_ID = re.compile(r"[A-Za-z0-9._:/=+-]{1,128}")

@@ -25,10 +25,10 @@ from typing import TypeVar
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from minivllm.core.sequence import FinishReason
 from minivllm.engine.llm_engine import PromptType
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
-from minivllm.sequence import FinishReason
 from minivllm.server.async_engine import AsyncEngine, EngineDeadError, RequestStream
 from minivllm.server.limits import ServerLimits
 from minivllm.server.logprobs_format import chat_logprobs, completion_logprobs

@@ -20,13 +20,13 @@ from minivllm.config import NGRAM, EngineConfig
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.kv_sizing import kv_bytes_per_block
 from minivllm.core.math_utils import cdiv
+from minivllm.core.sequence import Sequence
 from minivllm.model import read_model_config
 from minivllm.quantization.kv_cache import kv_cache_torch_dtype
 from minivllm.runner.model_runner import ModelRunner
 from minivllm.runner.sequence_state import SequenceState
 from minivllm.runner.step_batch import StepRow
 from minivllm.sampling.sampler import SamplingBatch, first_argmax, processed_probs
-from minivllm.sequence import Sequence
 from minivllm.spec_decode.proposer import Draft
 
 

@@ -10,7 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from minivllm.engine.engine_args import AsyncEngineArgs
+from minivllm.engine.arg_utils import AsyncEngineArgs
 from minivllm.entrypoints.arg_parser import FlexibleArgumentParser
 from minivllm.entrypoints.openai.cli_args import load_chat_template, make_arg_parser
 

@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from minivllm.engine.engine_args import AsyncEngineArgs
+from minivllm.engine.arg_utils import AsyncEngineArgs
 
 
 def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -1,5 +1,5 @@
-"""vLLM's `vllm.v1.engine.async_llm`: AsyncLLM lives in minivllm/engine/async_llm.py."""
+"""vLLM's `vllm.v1.engine.async_llm`: AsyncLLM lives in minivllm/server/async_llm.py."""
 
-from minivllm.engine.async_llm import AsyncLLM
+from minivllm.server.async_llm import AsyncLLM
 
 __all__ = ["AsyncLLM"]

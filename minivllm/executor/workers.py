@@ -20,7 +20,7 @@ import torch.multiprocessing as mp
 from minivllm import envs
 from minivllm.config import EngineConfig
 from minivllm.distributed.parallel import TensorParallel, connect
-from minivllm.distributed.worker import serve_steps, worker_main
+from minivllm.executor.worker import serve_steps, worker_main
 
 HOST = "127.0.0.1"
 TIMEOUT_S = 300.0  # a collective waiting on a live but stuck rank gives up after this (a dead one fails at once)

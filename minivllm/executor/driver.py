@@ -12,8 +12,8 @@ from __future__ import annotations
 from minivllm.config import EngineConfig
 from minivllm.core.step_io import RunnerOutput, SchedulerOutput
 from minivllm.distributed.parallel import CollectiveTraffic
-from minivllm.distributed.worker import RankStateQuery, rank_state
-from minivllm.distributed.workers import Workers
+from minivllm.executor.worker import RankStateQuery, rank_state
+from minivllm.executor.workers import Workers
 from minivllm.runner.model_runner import ModelRunner
 
 

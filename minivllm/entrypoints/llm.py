@@ -10,8 +10,8 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from minivllm.engine.arg_utils import engine_config_from_kwargs
 from minivllm.engine.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
-from minivllm.engine.engine_args import engine_config_from_kwargs
 from minivllm.engine.llm_engine import LLMEngine, PromptType
 from minivllm.engine.metrics_reader import Metric
 from minivllm.engine.step_driver import StepDriver
