@@ -92,38 +92,45 @@ class EngineConfig:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
-        if self.speculative_model is not None:
-            if not isinstance(self.num_speculative_tokens, int) or self.num_speculative_tokens < 1:
-                raise ValueError("num_speculative_tokens must be >= 1 when speculative_model is set, "
-                                 f"got {self.num_speculative_tokens!r}")
-            if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
-                raise ValueError(f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got "
-                                 f"{self.prompt_lookup_min} and {self.prompt_lookup_max}")
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}")
         if self.preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
         if not isinstance(self.swap_space, (int, float)) or self.swap_space < 0:
             raise ValueError(f"swap_space must be a non-negative number of GiB, got {self.swap_space!r}")
-        if self.preemption_mode == "swap" and self.speculative_model not in (None, NGRAM):
-            raise ValueError("preemption_mode='swap' does not swap a draft model's cache: use 'recompute' "
-                             "with a draft speculative_model")
         if self.logits_processors:
             load_logits_processor_classes(self.logits_processors)  # a bad entry fails here, naming itself
-            if self.speculative_model is not None:
-                raise ValueError("logits_processors cannot be combined with speculative decoding: drafts are "
-                                 "verified without them")
         if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be a positive integer, got {self.tensor_parallel_size!r}")
-        if self.tensor_parallel_size > 1 and self.speculative_model not in (None, NGRAM):
-            raise ValueError("a draft speculative_model is not split across ranks: with tensor_parallel_size > 1 "
-                             "use n-gram drafting ('[ngram]') or none")
         if self.tensor_parallel_size > 1 and self.hooks != EngineHooks():
             raise ValueError("hooks= run in this process only: they need tensor_parallel_size=1")
+        self._check_speculation()
         if self.device == "auto":
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(f"attention_backend must be 'auto', 'torch' or 'triton', got {self.attention_backend!r}")
+
+    def _check_speculation(self) -> None:
+        """Speculative decoding's settings, and the features it cannot be combined with."""
+        if self.speculative_model is None:
+            return
+        if not isinstance(self.num_speculative_tokens, int) or self.num_speculative_tokens < 1:
+            raise ValueError("num_speculative_tokens must be >= 1 when speculative_model is set, "
+                             f"got {self.num_speculative_tokens!r}")
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ValueError(f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got "
+                             f"{self.prompt_lookup_min} and {self.prompt_lookup_max}")
+        if self.logits_processors:
+            raise ValueError("logits_processors cannot be combined with speculative decoding: drafts are "
+                             "verified without them")
+        if self.speculative_model == NGRAM:
+            return
+        if self.preemption_mode == "swap":
+            raise ValueError("preemption_mode='swap' does not swap a draft model's cache: use 'recompute' "
+                             "with a draft speculative_model")
+        if self.tensor_parallel_size > 1:
+            raise ValueError("a draft speculative_model is not split across ranks: with tensor_parallel_size > 1 "
+                             "use n-gram drafting ('[ngram]') or none")
 
     def resolve(self) -> EngineConfig:
         """A copy with Hub ids turned into local directories, the checkpoint's config read, the dtype chosen
@@ -156,21 +163,7 @@ class EngineConfig:
             if mc.quantization is not None and mc.quantization.name in ("gptq", "awq"):  # packed 4-bit groups
                 raise ValueError(f"tensor_parallel_size={tp} with a {mc.quantization.name.upper()} checkpoint is "
                                  f"not supported (float checkpoints, GGUF files and quantization='int8' are)")
-        max_len = self.max_model_len
-        limit, why = mc.max_position_embeddings, "max_position_embeddings"
-        if mc.sliding_window is not None and mc.sliding_window < limit:  # not implemented: stay inside it
-            limit, why = mc.sliding_window, "sliding_window (sliding-window attention is not implemented)"
-        if max_len is not None and max_len > limit:
-            raise ValueError(f"max_model_len {max_len} exceeds the model's {why} {limit}")
-        if max_len is None:
-            max_len = limit
-            blocks = self.num_kv_blocks
-            if blocks is None and (self.kv_cache_memory_bytes or not self.device.startswith("cuda")):
-                per_block = kv_bytes_per_block(mc.num_layers, self.block_size, local_kv_heads(mc.num_kv_heads, tp),
-                                               mc.head_dim, kv_cache_torch_dtype(self.kv_cache_dtype, dtype).itemsize)
-                blocks = (self.kv_cache_memory_bytes or DEFAULT_CPU_KV_CACHE_BYTES) // per_block
-            if blocks is not None:
-                max_len = min(max_len, blocks * self.block_size)
+        max_len = self._max_model_len(mc, dtype)
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < max_len:
             raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than max_model_len "
                              f"({max_len}): without chunked prefill a long prompt could never be scheduled. Raise "
@@ -179,6 +172,25 @@ class EngineConfig:
         name = self.served_model_name or (DEFAULT_MODEL.name if self.model is DEFAULT_MODEL else str(self.model))
         return replace(self, model=model, tokenizer=tokenizer, served_model_name=name, speculative_model=draft,
                        model_config=mc, dtype=dtype, max_model_len=max_len)
+
+    def _max_model_len(self, mc: ModelConfig, dtype: torch.dtype) -> int:
+        """The asked max_model_len, checked against the model's window; by default the window, capped by
+        what the KV cache holds where that is known before loading (num_kv_blocks, or a byte budget)."""
+        max_len = self.max_model_len
+        limit, why = mc.max_position_embeddings, "max_position_embeddings"
+        if mc.sliding_window is not None and mc.sliding_window < limit:  # not implemented: stay inside it
+            limit, why = mc.sliding_window, "sliding_window (sliding-window attention is not implemented)"
+        if max_len is not None and max_len > limit:
+            raise ValueError(f"max_model_len {max_len} exceeds the model's {why} {limit}")
+        if max_len is not None:
+            return max_len
+        blocks = self.num_kv_blocks
+        if blocks is None and (self.kv_cache_memory_bytes or not self.device.startswith("cuda")):
+            kv_heads = local_kv_heads(mc.num_kv_heads, self.tensor_parallel_size)
+            per_block = kv_bytes_per_block(mc.num_layers, self.block_size, kv_heads, mc.head_dim,
+                                           kv_cache_torch_dtype(self.kv_cache_dtype, dtype).itemsize)
+            blocks = (self.kv_cache_memory_bytes or DEFAULT_CPU_KV_CACHE_BYTES) // per_block
+        return limit if blocks is None else min(limit, blocks * self.block_size)
 
     @property
     def cache_dtype(self) -> torch.dtype:

@@ -102,17 +102,29 @@ class Scheduler:
     # ---- 1. what to compute ------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        budget = self.max_num_batched_tokens
+        budget = self._schedule_running(out, self.max_num_batched_tokens)
+        if not out.preempted:  # running sequences had to preempt in this step: admit nobody new
+            self._admit_waiting(out, budget)
+        out.blocks_to_copy = self.kv.drain_copies()
+        out.finished, self._finished_ids = self._finished_ids, []
+        if self.structured is not None and self.structured.active():  # any constrained sequence at all
+            constrained = [(s.request_id, s.spec_token_ids) for s in out.scheduled
+                           if s.samples and self.structured.constrains(s.request_id)]
+            if constrained:
+                out.grammar_bitmask, out.grammar_rows = self.structured.bitmask(constrained)
+        return out
 
-        # 1. Running requests, oldest first: decodes and unfinished prefill chunks.
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        """1. Running sequences, oldest first: decodes and unfinished prefill chunks, preempting the
+        newest (or lowest-priority) when blocks run out. Returns the budget left."""
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = min(seq.num_tokens - seq.num_computed_tokens, self._prefill_budget(seq, budget))
-            if n <= 0:  # a beam whose logits are in, waiting for its siblings' (beam_search.py): nothing to do
+            if n <= 0:  # a beam whose logits are in, waiting for its siblings' (beam_search.py)
                 i += 1
                 continue
-            # a decoding seq with drafts verifies them in the same pass, as far as the budget allows
+            # a decoding sequence with drafts verifies them in the same pass, as far as the budget allows
             spec = seq.spec_token_ids[: budget - n] if n == 1 else []
             num_blocks = len(self.kv.block_tables.get(seq.request_id, ()))
             while not self.kv.allocate(seq, n + len(spec)):
@@ -126,10 +138,12 @@ class Scheduler:
                 out.scheduled.append(self._entry(seq, n + len(spec), spec, num_blocks))
                 budget -= n + len(spec)
                 i += 1
+        return budget
 
-        # 2. Waiting requests in policy order, unless the running ones already had to preempt in this step.
-        blocked = bool(out.preempted)
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not blocked:
+    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        """2. Waiting sequences in policy order, each with its cached prefix (or swapped-out blocks) and a
+        prefill chunk that fits the budget left."""
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             if seq.request_id in out.preempted:  # pushed out in this very step: not back before the next
                 break
@@ -158,14 +172,6 @@ class Scheduler:
             self.running.append(seq)
             out.scheduled.append(self._entry(seq, n, [], 0))
             budget -= n
-        out.blocks_to_copy = self.kv.drain_copies()
-        out.finished, self._finished_ids = self._finished_ids, []
-        if self.structured is not None and self.structured.matchers:  # any constrained seq alive at all
-            constrained = [(s.request_id, s.spec_token_ids) for s in out.scheduled
-                           if s.samples and self.structured.constrains(s.request_id)]
-            if constrained:
-                out.grammar_bitmask, out.grammar_rows = self.structured.bitmask(constrained)
-        return out
 
     def fork(self, parent: Sequence, child_id: str, token: int) -> Sequence:
         """A new sequence: the parent's tokens plus `token` (beam search). A running parent's blocks are shared by
