@@ -1,7 +1,8 @@
 """minivllm: a compact vLLM-style inference engine, written to be read.
 
-The names below load on first use (as vLLM's own `__init__` does): `from minivllm import LLM` imports the
-engine, while `import minivllm.core.scheduler` loads only the plain-Python core, without torch.
+The names below load on first use (as vLLM's own `__init__` does): `from minivllm import LLM`
+imports the engine, while `import minivllm.core.scheduler` loads only the plain-Python core, without
+torch.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ MODULE_ATTRS = {  # name -> the module that defines it
     "BeamSearchSequence": "minivllm.engine.beam_search",
 }
 __all__ = ["LLM", "LLMEngine", "EngineArgs", "AsyncEngineArgs", "EngineConfig", "EngineHooks",
-           "SamplingParams", "RequestOutput", "CompletionOutput", "BeamSearchParams", "BeamSearchOutput",
+           "SamplingParams", "RequestOutput", "CompletionOutput", "BeamSearchParams",
+           "BeamSearchOutput",
            "BeamSearchSequence"]  # = MODULE_ATTRS' names (tests/test_layers.py checks)
 __version__ = "0.1.0"
 

@@ -1,9 +1,10 @@
 """Every environment variable minivllm reads, in one table: name, type, default and what it does.
 
-No other module reads `os.environ`: they ask here (`envs.MINIVLLM_CPU_DTYPE`), so a reader finds every
-switch in one place, and a bad value fails with a message that names the variable. A value is read when it
-is asked for, not at import: a notebook cell that sets a variable after `import minivllm` still counts, and
-so does a test's monkeypatch. (vLLM's `vllm/envs.py` works the same way.)
+No other module reads `os.environ`: they ask here (`envs.MINIVLLM_CPU_DTYPE`), so a reader finds
+every switch in one place, and a bad value fails with a message that names the variable. A value is
+read when it is asked for, not at import: a notebook cell that sets a variable after `import
+minivllm` still counts, and so does a test's monkeypatch. (vLLM's `vllm/envs.py` works the same
+way.)
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class EnvVar:
-    parse: Callable[[str], Any]  # the text as set -> the typed value; raises ValueError on a bad value
+    parse: Callable[[str], Any]  # the text as set -> its typed value, or a ValueError
     default: Any  # when unset (or set to the empty string)
     doc: str
 
@@ -45,26 +46,32 @@ VARIABLES: dict[str, EnvVar] = {
     # --- which implementation runs (minivllm/platforms/) ---
     "MINIVLLM_PLATFORM": EnvVar(
         _choice("auto", "reference", "cpu", "cuda"), "auto",
-        "the platform the engine runs on: 'auto' (cuda on a GPU, cpu elsewhere), or 'reference' for the "
+        "the platform the engine runs on: 'auto' (cuda on a GPU, cpu elsewhere), or 'reference' "
+        "for the "
         "readable torch code the chapters print, everywhere"),
     "MINIVLLM_CPU_ATTENTION": EnvVar(
         _choice("kernel", "reference"), "kernel",
         "cpu platform: 'reference' attends with the torch reference instead of the C++ kernel"),
     "MINIVLLM_CPU_LAYER_OPS": EnvVar(
-        _flag, True, "cpu platform: 0 keeps the readable norm, rotary and SwiGLU instead of the C++ ops"),
+        _flag, True,
+        "cpu platform: 0 keeps the readable norm, rotary and SwiGLU instead of the C++ ops"),
     "MINIVLLM_CPU_SMALL_LINEAR": EnvVar(
-        _flag, True, "cpu platform: 0 serves every linear call with oneDNN, none with the small-batch kernel"),
+        _flag, True,
+        "cpu platform: 0 serves every linear call with oneDNN, none with the small-batch kernel"),
     "MINIVLLM_CPU_COMPILE": EnvVar(
-        _flag, False, "cpu platform: 1 compiles the layers around attention with torch.compile (opt-in)"),
+        _flag, False,
+        "cpu platform: 1 compiles the layers around attention with torch.compile (opt-in)"),
     # --- dtypes and threads ---
     "MINIVLLM_CPU_DTYPE": EnvVar(
         _choice("float32", "bfloat16", "float16"), None,
-        "dtype='auto' on CPU for a whole run (the test suite pins float32); unset: bf16 where native"),
+        "dtype='auto' on CPU for a whole run (the test suite pins float32); unset: bf16 where "
+        "native"),
     "MINIVLLM_CUDA_DTYPE": EnvVar(
         _choice("float32", "bfloat16", "float16"), None,
         "dtype='auto' on a GPU for a whole run (bench/gpu_check.sh: float16, as on a T4)"),
     "MINIVLLM_CPU_OMP_THREADS_BIND": EnvVar(
-        str.strip, "off", "pin torch's threads: 'off', 'auto' (the free cores, when idle) or a list like 0-7"),
+        str.strip, "off",
+        "pin torch's threads: 'off', 'auto' (the free cores, when idle) or a list like 0-7"),
     # --- profiling and serving (vLLM's names are read too) ---
     "MINIVLLM_TORCH_PROFILER_DIR": EnvVar(
         os.path.expanduser, None, "LLM.start_profile() writes its trace here"),
@@ -72,7 +79,8 @@ VARIABLES: dict[str, EnvVar] = {
         os.path.expanduser, None, "vLLM's name for MINIVLLM_TORCH_PROFILER_DIR (ours wins)"),
     "VLLM_API_KEY": EnvVar(str, None, "the server's API key when --api-key is not given"),
     # --- the Hugging Face Hub (read now, where huggingface_hub read them at its import) ---
-    "HF_HUB_OFFLINE": EnvVar(_hub_flag, False, "never download: only local directories and the cache"),
+    "HF_HUB_OFFLINE": EnvVar(_hub_flag, False,
+                             "never download: only local directories and the cache"),
     "HF_HUB_CACHE": EnvVar(os.path.expandvars, None, "where Hub downloads go"),
     "HF_HOME": EnvVar(os.path.expandvars, None, "HF_HUB_CACHE defaults to $HF_HOME/hub"),
     # --- torchrun's rendezvous (tensor parallelism across processes it started) ---

@@ -1,22 +1,25 @@
-"""Scheduler: which requests run this step and how many tokens each, and what the step's results mean for them.
+"""Scheduler: which requests run this step and how many tokens each, and what the step's results
+mean for them.
 
-`schedule()`: running requests come first (a decode is 1 token; a half-prefilled prompt continues its next
-chunk), so streams already under way stay smooth; then waiting requests are admitted in queue order, their
-prompts cut into chunks that fit what is left of `max_num_batched_tokens`.
+`schedule()`: running requests come first (a decode is 1 token; a half-prefilled prompt continues
+its next chunk), so streams already under way stay smooth; then waiting requests are admitted in
+queue order, their prompts cut into chunks that fit what is left of `max_num_batched_tokens`.
 
 The queue order is the policy. "fcfs": first come, first served. "priority" (vLLM's meaning): lower
-`priority` first, ties by arrival; a waiting request whose blocks do not fit may preempt running requests of
-lower priority (larger (priority, arrival)), as vLLM does, so urgent work overtakes.
+`priority` first, ties by arrival; a waiting request whose blocks do not fit may preempt running
+requests of lower priority (larger (priority, arrival)), as vLLM does, so urgent work overtakes.
 
-When the KV cache runs out of blocks, a running request is preempted: the newest under "fcfs", the one with
-the largest (priority, arrival) under "priority". By *recompute* its blocks are freed and it goes back to
-the waiting queue (its head under "fcfs") to be prefilled again later (prompt plus what it already wrote). By
-*swap* (swap.py), its computed blocks are first copied to host memory and copied back when it resumes, so it
-keeps its `num_computed_tokens`. Either way a request preempted in a step is not readmitted in that step.
+When the KV cache runs out of blocks, a running request is preempted: the newest under "fcfs", the
+one with the largest (priority, arrival) under "priority". By *recompute* its blocks are freed and
+it goes back to the waiting queue (its head under "fcfs") to be prefilled again later (prompt plus
+what it already wrote). By *swap* (swap.py), its computed blocks are first copied to host memory and
+copied back when it resumes, so it keeps its `num_computed_tokens`. Either way a request preempted
+in a step is not readmitted in that step.
 
 `update_from_output()`: the runner's sampled tokens are appended, rejected drafts are not counted as
-computed, and the token-level stop conditions (EOS, stop token ids, length) finish requests and free their
-blocks. Stop *strings* are text, so the output processor finds them and calls `finish_requests`.
+computed, and the token-level stop conditions (EOS, stop token ids, length) finish requests and free
+their blocks. Stop *strings* are text, so the output processor finds them and calls
+`finish_requests`.
 """
 
 from __future__ import annotations
@@ -27,14 +30,21 @@ from collections import deque
 from minivllm.core.grammar import Grammars
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.sequence import FinishReason, Sequence, SequenceStatus
-from minivllm.core.step_io import EngineCoreOutput, NewSequenceData, RunnerOutput, ScheduledSequence, SchedulerOutput
+from minivllm.core.step_io import (
+    EngineCoreOutput,
+    NewSequenceData,
+    RunnerOutput,
+    ScheduledSequence,
+    SchedulerOutput,
+)
 from minivllm.core.swap import SwapSpace
 from minivllm.hooks import EngineHooks
 
 
 def fcfs_enqueue(waiting: deque[Sequence], seq: Sequence, preempted: bool) -> None:
-    """First come, first served: a new sequence joins the tail; a preempted one goes back to the head, since it
-    is older than everyone still waiting (so it is not overtaken by requests that arrived after it)."""
+    """First come, first served: a new sequence joins the tail; a preempted one goes back to the
+    head, since it is older than everyone still waiting (so it is not overtaken by requests that
+    arrived after it)."""
     if preempted:
         waiting.appendleft(seq)
     else:
@@ -44,35 +54,43 @@ def fcfs_enqueue(waiting: deque[Sequence], seq: Sequence, preempted: bool) -> No
 def priority_enqueue(waiting: deque[Sequence], seq: Sequence, preempted: bool) -> None:
     """"priority": keep the queue sorted by (priority, arrival), a preempted sequence included."""
     key = seq.priority_key
-    waiting.insert(next((i for i, r in enumerate(waiting) if r.priority_key > key), len(waiting)), seq)
+    waiting.insert(next((i for i, r in enumerate(waiting) if r.priority_key > key), len(waiting)),
+                   seq)
 
 
-# A prompt that asks for prompt_logprobs costs a log-softmax over the vocabulary and a top-k per position: with
-# chunked prefill it is computed at most this many positions a step, so one such seq cannot stall everyone's
-# step for seconds (1000 positions with 20 logprobs took 1.4 s of one step on the 2-core test machine).
+# A prompt that asks for prompt_logprobs costs a log-softmax over the vocabulary and a top-k per
+# position: with chunked prefill it is computed at most this many positions a step, so one such
+# sequence cannot stall everyone's step for seconds (1000 positions with 20 logprobs took 1.4 s of
+# one step on the 2-core test machine).
 PROMPT_LOGPROBS_TOKENS_PER_STEP = 256
 
 
 def prefill_chunk(num_remaining: int, budget: int, enable_chunked_prefill: bool) -> int:
-    """How many of a waiting seq's remaining tokens this step computes, with `budget` tokens left: all of
-    them if they fit, else a chunk filling the budget (chunked prefill), or 0 (it waits) without chunking."""
+    """How many of a waiting sequence's remaining tokens this step computes, with `budget` tokens
+    left: all of them if they fit, else a chunk filling the budget (chunked prefill), or 0 (it
+    waits) without chunking."""
     if num_remaining <= budget:
         return num_remaining
     return budget if enable_chunked_prefill else 0
 
 
 class Scheduler:
-    def __init__(self, kv: KVCacheManager, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
-                 enable_chunked_prefill: bool = True, policy: str = "fcfs", swap: SwapSpace | None = None,
+    def __init__(self, kv: KVCacheManager, max_num_seqs: int = 256,
+                 max_num_batched_tokens: int = 2048,
+                 enable_chunked_prefill: bool = True, policy: str = "fcfs",
+                 swap: SwapSpace | None = None,
                  structured: Grammars | None = None, hooks: EngineHooks | None = None) -> None:
-        """`policy`: "fcfs" or "priority"; `swap`: where preempted blocks go (None: preemption by recompute);
-        `structured`: the grammars of requests with structured outputs (None without a tokenizer); `hooks`: a
-        learner's own queue rule or prefill chunking (minivllm.hooks), None: the engine's."""
+        """`policy`: "fcfs" or "priority"; `swap`: where preempted blocks go (None: preemption by
+        recompute); `structured`: the grammars of requests with structured outputs (None without a
+        tokenizer); `hooks`: a learner's own queue rule or prefill chunking (minivllm.hooks), None:
+        the engine's."""
         hooks = hooks or EngineHooks()
-        self.enqueue_into = hooks.enqueue or (priority_enqueue if policy == "priority" else fcfs_enqueue)
+        self.enqueue_into = hooks.enqueue or (priority_enqueue if policy == "priority"
+                                              else fcfs_enqueue)
         self.prefill_chunk = hooks.prefill_chunk or prefill_chunk
         self.kv = kv
-        self.structured = structured  # grammars of requests with structured outputs (needs a tokenizer)
+        # grammars of requests with structured outputs (needs a tokenizer)
+        self.structured = structured
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.enable_chunked_prefill = enable_chunked_prefill
@@ -80,9 +98,10 @@ class Scheduler:
         self.swap = swap
         self.waiting: deque[Sequence] = deque()  # in policy order: the head is admitted next
         self.running: list[Sequence] = []
-        self.sequences: dict[str, Sequence] = {}  # every unfinished seq, by id
+        self.sequences: dict[str, Sequence] = {}  # every unfinished sequence, by id
         self.num_preemptions = 0
-        self._finished_ids: list[str] = []  # finished since the runner last heard: it drops their state
+        # finished since the runner last heard: it drops their state
+        self._finished_ids: list[str] = []
 
     def add(self, seq: Sequence) -> None:
         if seq.params.structured_outputs is not None:
@@ -93,13 +112,14 @@ class Scheduler:
         self._enqueue(seq)
 
     def _enqueue(self, seq: Sequence, preempted: bool = False) -> None:
-        """Into the waiting queue at its place, by the policy's rule (fcfs_enqueue, priority_enqueue)."""
+        """Into the waiting queue at its place, by the policy's rule (fcfs_enqueue,
+        priority_enqueue)."""
         self.enqueue_into(self.waiting, seq, preempted)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    # ---- 1. what to compute ------------------------------------------------------------------------
+    # ---- 1. what to compute ----------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self._schedule_running(out, self.max_num_batched_tokens)
@@ -107,7 +127,8 @@ class Scheduler:
             self._admit_waiting(out, budget)
         out.blocks_to_copy = self.kv.drain_copies()
         out.finished, self._finished_ids = self._finished_ids, []
-        if self.structured is not None and self.structured.active():  # any constrained sequence at all
+        # any constrained sequence at all
+        if self.structured is not None and self.structured.active():
             constrained = [(s.request_id, s.spec_token_ids) for s in out.scheduled
                            if s.samples and self.structured.constrains(s.request_id)]
             if constrained:
@@ -124,7 +145,8 @@ class Scheduler:
             if n <= 0:  # a beam whose logits are in, waiting for its siblings' (beam_search.py)
                 i += 1
                 continue
-            # a decoding sequence with drafts verifies them in the same pass, as far as the budget allows
+            # a decoding sequence with drafts verifies them in the same pass, as far as the budget
+            # allows
             spec = seq.spec_token_ids[: budget - n] if n == 1 else []
             num_blocks = len(self.kv.block_tables.get(seq.request_id, ()))
             while not self.kv.allocate(seq, n + len(spec)):
@@ -141,11 +163,12 @@ class Scheduler:
         return budget
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        """2. Waiting sequences in policy order, each with its cached prefix (or swapped-out blocks) and a
-        prefill chunk that fits the budget left."""
+        """2. Waiting sequences in policy order, each with its cached prefix (or swapped-out blocks)
+        and a prefill chunk that fits the budget left."""
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            if seq.request_id in out.preempted:  # pushed out in this very step: not back before the next
+            # pushed out in this very step: not back before the next
+            if seq.request_id in out.preempted:
                 break
             swapped = self.swap is not None and self.swap.is_swapped(seq)
             cached = [] if swapped else self.kv.find_cached_prefix(seq)
@@ -174,39 +197,50 @@ class Scheduler:
             budget -= n
 
     def fork(self, parent: Sequence, child_id: str, token: int) -> Sequence:
-        """A new sequence: the parent's tokens plus `token` (beam search). A running parent's blocks are shared by
-        reference (kv.fork) and copied on write; a parent that was preempted meanwhile has none, so the child
-        waits to be computed from scratch."""
-        child = Sequence(child_id, parent.prompt_token_ids, parent.params, parent.eos_token_ids, parent.max_model_len,
-                        parent.arrival_time, [*parent.output_token_ids, token], parent_id=parent.parent_id,
-                        index=parent.index, priority=parent.priority, block_hashes=list(parent.block_hashes),
+        """A new sequence: the parent's tokens plus `token` (beam search). A running parent's blocks
+        are shared by reference (kv.fork) and copied on write; a parent that was preempted meanwhile
+        has none, so the child waits to be computed from scratch."""
+        child = Sequence(child_id, parent.prompt_token_ids, parent.params, parent.eos_token_ids,
+                         parent.max_model_len,
+                        parent.arrival_time, [*parent.output_token_ids, token],
+                        parent_id=parent.parent_id,
+                        index=parent.index, priority=parent.priority,
+                        block_hashes=list(parent.block_hashes),
                          external_sampling=parent.external_sampling,
-                        num_cached_tokens=parent.num_cached_tokens, first_scheduled_time=parent.first_scheduled_time)
+                        num_cached_tokens=parent.num_cached_tokens,
+                        first_scheduled_time=parent.first_scheduled_time)
         self.sequences[child_id] = child
         if parent.status is SequenceStatus.RUNNING:
             self.kv.fork(parent.request_id, child)
             child.num_computed_tokens = parent.num_computed_tokens
             child.status = SequenceStatus.RUNNING
-            self.running.append(child)  # the runner meets it, table and all, when it is first scheduled
+            # the runner meets it, table and all, when it is first scheduled
+            self.running.append(child)
         else:
             self._enqueue(child, preempted=True)
         return child
 
     def _prefill_budget(self, seq: Sequence, budget: int) -> int:
-        """The step's budget as one sequence may use it: less for a prompt with prompt_logprobs (see above)."""
+        """The step's budget as one sequence may use it: less for a prompt with prompt_logprobs (see
+        above)."""
         if seq.params.prompt_logprobs is None or not self.enable_chunked_prefill or \
                 seq.num_computed_tokens >= seq.num_prompt_tokens:
             return budget
         return min(budget, PROMPT_LOGPROBS_TOKENS_PER_STEP)
 
-    def _entry(self, seq: Sequence, num_new: int, spec: list[int], num_known_blocks: int) -> ScheduledSequence:
-        """The sequence's share of this step. The runner gets the blocks added to its table since the last step,
-        or, when it does not know the sequence (yet, or any more), the sequence whole with all its blocks."""
+    def _entry(self, seq: Sequence, num_new: int, spec: list[int],
+               num_known_blocks: int) -> ScheduledSequence:
+        """The sequence's share of this step. The runner gets the blocks added to its table since
+        the last step, or, when it does not know the sequence (yet, or any more), the sequence whole
+        with all its blocks."""
         before, table = seq.num_computed_tokens, self.kv.block_tables[seq.request_id]
-        decode = num_new == 1 + len(spec) and bool(seq.output_token_ids) and before == seq.num_tokens - 1
-        entry = ScheduledSequence(seq.request_id, num_new, before, list(spec), is_prefill=not decode,
+        decode = (num_new == 1 + len(spec) and bool(seq.output_token_ids)
+                  and before == seq.num_tokens - 1)
+        entry = ScheduledSequence(seq.request_id, num_new, before, list(spec),
+                                  is_prefill=not decode,
                                   samples=before + num_new - len(spec) == seq.num_tokens,
-                                  new_block_ids=table[num_known_blocks:] if seq.runner_knows else list(table))
+                                  new_block_ids=table[num_known_blocks:] if seq.runner_knows
+                                  else list(table))
         if not seq.runner_knows:
             entry.new = NewSequenceData(list(seq.all_token_ids), seq.num_prompt_tokens, seq.params,
                                         seq.max_total_tokens, seq.sample_seed, seq.eos_token_ids)
@@ -214,19 +248,22 @@ class Scheduler:
         return entry
 
     def _victim(self, outranked_by: Sequence | None = None) -> Sequence | None:
-        """Whom to preempt when blocks run out: the newest running seq ("fcfs"), or the one with the largest
-        (priority, arrival) ("priority"). For a waiting seq (`outranked_by`), only a strictly lower-priority
-        one under "priority", and none under "fcfs" (it waits)."""
+        """Whom to preempt when blocks run out: the newest running sequence ("fcfs"), or the one
+        with the largest (priority, arrival) ("priority"). For a waiting seq (`outranked_by`), only
+        a strictly lower-priority one under "priority", and none under "fcfs" (it waits)."""
         if outranked_by is None:
-            return max(self.running, key=lambda r: r.priority_key) if self.policy == "priority" else self.running[-1]
+            if self.policy != "priority":
+                return self.running[-1]
+            return max(self.running, key=lambda r: r.priority_key)
         if self.policy != "priority" or not self.running:
             return None
         victim = max(self.running, key=lambda r: r.priority_key)
         return victim if victim.priority_key > outranked_by.priority_key else None
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> int:
-        """Take a running seq's blocks back, by swap when the host has room, else by recompute. If this step
-        already scheduled it, that is undone; returns the token budget this gives back."""
+        """Take a running sequence's blocks back, by swap when the host has room, else by recompute.
+        If this step already scheduled it, that is undone; returns the token budget this gives
+        back."""
         self.running.remove(seq)
         budget_back = 0
         for j, s in enumerate(out.scheduled):
@@ -249,26 +286,31 @@ class Scheduler:
         self.num_preemptions += 1
         return budget_back
 
-    # ---- 2. what the step's results mean -------------------------------------------------------------
-    def update_from_output(self, sched: SchedulerOutput, result: RunnerOutput) -> list[EngineCoreOutput]:
-        """Advance every scheduled seq by what the runner computed; finish those that hit a stop.
+    # ---- 2. what the step's results mean ---------------------------------------------------------
+    def update_from_output(self, sched: SchedulerOutput,
+                           result: RunnerOutput) -> list[EngineCoreOutput]:
+        """Advance every scheduled sequence by what the runner computed; finish those that hit a
+        stop.
 
-        K/V written for rejected draft tokens is rolled back simply by not counting it: the next step
-        overwrites those slots (and drafts are never hashed into the prefix cache).
+        K/V written for rejected draft tokens is rolled back simply by not counting it: the next
+        step overwrites those slots (and drafts are never hashed into the prefix cache).
         """
         outputs = []
         for s in sched.scheduled:
             seq = self.sequences[s.request_id]
             tokens = result.sampled_token_ids.get(s.request_id, [])
-            if seq.external_sampling:  # beam search reads the logits and picks the next token itself
+            # beam search reads the logits and picks the next token itself
+            if seq.external_sampling:
                 seq.num_computed_tokens += s.num_new_tokens
                 continue
-            num_accepted = result.num_accepted.get(s.request_id, 0)  # rejected drafts' K/V is not counted
+            # rejected drafts' K/V is not counted
+            num_accepted = result.num_accepted.get(s.request_id, 0)
             seq.num_computed_tokens += s.num_new_tokens - (len(s.spec_token_ids) - num_accepted)
             seq.num_spec_accepted += num_accepted
             seq.spec_token_ids = []
             prompt_logprobs = result.prompt_logprobs.get(s.request_id)
-            if not tokens and prompt_logprobs is None:  # a prefill chunk that does not reach the end of the prompt
+            # a prefill chunk that does not reach the end of the prompt
+            if not tokens and prompt_logprobs is None:
                 continue
             new = []
             for token in tokens:
@@ -278,11 +320,14 @@ class Scheduler:
                 if reason is not None:
                     self.finish(seq, reason)
                     break
-            seq.num_computed_tokens = min(seq.num_computed_tokens, seq.num_tokens)  # a stop inside the drafts
+            # a stop inside the drafts
+            seq.num_computed_tokens = min(seq.num_computed_tokens, seq.num_tokens)
             logprobs = result.logprobs.get(s.request_id)
             outputs.append(EngineCoreOutput(
-                seq.request_id, new, seq.finish_reason, seq.stop_reason, max(seq.num_cached_tokens, 0),
-                seq.num_preemptions, seq.num_spec_proposed, seq.num_spec_accepted, seq.first_scheduled_time,
+                seq.request_id, new, seq.finish_reason, seq.stop_reason, max(seq.num_cached_tokens,
+                                                                             0),
+                seq.num_preemptions, seq.num_spec_proposed, seq.num_spec_accepted,
+                seq.first_scheduled_time,
                 logprobs[: len(new)] if logprobs is not None else None, prompt_logprobs))
         for rid, drafts in result.spec_token_ids.items():
             seq = self.sequences.get(rid)
@@ -292,7 +337,8 @@ class Scheduler:
         return outputs
 
     def _check_stop(self, seq: Sequence, token: int) -> FinishReason | None:
-        """The stops a token id alone decides (stop strings need text: the output processor's job)."""
+        """The stops a token id alone decides (stop strings need text: the output processor's
+        job)."""
         params = seq.params
         constrained = params.structured_outputs is not None
         if constrained and self.structured.accept(seq.request_id, token):
@@ -300,8 +346,8 @@ class Scheduler:
         if token in params.stop_token_ids:
             seq.stop_reason = token
             return FinishReason.STOP
-        # an EOS id ends a constrained output only where the grammar could end (a checkpoint may name a
-        # plain text token as EOS, which the grammar then allows as text)
+        # an EOS id ends a constrained output only where the grammar could end (a checkpoint may
+        # name a plain text token as EOS, which the grammar then allows as text)
         if not params.ignore_eos and token in seq.eos_token_ids and (
                 not constrained or self.structured.can_end(seq.request_id)):
             return FinishReason.STOP
@@ -309,9 +355,10 @@ class Scheduler:
             return FinishReason.LENGTH
         return None
 
-    # ---- 3. leaving ----------------------------------------------------------------------------------
-    def finish(self, seq: Sequence, reason: FinishReason, stop_reason: int | str | None = None) -> None:
-        """Retire a seq (stop, length or abort) from wherever it is, and return its blocks."""
+    # ---- 3. leaving ------------------------------------------------------------------------------
+    def finish(self, seq: Sequence, reason: FinishReason,
+               stop_reason: int | str | None = None) -> None:
+        """Retire a sequence (stop, length or abort) from wherever it is, and return its blocks."""
         if seq.is_finished:
             return
         if seq.status is SequenceStatus.RUNNING:

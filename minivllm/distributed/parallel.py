@@ -1,12 +1,14 @@
 """One rank's view of tensor parallelism: who it is, and the three collectives the model needs.
 
-A `TensorParallel` is passed explicitly to every layer that splits (model/linear.py, model/embedding.py): no
-global state beyond the process-group objects it holds. They are built directly on a c10d store (TCPStore),
-not through `init_process_group`, so two engines in one process (or a user's own default group) never meet.
-Two groups over the same ranks: `device_group` for the model's tensors (gloo on CPU, NCCL on CUDA) and
-`cpu_group` (always gloo) for the engine's own messages: the step's SchedulerOutput, the KV block count.
-Each rank counts what its model's collectives carried (`traffic`): chapter 13 reads rank 0's to check the
-bytes per token it computed from the config.
+A `TensorParallel` is passed explicitly to every layer that splits (model/linear.py,
+model/embedding.py): no global state beyond the process-group objects it holds. They are built
+directly on a c10d store (TCPStore),
+not through `init_process_group`, so two engines in one process (or a user's own default group)
+never meet. Two groups over the same ranks: `device_group` for the model's tensors (gloo on CPU,
+NCCL on CUDA) and `cpu_group` (always gloo) for the engine's own messages: the step's
+SchedulerOutput, the KV block count.
+Each rank counts what its model's collectives carried (`traffic`): chapter 13 reads rank 0's to
+check the bytes per token it computed from the config.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ import torch.distributed as dist
 
 @dataclass
 class CollectiveTraffic:
-    """What one rank's model handed to its collectives: calls, and the bytes of the tensors given (each rank's
-    input; on the wire a ring all-reduce sends 2 (N - 1) / N of that per rank, an all-gather (N - 1) times)."""
+    """What one rank's model handed to its collectives: calls, and the bytes of the tensors given
+    (each rank's input; on the wire a ring all-reduce sends 2 (N - 1) / N of that per rank, an
+    all-gather (N - 1) times)."""
 
     all_reduce_calls: int = 0
     all_reduce_bytes: int = 0
@@ -30,7 +33,8 @@ class CollectiveTraffic:
     all_gather_bytes: int = 0
 
     def reset(self) -> None:
-        self.all_reduce_calls = self.all_reduce_bytes = self.all_gather_calls = self.all_gather_bytes = 0
+        self.all_reduce_calls = self.all_reduce_bytes = 0
+        self.all_gather_calls = self.all_gather_bytes = 0
 
 
 @dataclass(frozen=True)
@@ -39,10 +43,12 @@ class TensorParallel:
     size: int = 1
     device_group: object = None  # a ProcessGroup (None when size == 1)
     cpu_group: object = None
-    traffic: CollectiveTraffic = field(default_factory=CollectiveTraffic, compare=False)  # counted when size > 1
+    # counted when size > 1
+    traffic: CollectiveTraffic = field(default_factory=CollectiveTraffic, compare=False)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum over ranks, in place (row-parallel layers' partial sums, the vocab-parallel embedding)."""
+        """Sum over ranks, in place (row-parallel layers' partial sums, the vocab-parallel
+        embedding)."""
         if self.size > 1:
             self.traffic.all_reduce_calls += 1
             self.traffic.all_reduce_bytes += x.numel() * x.element_size()
@@ -50,7 +56,8 @@ class TensorParallel:
         return x
 
     def all_reduce_max(self, x: torch.Tensor) -> torch.Tensor:
-        """Element-wise max over ranks, in place (at load: a row-parallel layer's int8 scales; not counted)."""
+        """Element-wise max over ranks, in place (at load: a row-parallel layer's int8 scales; not
+        counted)."""
         if self.size > 1:
             opts = dist.AllreduceOptions()
             opts.reduceOp = dist.ReduceOp.MAX
@@ -69,7 +76,8 @@ class TensorParallel:
         return torch.cat(parts, dim=-1)
 
     def min_int(self, value: int) -> int:
-        """The smallest `value` over ranks (each rank's KV block count: all must allocate the same ids)."""
+        """The smallest `value` over ranks (each rank's KV block count: all must allocate the same
+        ids)."""
         if self.size == 1:
             return value
         t = torch.tensor([value], dtype=torch.int64)
@@ -79,9 +87,11 @@ class TensorParallel:
         return int(t.item())
 
     def broadcast_object(self, obj: object = None) -> object:
-        """Rank 0's `obj` on every rank: its pickle's length, then its bytes, over the gloo group."""
+        """Rank 0's `obj` on every rank: its pickle's length, then its bytes, over the gloo
+        group."""
         if self.rank == 0:
-            data = torch.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8)
+            data = torch.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)),
+                                    dtype=torch.uint8)
             size = torch.tensor([len(data)], dtype=torch.int64)
         else:
             size = torch.zeros(1, dtype=torch.int64)
@@ -95,8 +105,10 @@ class TensorParallel:
 SINGLE = TensorParallel()  # one process: every collective is the identity
 
 
-def connect(rank: int, size: int, store: dist.Store, device: torch.device, timeout_s: float) -> TensorParallel:
-    """Join the two process groups on `store` (every rank calls this; gloo connects all pairs here)."""
+def connect(rank: int, size: int, store: dist.Store, device: torch.device,
+            timeout_s: float) -> TensorParallel:
+    """Join the two process groups on `store` (every rank calls this; gloo connects all pairs
+    here)."""
     timeout = timedelta(seconds=timeout_s)
     cpu_group = dist.ProcessGroupGloo(dist.PrefixStore("cpu", store), rank, size, timeout)
     if device.type == "cuda":
@@ -109,7 +121,8 @@ def connect(rank: int, size: int, store: dist.Store, device: torch.device, timeo
 
 
 def kv_head_replicas(num_kv_heads: int, tp_size: int) -> int:
-    """How many ranks hold each KV head: 1, or tp / kv_heads when there are fewer KV heads than ranks."""
+    """How many ranks hold each KV head: 1, or tp / kv_heads when there are fewer KV heads than
+    ranks."""
     return max(1, tp_size // num_kv_heads)
 
 
@@ -119,21 +132,25 @@ def local_kv_heads(num_kv_heads: int, tp_size: int) -> int:
 
 
 def check_divisible(model_config, tp_size: int) -> None:
-    """A ValueError at start-up, naming tensor_parallel_size and the count, for a model that does not split."""
+    """A ValueError at start-up, naming tensor_parallel_size and the count, for a model that does
+    not split."""
     mc = model_config
     counts = {"num_attention_heads": mc.num_heads, "intermediate_size": mc.intermediate_size}
     for name, count in counts.items():
         if count % tp_size:
-            raise ValueError(f"tensor_parallel_size={tp_size} does not divide the model's {name} ({count})")
+            raise ValueError(f"tensor_parallel_size={tp_size} does not divide the model's {name} "
+                             f"({count})")
     kv = mc.num_kv_heads
     if kv % tp_size and tp_size % kv:
-        raise ValueError(f"tensor_parallel_size={tp_size} and the model's num_key_value_heads ({kv}): one must be "
-                         f"a multiple of the other (KV heads are split, or replicated when fewer than the ranks)")
+        raise ValueError(f"tensor_parallel_size={tp_size} and the model's num_key_value_heads "
+                         f"({kv}): one must be "
+                         f"a multiple of the other (KV heads are split, or replicated when fewer "
+                         f"than the ranks)")
 
 
 def shard_of(loaded: torch.Tensor, dim: int, index: int, extent: int) -> torch.Tensor:
-    """The `index`-th slice of `extent` along `dim`; zero-padded where it runs past the end (the vocab's last
-    shard when the vocab size is not a multiple of the ranks)."""
+    """The `index`-th slice of `extent` along `dim`; zero-padded where it runs past the end (the
+    vocab's last shard when the vocab size is not a multiple of the ranks)."""
     start = index * extent
     have = max(0, min(extent, loaded.shape[dim] - start))
     part = loaded.narrow(dim, min(start, loaded.shape[dim]), have)

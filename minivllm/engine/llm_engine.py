@@ -1,11 +1,11 @@
 """LLMEngine: one step of the engine, and the parts it wires together. It owns no stage itself:
 
-    add_request:  InputProcessor (validate, tokenize) -> Request(WAITING) -> Scheduler.waiting
-    step():       core_step():  Scheduler.schedule()                   -> SchedulerOutput
-                                ModelRunner.execute(scheduler_output)  -> RunnerOutput (sampled tokens, drafts)
-                                Scheduler.update_from_output(...)      -> EngineCoreOutputs (tokens, stops)
-                  OutputProcessor.process(...)             -> RequestOutputs (text, stop strings)
-                  notify(StepRecord)                       (the trace the widgets draw, the counters)
+    add_request: InputProcessor (validate, tokenize) -> Sequence(WAITING) -> Scheduler.waiting
+    step():      core_step(): Scheduler.schedule()                  -> SchedulerOutput
+                              ModelRunner.execute(scheduler_output) -> RunnerOutput (tokens, drafts)
+                              Scheduler.update_from_output(...)     -> EngineCoreOutputs (stops)
+                 OutputProcessor.process(...)        -> RequestOutputs (text, stop strings)
+                 notify(StepRecord)                  (the trace the widgets draw, the counters)
 
 `core_step` is vLLM's EngineCore.step: token ids only, no text. Beam search drives it directly.
 """
@@ -50,14 +50,17 @@ __all__ = ["LLMEngine", "PromptType", "StepObserver"]
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config = config.resolve()
-        if config.tensor_parallel_size > 1 and torchrun_rank(config):  # torchrun's rank > 0: a worker, never
-            run_torchrun_worker(config)  # an engine; exits the process when rank 0 shuts down
-        # a draft model is loaded after our cache: size the cache so that its weights and blocks still fit
-        self.runner = (ModelRunner(config, draft_memory_needs(config)) if config.tensor_parallel_size == 1 else
+        # torchrun's rank > 0 is a worker, never an engine: this exits when rank 0 shuts down
+        if config.tensor_parallel_size > 1 and torchrun_rank(config):
+            run_torchrun_worker(config)
+        # a draft model is loaded after our cache: size the cache so its weights and blocks fit too
+        self.runner = (ModelRunner(config, draft_memory_needs(config))
+                       if config.tensor_parallel_size == 1 else
                        TensorParallelRunner(config))  # this process is rank 0 (distributed/)
         mc = config.model_config
         self.runner.proposer = make_proposer(config, self.runner.num_blocks, mc.vocab_size)
-        has_tokenizer = Path(config.tokenizer).is_file() or any(  # a file: a GGUF model, tokenizer inside
+        # a file: a GGUF model, tokenizer inside
+        has_tokenizer = Path(config.tokenizer).is_file() or any(
             (Path(config.tokenizer) / f).is_file() for f in ("tokenizer.json", "tokenizer.model"))
         self.tokenizer = Tokenizer(config.tokenizer) if has_tokenizer else None
         self.eos_token_ids, self.default_sampling_overrides = generation_defaults(
@@ -65,36 +68,45 @@ class LLMEngine:
             config.generation_config == "auto")
         structured = (StructuredOutputManager(self.tokenizer.hf, mc.vocab_size, self.eos_token_ids)
                       if self.tokenizer else None)
-        self.input_processor = InputProcessor(config, self.tokenizer, self.eos_token_ids, self.runner.num_blocks,
+        self.input_processor = InputProcessor(config, self.tokenizer, self.eos_token_ids,
+                                              self.runner.num_blocks,
                                               structured)
-        self.kv = KVCacheManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching, config.hooks)
-        self.swap = SwapSpace(self.runner.block_copier.num_host_blocks)  # empty unless preemption_mode="swap"
+        self.kv = KVCacheManager(self.runner.num_blocks, config.block_size,
+                                 config.enable_prefix_caching, config.hooks)
+        # empty unless preemption_mode="swap"
+        self.swap = SwapSpace(self.runner.block_copier.num_host_blocks)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.enable_chunked_prefill, config.scheduling_policy,
-                                   self.swap if config.preemption_mode == "swap" else None, structured, config.hooks)
+                                   self.swap if config.preemption_mode == "swap" else None,
+                                   structured, config.hooks)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.counters = StepCounters()
         self.trace_recorder = TraceRecorder(config.trace_steps or 0)
         self.observers: list[StepObserver] = [self.counters, self.trace_recorder]
         self._pending: list[RequestOutput] = []  # aborted requests, reported by the next step
-        self.metrics = ServerMetrics(config.served_model_name)  # what get_metrics() reads (vLLM's names)
+        # what get_metrics() reads (vLLM's names)
+        self.metrics = ServerMetrics(config.served_model_name)
         self.profiler = EngineProfiler()
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs, usage_context: Any = None,
-                         stat_loggers: Any = None, enable_multiprocessing: bool = False) -> LLMEngine:
+                         stat_loggers: Any = None,
+                         enable_multiprocessing: bool = False) -> LLMEngine:
         """vLLM's constructor from EngineArgs (engine/arg_utils.py). `usage_context` is accepted and
-        ignored; custom stat loggers and a separate engine process are not implemented (add_step_observer is
-        the hook here)."""
+        ignored; custom stat loggers and a separate engine process are not implemented
+        (add_step_observer is the hook here)."""
         if stat_loggers is not None:
-            raise ValueError("stat_loggers is not supported by minivllm: use engine.add_step_observer(fn)")
+            raise ValueError("stat_loggers is not supported by minivllm: use "
+                             "engine.add_step_observer(fn)")
         if enable_multiprocessing:
-            raise ValueError("enable_multiprocessing=True is not supported: minivllm's engine runs in-process")
+            raise ValueError("enable_multiprocessing=True is not supported: minivllm's engine runs "
+                             "in-process")
         return cls(engine_args.create_engine_config())
 
     @property
     def trace(self):
-        """The recent steps as StepTraces (oldest first), for the widgets and the journey printout."""
+        """The recent steps as StepTraces (oldest first), for the widgets and the journey
+        printout."""
         return self.trace_recorder.steps
 
     @property
@@ -107,17 +119,19 @@ class LLMEngine:
         return self.eos_token_ids[0] if self.eos_token_ids else None
 
     def add_step_observer(self, observer: StepObserver) -> None:
-        """Call `observer(engine, record)` after every step that ran the model (see trace.StepRecord)."""
+        """Call `observer(engine, record)` after every step that ran the model (see
+        trace.StepRecord)."""
         self.observers.append(observer)
 
     def remove_step_observer(self, observer: StepObserver) -> None:
         self.observers.remove(observer)
 
-    # ---- requests in and out -----------------------------------------------------------------------
-    def process_request(self, request_id: str, prompt: PromptType, params: SamplingParams | None = None,
+    # ---- requests in and out ---------------------------------------------------------------------
+    def process_request(self, request_id: str, prompt: PromptType,
+                        params: SamplingParams | None = None,
                         arrival_time: float | None = None, priority: int = 0) -> EngineRequest:
-        """Validate and tokenize a request without queueing it, so a batch can be checked before any goes in.
-        `priority` (scheduling_policy="priority" only): lower runs first, as in vLLM."""
+        """Validate and tokenize a request without queueing it, so a batch can be checked before any
+        goes in. `priority` (scheduling_policy="priority" only): lower runs first, as in vLLM."""
         if request_id in self.output_processor:
             raise ValueError(f"request id {request_id!r} is already in use")
         return self.input_processor.process(request_id, prompt, params, arrival_time, priority)
@@ -132,8 +146,8 @@ class LLMEngine:
         self.enqueue(self.process_request(request_id, prompt, params, arrival_time, priority))
 
     def abort_request(self, request_id: str | Iterable[str]) -> None:
-        """Stop requests (one id or several) wherever they are; their blocks go back at once, their outputs
-        come with the next step. Unknown or finished ids are ignored, as in vLLM."""
+        """Stop requests (one id or several) wherever they are; their blocks go back at once, their
+        outputs come with the next step. Unknown or finished ids are ignored, as in vLLM."""
         for rid in [request_id] if isinstance(request_id, str) else request_id:
             sequence_ids, output = self.output_processor.abort(rid)
             self.scheduler.finish_requests(sequence_ids, FinishReason.ABORT)
@@ -143,9 +157,10 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._pending)
 
-    # ---- one step ----------------------------------------------------------------------------------
+    # ---- one step --------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Schedule, run the model once, and turn new tokens into outputs for every request touched."""
+        """Schedule, run the model once, and turn new tokens into outputs for every request
+        touched."""
         outputs, self._pending = self._pending, []
         record = self.core_step()
         if record is not None:
@@ -157,12 +172,14 @@ class LLMEngine:
             record.duration_s += record.phase_seconds["output"]
             self.notify(record)
             outputs += new_outputs
-        self.metrics.observe(outputs, self.stats())  # what get_metrics() and a server's /metrics read
+        # what get_metrics() and a server's /metrics read
+        self.metrics.observe(outputs, self.stats())
         return outputs
 
     def core_step(self) -> StepRecord | None:
-        """Schedule, run the model, advance the sequences (token ids and token-level stops, no text); None when
-        the model did not run. Step observers are not called: `step` (or whoever drives this) does that."""
+        """Schedule, run the model, advance the sequences (token ids and token-level stops, no
+        text); None when the model did not run. Step observers are not called: `step` (or whoever
+        drives this) does that."""
         start = time.perf_counter()
         scheduler_output = self.scheduler.schedule()
         if not scheduler_output:
@@ -170,23 +187,30 @@ class LLMEngine:
         scheduled_at = time.perf_counter()
         runner_output = self.runner.execute(scheduler_output)
         ran_at = time.perf_counter()
-        if not (scheduler_output.scheduled or scheduler_output.preempted):  # only finished sequences to forget
+        # only finished sequences to forget
+        if not (scheduler_output.scheduled or scheduler_output.preempted):
             return None
         core_outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         end = time.perf_counter()
-        finished = {c.request_id: c.finish_reason for c in core_outputs if c.finish_reason is not None}
-        return StepRecord(self.num_steps, end - start, scheduler_output, runner_output, core_outputs, finished,
-                          self.kv.drain_events(), {"schedule": scheduled_at - start, "run": ran_at - scheduled_at,
+        finished = {c.request_id: c.finish_reason for c in core_outputs
+                    if c.finish_reason is not None}
+        return StepRecord(self.num_steps, end - start, scheduler_output, runner_output,
+                          core_outputs, finished,
+                          self.kv.drain_events(), {"schedule": scheduled_at - start, "run": ran_at
+                                                   - scheduled_at,
                                                    "update": end - ran_at})
 
     def check_health(self) -> None:
-        """Raise if the engine cannot run a step: a tensor-parallel worker died (as vLLM's check_health)."""
+        """Raise if the engine cannot run a step: a tensor-parallel worker died (as vLLM's
+        check_health)."""
         if isinstance(self.runner, TensorParallelRunner):
             self.runner.workers.check()
 
     def shutdown(self) -> None:
-        """Stop the tensor-parallel workers, if any (idempotent; also done at exit or garbage collection)."""
-        stop = getattr(self.runner, "shutdown", None)  # (no module globals: this may run from __del__ at exit)
+        """Stop the tensor-parallel workers, if any (idempotent; also done at exit or garbage
+        collection)."""
+        # (no module globals: this may run from __del__ at exit)
+        stop = getattr(self.runner, "shutdown", None)
         if stop is not None:
             stop()
 
@@ -195,20 +219,22 @@ class LLMEngine:
         for observe in self.observers:
             observe(self, record)
 
-    # ---- numbers, cache, profiling ----------------------------------------------------------------
+    # ---- numbers, cache, profiling ---------------------------------------------------------------
     def get_metrics(self) -> list[Metric]:
-        """vLLM's metric objects (Counter, Gauge, Histogram, Vector), from the counters `/metrics` serves."""
+        """vLLM's metric objects (Counter, Gauge, Histogram, Vector), from the counters `/metrics`
+        serves."""
         self.metrics.set_gauges(self.stats())
         return read_metrics(self.metrics.registry)
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
-        """Forget every cached prefix (benchmarks, or after changing weights). Returns False and keeps the cache
-        while requests hold blocks, unless `reset_running_requests` (see KVCacheManager.reset_prefix_cache)."""
+        """Forget every cached prefix (benchmarks, or after changing weights). Returns False and
+        keeps the cache while requests hold blocks, unless `reset_running_requests` (see
+        KVCacheManager.reset_prefix_cache)."""
         return self.kv.reset_prefix_cache(reset_running_requests)
 
     def start_profile(self, profile_prefix: str | None = None) -> None:
-        """Record every step with torch.profiler until stop_profile() (needs MINIVLLM_TORCH_PROFILER_DIR or
-        VLLM_TORCH_PROFILER_DIR: see profiler.py)."""
+        """Record every step with torch.profiler until stop_profile() (needs
+        MINIVLLM_TORCH_PROFILER_DIR or VLLM_TORCH_PROFILER_DIR: see profiler.py)."""
         self.profiler.start(profile_prefix)
 
     def stop_profile(self) -> Path:
