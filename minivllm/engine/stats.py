@@ -1,4 +1,5 @@
-"""StepCounters: the engine's running totals, kept by a step observer (what `LLMEngine.stats()` reports)."""
+"""StepCounters: the engine's running totals, kept by a step observer (what `LLMEngine.stats()`
+reports)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ class StepCounters:
                 self.num_spec_steps += 1
                 per_pos = self.num_spec_accepted_per_pos
                 per_pos += [0] * (len(s.spec_token_ids) - len(per_pos))
-                for i in range(num_accepted):  # drafts are accepted as a prefix: positions 0..accepted-1
+                # drafts are accepted as a prefix: positions 0..accepted-1
+                for i in range(num_accepted):
                     per_pos[i] += 1
         self.num_generated_tokens += sum(len(c.new_token_ids) for c in record.core_outputs)
         self.propose_seconds += record.runner_output.propose_seconds
