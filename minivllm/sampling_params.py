@@ -65,6 +65,15 @@ class StructuredOutputsParams:
 GuidedDecodingParams = StructuredOutputsParams  # vLLM's older name
 
 
+def _number(value) -> bool:
+    """A real, finite number: NaN and inf would poison every logit."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _integer(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 @dataclass
 class SamplingParams:
     """Per-request decoding settings. Validation happens here, before any work starts.
@@ -117,104 +126,110 @@ class SamplingParams:
     bad_words_token_ids: list[list[int]] = field(init=False, repr=False, default_factory=list)
 
     def __post_init__(self) -> None:
-        def fail(name: str, why: str) -> None:
-            raise ValueError(f"SamplingParams.{name} {why}, got {getattr(self, name)!r}")
+        self._check_numbers()
+        self._check_stops_and_tokens()
+        self._check_structured_and_extras()
+        if self.top_k == -1:
+            self.top_k = 0
+        if self.temperature < SAMPLING_EPS:
+            self.temperature = 0.0
 
-        def number(value) -> bool:  # a real, finite number: NaN and inf would poison every logit
-            return (isinstance(value, (int, float)) and not isinstance(value, bool)
-                    and math.isfinite(value))
+    def _fail(self, name: str, why: str) -> None:
+        raise ValueError(f"SamplingParams.{name} {why}, got {getattr(self, name)!r}")
 
-        def integer(value) -> bool:
-            return isinstance(value, int) and not isinstance(value, bool)
-
-        if not integer(self.n) or self.n < 1:
-            fail("n", "must be an integer >= 1")
+    def _check_numbers(self) -> None:
+        """The counts, penalties and filters: each a number in its range (NaN and inf never are)."""
+        if not _integer(self.n) or self.n < 1:
+            self._fail("n", "must be an integer >= 1")
         for name in ("presence_penalty", "frequency_penalty"):
-            if not number(getattr(self, name)) or not -2 <= getattr(self, name) <= 2:
-                fail(name, "must be a number in [-2, 2]")
-        if not number(self.temperature) or self.temperature < 0:
-            fail("temperature", "must be a number >= 0")
-        if not number(self.top_p) or not 0 < self.top_p <= 1:
-            fail("top_p", "must be in (0, 1]")
+            if not _number(getattr(self, name)) or not -2 <= getattr(self, name) <= 2:
+                self._fail(name, "must be a number in [-2, 2]")
+        if not _number(self.temperature) or self.temperature < 0:
+            self._fail("temperature", "must be a number >= 0")
+        if not _number(self.top_p) or not 0 < self.top_p <= 1:
+            self._fail("top_p", "must be in (0, 1]")
         # 1e-46 is 0 in float32, which would drop even the top token
         self.top_p = max(self.top_p, FLOAT32_TINY)
-        if not integer(self.top_k) or self.top_k < -1:
-            fail("top_k", "must be an integer: -1 or 0 disables it, otherwise >= 1")
-        if not number(self.min_p) or not 0 <= self.min_p <= 1:
-            fail("min_p", "must be in [0, 1]")
+        if not _integer(self.top_k) or self.top_k < -1:
+            self._fail("top_k", "must be an integer: -1 or 0 disables it, otherwise >= 1")
+        if not _number(self.min_p) or not 0 <= self.min_p <= 1:
+            self._fail("min_p", "must be in [0, 1]")
         low, high = REPETITION_PENALTY_RANGE
-        if not number(self.repetition_penalty) or not low <= self.repetition_penalty <= high:
-            fail("repetition_penalty",
+        if not _number(self.repetition_penalty) or not low <= self.repetition_penalty <= high:
+            self._fail("repetition_penalty",
                  f"must be in [{low}, {high}] (1 is off; 1e-50 would overflow float32 logits)")
-        if self.max_tokens is not None and (not integer(self.max_tokens) or self.max_tokens < 1):
-            fail("max_tokens", "must be an integer >= 1 (or None for up to max_model_len)")
-        if not integer(self.min_tokens) or self.min_tokens < 0 or (
+        if self.max_tokens is not None and (not _integer(self.max_tokens) or self.max_tokens < 1):
+            self._fail("max_tokens", "must be an integer >= 1 (or None for up to max_model_len)")
+        if not _integer(self.min_tokens) or self.min_tokens < 0 or (
                 self.max_tokens is not None and self.min_tokens > self.max_tokens):
-            fail("min_tokens", "must be an integer in [0, max_tokens]")
-        if self.seed is not None and not integer(self.seed):
-            fail("seed", "must be an integer or None")
+            self._fail("min_tokens", "must be an integer in [0, max_tokens]")
+        if self.seed is not None and not _integer(self.seed):
+            self._fail("seed", "must be an integer or None")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             # the engine's max_logprobs caps it
-            if value is not None and (not integer(value) or value < -1):
-                fail(name, "must be None, -1 (the whole vocabulary) or an integer >= 0")
+            if value is not None and (not _integer(value) or value < -1):
+                self._fail(name, "must be None, -1 (the whole vocabulary) or an integer >= 0")
         if self.truncate_prompt_tokens is not None and (
-                not integer(self.truncate_prompt_tokens) or self.truncate_prompt_tokens < 1):
-            fail("truncate_prompt_tokens", "must be an integer >= 1")
+                not _integer(self.truncate_prompt_tokens) or self.truncate_prompt_tokens < 1):
+            self._fail("truncate_prompt_tokens", "must be an integer >= 1")
+
+    def _check_stops_and_tokens(self) -> None:
+        """The flags, stop strings and the token lists and maps, kept as lists and ints."""
         for name in ("ignore_eos", "detokenize", "skip_special_tokens",
                      "spaces_between_special_tokens", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
-                fail(name, "must be True or False")
+                self._fail(name, "must be True or False")
         if self.stop is not None and not isinstance(self.stop, (str, list, tuple)):
-            fail("stop", "must be a string or a list of strings")
+            self._fail("stop", "must be a string or a list of strings")
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if not all(isinstance(s, str) and s for s in stop):
-            fail("stop", "must be a non-empty string or a list of non-empty strings")
+            self._fail("stop", "must be a non-empty string or a list of non-empty strings")
         self.stop_strings = stop
         if stop and not self.detokenize:
-            fail("stop", "needs detokenize=True (stop strings are found in the text)")
+            self._fail("stop", "needs detokenize=True (stop strings are found in the text)")
         for name in ("stop_token_ids", "allowed_token_ids"):
             ids = getattr(self, name)
             if ids is not None and (not isinstance(ids, (list, tuple)) or
-                                    not all(integer(t) and t >= 0 for t in ids)):
-                fail(name, "must be a list of non-negative integers")
+                                    not all(_integer(t) and t >= 0 for t in ids)):
+                self._fail(name, "must be a list of non-negative integers")
         self.stop_token_ids = list(self.stop_token_ids or [])
         if self.allowed_token_ids is not None:
             if not self.allowed_token_ids:
-                fail("allowed_token_ids", "must not be empty (nothing could be sampled)")
+                self._fail("allowed_token_ids", "must not be empty (nothing could be sampled)")
             self.allowed_token_ids = list(self.allowed_token_ids)
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, dict) or not all(
-                    integer(int(k) if isinstance(k, str) and k.lstrip("-").isdigit() else k)
-                    and number(v)
+                    _integer(int(k) if isinstance(k, str) and k.lstrip("-").isdigit() else k)
+                    and _number(v)
                     and abs(v) <= MAX_LOGIT_BIAS for k, v in self.logit_bias.items()):
-                fail("logit_bias", f"must map token ids to numbers in [-{MAX_LOGIT_BIAS:g}, "
+                self._fail("logit_bias", f"must map token ids to numbers in [-{MAX_LOGIT_BIAS:g}, "
                      f"{MAX_LOGIT_BIAS:g}]")
             self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
         if self.bad_words is not None and (not isinstance(self.bad_words, (list, tuple)) or
                                            not all(isinstance(w, str) and w.strip()
                                                    for w in self.bad_words)):
-            fail("bad_words", "must be a list of non-empty strings")
+            self._fail("bad_words", "must be a list of non-empty strings")
+
+    def _check_structured_and_extras(self) -> None:
+        """Structured outputs (taking guided_decoding, vLLM's older name), output_kind, extra_args,
+        best_of."""
         if self.guided_decoding is not None:
             if not isinstance(self.guided_decoding, StructuredOutputsParams):
-                fail("guided_decoding", "must be a StructuredOutputsParams")
+                self._fail("guided_decoding", "must be a StructuredOutputsParams")
             if self.structured_outputs is not None:
-                fail("guided_decoding", "and structured_outputs cannot both be set")
+                self._fail("guided_decoding", "and structured_outputs cannot both be set")
             self.structured_outputs, self.guided_decoding = self.guided_decoding, None
         if self.structured_outputs is not None and not isinstance(self.structured_outputs,
                                                                   StructuredOutputsParams):
-            fail("structured_outputs", "must be a StructuredOutputsParams")
+            self._fail("structured_outputs", "must be a StructuredOutputsParams")
         if not isinstance(self.output_kind, RequestOutputKind):
-            fail("output_kind", "must be a RequestOutputKind")
+            self._fail("output_kind", "must be a RequestOutputKind")
         if self.extra_args is not None and not (isinstance(self.extra_args, dict)
                                                 and all(isinstance(k, str) for k in self.extra_args)):
-            fail("extra_args", "must be a dict with string keys")
-        if self.best_of is not None and (not integer(self.best_of) or self.best_of < self.n):
-            fail("best_of", f"must be an integer >= n ({self.n})")
-        if self.top_k == -1:
-            self.top_k = 0
-        if self.temperature < SAMPLING_EPS:
-            self.temperature = 0.0
+            self._fail("extra_args", "must be a dict with string keys")
+        if self.best_of is not None and (not _integer(self.best_of) or self.best_of < self.n):
+            self._fail("best_of", f"must be an integer >= n ({self.n})")
 
     @property
     def num_sequences(self) -> int:

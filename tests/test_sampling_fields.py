@@ -9,7 +9,11 @@ import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.sampling.sampler import SamplingBatch, apply_frequency_presence_penalties, apply_logits_processors
+from minivllm.sampling.sampler import (
+    SamplingBatch,
+    apply_frequency_presence_penalties,
+    apply_logits_processors,
+)
 from minivllm.sampling_params import StructuredOutputsParams
 from tests.conftest import build_checkpoint
 from tests.test_server import write_tokenizer

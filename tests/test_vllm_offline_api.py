@@ -27,7 +27,11 @@ def test_vllm_import_paths_resolve():
     from minivllm.distributed import cleanup_dist_env_and_memory
     from minivllm.inputs import TokensPrompt
     from minivllm.logger import init_logger
-    from minivllm.sampling.logits_processor import AdapterLogitsProcessor, LogitsProcessor, process_dict_updates
+    from minivllm.sampling.logits_processor import (
+        AdapterLogitsProcessor,
+        LogitsProcessor,
+        process_dict_updates,
+    )
     from minivllm.server.async_llm import AsyncLLM
     from minivllm.v1.engine.async_llm import AsyncLLM as AsyncLLM_
     from minivllm.v1.metrics.reader import Counter, Gauge, Histogram, Vector  # noqa: F401

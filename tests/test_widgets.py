@@ -60,7 +60,16 @@ sys.meta_path.insert(0, Refuse())
 
 import minivllm.widgets as w
 from minivllm import LLM, SamplingParams
-from minivllm.widgets import blocks, colors, graphs, journey, speculation, timelines, traces, workloads
+from minivllm.widgets import (
+    blocks,
+    colors,
+    graphs,
+    journey,
+    speculation,
+    timelines,
+    traces,
+    workloads,
+)
 
 greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 llm = LLM(sys.argv[1], block_size=4, num_kv_blocks=24, max_num_batched_tokens=16, speculative_model="[ngram]",

@@ -11,7 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from minivllm.exercises.common import check_greedy_matches_transformers, for_all_workloads, run_workload
+from minivllm.exercises.common import (
+    check_greedy_matches_transformers,
+    for_all_workloads,
+    run_workload,
+)
 from minivllm.exercises.report import ExerciseFailure, Report, run_checks
 from minivllm.hooks import EngineHooks
 

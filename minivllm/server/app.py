@@ -37,11 +37,20 @@ from minivllm.server.auth import APIKeyAuth, resolve_api_key
 from minivllm.server.connection import http_protocol
 from minivllm.server.limits import BodySizeLimit, ServerLimits
 from minivllm.server.preprocess import Preprocessor
-from minivllm.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, engine_error
+from minivllm.server.protocol import (
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    engine_error,
+)
 from minivllm.server.request_log import RequestIdMiddleware, RequestLog, configure_logging
 from minivllm.server.serving import OpenAIServing
 from minivllm.server.shutdown import GracefulServer
-from minivllm.server.tokenization import DetokenizeRequest, TokenizeChatRequest, TokenizeCompletionRequest
+from minivllm.server.tokenization import (
+    DetokenizeRequest,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+)
 
 log = logging.getLogger("minivllm.server")
 
@@ -108,10 +117,25 @@ def build_app(engine: LLMEngine, model_name: str | None = None, *,
     app.state.metrics = metrics
     app.state.limits = limits
     _add_error_handlers(app)
-    openapi.install(app, max_logprobs, openapi.value_ranges(engine.config.model_config.vocab_size,
-                                                            limits.max_n,
-                                                            engine.config.scheduling_policy == "priority",
-                                                            max_model_len))
+    openapi.install(app, max_logprobs, openapi.value_ranges(
+        engine.config.model_config.vocab_size, limits.max_n,
+        engine.config.scheduling_policy == "priority", max_model_len))
+    _add_middleware(app, limits, api_key, allowed_origins)
+
+    def model_card() -> dict:
+        return {"id": name, "object": "model", "created": created, "owned_by": "minivllm",
+                "max_model_len": max_model_len}
+
+    _add_openai_routes(app, serving, model_card)
+    _add_token_routes(app, serving, pre, max_model_len)
+    _add_ops_routes(app, async_engine, metrics)
+    return app
+
+
+def _add_middleware(app: FastAPI, limits: ServerLimits, api_key: str | None,
+                    allowed_origins: list[str] | tuple[str, ...]) -> None:
+    """What wraps every call, innermost first: the body-size cap, the API key, the request id,
+    CORS."""
     app.add_middleware(BodySizeLimit, max_bytes=limits.max_request_bytes)
     if api_key:
         app.add_middleware(APIKeyAuth, api_key=api_key)
@@ -120,10 +144,9 @@ def build_app(engine: LLMEngine, model_name: str | None = None, *,
                        allow_headers=["*"], expose_headers=["X-Request-Id"],
                        allow_credentials=False)
 
-    def model_card() -> dict:
-        return {"id": name, "object": "model", "created": created, "owned_by": "minivllm",
-                "max_model_len": max_model_len}
 
+def _add_openai_routes(app: FastAPI, serving: OpenAIServing, model_card) -> None:
+    """OpenAI's endpoints: completions, chat completions and the model list."""
     @app.post("/v1/completions", responses={**openapi.json_object("choices", streams=True),
                                             **openapi.body_errors(), **openapi.errors(404)})
     async def completions(body: CompletionRequest, request: Request) -> Response:
@@ -145,6 +168,10 @@ def build_app(engine: LLMEngine, model_name: str | None = None, *,
         serving.check_model(model_id)
         return model_card()
 
+
+def _add_token_routes(app: FastAPI, serving: OpenAIServing, pre: Preprocessor,
+                      max_model_len: int) -> None:
+    """vLLM's /tokenize and /detokenize, run in the preprocess pool like a request's prompt."""
     @app.post("/tokenize", responses={**openapi.json_object("count", "max_model_len", "tokens"),
                                       **openapi.body_errors(), **openapi.errors(404)})
     async def tokenize(body: TokenizeCompletionRequest | TokenizeChatRequest) -> dict:
@@ -174,6 +201,9 @@ def build_app(engine: LLMEngine, model_name: str | None = None, *,
         except ValueError as e:
             raise APIError(str(e), param="tokens") from e
 
+
+def _add_ops_routes(app: FastAPI, async_engine: AsyncEngine, metrics: ServerMetrics) -> None:
+    """What operators probe: health (and SageMaker's ping), the version, Prometheus metrics."""
     @app.get("/health", responses={**openapi.json_object("status"),
                                    503: {"description": "The engine died"}})
     async def health() -> Response:
@@ -203,8 +233,6 @@ def build_app(engine: LLMEngine, model_name: str | None = None, *,
                               "content": {"text/plain": {}}}})
     async def prometheus() -> Response:
         return Response(metrics.render(async_engine.stats), media_type=CONTENT_TYPE_LATEST)
-
-    return app
 
 
 def _add_error_handlers(app: FastAPI) -> None:

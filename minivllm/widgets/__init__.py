@@ -28,7 +28,14 @@ from minivllm.widgets.speculation import SpecRound, spec_rounds, speculation_htm
 from minivllm.widgets.step_time import host_share, step_time_breakdown, step_time_figure
 from minivllm.widgets.timelines import Timeline, timeline, timeline_figure
 from minivllm.widgets.traces import relabel_requests
-from minivllm.widgets.workloads import Arrival, Occupancy, Recording, kv_occupancy, new_steps, run_arrivals
+from minivllm.widgets.workloads import (
+    Arrival,
+    Occupancy,
+    Recording,
+    kv_occupancy,
+    new_steps,
+    run_arrivals,
+)
 
 _UI = ("BlockTableViewer", "JourneyStepper", "SpeculationStepper")
 
