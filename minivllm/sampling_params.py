@@ -225,8 +225,8 @@ class SamplingParams:
             self._fail("structured_outputs", "must be a StructuredOutputsParams")
         if not isinstance(self.output_kind, RequestOutputKind):
             self._fail("output_kind", "must be a RequestOutputKind")
-        if self.extra_args is not None and not (isinstance(self.extra_args, dict)
-                                                and all(isinstance(k, str) for k in self.extra_args)):
+        if self.extra_args is not None and not (isinstance(self.extra_args, dict) and all(
+                isinstance(k, str) for k in self.extra_args)):
             self._fail("extra_args", "must be a dict with string keys")
         if self.best_of is not None and (not _integer(self.best_of) or self.best_of < self.n):
             self._fail("best_of", f"must be an integer >= n ({self.n})")

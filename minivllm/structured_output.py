@@ -51,7 +51,8 @@ class StructuredOutputManager:
     """The matchers of the constrained requests, keyed by request id, and the bitmasks they give."""
 
     def __init__(self, hf_tokenizer, vocab_size: int, eos_token_ids: tuple[int, ...] = ()) -> None:
-        self.hf_tokenizer, self.vocab_size, self.eos_token_ids = hf_tokenizer, vocab_size, list(eos_token_ids)
+        self.hf_tokenizer, self.vocab_size = hf_tokenizer, vocab_size
+        self.eos_token_ids = list(eos_token_ids)
         self._ll_tokenizer = None  # built on first use: it walks the whole vocabulary
         self.matchers: dict = {}
 
@@ -62,8 +63,8 @@ class StructuredOutputManager:
 
             # every id that ends a sequence is an end for the grammar too, so none of them can slip
             # into the text
-            self._ll_tokenizer = llguidance.hf.from_tokenizer(self.hf_tokenizer, n_vocab=self.vocab_size,
-                                                              eos_token=self.eos_token_ids or None)
+            self._ll_tokenizer = llguidance.hf.from_tokenizer(
+                self.hf_tokenizer, n_vocab=self.vocab_size, eos_token=self.eos_token_ids or None)
         return self._ll_tokenizer
 
     def validate(self, spec: StructuredOutputsParams) -> str:

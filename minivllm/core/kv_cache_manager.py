@@ -131,7 +131,8 @@ class KVCacheManager:
         rid = seq.request_id
         hashes = extend_block_hashes(seq.block_hashes, seq.all_token_ids, self.block_size,
                                      self.hash_block)
-        table, start, end = self.block_tables[rid], self.num_registered.get(rid, 0), num_tokens // self.block_size
+        table, start = self.block_tables[rid], self.num_registered.get(rid, 0)
+        end = num_tokens // self.block_size
         for i in range(start, end):
             self.pool.cache(table[i], hashes[i])
         self.num_registered[rid] = max(start, end)

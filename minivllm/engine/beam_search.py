@@ -146,7 +146,8 @@ class BeamSearch:
                                 candidates.append((new, request, token))
                     chosen = sorted(candidates, key=lambda c: score(c[0]), reverse=True)[:k]
                     parents = [request for request, _ in inst.beams]
-                    inst.beams = [(eng.scheduler.fork(parent, f"{parent.parent_id}.{next(self._ids)}", token), new)
+                    inst.beams = [(eng.scheduler.fork(
+                        parent, f"{parent.parent_id}.{next(self._ids)}", token), new)
                                   for new, parent, token in chosen]
                     # forks hold on
                     eng.scheduler.finish_requests([p.request_id for p in parents],
@@ -202,8 +203,8 @@ class BeamSearch:
                 # a beam that is done but was preempted meanwhile need not come back: its forks
                 # start afresh
                 eng.scheduler.finish_requests([rid for rid in got if rid in eng.scheduler.sequences
-                                               and
-                                               eng.scheduler.sequences[rid].status is not SequenceStatus.RUNNING],
+                                               and eng.scheduler.sequences[rid].status
+                                               is not SequenceStatus.RUNNING],
                                               FinishReason.ABORT)
                 eng.notify(record)
         finally:

@@ -101,9 +101,9 @@ class OutputProcessor:
         if params.prompt_logprobs is not None:
             group.prompt_logprobs = [None]  # the first prompt token has nothing before it
         for seq in request.sequences:
-            detok = self.tokenizer.start_detokenizer(len(seq.prompt_token_ids),
-                                                     params.skip_special_tokens,
-                                                     params.spaces_between_special_tokens) if self.tokenizer else None
+            detok = self.tokenizer.start_detokenizer(
+                len(seq.prompt_token_ids), params.skip_special_tokens,
+                params.spaces_between_special_tokens) if self.tokenizer else None
             group.sequences[seq.request_id] = SequenceText(
                 seq.index, list(seq.prompt_token_ids), len(seq.prompt_token_ids), detok,
                 logprobs=[] if params.logprobs is not None else None,

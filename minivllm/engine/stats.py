@@ -53,6 +53,7 @@ class StepCounters:
             "spec_num_accepted_per_pos": list(self.num_spec_accepted_per_pos),
             "spec_acceptance_rate": self.num_spec_accepted / max(self.num_spec_proposed, 1),
             # tokens gained per verification step: the accepted drafts plus the target's own token
-            "spec_mean_accepted_length": (self.num_spec_accepted + self.num_spec_steps) / max(self.num_spec_steps, 1),
+            "spec_mean_accepted_length": ((self.num_spec_accepted + self.num_spec_steps)
+                                          / max(self.num_spec_steps, 1)),
             "spec_propose_seconds": self.propose_seconds,
         }

@@ -152,8 +152,9 @@ class TraceRecorder:
             forked=group_events(events, "fork"), copied=group_events(events, "cow"),
             swapped_out=group_events(events, "swap_out"),
             swapped_in=group_events(events, "swap_in"),
-            num_swap_bytes=engine.runner.bytes_per_block * (len(record.scheduler_output.blocks_to_swap_out)
-                                                            + len(record.scheduler_output.blocks_to_swap_in)),
+            num_swap_bytes=engine.runner.bytes_per_block
+            * (len(record.scheduler_output.blocks_to_swap_out)
+               + len(record.scheduler_output.blocks_to_swap_in)),
             num_free_host_blocks=engine.swap.num_free_blocks,
             num_total_host_blocks=engine.swap.num_blocks))
 

@@ -139,7 +139,8 @@ def check_block_pool(pool_cls: type, max_examples: int = 10) -> Report:
     hooks = EngineHooks(block_pool_cls=pool_cls)
 
     def engine_property():
-        for_all_workloads(hooks, lambda w: _finish_clean(run_workload(hooks, w, check_pool_invariants), w),
+        for_all_workloads(hooks, lambda w: _finish_clean(run_workload(hooks, w,
+                                                                      check_pool_invariants), w),
                           max_examples)
 
     def equality():

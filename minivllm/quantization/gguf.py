@@ -59,7 +59,8 @@ def read_gguf_hf_config(path: Path):
     try:
         import gguf  # noqa: F401
     except ImportError as e:
-        raise ValueError(f"{path}: reading GGUF files needs the gguf package: pip install gguf") from e
+        raise ValueError(f"{path}: reading GGUF files needs the gguf package: "
+                         "pip install gguf") from e
     arch = gguf_architecture(path)
     if arch not in ARCHITECTURES:
         raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported (supported: "

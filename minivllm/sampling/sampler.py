@@ -124,7 +124,8 @@ def apply_frequency_presence_penalties(logits: torch.Tensor, batch: SamplingBatc
             counts = torch.bincount(torch.tensor(output, device=logits.device),
                                     minlength=logits.shape[-1])
             counts = counts[: logits.shape[-1]].to(logits.dtype)
-            logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
+            logits[i] -= (p.frequency_penalty * counts
+                          + p.presence_penalty * (counts > 0).to(logits.dtype))
     return logits
 
 

@@ -250,8 +250,8 @@ def _add_error_handlers(app: FastAPI) -> None:
         message, code = str(exc.detail), None
         # FastAPI says only "There was an error parsing the body"
         if isinstance(exc.__cause__, UnicodeDecodeError):
-            message, code = f"the request body is not valid UTF-8: {exc.__cause__.reason} at byte " \
-                            f"{exc.__cause__.start}", "invalid_json"
+            message, code = (f"the request body is not valid UTF-8: {exc.__cause__.reason} "
+                             f"at byte {exc.__cause__.start}", "invalid_json")
         elif isinstance(exc.__cause__, RecursionError):
             message, code = "the request body's JSON is nested too deeply to parse", "invalid_json"
         headers = exc.headers

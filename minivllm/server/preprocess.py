@@ -137,8 +137,9 @@ class Preprocessor:
             if proc.tokenizer is None:
                 raise ValueError("this model has no tokenizer, so it has no chat template")
             try:
-                text, ids = proc.tokenizer.apply_chat_template(conversation, chat_template=self.chat_template,
-                                                               add_generation_prompt=add_generation_prompt)
+                text, ids = proc.tokenizer.apply_chat_template(
+                    conversation, chat_template=self.chat_template,
+                    add_generation_prompt=add_generation_prompt)
             # no template, or messages that break it
             except (ValueError, TypeError, jinja2.TemplateError) as e:
                 raise ValueError(f"chat template failed: {e}") from e

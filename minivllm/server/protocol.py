@@ -44,7 +44,8 @@ class APIError(Exception):
     def __init__(self, message: str, param: str | None = None, code: str | None = None,
                  status: int = 400, type: str = "invalid_request_error") -> None:
         super().__init__(message)
-        self.message, self.param, self.code, self.status, self.type = message, param, code, status, type
+        self.message, self.param, self.code = message, param, code
+        self.status, self.type = status, type
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param,

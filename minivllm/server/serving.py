@@ -189,7 +189,8 @@ class OpenAIServing:
 
         async def admit() -> RequestStream:
             requests = await self.pre.requests(list(zip(ids, prompts)), params, arrival,
-                                               strict_max_tokens=req.requested_max_tokens() is not None,
+                                               strict_max_tokens=(req.requested_max_tokens()
+                                                                  is not None),
                                                priority=req.priority)
             return await self.engine.generate(requests)
 
@@ -313,7 +314,8 @@ class OpenAIServing:
                                "model": call.model},
                               ensure_ascii=False)
             choices = ",".join(fragments[k] for k in sorted(fragments))
-            return f'{head[:-1]},"choices":[{choices}],"usage":{json.dumps(usage(*totals))}}}'.encode()
+            tail = json.dumps(usage(*totals))
+            return f'{head[:-1]},"choices":[{choices}],"usage":{tail}}}'.encode()
 
         body = None
         try:

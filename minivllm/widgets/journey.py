@@ -18,10 +18,12 @@ QUIET_STYLE = "color:#666;font-style:italic"
 def inline_styles(page: str) -> str:
     """Give a page's tables, rows, cells and headings explicit inline styles (kept where a cell has
     its own)."""
-    return (page.replace('<td style="', f'<td style="{_CELL};').replace("<td>", f'<td '
-                                                                        f'style="{_CELL}">')
-            .replace("<th>", f'<th style="{_CELL};font-weight:bold">').replace("<tr>", '<tr style="background:none">')
-            .replace("<table", '<table style="border-collapse:collapse;margin:2px 0;font-size:13px"')
+    return (page.replace('<td style="', f'<td style="{_CELL};')
+            .replace("<td>", f'<td style="{_CELL}">')
+            .replace("<th>", f'<th style="{_CELL};font-weight:bold">')
+            .replace("<tr>", '<tr style="background:none">')
+            .replace("<table",
+                     '<table style="border-collapse:collapse;margin:2px 0;font-size:13px"')
             .replace("<h4>", '<h4 style="margin:2px 0 '
                      '4px;padding:0;font-size:14px;font-weight:bold">'))
 

@@ -126,7 +126,8 @@ def speculation_html(rnd: SpecRound, tokenizer=None, revealed: int | None = None
     if len(context) > context_chars:
         context = "\u2026" + context[-context_chars:]
     lines = [f"<div>context: <code>{html.escape(context)}</code>"
-             f'<span style="background:{ACCEPTED_COLOR}"><code>{html.escape(so_far)}</code></span></div>']
+             f'<span style="background:{ACCEPTED_COLOR}">'
+             f'<code>{html.escape(so_far)}</code></span></div>']
 
     cells = []
     done = shown == rnd.num_reveals
@@ -171,5 +172,6 @@ def speculation_html(rnd: SpecRound, tokenizer=None, revealed: int | None = None
             lines.append(f"<div>all {len(rnd.drafted)} drafts accepted, plus the target's bonus "
                          f"token: {len(rnd.new_token_ids)} tokens from one target pass</div>")
     else:
-        lines.append(f"<div>revealed {shown} of {rnd.num_reveals} appended tokens: press Step</div>")
+        lines.append(f"<div>revealed {shown} of {rnd.num_reveals} appended tokens: "
+                     "press Step</div>")
     return f'<div class="minivllm-speculation minivllm-page">{head}{"".join(lines)}</div>'

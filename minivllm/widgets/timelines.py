@@ -136,7 +136,8 @@ def _draw_timeline(tl: Timeline, ax: Axes, title: str, xlabel: str, window: tupl
     lo, hi = window
     ax.set_xlim(lo, lo + align_width if align_width else hi + 0.2)
     fig = ax.figure
-    cell_pt = (ax.get_position().width * fig.get_figwidth() * 72) / max(ax.get_xlim()[1] - ax.get_xlim()[0], 1)
+    cell_pt = ((ax.get_position().width * fig.get_figwidth() * 72)
+               / max(ax.get_xlim()[1] - ax.get_xlim()[0], 1))
     for (rid, x), state in tl.cells.items():
         if not lo <= x < hi:
             continue

@@ -36,7 +36,8 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     srv.add_argument("--max-n", type=int, default=128,
                      help="the largest n a request may ask for (at most 128)")
     srv.add_argument("--max-tokens-times-n", type=int, default=2**17,
-                     help="the most output tokens one request may ask for: max_tokens x n x prompts")
+                     help="the most output tokens one request may ask for: "
+                          "max_tokens x n x prompts")
     return AsyncEngineArgs.add_cli_args(parser)
 
 

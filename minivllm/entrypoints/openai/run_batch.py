@@ -87,7 +87,8 @@ async def run_batch(engine: LLMEngine, lines: Sequence[str], model_name: str | N
                                                                                  dict) else None)
         return {"id": _id("minivllm"), "custom_id": item["custom_id"],
                 "response": {"status_code": response.status_code,
-                             "request_id": response.headers.get("x-request-id", _id("minivllm-batch")),
+                             "request_id": response.headers.get("x-request-id",
+                                                                _id("minivllm-batch")),
                              "body": body}, "error": error}
 
     async with app.router.lifespan_context(app):  # starts and stops the engine's owner task
