@@ -1,7 +1,8 @@
-"""Command line: `minivllm generate "Hi, my name is" --max-tokens 32`, or `minivllm serve [MODEL]` (vLLM's).
+"""Command line: `minivllm generate "Hi, my name is" --max-tokens 32`, or `minivllm serve [MODEL]`
+(vLLM's).
 
-Both read the engine's flags from one table, EngineArgs (engine/arg_utils.py): the names of LLM()'s keyword
-arguments, spelled as flags (`--max-num-seqs`), as vLLM's CLI does.
+Both read the engine's flags from one table, EngineArgs (engine/arg_utils.py): the names of LLM()'s
+keyword arguments, spelled as flags (`--max-num-seqs`), as vLLM's CLI does.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     EngineArgs.add_cli_args(gen)
     srv = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API")
     srv.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
-                     help="checkpoint directory or Hub id (or --model); served under this exact name")
+                     help="checkpoint directory or Hub id (or --model); served under this exact "
+                     "name")
     make_arg_parser(srv)
     args = parser.parse_args(argv)
     if args.command == "serve":

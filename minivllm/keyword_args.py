@@ -1,9 +1,10 @@
 """Constructors that name what they refuse: an unknown keyword argument is a ValueError naming it.
 
-Python's own "unexpected keyword argument" is a TypeError that says nothing of what the class does accept, and
-vLLM code passes names minivllm has no use for. `refuse_unknown_kwargs(cls, harmless)` wraps a dataclass's
-__init__: a name in `harmless` is accepted when its value is one that asks for nothing (and then ignored),
-refused with a ValueError naming it otherwise; any other unknown name is refused the same way.
+Python's own "unexpected keyword argument" is a TypeError that says nothing of what the class does
+accept, and vLLM code passes names minivllm has no use for. `refuse_unknown_kwargs(cls, harmless)`
+wraps a dataclass's __init__: a name in `harmless` is accepted when its value is one that asks for
+nothing (and then ignored), refused with a ValueError naming it otherwise; any other unknown name is
+refused the same way.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ ANY = ("any value",)  # every value of this argument is harmless
 
 
 def refuse_unknown_kwargs(cls: type, harmless: Mapping[str, tuple] | None = None) -> type:
-    """Wrap `cls.__init__` (a dataclass's) so unknown keyword names are ValueErrors; returns `cls`."""
+    """Wrap `cls.__init__` (a dataclass's) so unknown keyword names are ValueErrors; returns
+    `cls`."""
     init, known = cls.__init__, {f.name for f in fields(cls) if f.init}
     ignorable = {k: v for k, v in (harmless or {}).items() if k not in known}  # a real field wins
 
@@ -26,12 +28,13 @@ def refuse_unknown_kwargs(cls: type, harmless: Mapping[str, tuple] | None = None
         unknown = [k for k in kwargs if k not in known and k not in ignorable]
         if unknown:
             raise ValueError(f"{cls.__name__} got unknown or unsupported argument(s) "
-                             f"{', '.join(map(repr, unknown))} (see the fields of {cls.__module__}.{cls.__name__})")
+                             f"{', '.join(map(repr, unknown))} (see the fields of "
+                             f"{cls.__module__}.{cls.__name__})")
         for name in [k for k in kwargs if k in ignorable]:
             value, accepts = kwargs.pop(name), ignorable[name]
             if accepts is not ANY and not any(same_value(value, a) for a in accepts):
-                raise ValueError(f"{cls.__name__}: {name}={value!r} is not supported by minivllm (it accepts "
-                                 f"only {', '.join(map(repr, accepts))})")
+                raise ValueError(f"{cls.__name__}: {name}={value!r} is not supported by minivllm "
+                                 f"(it accepts only {', '.join(map(repr, accepts))})")
         init(self, *args, **kwargs)
 
     cls.__init__ = __init__

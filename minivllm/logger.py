@@ -1,7 +1,8 @@
 """vLLM's `vllm.logger.init_logger`: a standard `logging` logger under the "minivllm" hierarchy.
 
-Scripts written for vLLM call `logger = init_logger(__name__)`; their messages then follow whatever logging
-configuration the application set up (nothing is configured here: a library leaves that to its user).
+Scripts written for vLLM call `logger = init_logger(__name__)`; their messages then follow whatever
+logging configuration the application set up (nothing is configured here: a library leaves that to
+its user).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import logging
 
 
 def init_logger(name: str) -> logging.Logger:
-    """A logger named `name`, placed under "minivllm." unless it already is (vLLM's own modules are named
-    "vllm.*"; a user's "__main__" becomes "minivllm.__main__")."""
-    return logging.getLogger(name if name == "minivllm" or name.startswith("minivllm.") else f"minivllm.{name}")
+    """A logger named `name`, placed under "minivllm." unless it already is (vLLM's own modules are
+    named "vllm.*"; a user's "__main__" becomes "minivllm.__main__")."""
+    return logging.getLogger(name if name == "minivllm" or name.startswith("minivllm.")
+                             else f"minivllm.{name}")

@@ -7,14 +7,16 @@ from dataclasses import dataclass, field
 
 @dataclass
 class Logprob:
-    """One token's log-probability at one position, its rank there (1 = most likely) and its text."""
+    """One token's log-probability at one position, its rank there (1 = most likely) and its
+    text."""
 
     logprob: float
     rank: int | None = None
     decoded_token: str | None = None
 
 
-SampleLogprobs = list[dict[int, Logprob]]  # per position: token id -> Logprob (the chosen token and the top k)
+# per position: token id -> Logprob (the chosen token and the top k)
+SampleLogprobs = list[dict[int, Logprob]]
 
 
 @dataclass
@@ -25,7 +27,8 @@ class CompletionOutput:
     finish_reason: str | None = None  # "stop", "length" or "abort"
     stop_reason: int | str | None = None  # the stop string or stop token id that ended it
     logprobs: SampleLogprobs | None = None  # when SamplingParams.logprobs is set
-    cumulative_logprob: float | None = None  # the sum of the chosen tokens' logprobs (same condition)
+    # the sum of the chosen tokens' logprobs (same condition)
+    cumulative_logprob: float | None = None
 
     @property
     def finished(self) -> bool:
@@ -57,4 +60,5 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     num_preemptions: int = 0
     extra: dict = field(default_factory=dict)
-    prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # when SamplingParams.prompt_logprobs is set
+    # when SamplingParams.prompt_logprobs is set
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None

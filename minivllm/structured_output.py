@@ -1,16 +1,20 @@
-"""Structured output: keep the output inside a grammar (JSON schema, regex, a choice list, a Lark grammar).
+"""Structured output: keep the output inside a grammar (JSON schema, regex, a choice list, a Lark
+grammar).
 
-Each step, before sampling, every constrained request gets a token bitmask from its grammar's matcher: one bit
-per vocabulary entry, set where that token can continue a valid output. The runner sets the logits of the
-others to -inf, so whatever the sampler picks keeps the text valid. When the scheduler appends a token, the
-matcher advances over it; once the grammar can take nothing more, the request stops.
+Each step, before sampling, every constrained request gets a token bitmask from its grammar's
+matcher: one bit per vocabulary entry, set where that token can continue a valid output. The runner
+sets the logits of the others to -inf, so whatever the sampler picks keeps the text valid. When the
+scheduler appends a token, the matcher advances over it; once the grammar can take nothing more, the
+request stops.
 
-With speculative decoding a request verifies k drafts in one pass, so it needs k + 1 masks: the matcher walks
-through the drafts (as far as the grammar accepts them) to compute them, then rolls back; only the tokens the
-verifier accepts are consumed for good, so rejected drafts leave no trace in the grammar state.
+With speculative decoding a request verifies k drafts in one pass, so it needs k + 1 masks: the
+matcher walks through the drafts (as far as the grammar accepts them) to compute them, then rolls
+back; only the tokens the verifier accepts are consumed for good, so rejected drafts leave no trace
+in the grammar state.
 
-The grammar engine is llguidance (Microsoft's Rust library, used by vLLM too): a 3 MB wheel with no Python
-dependencies that runs on any CPU, against xgrammar's tvm-ffi, pydantic and triton requirements.
+The grammar engine is llguidance (Microsoft's Rust library, used by vLLM too): a 3 MB wheel with no
+Python dependencies that runs on any CPU, against xgrammar's tvm-ffi, pydantic and triton
+requirements.
 """
 
 from __future__ import annotations
@@ -31,12 +35,15 @@ def grammar_text(spec: StructuredOutputsParams) -> str:
     if spec.json is not None or spec.json_object:
         schema = {"type": "object"} if spec.json_object else spec.json
         schema = json.loads(schema) if isinstance(schema, str) else dict(schema)
-        # JSON with fixed separators and no free whitespace: a model cannot wander off into endless newlines
-        return LLMatcher.grammar_from_json_schema({**schema, "x-guidance": {"whitespace_flexible": False}})
+        # JSON with fixed separators and no free whitespace: a model cannot wander off into endless
+        # newlines
+        return (LLMatcher.grammar_from_json_schema({**schema,
+                                                    "x-guidance": {"whitespace_flexible": False}}))
     if spec.regex is not None:
         return LLMatcher.grammar_from_regex(spec.regex)
     if spec.choice is not None:
-        return LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in spec.choice))
+        return (LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c)
+                                                                   for c in spec.choice)))
     return LLMatcher.grammar_from_lark(any_to_lark(spec.grammar))  # Lark as is; GBNF converted
 
 
@@ -44,7 +51,8 @@ class StructuredOutputManager:
     """The matchers of the constrained requests, keyed by request id, and the bitmasks they give."""
 
     def __init__(self, hf_tokenizer, vocab_size: int, eos_token_ids: tuple[int, ...] = ()) -> None:
-        self.hf_tokenizer, self.vocab_size, self.eos_token_ids = hf_tokenizer, vocab_size, list(eos_token_ids)
+        self.hf_tokenizer, self.vocab_size = hf_tokenizer, vocab_size
+        self.eos_token_ids = list(eos_token_ids)
         self._ll_tokenizer = None  # built on first use: it walks the whole vocabulary
         self.matchers: dict = {}
 
@@ -53,18 +61,21 @@ class StructuredOutputManager:
         if self._ll_tokenizer is None:
             import llguidance.hf
 
-            # every id that ends a sequence is an end for the grammar too, so none of them can slip into the text
-            self._ll_tokenizer = llguidance.hf.from_tokenizer(self.hf_tokenizer, n_vocab=self.vocab_size,
-                                                              eos_token=self.eos_token_ids or None)
+            # every id that ends a sequence is an end for the grammar too, so none of them can slip
+            # into the text
+            self._ll_tokenizer = llguidance.hf.from_tokenizer(
+                self.hf_tokenizer, n_vocab=self.vocab_size, eos_token=self.eos_token_ids or None)
         return self._ll_tokenizer
 
     def validate(self, spec: StructuredOutputsParams) -> str:
-        """The grammar for `spec`, or a ValueError saying why it cannot be used (before any work starts)."""
+        """The grammar for `spec`, or a ValueError saying why it cannot be used (before any work
+        starts)."""
         from llguidance import LLMatcher
 
         try:
             grammar = grammar_text(spec)
-        except Exception as e:  # bad JSON, a schema or regex llguidance rejects: all one kind of error here
+        # bad JSON, a schema or regex llguidance rejects: all one kind of error here
+        except Exception as e:
             raise ValueError(f"structured outputs: {e}") from e
         error = LLMatcher.validate_grammar(grammar, self.ll_tokenizer)
         if error:
@@ -86,8 +97,8 @@ class StructuredOutputManager:
         return request_id in self.matchers
 
     def bitmask(self, requests: list[tuple[str, list[int]]]) -> tuple[np.ndarray, dict[str, int]]:
-        """Masks for (request id, drafts) pairs: 1 + len(drafts) rows each. Returns the int32 bitmask [rows,
-        words] and each request's first row."""
+        """Masks for (request id, drafts) pairs: 1 + len(drafts) rows each. Returns the int32
+        bitmask [rows, words] and each request's first row."""
         import llguidance.torch as ll_torch
 
         rows = sum(1 + len(drafts) for _, drafts in requests)
@@ -98,7 +109,8 @@ class StructuredOutputManager:
             first[rid] = row
             for i in range(len(drafts) + 1):
                 ll_torch.fill_next_token_bitmask(matcher, mask, row + i)
-                if i < len(drafts) and consumed == i and matcher.try_consume_tokens([drafts[i]]) == 1:
+                if (i < len(drafts) and consumed == i
+                    and matcher.try_consume_tokens([drafts[i]]) == 1):
                     consumed += 1
             if consumed:
                 matcher.rollback(consumed)
@@ -110,14 +122,16 @@ class StructuredOutputManager:
         return self.matchers[request_id].is_accepting()
 
     def accept(self, request_id: str, token: int) -> bool:
-        """Advance the grammar over a token the request produced; True once the grammar is complete."""
+        """Advance the grammar over a token the request produced; True once the grammar is
+        complete."""
         matcher = self.matchers[request_id]
         matcher.consume_token(token)
         return matcher.is_stopped() or matcher.is_error()
 
 
 def apply_grammar_bitmask(logits: torch.Tensor, bitmask: np.ndarray) -> None:
-    """Set to -inf, in place, the logits of tokens whose bit is clear: logits [n, vocab], bitmask [n, words]."""
+    """Set to -inf, in place, the logits of tokens whose bit is clear: logits [n, vocab], bitmask
+    [n, words]."""
     bits = torch.from_numpy(bitmask).to(logits.device)
     shifts = torch.arange(32, device=logits.device, dtype=torch.int32)
     allowed = ((bits[:, :, None] >> shifts) & 1).bool().flatten(1)[:, : logits.shape[-1]]

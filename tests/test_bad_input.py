@@ -10,8 +10,9 @@ from minivllm.config import EngineConfig
 
 @pytest.mark.parametrize("field,value", [
     ("n", 0), ("temperature", -0.1), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -2), ("min_p", 2.0),
-    ("repetition_penalty", 0.0), ("max_tokens", 0), ("stop", [""]), ("stop_token_ids", [-1]), ("seed", 1.5),
-    ("repetition_penalty", 1e-50), ("repetition_penalty", 1e9), ("logit_bias", {1: 1e39}), ("logit_bias", {1: -101}),
+    ("repetition_penalty", 0.0), ("max_tokens", 0), ("stop", [""]), ("stop_token_ids", [-1]),
+    ("seed", 1.5), ("repetition_penalty", 1e-50), ("repetition_penalty", 1e9),
+    ("logit_bias", {1: 1e39}), ("logit_bias", {1: -101}),
     ("logprobs", -2), ("prompt_logprobs", 1.5),
 ])
 def test_sampling_params_name_the_field(field, value):
@@ -27,8 +28,9 @@ def test_sampling_params_defaults_match_vllm():
 
 
 def test_values_that_would_overflow_float32_are_refused_or_clamped(llm):
-    """top_p 1e-46 is 0 in float32, which once dropped every token (NaN probabilities, <pad> output): it is
-    raised to the smallest normal float32, which keeps only the top token, as any tiny top_p means."""
+    """top_p 1e-46 is 0 in float32, which once dropped every token (NaN probabilities, <pad>
+    output): it is raised to the smallest normal float32, which keeps only the top token, as any
+    tiny top_p means."""
     tiny = SamplingParams(temperature=0.8, top_p=1e-46, max_tokens=4, seed=1)
     assert 0 < tiny.top_p < 1e-37
     prompt = {"prompt_token_ids": [5, 6, 7]}
@@ -39,7 +41,8 @@ def test_values_that_would_overflow_float32_are_refused_or_clamped(llm):
 
 @pytest.fixture(scope="module")
 def llm(llama_path):
-    return LLM(llama_path, block_size=4, num_kv_blocks=20, max_model_len=100)  # 80 cached tokens < 100
+    # 80 cached tokens < 100
+    return LLM(llama_path, block_size=4, num_kv_blocks=20, max_model_len=100)
 
 
 @pytest.mark.parametrize("prompt,message", [

@@ -4,8 +4,8 @@ from minivllm.__main__ import main
 
 
 def test_generate_with_journey(capsys):
-    code = main(["generate", "Hi, my name is", "Hello there", "--max-tokens", "6", "--journey", "--enforce-eager",
-                 "--num-kv-blocks", "64", "--attention-backend", "torch"])
+    code = main(["generate", "Hi, my name is", "Hello there", "--max-tokens", "6", "--journey",
+                 "--enforce-eager", "--num-kv-blocks", "64", "--attention-backend", "torch"])
     out = capsys.readouterr().out
     assert code == 0
     assert "'Hi, my name is' -> " in out and "'Hello there' -> " in out and "(length)" in out

@@ -1,4 +1,5 @@
-"""One argument table (EngineArgs) behind LLM(**kwargs), the CLI and the server, with vLLM's names and paths."""
+"""One argument table (EngineArgs) behind LLM(**kwargs), the CLI and the server, with vLLM's names
+and paths."""
 
 import argparse
 import signal
@@ -32,9 +33,10 @@ def test_every_engine_config_knob_is_in_the_table_with_its_default():
 def test_flags_parse_back_into_the_same_engine_config():
     parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
     args = parser.parse_args(["--model", str(EMBEDDED), "--max_num_seqs", "8", "--dtype", "float",
-                              "--no-enable-prefix-caching", "--max-model-len", "1k", "-tp", "1", "--trust-remote-code",
-                              "--max-num-batched-tokens", "2K", "--kv-cache-dtype", "auto", "--seed", "7",
-                              "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'])
+                              "--no-enable-prefix-caching", "--max-model-len", "1k", "-tp", "1",
+                              "--trust-remote-code", "--max-num-batched-tokens", "2K",
+                              "--kv-cache-dtype", "auto", "--seed", "7", "--speculative-config",
+                              '{"method": "ngram", "num_speculative_tokens": 3}'])
     config = EngineArgs.from_cli_args(args).create_engine_config()
     assert (config.max_num_seqs, config.dtype, config.enable_prefix_caching) == (8, "float", False)
     assert (config.max_model_len, config.max_num_batched_tokens, config.seed) == (1000, 2048, 7)
@@ -44,24 +46,28 @@ def test_flags_parse_back_into_the_same_engine_config():
 
 
 def test_vars_of_parsed_args_go_straight_into_llm():
-    """vLLM's basic example: add the engine flags, add sampling flags, pop those, LLM(**vars(args))."""
+    """vLLM's basic example: add the engine flags, add sampling flags, pop those,
+    LLM(**vars(args))."""
     parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
     parser.add_argument("--max-tokens", type=int, default=4)
     args = vars(parser.parse_args(["--num-kv-blocks", "32", "--max-model-len", "128"]))
     max_tokens = args.pop("max_tokens")
     llm = LLM(**args)
     assert llm.engine.config.max_model_len == 128 and llm.engine.kv.pool.num_blocks == 32
-    out = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True),
+    out = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=max_tokens,
+                                                 ignore_eos=True),
                        use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 4
 
 
 def test_llm_engine_from_engine_args_runs_the_step_loop():
-    """vLLM's llm_engine_example: EngineArgs from the command line, then add_request / step by hand."""
+    """vLLM's llm_engine_example: EngineArgs from the command line, then add_request / step by
+    hand."""
     parser = EngineArgs.add_cli_args(FlexibleArgumentParser(description="engine loop"))
     engine = LLMEngine.from_engine_args(EngineArgs.from_cli_args(parser.parse_args(["--num-kv-blocks", "64"])))
     pending = [("To be or not", SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)),
-               ("Once upon", SamplingParams(temperature=0.8, top_p=0.9, max_tokens=3, ignore_eos=True, seed=1))]
+               ("Once upon", SamplingParams(temperature=0.8, top_p=0.9, max_tokens=3,
+                                            ignore_eos=True, seed=1))]
     finished, next_id = {}, 0
     while pending or engine.has_unfinished_requests():
         if pending:
@@ -77,7 +83,8 @@ def test_llm_engine_from_engine_args_runs_the_step_loop():
 
 def test_async_engine_args_add_their_own_flags():
     parser = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser())
-    args = AsyncEngineArgs.from_cli_args(parser.parse_args(["--enable-log-requests", "--max-num-seqs", "4"]))
+    args = AsyncEngineArgs.from_cli_args(parser.parse_args(["--enable-log-requests",
+                                                            "--max-num-seqs", "4"]))
     assert isinstance(args, AsyncEngineArgs) and args.enable_log_requests and args.max_num_seqs == 4
 
 
@@ -93,7 +100,8 @@ def test_unsupported_values_and_flags_are_named():
     for bad in ([], {"x": 1}):  # once a bare TypeError (unhashable type)
         with pytest.raises(ValueError, match="hf_overrides"):
             LLM(hf_overrides={"rope": bad})
-    assert EngineArgs(hf_overrides={}, mm_processor_kwargs={}, trust_remote_code=True).create_engine_config()
+    assert EngineArgs(hf_overrides={}, mm_processor_kwargs={},
+                      trust_remote_code=True).create_engine_config()
 
 
 def test_cli_errors_name_the_flag(capsys):
@@ -101,9 +109,11 @@ def test_cli_errors_name_the_flag(capsys):
         main(["serve", str(EMBEDDED), "--enable-eplb", "--lora-modules", "x=y"])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "--enable-eplb" in err and "--lora-modules" in err
-    assert main(["serve", str(EMBEDDED), "--pipeline-parallel-size", "2"]) == 2  # refused before the model loads
+    # refused before the model loads
+    assert main(["serve", str(EMBEDDED), "--pipeline-parallel-size", "2"]) == 2
     assert "pipeline_parallel_size=2" in capsys.readouterr().err
-    assert main(["generate", "Hi", "--calculate-kv-scales"]) == 2  # fp8 KV works; computing its scales does not
+    # fp8 KV works; computing its scales does not
+    assert main(["generate", "Hi", "--calculate-kv-scales"]) == 2
     assert "calculate_kv_scales=True" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["serve", "a-model", "--model", "another-model"])
@@ -113,21 +123,26 @@ def test_cli_errors_name_the_flag(capsys):
 def test_server_flags_are_the_engine_table_plus_the_front_end():
     parser = make_arg_parser(FlexibleArgumentParser())
     engine = {f.name for f in fields(AsyncEngineArgs)}
-    front_end = {"help", "host", "port", "api_key", "chat_template", "allowed_origins", "log_level", "log_format",
+    front_end = {"help", "host", "port", "api_key", "chat_template", "allowed_origins", "log_level",
+                 "log_format",
                  "shutdown_timeout", "max_request_bytes", "max_n", "max_tokens_times_n"}
     dests = {a.dest for a in parser._actions}
     assert dests - engine == front_end
-    args = parser.parse_args(["--allowed-origins", '["http://a", "http://b"]', "--max-num-seqs", "3"])
+    args = parser.parse_args(["--allowed-origins", '["http://a", "http://b"]', "--max-num-seqs",
+                              "3"])
     assert args.allowed_origins == ["http://a", "http://b"] and args.max_num_seqs == 3
-    assert parser.parse_args(["--allowed-origins", "http://a,http://b"]).allowed_origins == ["http://a", "http://b"]
+    assert (parser.parse_args(["--allowed-origins",
+                               "http://a,http://b"]).allowed_origins == ["http://a", "http://b"])
 
 
 def test_served_model_name_is_the_model_as_given():
     rel = "data/models/minivllm-tiny"
     assert EngineConfig(model=str(EMBEDDED)).resolve().served_model_name == str(EMBEDDED)
     assert EngineConfig(model=EMBEDDED.parent.parent.parent / rel).resolve().served_model_name.endswith(rel)
-    assert EngineConfig().resolve().served_model_name == "minivllm-tiny"  # the embedded default, unnamed
-    assert EngineConfig(model=str(EMBEDDED), served_model_name="mine").resolve().served_model_name == "mine"
+    # the embedded default, unnamed
+    assert EngineConfig().resolve().served_model_name == "minivllm-tiny"
+    assert EngineConfig(model=str(EMBEDDED),
+                        served_model_name="mine").resolve().served_model_name == "mine"
     assert EngineArgs(served_model_name=["mine"]).served_model_name == "mine"
 
 
@@ -159,30 +174,36 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def test_api_server_module_with_vllm_flags(tmp_path):
-    """The material's server command: vLLM's module path and flags; a client naming the model as given."""
+    """The material's server command: vLLM's module path and flags; a client naming the model as
+    given."""
     template = tmp_path / "template.jinja"
-    template.write_text("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}[assistant]")
+    template.write_text("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor "
+                        "%}[assistant]")
     port, model = _free_port(), str(EMBEDDED)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "minivllm.entrypoints.openai.api_server", "--model", model, "--host", "127.0.0.1",
-         "--port", str(port), "--dtype", "float32", "--gpu-memory-utilization", "0.5", "--tensor-parallel-size", "1",
-         "--enable-prefix-caching", "--seed", "0", "--chat-template", str(template), "--trust-remote-code",
+        [sys.executable, "-m", "minivllm.entrypoints.openai.api_server", "--model", model, "--host",
+         "127.0.0.1", "--port", str(port), "--dtype", "float32", "--gpu-memory-utilization", "0.5",
+         "--tensor-parallel-size", "1", "--enable-prefix-caching", "--seed", "0", "--chat-template",
+         str(template), "--trust-remote-code",
          "--enforce-eager", "--swap-space", "1", "--max-num-seqs", "8", "--num-kv-blocks", "64",
          "--log-level", "warning"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         _wait_healthy(proc, port)
         url = f"http://127.0.0.1:{port}/v1"
         assert [m["id"] for m in httpx.get(url + "/models").json()["data"]] == [model]
-        r = httpx.post(url + "/completions", json={"model": model, "prompt": "Hello", "max_tokens": 3}, timeout=60)
+        r = httpx.post(url + "/completions", json={"model": model, "prompt": "Hello",
+                                                   "max_tokens": 3}, timeout=60)
         assert r.status_code == 200, r.text
         messages = [{"role": "user", "content": "Hi there"}]
-        r = httpx.post(url + "/chat/completions", json={"model": model, "messages": messages, "max_tokens": 2},
+        r = httpx.post(url + "/chat/completions", json={"model": model, "messages": messages,
+                                                        "max_tokens": 2},
                        timeout=60)
         assert r.status_code == 200, r.text
         from transformers import AutoTokenizer
 
         rendered = "[user] Hi there\n[assistant]"  # what --chat-template makes of the conversation
-        expected = len(AutoTokenizer.from_pretrained(model)(rendered, add_special_tokens=False).input_ids)
+        expected = (len(AutoTokenizer.from_pretrained(model)(rendered,
+                                                             add_special_tokens=False).input_ids))
         assert r.json()["usage"]["prompt_tokens"] == expected
     finally:
         _stop(proc)
@@ -190,12 +211,14 @@ def test_api_server_module_with_vllm_flags(tmp_path):
 
 def test_serve_with_positional_model_and_served_model_name():
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "minivllm", "serve", str(EMBEDDED), "--port", str(port),
-                             "--served-model-name", "tiny", "--num-kv-blocks", "64", "--log-level", "warning"],
+    proc = subprocess.Popen([sys.executable, "-m", "minivllm", "serve", str(EMBEDDED), "--port",
+                             str(port), "--served-model-name", "tiny", "--num-kv-blocks", "64",
+                             "--log-level", "warning"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         _wait_healthy(proc, port)
-        assert [m["id"] for m in httpx.get(f"http://127.0.0.1:{port}/v1/models").json()["data"]] == ["tiny"]
+        assert ([m["id"]
+                 for m in httpx.get(f"http://127.0.0.1:{port}/v1/models").json()["data"]] == ["tiny"])
         r = httpx.post(f"http://127.0.0.1:{port}/v1/completions",
                        json={"model": str(EMBEDDED), "prompt": "Hi", "max_tokens": 2})
         assert r.status_code == 404, "with --served-model-name only that name is served"

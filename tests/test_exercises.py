@@ -1,5 +1,5 @@
-"""Every exercise's checker passes the reference solution, reports a stub as "not attempted", and fails a
-planted mistake with a message that says what is wrong."""
+"""Every exercise's checker passes the reference solution, reports a stub as "not attempted", and
+fails a planted mistake with a message that says what is wrong."""
 
 import hashlib
 import importlib.util
@@ -38,7 +38,7 @@ class StubPool(BlockPool):
         raise NotImplementedError
 
 
-# ---- planted mistakes, the kind a learner makes -------------------------------------------------------------
+# ---- planted mistakes, the kind a learner makes --------------------------------------------------
 def lifo_for_preempted(waiting: deque, request, preempted: bool) -> None:
     waiting.append(request)  # a preempted request queues behind later arrivals
 
@@ -76,7 +76,8 @@ def top_p_in_sorted_order(logits, top_p):
     sorted_logits, _ = logits.sort(dim=-1, descending=True)
     probs = sorted_logits.softmax(dim=-1)
     drop = probs.cumsum(dim=-1) - probs >= top_p[:, None]
-    return logits.masked_fill(drop, float("-inf"))  # forgot to scatter the mask back to vocabulary order
+    # forgot to scatter the mask back to vocabulary order
+    return logits.masked_fill(drop, float("-inf"))
 
 
 def hash_without_parent(parent_hash, token_ids) -> bytes:
@@ -87,18 +88,21 @@ def resample_from_p(target_probs, draft, draft_probs, generator):
     out = []
     for i, d in enumerate(draft):
         p = target_probs[i]
-        q = draft_probs[i] if draft_probs is not None else torch.nn.functional.one_hot(torch.tensor(d), len(p)).to(p)
+        q = (draft_probs[i] if draft_probs is not None
+             else torch.nn.functional.one_hot(torch.tensor(d), len(p)).to(p))
         if torch.rand((), generator=generator) * q[d] < p[d]:
             out.append(d)
             continue
-        out.append(int(torch.multinomial(p, 1, generator=generator)))  # p, not normalise(max(0, p - q))
+        # p, not normalise(max(0, p - q))
+        out.append(int(torch.multinomial(p, 1, generator=generator)))
         return out
     out.append(int(torch.multinomial(target_probs[len(draft)], 1, generator=generator)))
     return out
 
 
 def one_scale_per_tensor(weight):
-    scale = (weight.abs().amax() / 127).expand(weight.shape[0])  # per tensor, not per output channel
+    # per tensor, not per output channel
+    scale = (weight.abs().amax() / 127).expand(weight.shape[0])
     return torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8), scale
 
 
@@ -108,7 +112,8 @@ def truncates(weight):
 
 
 def kv_heads_not_replicated(num_heads, num_kv_heads, head_dim, tp_size, rank):
-    q, kv = num_heads // tp_size, max(1, num_kv_heads // tp_size)  # rank r takes KV head r even when kv < tp
+    # rank r takes KV head r even when kv < tp
+    q, kv = num_heads // tp_size, max(1, num_kv_heads // tp_size)
     k, v = (num_heads + rank * kv) * head_dim, (num_heads + num_kv_heads + rank * kv) * head_dim
     return [*range(rank * q * head_dim, (rank + 1) * q * head_dim), *range(k, k + kv * head_dim),
             *range(v, v + kv * head_dim)]
@@ -117,12 +122,14 @@ def kv_heads_not_replicated(num_heads, num_kv_heads, head_dim, tp_size, rank):
 FAST = {"max_examples": 2}  # after the 3 hard workloads every property check tries first
 EXERCISES = {  # name: (checker, its fast arguments, solution module, solution name, stub)
     "ch01": (ch01.check_enqueue, FAST, "ch01_enqueue", "my_enqueue", stub),
-    "ch02": (ch02.check_online_softmax_update, {}, "ch02_online_softmax", "my_online_softmax_update", stub),
+    "ch02": (ch02.check_online_softmax_update, {}, "ch02_online_softmax",
+             "my_online_softmax_update", stub),
     "ch03": (ch03.check_block_pool, FAST, "ch03_block_pool", "MyBlockPool", StubPool),
     "ch04": (ch04.check_prefill_chunk, FAST, "ch04_prefill_chunk", "my_prefill_chunk", stub),
     "ch05": (ch05.check_top_p, {"draws": 8000}, "ch05_top_p", "my_top_p", stub),
     "ch06": (ch06.check_hash_block, {}, "ch06_hash_block", "my_hash_block", stub),
-    "ch07": (ch07.check_verify_sampled, {"trials": 3000}, "ch07_verify_sampled", "my_verify_sampled", stub),
+    "ch07": (ch07.check_verify_sampled, {"trials": 3000}, "ch07_verify_sampled",
+             "my_verify_sampled", stub),
     "ch12": (ch12.check_int8_quantize, {}, "ch12_int8_quantize", "my_quantize", stub),
     "ch13": (ch13.check_qkv_rows, {"max_ranks": 4}, "ch13_qkv_rows", "my_qkv_rows", stub),
 }
@@ -157,7 +164,8 @@ def test_checker_reports_a_stub_as_not_attempted(name):
     assert "NotImplementedError" in report.message
 
 
-@pytest.mark.parametrize("name, mistake, words", MISTAKES, ids=[f"{n}-{m.__name__}" for n, m, _ in MISTAKES])
+@pytest.mark.parametrize("name, mistake, words", MISTAKES,
+                         ids=[f"{n}-{m.__name__}" for n, m, _ in MISTAKES])
 def test_checker_fails_a_planted_mistake_and_says_why(name, mistake, words):
     check, fast, *_ = EXERCISES[name]
     report = check(mistake, **fast)
@@ -171,34 +179,36 @@ def test_a_crash_in_the_learners_code_is_reported_not_raised():
 
 
 def test_engine_level_checks_name_the_step_the_block_and_the_requests():
-    """A mistake only the engine finds (touch does not count the second reader of a prefix-cache hit): the
-    step observer names the step, the block and the requests holding it."""
+    """A mistake only the engine finds (touch does not count the second reader of a prefix-cache
+    hit): the step observer names the step, the block and the requests holding it."""
     class ForgetsToCount(BlockPool):
         def touch(self, block_id: int) -> None:
             if self.blocks[block_id].ref_cnt == 0:
                 del self.free_queue[block_id]
             self.blocks[block_id].ref_cnt = 1
 
-    engine = LLMEngine(EngineConfig(DEFAULT_MODEL, hooks=EngineHooks(block_pool_cls=ForgetsToCount), block_size=2,
-                                    num_kv_blocks=32, trace_steps=0))
+    engine = LLMEngine(EngineConfig(DEFAULT_MODEL, hooks=EngineHooks(block_pool_cls=ForgetsToCount),
+                                    block_size=2, num_kv_blocks=32, trace_steps=0))
     engine.add_step_observer(ch03.check_pool_invariants)
     params = SamplingParams(temperature=0, max_tokens=4)
     engine.add_request("0", list(range(3, 10)), params)
     engine.step()
     engine.add_request("1", list(range(3, 10)), params)
-    with pytest.raises(ExerciseFailure, match=r"after step 1, block \d+ has ref_cnt 1 but 2 request\(s\) hold it "
-                                              r"\('0', '1'\); in that step it was shared \(prefix-cache hit\) with "
-                                              r"request '1'"):
+    with pytest.raises(ExerciseFailure, match=r"after step 1, block \d+ has ref_cnt 1 but 2 "
+                       r"request\(s\) hold it \('0', '1'\); in that step it was shared "
+                       r"\(prefix-cache hit\) with request '1'"):
         engine.step()
 
 
 @pytest.mark.parametrize("exercise, hooks, observer, words", [
-    ("ch01", EngineHooks(enqueue=lifo_for_preempted), ch01.ArrivalOrder, "which arrived before it, was preempted"),
-    ("ch04", EngineHooks(prefill_chunk=ignores_budget), lambda w: ch04.check_budget, "tokens, but the budget"),
+    ("ch01", EngineHooks(enqueue=lifo_for_preempted), ch01.ArrivalOrder,
+     "which arrived before it, was preempted"),
+    ("ch04", EngineHooks(prefill_chunk=ignores_budget), lambda w: ch04.check_budget,
+     "tokens, but the budget"),
 ])
 def test_property_checks_find_a_workload_and_describe_it(exercise, hooks, observer, words):
-    """Past the checks on the function alone, hypothesis finds a workload where the engine goes wrong, and the
-    verdict says what happened and on which workload."""
+    """Past the checks on the function alone, hypothesis finds a workload where the engine goes
+    wrong, and the verdict says what happened and on which workload."""
     with pytest.raises(ExerciseFailure, match="the workload: .* blocks of") as failure:
         for_all_workloads(hooks, lambda w: run_workload(hooks, w, observer(w)), max_examples=30)
     assert words in str(failure.value), str(failure.value)

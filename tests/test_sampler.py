@@ -1,4 +1,5 @@
-"""The sampler's filters, penalty and seeds; sampling paths are checked statistically, not by exact tokens."""
+"""The sampler's filters, penalty and seeds; sampling paths are checked statistically, not by exact
+tokens."""
 
 import pytest
 import torch
@@ -57,7 +58,8 @@ def test_greedy_is_argmax_and_mixed_batches_keep_per_row_params():
 
 
 def test_sampling_follows_the_distribution():
-    """Frequencies of 20k draws at temperature 0.5 match softmax(logits / 0.5) in total variation."""
+    """Frequencies of 20k draws at temperature 0.5 match softmax(logits / 0.5) in total
+    variation."""
     logits = torch.tensor([1.0, 0.5, 0.0, -1.0, 2.0])
     n = 20_000
     sampler = Sampler(seed=123)
@@ -70,7 +72,8 @@ def test_sampling_follows_the_distribution():
 
 def test_top_k_sampling_never_leaves_the_top_k():
     logits = torch.randn(1, 100).expand(2000, -1).clone()
-    draws = Sampler(seed=1)(logits.clone(), batch_for([SamplingParams(temperature=1.0, top_k=3)] * 2000))
+    draws = (Sampler(seed=1)(logits.clone(), batch_for([SamplingParams(temperature=1.0,
+                                                                       top_k=3)] * 2000)))
     assert set(draws.tolist()) <= set(logits[0].topk(3).indices.tolist())
     assert len(set(draws.tolist())) == 3
 
@@ -85,10 +88,13 @@ def test_seeded_requests_repeat_whatever_the_batch(llm):
     seeded = SamplingParams(temperature=1.0, seed=7, max_tokens=12, ignore_eos=True)
     alone = llm.generate(prompt, seeded, use_tqdm=False)[0].outputs[0].token_ids
     others = [{"prompt_token_ids": list(range(10, 10 + k))} for k in (3, 9, 17)]
-    mixed = llm.generate(others + [prompt] + others, [SamplingParams(temperature=1.0, max_tokens=12)] * 3
-                         + [seeded] + [SamplingParams(temperature=0.8, max_tokens=20)] * 3, use_tqdm=False)
+    mixed = llm.generate(others + [prompt] + others,
+                         [SamplingParams(temperature=1.0, max_tokens=12)] * 3
+                         + [seeded] + [SamplingParams(temperature=0.8, max_tokens=20)] * 3,
+                         use_tqdm=False)
     assert mixed[3].outputs[0].token_ids == alone
-    again = llm.generate(prompt, SamplingParams(temperature=1.0, seed=8, max_tokens=12, ignore_eos=True),
+    again = llm.generate(prompt, SamplingParams(temperature=1.0, seed=8, max_tokens=12,
+                                                ignore_eos=True),
                          use_tqdm=False)[0].outputs[0].token_ids
     assert again != alone, "another seed gives another sample"
 
@@ -103,7 +109,8 @@ def test_n_completions(llm):
 
 
 def test_engine_stream_is_not_reseeded_between_calls():
-    """The same device spelled two ways ("cpu" / torch.device, or "cuda" / "cuda:0") keeps one stream going."""
+    """The same device spelled two ways ("cpu" / torch.device, or "cuda" / "cuda:0") keeps one
+    stream going."""
     sampler = Sampler(seed=3)
     first = sampler.generator_for(torch.device("cpu"))
     draw = torch.rand(4, generator=first)

@@ -1,7 +1,8 @@
 """The OpenAI-compatible server, driven by the real `openai` client over loopback.
 
-The server runs in a background thread (uvicorn on a pre-bound socket) over a tiny random Llama with a tiny
-byte-level BPE tokenizer and a ChatML template trained here, so nothing depends on the embedded model.
+The server runs in a background thread (uvicorn on a pre-bound socket) over a tiny random Llama with
+a tiny byte-level BPE tokenizer and a ChatML template trained here, so nothing depends on the
+embedded model.
 """
 
 from __future__ import annotations
@@ -27,26 +28,30 @@ from minivllm.config import EngineConfig
 from minivllm.engine.llm_engine import LLMEngine
 from tests.conftest import build_checkpoint
 
-CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% "
+          "endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 MODEL = "tiny-chat"
 PROMPT = "The quick brown fox"
 
 
 def write_tokenizer(path) -> int:
-    """Train a byte-level BPE on a few sentences and save it with a chat template; returns its size."""
+    """Train a byte-level BPE on a few sentences and save it with a chat template; returns its
+    size."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>",
+                                                                  "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
     corpus = ["The quick brown fox jumps over the lazy dog.", "Hello there, how are you today?",
               "Paged attention stores keys and values in blocks.", "user assistant system"] * 20
     tok.train_from_iterator(corpus, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", chat_template=CHATML)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
+                                   chat_template=CHATML)
     fast.save_pretrained(path)
     return len(fast)
 
@@ -61,7 +66,8 @@ def chat_ckpt(tmp_path_factory):
 
 
 class ServerThread:
-    """uvicorn in a daemon thread, on a socket bound before it starts (so the port is certainly ours)."""
+    """uvicorn in a daemon thread, on a socket bound before it starts (so the port is certainly
+    ours)."""
 
     def __init__(self, app, **config) -> None:
         import uvicorn
@@ -69,13 +75,16 @@ class ServerThread:
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1,
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning",
+                                                    timeout_graceful_shutdown=1,
                                                    **config))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
+                                       daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 30
         while not self.server.started:
-            assert time.monotonic() < deadline and self.thread.is_alive(), "the server did not start"
+            assert (time.monotonic() < deadline
+                    and self.thread.is_alive()), "the server did not start"
             time.sleep(0.02)
 
     def stop(self) -> None:
@@ -88,7 +97,8 @@ class ServerThread:
 def server(chat_ckpt):
     from minivllm.server import build_app
 
-    engine = LLMEngine(EngineConfig(chat_ckpt, block_size=8, num_kv_blocks=1024, max_model_len=256, trace_steps=0))
+    engine = LLMEngine(EngineConfig(chat_ckpt, block_size=8, num_kv_blocks=1024, max_model_len=256,
+                                    trace_steps=0))
     app = build_app(engine, MODEL)
     srv = ServerThread(app)
     srv.url = f"http://127.0.0.1:{srv.port}"
@@ -108,15 +118,17 @@ def offline(chat_ckpt):
 
 
 def metrics(url: str, model: str = MODEL) -> dict[str, float]:
-    """Every sample of /metrics, parsed by prometheus_client, by name; labels other than model_name (which must
-    be the served model's) in braces, e.g. 'vllm:request_success_total{finished_reason="abort"}'."""
+    """Every sample of /metrics, parsed by prometheus_client, by name; labels other than model_name
+    (which must be the served model's) in braces, e.g.
+    'vllm:request_success_total{finished_reason="abort"}'."""
     out = {}
     for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
         for s in family.samples:
             if not s.name.startswith(("vllm:", "minivllm:")):
                 continue
             assert s.labels.get("model_name") == model, s
-            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()) if k != "model_name")
+            labels = ",".join(f'{k}="{v}"' for k,
+                              v in sorted(s.labels.items()) if k != "model_name")
             out[s.name + (f"{{{labels}}}" if labels else "")] = s.value
     return out
 
@@ -125,7 +137,7 @@ def greedy(**kw) -> dict:
     return {"temperature": 0.0, **kw}
 
 
-# ---- the happy paths -----------------------------------------------------------------------------------
+# ---- the happy paths -----------------------------------------------------------------------------
 def test_health_and_models(server, client):
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}
     assert [m.id for m in client.models.list().data] == [MODEL]
@@ -135,7 +147,8 @@ def test_completion_equals_offline_greedy(client, offline):
     ref = offline.generate(PROMPT, SamplingParams(temperature=0, max_tokens=20), use_tqdm=False)[0]
     resp = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=20, **greedy())
     choice = resp.choices[0]
-    assert choice.text == ref.outputs[0].text and choice.finish_reason == ref.outputs[0].finish_reason
+    assert (choice.text == ref.outputs[0].text
+            and choice.finish_reason == ref.outputs[0].finish_reason)
     assert resp.object == "text_completion" and resp.model == MODEL
     assert resp.usage.prompt_tokens == len(ref.prompt_token_ids)
     assert resp.usage.completion_tokens == len(ref.outputs[0].token_ids)
@@ -143,7 +156,8 @@ def test_completion_equals_offline_greedy(client, offline):
 
 
 def test_chat_equals_offline_chat(client, offline):
-    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Hello there"}]
     ref = offline.chat(messages, SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)[0]
     resp = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, **greedy())
     assert resp.object == "chat.completion"
@@ -157,7 +171,8 @@ def test_chat_equals_offline_chat(client, offline):
 def test_streaming_equals_non_streaming(client, chat):
     kw = dict(model=MODEL, max_tokens=30, ignore_eos=True, **greedy())
     if chat:
-        create = lambda **x: client.chat.completions.create(messages=[{"role": "user", "content": PROMPT}], **x)
+        create = (lambda **x: client.chat.completions.create(messages=[{"role": "user",
+                                                                        "content": PROMPT}], **x))
         text_of = lambda ch: ch.message.content
         delta_of = lambda ch: ch.delta.content or ""
     else:
@@ -170,7 +185,8 @@ def test_streaming_equals_non_streaming(client, chat):
     assert len(chunks) > 3, "tokens arrive as they are generated, not in one piece"
     text = "".join(delta_of(c.choices[0]) for c in chunks if c.choices)
     assert text == text_of(full.choices[0])
-    reasons = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    reasons = [c.choices[0].finish_reason for c in chunks if c.choices
+               and c.choices[0].finish_reason]
     assert reasons == ["length"]
     assert chunks[-1].choices == [] and chunks[-1].usage == full.usage
     assert full.usage.completion_tokens == 30
@@ -183,18 +199,21 @@ def test_raw_sse_format_ends_with_done(server):
         events = [line for line in r.iter_lines() if line]
     assert all(e.startswith("data: ") for e in events) and events[-1] == "data: [DONE]"
     first = json.loads(events[0][6:])
-    assert first["object"] == "text_completion" and "usage" not in first, "usage only with include_usage"
+    assert (first["object"] == "text_completion"
+            and "usage" not in first), "usage only with include_usage"
 
 
 def test_stop_string_is_never_streamed(client):
-    kw = dict(model=MODEL, prompt=PROMPT, max_tokens=40, extra_body={"ignore_eos": True}, **greedy())
+    kw = dict(model=MODEL, prompt=PROMPT, max_tokens=40, extra_body={"ignore_eos": True},
+              **greedy())
     text = client.completions.create(**kw).choices[0].text
     stop = text[10:14]  # several characters, so it spans tokens and only shows up as a whole later
     assert len(stop) == 4
     expect = text[: text.find(stop)]
     full = client.completions.create(stop=[stop], **kw).choices[0]
     assert (full.text, full.finish_reason) == (expect, "stop")
-    streamed = "".join(c.choices[0].text for c in client.completions.create(stop=stop, stream=True, **kw))
+    streamed = "".join(c.choices[0].text for c in client.completions.create(stop=stop, stream=True,
+                                                                            **kw))
     assert streamed == expect
 
 
@@ -203,12 +222,13 @@ def test_prompt_lists_token_ids_and_n(client, offline):
     resp = client.completions.create(model=MODEL, prompt=[PROMPT, "Hello there"], max_tokens=6, n=2,
                                      extra_body={"ignore_eos": True}, **greedy())
     assert [c.index for c in resp.choices] == [0, 1, 2, 3]
-    by_ids = client.completions.create(model=MODEL, prompt=ids, max_tokens=6, extra_body={"ignore_eos": True},
-                                       **greedy())
+    by_ids = client.completions.create(model=MODEL, prompt=ids, max_tokens=6,
+                                       extra_body={"ignore_eos": True}, **greedy())
     assert resp.choices[2].text == resp.choices[3].text == by_ids.choices[0].text, "greedy: n copies agree"
     assert resp.usage.prompt_tokens == len(offline.tokenizer.encode(PROMPT)) + len(ids)
     assert resp.usage.completion_tokens == 4 * 6
-    seeded = [client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=1.0, seed=7).choices[0]
+    seeded = [client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=1.0,
+                                        seed=7).choices[0]
               .text for _ in range(2)]
     assert seeded[0] == seeded[1], "a seed makes sampling repeatable"
 
@@ -227,7 +247,8 @@ def slow_steps(monkeypatch, engine: LLMEngine, seconds: float) -> threading.Even
 
 
 def test_a_slow_step_does_not_block_the_event_loop(server, monkeypatch):
-    """Steps run in a worker thread: while one is stuck inside engine.step(), the server still answers."""
+    """Steps run in a worker thread: while one is stuck inside engine.step(), the server still
+    answers."""
     real_step, stepping, release = server.engine.step, threading.Event(), threading.Event()
 
     def stuck_step():
@@ -237,7 +258,8 @@ def test_a_slow_step_does_not_block_the_event_loop(server, monkeypatch):
 
     monkeypatch.setattr(server.engine, "step", stuck_step)
     body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 1}
-    done = threading.Thread(target=httpx.post, args=(server.url + "/v1/completions",), kwargs={"json": body})
+    done = threading.Thread(target=httpx.post, args=(server.url + "/v1/completions",),
+                            kwargs={"json": body})
     done.start()
     assert stepping.wait(10)
     try:
@@ -252,17 +274,20 @@ def test_a_slow_step_does_not_block_the_event_loop(server, monkeypatch):
 def test_request_events_are_logged_with_the_client_request_id(server, caplog):
     body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 4, "ignore_eos": True, "stream": True}
     with caplog.at_level(logging.INFO, logger="minivllm.server.requests"):
-        with httpx.stream("POST", server.url + "/v1/completions", json=body, headers={"X-Request-Id": "trace-42"}) as r:
+        with httpx.stream("POST", server.url + "/v1/completions", json=body,
+                          headers={"X-Request-Id": "trace-42"}) as r:
             assert r.headers["x-request-id"] == "trace-42"
             chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
         deadline = time.monotonic() + 2
-        while not any(getattr(x, "event", None) == "finished" for x in caplog.records) and time.monotonic() < deadline:
+        while not any(getattr(x, "event", None) == "finished"
+                      for x in caplog.records) and time.monotonic() < deadline:
             time.sleep(0.01)
     assert chunks[0]["id"] == "cmpl-trace-42"
     events = [x for x in caplog.records if getattr(x, "request_id", None) == "trace-42"]
     assert [e.event for e in events] == ["received", "first_token", "finished"]
     received, first, finished = events
-    assert received.stream is True and received.max_tokens == 4 and received.endpoint == "/v1/completions"
+    assert (received.stream is True and received.max_tokens == 4
+            and received.endpoint == "/v1/completions")
     assert finished.output_tokens == 4 and finished.finish_reason == "length"
     assert 0 < first.ttft_s == finished.ttft_s <= finished.total_s
     assert "finished trace-42" in finished.getMessage(), "the default format stays readable"
@@ -285,18 +310,21 @@ def test_a_failing_step_gives_503s_instead_of_hanging(chat_ckpt):
     srv = ServerThread(build_app(engine, MODEL))
     url = f"http://127.0.0.1:{srv.port}"
     try:
-        r = httpx.post(url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 3}, timeout=10)
+        r = httpx.post(url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 3},
+                       timeout=10)
         assert r.status_code == 503 and "the model fell over" in r.json()["error"]["message"]
         assert httpx.get(url + "/health").status_code == 503
-        r = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+        r = httpx.post(url + "/v1/chat/completions",
+                       json={"messages": [{"role": "user", "content": "hi"}]})
         assert r.status_code == 503 and r.json()["error"]["type"] == "server_error"
     finally:
         srv.stop()
 
 
-# ---- many clients at once ------------------------------------------------------------------------------
+# ---- many clients at once ------------------------------------------------------------------------
 def test_32_concurrent_streams_some_disconnecting(server):
-    """Everyone streams at once; 12 leave after 3 chunks. Those are aborted, and every block comes back."""
+    """Everyone streams at once; 12 leave after 3 chunks. Those are aborted, and every block comes
+    back."""
     before = metrics(server.url)
     steps_before = server.engine.num_steps
     max_tokens, long_tokens = 24, 200
@@ -340,7 +368,8 @@ def test_32_concurrent_streams_some_disconnecting(server):
     assert after["minivllm:kv_blocks_free"] == after["minivllm:kv_blocks_total"] > 0
     assert after["vllm:num_requests_running"] == after["vllm:num_requests_waiting"] == 0
     aborted = 'vllm:request_success_total{finished_reason="abort"}'
-    assert after.get(aborted, 0) - before.get(aborted, 0) == 12, "every client that left was aborted"
+    assert (after.get(aborted, 0) - before.get(aborted,
+                                               0) == 12), "every client that left was aborted"
     generated = after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
     assert 20 * max_tokens <= generated < 20 * max_tokens + 12 * long_tokens
     steps = server.engine.num_steps - steps_before
@@ -350,7 +379,8 @@ def test_32_concurrent_streams_some_disconnecting(server):
 def test_client_leaving_a_non_streaming_request_aborts_it(server, monkeypatch):
     slow_steps(monkeypatch, server.engine, 0.05)  # 200 tokens would now take over 10 s
     before = metrics(server.url)
-    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 200, "ignore_eos": True, "temperature": 0}
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 200, "ignore_eos": True,
+            "temperature": 0}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(server.url + "/v1/completions", json=body, timeout=0.5)
     deadline, after = time.monotonic() + 5, before
@@ -363,12 +393,15 @@ def test_client_leaving_a_non_streaming_request_aborts_it(server, monkeypatch):
 
 
 def test_metrics_exposition_uses_vllm_names(server):
-    families = {f.name: f for f in text_string_to_metric_families(httpx.get(server.url + "/metrics").text)}
+    families = ({f.name: f
+                 for f in text_string_to_metric_families(httpx.get(server.url + "/metrics").text)})
     kinds = {"vllm:num_requests_running": "gauge", "vllm:num_requests_waiting": "gauge",
              "vllm:kv_cache_usage_perc": "gauge", "vllm:time_to_first_token_seconds": "histogram",
-             "vllm:time_per_output_token_seconds": "histogram", "vllm:e2e_request_latency_seconds": "histogram",
+             "vllm:time_per_output_token_seconds": "histogram",
+             "vllm:e2e_request_latency_seconds": "histogram",
              "vllm:request_queue_time_seconds": "histogram", "vllm:prompt_tokens": "counter",
-             "vllm:generation_tokens": "counter", "vllm:request_success": "counter", "vllm:num_preemptions": "counter",
+             "vllm:generation_tokens": "counter", "vllm:request_success": "counter",
+             "vllm:num_preemptions": "counter",
              "vllm:prefix_cache_queries": "counter", "vllm:prefix_cache_hits": "counter",
              "minivllm:kv_blocks_total": "gauge", "minivllm:kv_blocks_free": "gauge"}
     for name, kind in kinds.items():
@@ -377,12 +410,13 @@ def test_metrics_exposition_uses_vllm_names(server):
     reasons = {s.labels["finished_reason"] for s in families["vllm:request_success"].samples}
     assert reasons == {"stop", "length", "abort"}
     m = metrics(server.url)
-    assert m["vllm:time_to_first_token_seconds_count"] > 0 and m["vllm:time_to_first_token_seconds_sum"] > 0
+    assert (m["vllm:time_to_first_token_seconds_count"] > 0
+            and m["vllm:time_to_first_token_seconds_sum"] > 0)
     assert m["vllm:e2e_request_latency_seconds_count"] > 0 and m["vllm:prompt_tokens_total"] > 0
     assert m["minivllm:kv_blocks_total"] == 1024 and 0 <= m["vllm:kv_cache_usage_perc"] <= 1
 
 
-# ---- bad requests ---------------------------------------------------------------------------------------
+# ---- bad requests --------------------------------------------------------------------------------
 BAD = [
     ("completions", {"prompt": PROMPT, "max_tokens": "ten"}, "max_tokens", "integer"),
     ("completions", {"prompt": PROMPT, "max_tokens": 0}, "max_tokens", ">= 1"),
@@ -394,10 +428,11 @@ BAD = [
     ("completions", {"prompt": PROMPT, "logprobs": 21}, "logprobs", "20"),
     ("completions", {"prompt": PROMPT, "suffix": "!"}, "suffix", "not supported"),
     ("completions", {"prompt": PROMPT, "logit_bias": {"x": 1.0}}, "logit_bias", "token ids"),
-    ("completions", {"prompt": PROMPT, "guided_regex": "(", "guided_choice": ["a"]}, "guided_regex", "one"),
+    ("completions", {"prompt": PROMPT, "guided_regex": "(", "guided_choice": ["a"]}, "guided_regex",
+     "one"),
     ("completions", {"prompt": PROMPT, "guided_regex": "(unclosed"}, "structured_outputs", "regex"),
-    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, "top_logprobs",
-     "logprobs: true"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2},
+     "top_logprobs", "logprobs: true"),
     ("completions", {"max_tokens": 3}, "prompt", "required"),
     ("completions", {"prompt": PROMPT, "stop": 5}, "stop", "string"),
     ("chat/completions", {"messages": "hi"}, "messages", "list"),
@@ -416,12 +451,14 @@ def test_bad_requests_get_openai_400s(server, route, body, param, words):
 
 
 def test_invalid_json_and_the_server_keeps_serving(server, client):
-    r = httpx.post(server.url + "/v1/completions", content=b'{"prompt": "x",', headers={"content-type":
+    r = httpx.post(server.url + "/v1/completions", content=b'{"prompt": "x",',
+                   headers={"content-type":
                                                                                       "application/json"})
     assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
     with pytest.raises(openai.BadRequestError, match="max_tokens"):
         client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=-1)
-    assert client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3).usage.completion_tokens >= 1
+    assert client.completions.create(model=MODEL, prompt=PROMPT,
+                                     max_tokens=3).usage.completion_tokens >= 1
     assert httpx.get(server.url + "/health").status_code == 200
     assert metrics(server.url)["minivllm:kv_blocks_free"] == 1024
 
@@ -431,7 +468,8 @@ def test_cli_serve_subprocess(chat_ckpt):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "minivllm", "serve", "--model", str(chat_ckpt), "--port",
+    proc = subprocess.Popen([sys.executable, "-m", "minivllm", "serve", "--model", str(chat_ckpt),
+                             "--port",
                              str(port), "--num-kv-blocks", "64", "--log-level", "warning"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:

@@ -1,9 +1,10 @@
-"""Fuzz the server from its own /openapi.json (schemathesis): valid and invalid bodies on every route must get
-no 5xx, only documented status codes and content types, and bodies that match the documented schemas (OpenAI's
-error shape for 400/404/413...); bodies the schema calls invalid must be refused, and a method a route lacks
-gets a 405 listing those it has. Not checked here: that every body the schema calls valid is accepted, since a few
-rules cannot be written in JSON Schema (max_tokens x n x prompts, prompt + max_tokens within the context, a
-grammar's or regex's own syntax); the long run with every check is in bench/RESULTS.md.
+"""Fuzz the server from its own /openapi.json (schemathesis): valid and invalid bodies on every
+route must get no 5xx, only documented status codes and content types, and bodies that match the
+documented schemas (OpenAI's error shape for 400/404/413...); bodies the schema calls invalid must
+be refused, and a method a route lacks gets a 405 listing those it has. Not checked here: that every
+body the schema calls valid is accepted, since a few rules cannot be written in JSON Schema
+(max_tokens x n x prompts, prompt + max_tokens within the context, a grammar's or regex's own
+syntax); the long run with every check is in bench/RESULTS.md.
 Bounded: a few examples per route on a small model with small limits."""
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from minivllm.server.limits import ServerLimits
 from tests.test_server import MODEL, ServerThread
 from tests.test_server_ops import chat_model
 
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance,
+CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
+          response_schema_conformance,
           response_headers_conformance, negative_data_rejection, unsupported_method]
 
 
@@ -36,9 +38,10 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 def fuzz_server(tmp_path_factory):
     from minivllm.server import build_app
 
-    engine = LLMEngine(EngineConfig(chat_model(tmp_path_factory), block_size=8, num_kv_blocks=256, max_model_len=64,
-                                    trace_steps=0))
-    srv = ServerThread(build_app(engine, MODEL, limits=ServerLimits(max_request_bytes=32 * 1024, max_n=4,
+    engine = LLMEngine(EngineConfig(chat_model(tmp_path_factory), block_size=8, num_kv_blocks=256,
+                                    max_model_len=64, trace_steps=0))
+    srv = ServerThread(build_app(engine, MODEL, limits=ServerLimits(max_request_bytes=32 * 1024,
+                                                                    max_n=4,
                                                                     max_tokens_times_n=64)))
     srv.url = f"http://127.0.0.1:{srv.port}"
     yield srv

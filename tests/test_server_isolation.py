@@ -1,8 +1,8 @@
 """Issue 28: one hostile request (inside every limit) must not make anyone else wait.
 
-Each row of the issue's table runs, scaled down, against `python -m minivllm serve` in its own process (so the
-probes do not share its GIL), while bench/serve_isolation.py's probes time /health and another client's 1-token
-completion. The full-size figures are in bench/RESULTS.md.
+Each row of the issue's table runs, scaled down, against `python -m minivllm serve` in its own
+process (so the probes do not share its GIL), while bench/serve_isolation.py's probes time /health
+and another client's 1-token completion. The full-size figures are in bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from tests.test_server_ops import chat_model, serve_process
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    proc, url = serve_process(chat_model(tmp_path_factory, max_position_embeddings=4096), "--log-level", "warning")
+    proc, url = serve_process(chat_model(tmp_path_factory, max_position_embeddings=4096),
+                              "--log-level", "warning")
     yield url
     proc.terminate()
     proc.wait(timeout=30)
@@ -44,12 +45,14 @@ def test_100k_prompt_lists_row(served):
 def test_prompt_logprobs_rows(served):
     res = isolated(served, "prompt_logprobs_all", 1.0)
     assert res["hostile_status"] == [400] and "max_logprobs of 20" in res["error"]
-    res = isolated(served, "prompt_logprobs_max", 0.5)  # 20 logprobs at each of 500 prompt positions
+    # 20 logprobs at each of 500 prompt positions
+    res = isolated(served, "prompt_logprobs_max", 0.5)
     assert res["hostile_status"] == [200] and res["logprob_positions"] == 501
 
 
 def test_two_huge_text_prompts_row(served):
-    res = isolated(served, "huge_texts", 0.1)  # two 390 kB texts: tokenized, then longer than the context
+    # two 390 kB texts: tokenized, then longer than the context
+    res = isolated(served, "huge_texts", 0.1)
     assert res["hostile_status"] == [400, 400]
 
 
@@ -64,15 +67,15 @@ def test_same_request_id_twice_at_once(served):
 
 
 def test_a_call_enters_the_engine_in_slices_so_a_later_client_overtakes_it(tmp_path_factory):
-    """With max_num_seqs=4, a 128-prompt call holds at most 4 sequences in the engine while it is alone and 2 once
-    another client arrives, so the other client's request finishes long before the big call does (unsliced, it
-    would queue behind all 128 and finish with them)."""
+    """With max_num_seqs=4, a 128-prompt call holds at most 4 sequences in the engine while it is
+    alone and 2 once another client arrives, so the other client's request finishes long before the
+    big call does (unsliced, it would queue behind all 128 and finish with them)."""
     from minivllm.config import EngineConfig
     from minivllm.engine.llm_engine import LLMEngine
     from minivllm.server import build_app
 
-    engine = LLMEngine(EngineConfig(chat_model(tmp_path_factory), block_size=8, num_kv_blocks=256, max_model_len=128,
-                                    max_num_seqs=4, trace_steps=0))
+    engine = LLMEngine(EngineConfig(chat_model(tmp_path_factory), block_size=8, num_kv_blocks=256,
+                                    max_model_len=128, max_num_seqs=4, trace_steps=0))
     most = [0]
     real_step = engine.step
 
@@ -86,7 +89,8 @@ def test_a_call_enters_the_engine_in_slices_so_a_later_client_overtakes_it(tmp_p
     finished: dict[str, float] = {"start": time.monotonic()}
 
     def big() -> None:
-        r = httpx.post(url + "/v1/completions", json={"prompt": [[5, 6]] * 128, "max_tokens": 24, "ignore_eos": True},
+        r = httpx.post(url + "/v1/completions", json={"prompt": [[5, 6]] * 128, "max_tokens": 24,
+                                                      "ignore_eos": True},
                        timeout=120)
         assert r.status_code == 200 and len(r.json()["choices"]) == 128
         finished["big"] = time.monotonic()
@@ -96,7 +100,8 @@ def test_a_call_enters_the_engine_in_slices_so_a_later_client_overtakes_it(tmp_p
         t.start()
         time.sleep(0.3)
         sent = time.monotonic()
-        r = httpx.post(url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 2}, timeout=60)
+        r = httpx.post(url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 2},
+                       timeout=60)
         finished["small"] = time.monotonic()
         assert r.status_code == 200
         t.join(120)
@@ -108,15 +113,15 @@ def test_a_call_enters_the_engine_in_slices_so_a_later_client_overtakes_it(tmp_p
 
 
 def test_slow_clients_get_408_and_are_disconnected(tmp_path_factory):
-    """Half a request head, or a Content-Length and half the body, or nothing at all: closed after the read
-    timeout (1 s here) with OpenAI's error object, and the server keeps serving."""
+    """Half a request head, or a Content-Length and half the body, or nothing at all: closed after
+    the read timeout (1 s here) with OpenAI's error object, and the server keeps serving."""
     from minivllm.config import EngineConfig
     from minivllm.engine.llm_engine import LLMEngine
     from minivllm.server import build_app
     from minivllm.server.connection import http_protocol
 
-    engine = LLMEngine(EngineConfig(chat_model(tmp_path_factory), block_size=8, num_kv_blocks=64, max_model_len=64,
-                                    trace_steps=0))
+    engine = LLMEngine(EngineConfig(chat_model(tmp_path_factory), block_size=8, num_kv_blocks=64,
+                                    max_model_len=64, trace_steps=0))
     srv = ServerThread(build_app(engine, MODEL), http=http_protocol(1.0))
     starts = [b"", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n",
               b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -152,8 +157,8 @@ def test_malformed_http_is_an_openai_error(tmp_path_factory):
     from minivllm.server import build_app
     from minivllm.server.connection import http_protocol
 
-    engine = LLMEngine(EngineConfig(chat_model(tmp_path_factory), block_size=8, num_kv_blocks=64, max_model_len=64,
-                                    trace_steps=0))
+    engine = LLMEngine(EngineConfig(chat_model(tmp_path_factory), block_size=8, num_kv_blocks=64,
+                                    max_model_len=64, trace_steps=0))
     srv = ServerThread(build_app(engine, MODEL), http=http_protocol(5.0))
     try:
         with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
@@ -169,16 +174,16 @@ def test_malformed_http_is_an_openai_error(tmp_path_factory):
 
 
 def test_a_client_that_hangs_up_while_its_prompts_are_checked_stops_them(tmp_path_factory, monkeypatch):
-    """Prompts are checked PROMPTS_PER_JOB at a time: a client gone during the first piece gets no second one,
-    and nothing of its call reaches the engine."""
+    """Prompts are checked PROMPTS_PER_JOB at a time: a client gone during the first piece gets no
+    second one, and nothing of its call reaches the engine."""
     from minivllm.config import EngineConfig
     from minivllm.engine.input_processor import InputProcessor
     from minivllm.engine.llm_engine import LLMEngine
     from minivllm.server import build_app
     from minivllm.server.preprocess import PROMPTS_PER_JOB
 
-    engine = LLMEngine(EngineConfig(chat_model(tmp_path_factory), block_size=8, num_kv_blocks=64, max_model_len=64,
-                                    trace_steps=0))
+    engine = LLMEngine(EngineConfig(chat_model(tmp_path_factory), block_size=8, num_kv_blocks=64,
+                                    max_model_len=64, trace_steps=0))
     srv = ServerThread(build_app(engine, MODEL))
     checked, gone, first = [0], threading.Event(), threading.Event()
     real = InputProcessor.process

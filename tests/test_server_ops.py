@@ -1,7 +1,8 @@
-"""The server for operators (issue 17): limits, keys, CORS, vLLM's endpoints and names, shutdown, fuzzing.
+"""The server for operators (issue 17): limits, keys, CORS, vLLM's endpoints and names, shutdown,
+fuzzing.
 
-Reuses test_server's tiny chat model and in-process server thread; the shutdown tests run `python -m minivllm
-serve` in a subprocess on a free loopback port and send it real signals.
+Reuses test_server's tiny chat model and in-process server thread; the shutdown tests run `python -m
+minivllm serve` in a subprocess on a free loopback port and send it real signals.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ def ckpt(tmp_path_factory):
 def start(ckpt, **kw) -> ServerThread:
     from minivllm.server import build_app
 
-    engine = LLMEngine(EngineConfig(ckpt, block_size=8, num_kv_blocks=256, max_model_len=128, trace_steps=0))
+    engine = LLMEngine(EngineConfig(ckpt, block_size=8, num_kv_blocks=256, max_model_len=128,
+                                    trace_steps=0))
     srv = ServerThread(build_app(engine, MODEL, **kw))
     srv.url, srv.engine = f"http://127.0.0.1:{srv.port}", engine
     return srv
@@ -52,7 +54,8 @@ def start(ckpt, **kw) -> ServerThread:
 
 @pytest.fixture(scope="module")
 def ops(ckpt):
-    srv = start(ckpt, limits=ServerLimits(max_request_bytes=64 * 1024, max_n=8, max_tokens_times_n=512),
+    srv = start(ckpt, limits=ServerLimits(max_request_bytes=64 * 1024, max_n=8,
+                                          max_tokens_times_n=512),
                 allowed_origins=["http://app.example"])
     yield srv
     srv.stop()
@@ -72,12 +75,13 @@ def err(r: httpx.Response, status: int) -> dict:
     return body["error"]
 
 
-# ---- bad input the issue found -------------------------------------------------------------------------
+# ---- bad input the issue found -------------------------------------------------------------------
 def test_lone_surrogate_is_a_400_on_both_endpoints_and_the_connection_survives(ops):
     raw = '"hi \\ud800"'  # JSON's escape for a lone surrogate: valid JSON, invalid Unicode
     bodies = {"/v1/completions": f'{{"prompt": {raw}, "max_tokens": 2}}',
               "/v1/chat/completions": f'{{"messages": [{{"role": "user", "content": {raw}}}], "max_tokens": 2}}'}
-    with httpx.Client(base_url=ops.url, timeout=10) as c:  # one keep-alive connection for every call
+    # one keep-alive connection for every call
+    with httpx.Client(base_url=ops.url, timeout=10) as c:
         ports = set()
         for path, body in bodies.items():
             r = c.post(path, content=body, headers={"content-type": "application/json"})
@@ -98,21 +102,27 @@ def test_unknown_model_is_404(ops):
 
 @pytest.mark.parametrize("seed", [2**64, -(2**63) - 1])
 def test_seed_out_of_range_names_seed(ops, seed):
-    assert err(httpx.post(ops.url + "/v1/completions", json={"prompt": PROMPT, "seed": seed}), 400)["param"] == "seed"
+    assert err(httpx.post(ops.url + "/v1/completions", json={"prompt": PROMPT, "seed": seed}),
+               400)["param"] == "seed"
 
 
 def test_asking_for_more_than_the_context_is_a_400_not_a_silent_cap(ops):
-    e = err(httpx.post(ops.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 127}), 400)
+    e = err(httpx.post(ops.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 127}),
+            400)
     assert e["param"] == "max_tokens" and "128" in e["message"]
-    r = httpx.post(ops.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+    r = httpx.post(ops.url + "/v1/chat/completions",
+                   json={"messages": [{"role": "user", "content": "hi"}],
                                                            "max_tokens": 2})
     assert r.status_code == 200  # chat without max_tokens still means "up to the context"
 
 
 def test_n_and_total_token_caps(ops):
-    assert err(httpx.post(ops.url + "/v1/completions", json={"prompt": PROMPT, "n": 50000}), 400)["param"] == "n"
-    assert err(httpx.post(ops.url + "/v1/completions", json={"prompt": PROMPT, "n": 9}), 400)["param"] == "n"
-    e = err(httpx.post(ops.url + "/v1/completions", json={"prompt": PROMPT, "n": 8, "max_tokens": 100}), 400)
+    assert err(httpx.post(ops.url + "/v1/completions", json={"prompt": PROMPT, "n": 50000}),
+               400)["param"] == "n"
+    assert err(httpx.post(ops.url + "/v1/completions", json={"prompt": PROMPT, "n": 9}),
+               400)["param"] == "n"
+    e = err(httpx.post(ops.url + "/v1/completions",
+                       json={"prompt": PROMPT, "n": 8, "max_tokens": 100}), 400)
     assert "512" in e["message"]
     r = httpx.post(ops.url + "/v1/completions", json={"prompt": PROMPT, "n": 8, "max_tokens": 4})
     assert r.status_code == 200 and len(r.json()["choices"]) == 8
@@ -127,13 +137,15 @@ def test_request_body_cap_is_413(ops):
         for _ in range(100):
             yield b" " * 1024
 
-    r = httpx.post(ops.url + "/v1/completions", content=chunks(), headers={"content-type": "application/json"})
+    r = httpx.post(ops.url + "/v1/completions", content=chunks(),
+                   headers={"content-type": "application/json"})
     err(r, 413)
     assert httpx.get(ops.url + "/health").status_code == 200
 
 
 def test_a_huge_prompt_does_not_stall_other_streams(ckpt, monkeypatch):
-    """Tokenizing runs in the preprocess pool: while one request's tokenization is stuck, others still stream."""
+    """Tokenizing runs in the preprocess pool: while one request's tokenization is stuck, others
+    still stream."""
     from minivllm.tokenizer import Tokenizer
 
     srv = start(ckpt)
@@ -149,21 +161,24 @@ def test_a_huge_prompt_does_not_stall_other_streams(ckpt, monkeypatch):
     monkeypatch.setattr(Tokenizer, "encode", slow_encode)
     try:
         t = threading.Thread(target=httpx.post, args=(srv.url + "/v1/completions",),
-                             kwargs={"json": {"prompt": "HUGE " + PROMPT, "max_tokens": 1}, "timeout": 30})
+                             kwargs={"json": {"prompt": "HUGE " + PROMPT, "max_tokens": 1},
+                                     "timeout": 30})
         t.start()
         assert stuck.wait(10)
-        r = httpx.post(srv.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 8, "ignore_eos": True},
-                       timeout=10)
-        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8 and not release.is_set()
+        r = httpx.post(srv.url + "/v1/completions",
+                       json={"prompt": PROMPT, "max_tokens": 8, "ignore_eos": True}, timeout=10)
+        assert (r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8
+                and not release.is_set())
     finally:
         release.set()
         t.join(10)
         srv.stop()
 
 
-# ---- keys, CORS, HTTP details ---------------------------------------------------------------------------
+# ---- keys, CORS, HTTP details --------------------------------------------------------------------
 def test_api_key(keyed):
-    e = err(httpx.post(keyed.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 1}), 401)
+    e = err(httpx.post(keyed.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 1}),
+            401)
     assert e["type"] == "authentication_error"
     err(httpx.get(keyed.url + "/v1/models", headers={"Authorization": "Bearer wrong"}), 401)
     err(httpx.post(keyed.url + "/tokenize", json={"prompt": "hi"}), 401)
@@ -185,7 +200,8 @@ def test_cors_preflight_and_allow_header(ops):
     pre = httpx.options(ops.url + "/v1/completions", headers={
         "Origin": "http://app.example", "Access-Control-Request-Method": "POST",
         "Access-Control-Request-Headers": "content-type,authorization"})
-    assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == "http://app.example"
+    assert (pre.status_code == 200
+            and pre.headers["access-control-allow-origin"] == "http://app.example")
     other = httpx.options(ops.url + "/v1/completions", headers={
         "Origin": "http://evil.example", "Access-Control-Request-Method": "POST"})
     assert "access-control-allow-origin" not in other.headers
@@ -198,25 +214,31 @@ def test_cors_preflight_and_allow_header(ops):
     e = err(httpx.post(ops.url + "/v1/completions", content=b'{"prompt": "\xff"}',
                        headers={"content-type": "application/json"}), 400)
     assert "UTF-8" in e["message"] and e["code"] == "invalid_json"
-    e = err(httpx.post(ops.url + "/v1/completions", content=b"[" * 10000, headers={"content-type": "application/json"}),
+    e = err(httpx.post(ops.url + "/v1/completions", content=b"[" * 10000,
+                       headers={"content-type": "application/json"}),
             400)
     assert "nested too deeply" in e["message"]
 
 
-# ---- vLLM's endpoints --------------------------------------------------------------------------------------
+# ---- vLLM's endpoints ----------------------------------------------------------------------------
 def test_tokenize_detokenize_version_ping(ops):
     r = httpx.post(ops.url + "/tokenize", json={"prompt": PROMPT}).json()
     assert set(r) >= {"count", "max_model_len", "tokens"} and r["count"] == len(r["tokens"]) > 0
     assert r["max_model_len"] == 128
-    assert httpx.post(ops.url + "/detokenize", json={"tokens": r["tokens"]}).json() == {"prompt": PROMPT}
-    chat = httpx.post(ops.url + "/tokenize", json={"messages": [{"role": "user", "content": "hi"}]}).json()
-    usage = httpx.post(ops.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+    assert httpx.post(ops.url + "/detokenize",
+                      json={"tokens": r["tokens"]}).json() == {"prompt": PROMPT}
+    chat = httpx.post(ops.url + "/tokenize",
+                      json={"messages": [{"role": "user", "content": "hi"}]}).json()
+    usage = httpx.post(ops.url + "/v1/chat/completions",
+                       json={"messages": [{"role": "user", "content": "hi"}],
                                                                "max_tokens": 1}).json()["usage"]
     assert chat["count"] == usage["prompt_tokens"], "tokenize counts what chat would send"
-    assert err(httpx.post(ops.url + "/detokenize", json={"tokens": [10**9]}), 400)["param"] == "tokens"
+    assert err(httpx.post(ops.url + "/detokenize", json={"tokens": [10**9]}),
+               400)["param"] == "tokens"
     assert err(httpx.post(ops.url + "/tokenize", json={"prompt": "x", "model": "nope"}), 404)
     assert httpx.get(ops.url + "/version").json() == {"version": minivllm.__version__}
-    assert httpx.get(ops.url + "/ping").json() == {"status": "ok"} and httpx.post(ops.url + "/ping").status_code == 200
+    assert (httpx.get(ops.url + "/ping").json() == {"status": "ok"}
+            and httpx.post(ops.url + "/ping").status_code == 200)
 
 
 def test_openapi_documents_400_not_422(ops):
@@ -226,13 +248,15 @@ def test_openapi_documents_400_not_422(ops):
     responses = spec["paths"]["/v1/completions"]["post"]["responses"]
     for status in ("400", "401", "404", "413"):
         assert responses[status]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorResponse")
-    assert {"/tokenize", "/detokenize", "/version", "/ping", "/v1/models/{model_id}"} <= set(spec["paths"])
+    assert {"/tokenize", "/detokenize", "/version", "/ping",
+            "/v1/models/{model_id}"} <= set(spec["paths"])
 
 
-# ---- shutdown, in a real process ------------------------------------------------------------------------
+# ---- shutdown, in a real process -----------------------------------------------------------------
 @pytest.fixture(scope="module")
 def long_ckpt(tmp_path_factory):
-    """The chat model with room for 4096 positions, so streams outlast the shutdown timeout whatever the load."""
+    """The chat model with room for 4096 positions, so streams outlast the shutdown timeout whatever
+    the load."""
     return chat_model(tmp_path_factory, max_position_embeddings=4096)
 
 
@@ -240,7 +264,8 @@ def serve_process(ckpt, *args: str) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "minivllm", "serve", "--model", str(ckpt), "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "minivllm", "serve", "--model", str(ckpt),
+                             "--port", str(port),
                              "--num-kv-blocks", "1024", "--max-model-len", "4096", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -255,12 +280,14 @@ def serve_process(ckpt, *args: str) -> tuple[subprocess.Popen, str]:
             time.sleep(0.2)
 
 
-def open_streams(url: str, count: int, max_tokens: int, first: threading.Barrier) -> list[list[str]]:
+def open_streams(url: str, count: int, max_tokens: int,
+                 first: threading.Barrier) -> list[list[str]]:
     """`count` streaming clients, each in a thread; returns their data lines once all have ended."""
     results: list[list[str]] = [[] for _ in range(count)]
 
     def one(i: int) -> None:
-        body = {"prompt": f"{PROMPT} {i}", "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+        body = {"prompt": f"{PROMPT} {i}", "max_tokens": max_tokens, "ignore_eos": True,
+                "stream": True}
         try:
             with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
                 for n, line in enumerate(line for line in r.iter_lines() if line):
@@ -329,4 +356,5 @@ def test_a_second_signal_exits_at_once(long_ckpt):
             proc.kill()
     out = proc.stdout.read().decode()
     assert "Traceback" not in out and "CancelledError" not in out, out[-3000:]
-    assert "engine stopped: 1024 of 1024 KV blocks free" in out, out[-3000:]  # the engine still stops cleanly
+    # the engine still stops cleanly
+    assert "engine stopped: 1024 of 1024 KV blocks free" in out, out[-3000:]

@@ -1,4 +1,5 @@
-"""Text in, text out on the embedded model: incremental detokenization, stop strings, EOS and chat."""
+"""Text in, text out on the embedded model: incremental detokenization, stop strings, EOS and
+chat."""
 
 import pytest
 
@@ -15,7 +16,8 @@ def llm():
 
 
 def test_text_is_the_same_streamed_or_decoded_once(llm):
-    """CUMULATIVE outputs build text token by token; LLM.generate (FINAL_ONLY) decodes it once at the end.
+    """CUMULATIVE outputs build text token by token; LLM.generate (FINAL_ONLY) decodes it once at
+    the end.
 
     High temperatures reach rare byte-level tokens, whose characters may span several tokens."""
     prompts = SEEDS + [{"prompt_token_ids": [1] + list(range(6, 40))}]
@@ -29,12 +31,14 @@ def test_text_is_the_same_streamed_or_decoded_once(llm):
     while engine.has_unfinished_requests():
         streamed.update({o.request_id: o.outputs[0] for o in engine.step() if o.finished})
     for i, out in enumerate(once):
-        assert streamed[f"streamed-{i}"].token_ids == out.outputs[0].token_ids  # same seeds, same tokens
+        # same seeds, same tokens
+        assert streamed[f"streamed-{i}"].token_ids == out.outputs[0].token_ids
         assert streamed[f"streamed-{i}"].text == out.outputs[0].text
 
 
 def test_incremental_text_equals_decoding_everything(llm):
-    outs = llm.generate(SEEDS, SamplingParams(temperature=0.9, seed=3, max_tokens=48), use_tqdm=False)
+    outs = llm.generate(SEEDS, SamplingParams(temperature=0.9, seed=3, max_tokens=48),
+                        use_tqdm=False)
     for out in outs:
         c = out.outputs[0]
         assert c.text == llm.tokenizer.decode(c.token_ids), "step-by-step text must equal one decode"
@@ -44,7 +48,8 @@ def test_incremental_text_equals_decoding_everything(llm):
 def test_prompt_starts_with_bos_and_generation_ends_at_eos(llm):
     ids = llm.tokenizer.encode("Hello there")
     assert ids[0] == llm.tokenizer.hf.bos_token_id
-    out = llm.generate("Hello there", SamplingParams(temperature=0, max_tokens=400), use_tqdm=False)[0].outputs[0]
+    out = llm.generate("Hello there", SamplingParams(temperature=0, max_tokens=400),
+                       use_tqdm=False)[0].outputs[0]
     assert out.finish_reason == "stop" and out.token_ids[-1] == llm.engine.eos_token_id
     assert "</s>" not in out.text
 
@@ -54,7 +59,8 @@ def test_stop_strings_cut_the_text_and_stream_monotonically(llm):
                         use_tqdm=False)[0].outputs[0].text
     word = full.split()[3]
     eng = llm.engine
-    eng.add_request("s", "Hi, my name is", SamplingParams(temperature=0, max_tokens=40, stop=[word, "zzz"]))
+    eng.add_request("s", "Hi, my name is", SamplingParams(temperature=0, max_tokens=40,
+                                                          stop=[word, "zzz"]))
     seen = []
     while eng.has_unfinished_requests():
         seen += [o.outputs[0] for o in eng.step()]
@@ -66,8 +72,10 @@ def test_stop_strings_cut_the_text_and_stream_monotonically(llm):
 
 
 def test_find_stop_string_only_looks_at_new_text():
-    assert find_stop_string("abc STOP def", 4, ["STOP"]) is None  # " def" is new: STOP was complete before
-    assert find_stop_string("abc STOP def", 5, ["STOP"]) == (4, "STOP")  # "P def": its last letter is new
+    # " def" is new: STOP was complete before
+    assert find_stop_string("abc STOP def", 4, ["STOP"]) is None
+    # "P def": its last letter is new
+    assert find_stop_string("abc STOP def", 5, ["STOP"]) == (4, "STOP")
     assert find_stop_string("abc ST", 2, ["STOP"]) is None
     assert find_stop_string("abc STOP", 2, ["STOP", "c S"]) == (4, "STOP")
     assert find_stop_string("abc STOP", 6, ["STOP", "c S"]) == (2, "c S")
@@ -81,8 +89,9 @@ def test_chat_template(llm):
 
 
 def test_decoding_once_holds_back_what_streaming_holds_back(llm):
-    """Cut a text with multi-byte characters (several byte-level tokens each) after every token: the one-shot
-    decode of the output equals the step-by-step text, also when it ends inside a character."""
+    """Cut a text with multi-byte characters (several byte-level tokens each) after every token: the
+    one-shot decode of the output equals the step-by-step text, also when it ends inside a
+    character."""
     tok = llm.tokenizer
     ids = tok.encode("Hi ☃ there, 日本 café!")
     assert len(ids) > len("Hi ☃ there, 日本 café!".split()) + 4, "some characters span several tokens"
@@ -90,7 +99,8 @@ def test_decoding_once_holds_back_what_streaming_holds_back(llm):
     for end in range(4, len(ids) + 1):
         prompt, out = ids[:3], ids[3:end]
         state = tok.start_detokenizer(len(prompt))
-        streamed = "".join(tok.detokenize_step(prompt + out[:i], state) for i in range(1, len(out) + 1))
+        streamed = "".join(tok.detokenize_step(prompt + out[:i], state)
+                           for i in range(1, len(out) + 1))
         once = tok.detokenize_rest(prompt + out, tok.start_detokenizer(len(prompt)))
         assert once == streamed
         split_ends += tok.decode(prompt + out).endswith("\ufffd")

@@ -1,7 +1,7 @@
-"""Every name vLLM's EngineArgs and SamplingParams accept is accepted here, or refused with a ValueError naming
-it: never a bare TypeError, whatever the value. The names are read from vLLM's source (vllm/engine/arg_utils.py
-and vllm/sampling_params.py, v0.11 era, plus older names its examples still use) and written down here, so the
-suite needs no vLLM."""
+"""Every name vLLM's EngineArgs and SamplingParams accept is accepted here, or refused with a
+ValueError naming it: never a bare TypeError, whatever the value. The names are read from vLLM's
+source (vllm/engine/arg_utils.py and vllm/sampling_params.py, v0.11 era, plus older names its
+examples still use) and written down here, so the suite needs no vLLM."""
 
 import re
 
@@ -59,7 +59,8 @@ def accepted_or_named(make, name: str, value) -> None:
     try:
         make(**{name: value})
     except ValueError as e:
-        assert re.search(rf"\b{re.escape(name)}\b", str(e)), f"{name}={value!r}: the error does not name it: {e}"
+        assert (re.search(rf"\b{re.escape(name)}\b",
+                          str(e))), f"{name}={value!r}: the error does not name it: {e}"
     except Exception as e:  # a TypeError, KeyError, ...: what the engine promises never to raise
         pytest.fail(f"{name}={value!r} raised {type(e).__name__}: {e}")
 
@@ -79,21 +80,24 @@ def test_vllm_sampling_param(name):
 
 def test_the_same_checks_guard_llm_itself():
     """LLM() goes through EngineArgs: the issue's TypeErrors are ValueErrors naming the argument."""
-    for kwargs in ({"hf_overrides": {"rope_theta": 1.0}}, {"enable_eplb": True}, {"no_such_thing": 1}):
+    for kwargs in ({"hf_overrides": {"rope_theta": 1.0}}, {"enable_eplb": True},
+                   {"no_such_thing": 1}):
         (name,) = kwargs
         with pytest.raises(ValueError, match=name):
             LLM(**kwargs)
-    llm = LLM(mm_processor_kwargs={"num_crops": 4}, limit_mm_per_prompt={"image": 5}, hf_overrides={},
-              num_kv_blocks=16)  # harmless for a text-only model: accepted
+    llm = LLM(mm_processor_kwargs={"num_crops": 4}, limit_mm_per_prompt={"image": 5},
+              hf_overrides={}, num_kv_blocks=16)  # harmless for a text-only model: accepted
     assert llm.engine.kv.pool.num_blocks == 16
 
 
 def test_known_names_are_all_fields_here():
-    """Most of vLLM's names are refused; these must be real knobs here (the table did not lose one)."""
-    supported = {"model", "served_model_name", "tokenizer", "dtype", "seed", "max_model_len", "block_size",
-                 "enable_prefix_caching", "swap_space", "gpu_memory_utilization", "kv_cache_memory_bytes",
-                 "max_num_batched_tokens", "max_num_seqs", "revision", "tokenizer_revision", "download_dir",
-                 "enforce_eager", "enable_chunked_prefill", "speculative_config", "scheduling_policy",
-                 "generation_config", "device", "speculative_model", "num_speculative_tokens", "preemption_mode"}
+    """Most of vLLM's names are refused; these must be real knobs here (the table did not lose
+    one)."""
+    supported = {"model", "served_model_name", "tokenizer", "dtype", "seed", "max_model_len",
+                 "block_size", "enable_prefix_caching", "swap_space", "gpu_memory_utilization",
+                 "kv_cache_memory_bytes", "max_num_batched_tokens", "max_num_seqs", "revision",
+                 "tokenizer_revision", "download_dir", "enforce_eager", "enable_chunked_prefill",
+                 "speculative_config", "scheduling_policy", "generation_config", "device",
+                 "speculative_model", "num_speculative_tokens", "preemption_mode"}
     for name in supported:
         EngineArgs(**{name: getattr(EngineArgs(), name)}).create_engine_config()

@@ -1,6 +1,6 @@
-"""vLLM's offline APIs used the way its examples/offline_inference scripts use them (our own code, on the embedded
-model): get_metrics, reset_prefix_cache, start/stop_profile, AsyncLLM streaming, the OpenAI batch runner, and
-the import paths those scripts use."""
+"""vLLM's offline APIs used the way its examples/offline_inference scripts use them (our own code,
+on the embedded model): get_metrics, reset_prefix_cache, start/stop_profile, AsyncLLM streaming, the
+OpenAI batch runner, and the import paths those scripts use."""
 
 import asyncio
 import json
@@ -13,7 +13,8 @@ import pytest
 from minivllm import LLM, SamplingParams
 from minivllm.engine.llm_engine import LLMEngine
 
-PROMPTS = ["Hello, my name is", "The capital of France is", "Once upon a time", "The future of AI is"]
+PROMPTS = ["Hello, my name is", "The capital of France is", "Once upon a time",
+           "The future of AI is"]
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +27,11 @@ def test_vllm_import_paths_resolve():
     from minivllm.distributed import cleanup_dist_env_and_memory
     from minivllm.inputs import TokensPrompt
     from minivllm.logger import init_logger
-    from minivllm.sampling.logits_processor import AdapterLogitsProcessor, LogitsProcessor, process_dict_updates
+    from minivllm.sampling.logits_processor import (
+        AdapterLogitsProcessor,
+        LogitsProcessor,
+        process_dict_updates,
+    )
     from minivllm.server.async_llm import AsyncLLM
     from minivllm.v1.engine.async_llm import AsyncLLM as AsyncLLM_
     from minivllm.v1.metrics.reader import Counter, Gauge, Histogram, Vector  # noqa: F401
@@ -64,14 +69,17 @@ def test_get_metrics_counts_what_generate_did(llm):
         return m.value
 
     made = sum(len(o.outputs[0].token_ids) for o in outs)
-    assert counter(after, "vllm:generation_tokens") - counter(before, "vllm:generation_tokens") == made
+    assert (counter(after, "vllm:generation_tokens") - counter(before,
+                                                               "vllm:generation_tokens") == made)
     assert counter(after, "vllm:prompt_tokens") - counter(before, "vllm:prompt_tokens") == sum(
         len(o.prompt_token_ids) for o in outs)
-    finished = sum(counter(after, "vllm:request_success", finished_reason=r) for r in ("stop", "length"))
+    finished = sum(counter(after, "vllm:request_success",
+                           finished_reason=r) for r in ("stop", "length"))
     assert finished - sum(counter(before, "vllm:request_success", finished_reason=r)
                           for r in ("stop", "length")) == len(PROMPTS)
     [e2e] = after["vllm:e2e_request_latency_seconds"]
-    assert isinstance(e2e, Histogram) and e2e.count >= len(PROMPTS) and e2e.buckets["+Inf"] == e2e.count
+    assert (isinstance(e2e, Histogram) and e2e.count >= len(PROMPTS)
+            and e2e.buckets["+Inf"] == e2e.count)
     assert list(e2e.buckets.values()) == sorted(e2e.buckets.values()), "buckets are cumulative"
     [running] = after["vllm:num_requests_running"]
     assert isinstance(running, Gauge) and running.value == 0
@@ -79,7 +87,8 @@ def test_get_metrics_counts_what_generate_did(llm):
 
 
 def test_spec_decode_metrics_are_a_vector_per_position():
-    """The spec_decode.py pattern: drafts, draft tokens, accepted tokens and the per-position Vector agree."""
+    """The spec_decode.py pattern: drafts, draft tokens, accepted tokens and the per-position Vector
+    agree."""
     from minivllm.v1.metrics.reader import Counter, Vector
 
     llm = LLM(num_kv_blocks=64, speculative_config={"method": "ngram", "num_speculative_tokens": 3,
@@ -92,14 +101,17 @@ def test_spec_decode_metrics_are_a_vector_per_position():
         "vllm:spec_decode_num_accepted_tokens_per_pos"]
     assert isinstance(drafts, Counter) and isinstance(per_pos, Vector)
     stats = llm.engine.stats()
-    assert (drafts.value, proposed.value, accepted.value) == (stats["spec_num_steps"], stats["spec_num_proposed"],
+    assert (drafts.value, proposed.value, accepted.value) == (stats["spec_num_steps"],
+                                                              stats["spec_num_proposed"],
                                                               stats["spec_num_accepted"])
     assert drafts.value > 0 and sum(per_pos.values) == accepted.value and len(per_pos.values) == 3
-    assert per_pos.values == sorted(per_pos.values, reverse=True), "a later position is accepted only after earlier"
+    assert (per_pos.values == sorted(per_pos.values,
+                                     reverse=True)), "a later position is accepted only after earlier"
 
 
 def test_reset_prefix_cache_between_runs(llm):
-    """The automatic_prefix_caching.py pattern: a shared prefix hits; after a reset it is computed again."""
+    """The automatic_prefix_caching.py pattern: a shared prefix hits; after a reset it is computed
+    again."""
     prefix = "You are a helpful assistant who answers in one short sentence about geography. " * 3
     prompts = [prefix + q for q in ("Where is Paris?", "Where is Rome?")]
     params = SamplingParams(temperature=0, max_tokens=4)
@@ -113,7 +125,8 @@ def test_reset_prefix_cache_between_runs(llm):
 
 
 def test_reset_prefix_cache_refuses_while_blocks_are_held_unless_told():
-    """The llm_engine_reset_kv.py pattern: reset in the middle of a run, with reset_running_requests=True."""
+    """The llm_engine_reset_kv.py pattern: reset in the middle of a run, with
+    reset_running_requests=True."""
     engine = LLMEngine(LLM(num_kv_blocks=64).engine.config)
     prompt = "A robot may not injure a human being " * 4
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -121,7 +134,8 @@ def test_reset_prefix_cache_refuses_while_blocks_are_held_unless_told():
     engine.add_request("0", prompt, params)
     engine.step()
     assert engine.kv.pool.cached, "the prompt's full blocks are named"
-    assert engine.reset_prefix_cache() is False and engine.kv.pool.cached, "refused: a request holds blocks"
+    assert (engine.reset_prefix_cache() is False
+            and engine.kv.pool.cached), "refused: a request holds blocks"
     assert engine.reset_prefix_cache(reset_running_requests=True) is True
     assert not any(b.block_hash for b in engine.kv.pool.blocks)
     done = []
@@ -152,8 +166,9 @@ def test_profile_writes_a_chrome_trace(llm, tmp_path, monkeypatch):
 
 
 def test_async_llm_streams_deltas_and_runs_requests_together():
-    """The async_llm_streaming.py pattern (DELTA outputs, `async for`, shutdown()), with several requests at once:
-    the deltas add up to what a cumulative run produces, and the requests shared steps."""
+    """The async_llm_streaming.py pattern (DELTA outputs, `async for`, shutdown()), with several
+    requests at once: the deltas add up to what a cumulative run produces, and the requests shared
+    steps."""
     from minivllm.config import VllmConfig
     from minivllm.sampling_params import RequestOutputKind
     from minivllm.v1.engine.async_llm import AsyncLLM
@@ -179,8 +194,9 @@ def test_async_llm_streams_deltas_and_runs_requests_together():
             engine.shutdown()
 
     results = asyncio.run(main())
-    ref = LLM(num_kv_blocks=96).generate(PROMPTS, SamplingParams(max_tokens=10, temperature=0.8, top_p=0.95,
-                                                                 seed=42, ignore_eos=True), use_tqdm=False)
+    ref = LLM(num_kv_blocks=96).generate(PROMPTS, SamplingParams(max_tokens=10, temperature=0.8,
+                                                                 top_p=0.95, seed=42,
+                                                                 ignore_eos=True), use_tqdm=False)
     for (text, tokens, n_outputs), out in zip(results, ref):
         assert tokens == out.outputs[0].token_ids and text == out.outputs[0].text
         assert n_outputs > 1, "streamed, not one final output"
@@ -199,7 +215,8 @@ def test_async_llm_abort_and_bad_input():
             async for _ in engine.generate("hi", SamplingParams(max_tokens=2)):
                 pass
         with pytest.raises(ValueError, match="max_model_len"):
-            async for _ in engine.generate([1] * 10_000, SamplingParams(max_tokens=2), request_id="big"):
+            async for _ in engine.generate([1] * 10_000, SamplingParams(max_tokens=2),
+                                           request_id="big"):
                 pass
         seen = []
 
@@ -229,10 +246,11 @@ def test_async_llm_abort_and_bad_input():
 def _batch_lines(model: str) -> list[str]:
     lines = [
         {"custom_id": "chat-1", "method": "POST", "url": "/v1/chat/completions",
-         "body": {"model": model, "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 5,
-                  "temperature": 0}},
+         "body": {"model": model, "messages": [{"role": "user", "content": "Say hello"}],
+                  "max_tokens": 5, "temperature": 0}},
         {"custom_id": "cmpl-1", "method": "POST", "url": "/v1/completions",
-         "body": {"model": model, "prompt": "The capital of France is", "max_tokens": 4, "temperature": 0}},
+         "body": {"model": model, "prompt": "The capital of France is", "max_tokens": 4,
+                  "temperature": 0}},
         {"custom_id": "bad-model", "method": "POST", "url": "/v1/completions",
          "body": {"model": "nope", "prompt": "x", "max_tokens": 2}},
         {"custom_id": "bad-field", "method": "POST", "url": "/v1/completions",
@@ -247,27 +265,32 @@ def test_run_batch_answers_each_line_in_order(llm):
 
     name = llm.engine.config.served_model_name
     results = asyncio.run(run_batch(llm.engine, _batch_lines(name), name))
-    assert [r["custom_id"] for r in results] == ["chat-1", "cmpl-1", "bad-model", "bad-field", "bad-url", None]
+    assert [r["custom_id"] for r in results] == ["chat-1", "cmpl-1", "bad-model", "bad-field",
+                                                 "bad-url", None]
     chat, cmpl, bad_model, bad_field, bad_url, not_json = results
     assert chat["response"]["status_code"] == 200 and chat["error"] is None
     assert chat["response"]["body"]["object"] == "chat.completion"
     assert chat["response"]["body"]["usage"]["completion_tokens"] <= 5
-    ref = llm.generate("The capital of France is", SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)[0]
+    ref = llm.generate("The capital of France is", SamplingParams(temperature=0, max_tokens=4),
+                       use_tqdm=False)[0]
     assert cmpl["response"]["body"]["choices"][0]["text"] == ref.outputs[0].text
     assert bad_model["response"]["status_code"] == 404 and "nope" in bad_model["error"]["message"]
-    assert bad_field["response"]["status_code"] == 400 and "max_tokens" in json.dumps(bad_field["error"])
+    assert (bad_field["response"]["status_code"] == 400
+            and "max_tokens" in json.dumps(bad_field["error"]))
     assert bad_url["response"] is None and "/v1/embeddings" in bad_url["error"]["message"]
     assert not_json["response"] is None and "JSON" in not_json["error"]["message"]
 
 
 def test_run_batch_command_line(tmp_path):
     """`python -m minivllm.entrypoints.openai.run_batch -i ... -o ...` with vLLM's engine flags."""
-    pytest.importorskip("minivllm.engine.arg_utils", reason="EngineArgs comes with the CLI half of issue 27")
+    pytest.importorskip("minivllm.engine.arg_utils",
+                        reason="EngineArgs comes with the CLI half of issue 27")
     from minivllm.config import DEFAULT_MODEL
 
     src, dst = tmp_path / "requests.jsonl", tmp_path / "results.jsonl"
     src.write_text("\n".join(_batch_lines(str(DEFAULT_MODEL))[:2]) + "\n")
-    proc = subprocess.run([sys.executable, "-m", "minivllm.entrypoints.openai.run_batch", "-i", str(src),
+    proc = subprocess.run([sys.executable, "-m", "minivllm.entrypoints.openai.run_batch", "-i",
+                           str(src),
                            "-o", str(dst), "--model", str(DEFAULT_MODEL), "--max-num-seqs", "4"],
                           capture_output=True, text=True, timeout=300, env=os.environ.copy())
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -277,9 +300,11 @@ def test_run_batch_command_line(tmp_path):
 
 
 def test_best_of_returns_the_likeliest_n_of_best_of_samples(llm):
-    """The llm_engine_example.py pattern (n=2, best_of=5, via add_request/step): the two returned are the two
-    likeliest of five samples. Oracle: the same five samples drawn as n=5 (sample i is seeded seed + i)."""
-    prompt, kw = "What is the meaning of life?", dict(temperature=0.8, top_p=0.95, frequency_penalty=0.1,
+    """The llm_engine_example.py pattern (n=2, best_of=5, via add_request/step): the two returned
+    are the two likeliest of five samples. Oracle: the same five samples drawn as n=5 (sample i is
+    seeded seed + i)."""
+    prompt, kw = "What is the meaning of life?", dict(temperature=0.8, top_p=0.95,
+                                                      frequency_penalty=0.1,
                                                        max_tokens=8, seed=3)
     engine = llm.engine
     engine.add_request("best", prompt, SamplingParams(n=2, best_of=5, **kw))
@@ -291,8 +316,10 @@ def test_best_of_returns_the_likeliest_n_of_best_of_samples(llm):
     five = llm.generate(prompt, SamplingParams(n=5, logprobs=0, **kw), use_tqdm=False)[0].outputs
     ranked = sorted(five, key=lambda c: -c.cumulative_logprob)[:2]
     assert [c.token_ids for c in best] == [c.token_ids for c in ranked]
-    assert [c.index for c in best] == [0, 1] and best[0].cumulative_logprob >= best[1].cumulative_logprob
-    assert [c.cumulative_logprob for c in best] == pytest.approx([c.cumulative_logprob for c in ranked])
+    assert ([c.index for c in best] == [0, 1]
+            and best[0].cumulative_logprob >= best[1].cumulative_logprob)
+    assert [c.cumulative_logprob for c in best] == pytest.approx([c.cumulative_logprob
+                                                                  for c in ranked])
     assert best[0].logprobs is None, "logprobs were not asked for: only used for the ranking"
     with pytest.raises(ValueError, match="best_of"):
         SamplingParams(n=3, best_of=2)

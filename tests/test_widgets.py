@@ -1,4 +1,5 @@
-"""The chapters' widgets, driven by a real engine: click the buttons, move the sliders, read what they draw."""
+"""The chapters' widgets, driven by a real engine: click the buttons, move the sliders, read what
+they draw."""
 
 import os
 import subprocess
@@ -26,19 +27,22 @@ def greedy(n):
 
 @pytest.fixture(scope="module")
 def recorded(llama_path):
-    """Three requests through a small engine: block 4, 24 blocks, budget 16 (so the long prompt is chunked)."""
+    """Three requests through a small engine: block 4, 24 blocks, budget 16 (so the long prompt is
+    chunked)."""
     llm = LLM(llama_path, block_size=4, num_kv_blocks=24, max_num_batched_tokens=16)
     eng = llm.engine
-    for rid, prompt, n in (("long", list(range(1, 22)), 6), ("mid", [5, 6, 7, 8, 9], 4), ("short", [3, 4], 9)):
+    for rid, prompt, n in (("long", list(range(1, 22)), 6), ("mid", [5, 6, 7, 8, 9], 4),
+                           ("short", [3, 4], 9)):
         eng.add_request(rid, prompt, greedy(n))
     while eng.has_unfinished_requests():
         eng.step()
     return eng, list(eng.trace)
 
 
-# Run in a fresh interpreter where ipywidgets and IPython cannot be imported (and, for the HTML and data views,
-# matplotlib neither): the render functions must work there on a real engine's trace. A finder at the front of
-# sys.meta_path refuses the blocked packages, so any import of them, however indirect, fails.
+# Run in a fresh interpreter where ipywidgets and IPython cannot be imported (and, for the HTML and
+# data views, matplotlib neither): the render functions must work there on a real engine's trace. A
+# finder at the front of sys.meta_path refuses the blocked packages, so any import of them, however
+# indirect, fails.
 PURE_SCRIPT = r"""
 import sys
 
@@ -56,7 +60,16 @@ sys.meta_path.insert(0, Refuse())
 
 import minivllm.widgets as w
 from minivllm import LLM, SamplingParams
-from minivllm.widgets import blocks, colors, graphs, journey, speculation, timelines, traces, workloads
+from minivllm.widgets import (
+    blocks,
+    colors,
+    graphs,
+    journey,
+    speculation,
+    timelines,
+    traces,
+    workloads,
+)
 
 greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 llm = LLM(sys.argv[1], block_size=4, num_kv_blocks=24, max_num_batched_tokens=16, speculative_model="[ngram]",
@@ -93,9 +106,10 @@ print("pure ok")
 
 
 def test_render_functions_work_without_ipywidgets(llama_path):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", PURE_SCRIPT, str(llama_path)], capture_output=True, text=True,
-                          env=env, cwd=ROOT, timeout=300)
+    env = ({**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH",
+                                                                                   "")])})
+    done = subprocess.run([sys.executable, "-c", PURE_SCRIPT, str(llama_path)], capture_output=True,
+                          text=True, env=env, cwd=ROOT, timeout=300)
     assert done.returncode == 0 and "pure ok" in done.stdout, done.stderr[-3000:]
 
 
@@ -110,14 +124,17 @@ def test_palette_is_matplotlibs_tab20_and_tab20b():
 def test_step_html_names_the_batch_queues_and_blocks(recorded):
     _, steps = recorded
     first = steps[0]
-    # budget 16: the 21-token prompt takes the whole first step; the others wait, first come first served
-    assert [(e.request_id, e.kind, e.num_tokens) for e in first.scheduled] == [("long", "prefill", 16)]
+    # budget 16: the 21-token prompt takes the whole first step; the others wait, first come first
+    # served
+    assert [(e.request_id, e.kind, e.num_tokens)
+            for e in first.scheduled] == [("long", "prefill", 16)]
     assert first.waiting == ["mid", "short"] and first.allocated["long"] == [0, 1, 2, 3]
     page = widgets.step_html(first, 0, len(steps))
     assert f"step 1 of {len(steps)} (engine step 0)" in page and "prefill 16 tokens" in page
     assert "<b>long</b> [0, 1, 2, 3]" in page  # blocks allocated
     assert "mid, short" in page  # the waiting queue, in order
-    assert "none yet (prefill chunk)" in page  # a chunk that does not reach the prompt's end samples nothing
+    # a chunk that does not reach the prompt's end samples nothing
+    assert "none yet (prefill chunk)" in page
     last = steps[-1]
     page = widgets.step_html(last)
     for rid, why in last.finished.items():
@@ -130,18 +147,22 @@ def test_journey_stepper_buttons_and_slider(recorded):
     _, steps = recorded
     stepper = widgets.JourneyStepper(steps, show_blocks=True, max_blocks=24)
     assert stepper.index == 0 and stepper.slider.value == 1 and stepper.slider.max == len(steps)
-    assert f"step 1 of {len(steps)} (engine step 0)" in stepper.html.value and stepper.image.value[:4] == b"\x89PNG"
+    assert (f"step 1 of {len(steps)} (engine step 0)" in stepper.html.value
+            and stepper.image.value[:4] == b"\x89PNG")
     assert f"step 1 of {len(steps)}" in stepper.figure.axes[0].get_title()
     stepper.step_button.click()
-    assert stepper.index == 1 and f"step 2 of {len(steps)} (engine step {steps[1].step})" in stepper.html.value
+    assert (stepper.index == 1
+            and f"step 2 of {len(steps)} (engine step {steps[1].step})" in stepper.html.value)
     # step 1: the rest of the long prompt (5 tokens) plus the two short prompts, 16 tokens in all
-    assert [(e.request_id, e.num_tokens) for e in steps[1].scheduled] == [("long", 5), ("mid", 5), ("short", 2)]
+    assert [(e.request_id, e.num_tokens) for e in steps[1].scheduled] == [("long", 5), ("mid", 5),
+                                                                          ("short", 2)]
     for rid, blocks_ in steps[1].allocated.items():
         assert f"<b>{rid}</b> {blocks_}" in stepper.html.value
     k = next(i for i, t in enumerate(steps) if t.finished)
     stepper.index = k
     assert stepper.slider.value == k + 1
-    assert all(f"<b>{rid}</b> ({why})" in stepper.html.value for rid, why in steps[k].finished.items())
+    assert all(f"<b>{rid}</b> ({why})" in stepper.html.value for rid,
+               why in steps[k].finished.items())
     free_patches = [p for p in stepper.figure.axes[1].patches if p.get_linestyle() == "--"]
     assert len(free_patches) == steps[k].num_free_blocks
     stepper.slider.value = stepper.slider.max
@@ -149,13 +170,15 @@ def test_journey_stepper_buttons_and_slider(recorded):
     stepper.step_button.click()
     assert stepper.index == len(steps) - 1
     stepper.reset_button.click()
-    assert stepper.index == 0 and "step 1 of" in stepper.html.value and not stepper.step_button.disabled
+    assert (stepper.index == 0 and "step 1 of" in stepper.html.value
+            and not stepper.step_button.disabled)
 
 
 def test_live_stepper_runs_the_engine_at_the_end_of_the_recording(llama_path):
     llm = LLM(llama_path, block_size=4, num_kv_blocks=16)
     eng = llm.engine
-    llm.generate({"prompt_token_ids": [9, 9, 9]}, greedy(2), use_tqdm=False)  # an earlier run in the trace
+    # an earlier run in the trace
+    llm.generate({"prompt_token_ids": [9, 9, 9]}, greedy(2), use_tqdm=False)
     start = eng.num_steps
     eng.add_request("a", [1, 2, 3, 4, 5, 6], greedy(3))
     eng.add_request("b", [7, 8], greedy(2))
@@ -175,7 +198,8 @@ def test_live_stepper_runs_the_engine_at_the_end_of_the_recording(llama_path):
     assert sum(c.is_free for c in widgets.pool_cells(last)) == 16 == last.num_total_blocks
     stepper.reset_button.click()
     stepper.step_button.click()
-    assert stepper.index == 1 and eng.num_steps == start + len(stepper.steps), "replaying does not step the engine"
+    assert (stepper.index == 1
+            and eng.num_steps == start + len(stepper.steps)), "replaying does not step the engine"
 
 
 def test_block_table_viewer_draws_the_pool(recorded):
@@ -202,14 +226,16 @@ def test_shared_prefix_blocks_are_drawn_shared(llama_path):
     llm = LLM(llama_path, block_size=4, num_kv_blocks=40, max_num_batched_tokens=64)
     eng = llm.engine
     system = list(range(10, 27))  # 17 tokens: 4 full blocks, then one more token
-    llm.generate({"prompt_token_ids": system + [1]}, greedy(1), use_tqdm=False)  # fills the prefix cache
+    # fills the prefix cache
+    llm.generate({"prompt_token_ids": system + [1]}, greedy(1), use_tqdm=False)
     for i, q in enumerate(([1, 2, 3], [4, 5], [6])):
         eng.add_request(f"q{i}", system + q, greedy(3))
     eng.step()
     step = eng.trace[-1]
     shared = [c for c in widgets.pool_cells(step) if c.is_shared]
     assert [c.block_id for c in shared] == step.block_tables["q0"][:4]
-    assert all(c.owners == ["q0", "q1", "q2"] and c.ref_cnt == step.shared_blocks[c.block_id] == 3 for c in shared)
+    assert all(c.owners == ["q0", "q1", "q2"] and c.ref_cnt == step.shared_blocks[c.block_id] == 3
+               for c in shared)
     page = widgets.block_table_html(step, 4)
     assert page.count("(x3 shared)") == 12
     fig = widgets.block_table_figure(step, max_blocks=40)
@@ -217,7 +243,8 @@ def test_shared_prefix_blocks_are_drawn_shared(llama_path):
     assert sum(p.get_hatch() == "//" for p in fig.axes[0].patches) == 12
     assert "4 shared" in fig.axes[1].get_title()
     labels = [t.get_text() for t in fig.axes[1].texts]
-    assert [x for x in labels if "\n" in x] == [f"{c.block_id}\nx3" for c in shared], "id over ref count"
+    assert [x for x in labels if "\n" in x] == [f"{c.block_id}\nx3"
+                                                for c in shared], "id over ref count"
     while eng.has_unfinished_requests():
         eng.step()
     assert eng.trace[-1].num_free_blocks == 40 and not eng.trace[-1].shared_blocks
@@ -243,15 +270,18 @@ def test_static_versus_continuous_timeline(llama_path):
     stat = widgets.run_arrivals(eng, toy("s"), "static", batch_size=2)
     # continuous: each request starts the tick it arrives and takes exactly `tokens` steps
     assert cont.finished == {f"c{i}": a + n - 1 for i, (a, n) in enumerate(TOY)}
-    # static, pairs: (0,1) start at 1 when both are there; (2,3) after 0 ends at 10; 4 alone after 3 ends
+    # static, pairs: (0,1) start at 1 when both are there; (2,3) after 0 ends at 10; 4 alone after 3
+    # ends
     assert stat.finished == {"s0": 10, "s1": 5, "s2": 25, "s3": 13, "s4": 32}
     assert stat.admitted == {"s0": 1, "s1": 1, "s2": 11, "s3": 11, "s4": 26}
     assert [len(o.outputs[0].token_ids) for o in cont.outputs.values()] == [5, 3, 10, 7, 15]
     tl_c = widgets.timeline(cont.steps, cont.clock, cont.arrivals)
     tl_s = widgets.timeline(stat.steps, stat.clock, stat.arrivals)
     assert tl_c.request_ids == ["c0", "c1", "c2", "c3", "c4"] and tl_c.last_x == 17
-    assert tl_c.count("waiting") == 0 and tl_c.count("prefill") == 5 and tl_c.count("decode") == 40 - 5
-    assert tl_s.row("s4")[6:26] == ["waiting"] * 20 and tl_s.row("s4")[26:] == ["prefill"] + ["decode"] * 6
+    assert (tl_c.count("waiting") == 0 and tl_c.count("prefill") == 5
+            and tl_c.count("decode") == 40 - 5)
+    assert (tl_s.row("s4")[6:26] == ["waiting"] * 20
+            and tl_s.row("s4")[26:] == ["prefill"] + ["decode"] * 6)
     assert tl_s.row("s0")[:2] == ["waiting", "prefill"]
     assert tl_s.count("waiting") == 1 + 8 + 6 + 20
     assert sum(stat.latency(r) for r in stat.finished) > sum(cont.latency(r) for r in cont.finished)
@@ -262,7 +292,8 @@ def test_static_versus_continuous_timeline(llama_path):
 
 def test_timeline_shows_chunks_and_preemption(llama_path):
     llm = LLM(llama_path, block_size=4, num_kv_blocks=9, max_num_batched_tokens=8)
-    outs = llm.generate([{"prompt_token_ids": list(range(1, 13))}, {"prompt_token_ids": list(range(20, 30))}],
+    outs = llm.generate([{"prompt_token_ids": list(range(1, 13))},
+                         {"prompt_token_ids": list(range(20, 30))}],
                         greedy(10), use_tqdm=False)
     assert all(len(o.outputs[0].token_ids) == 10 for o in outs)
     steps = list(llm.engine.trace)
@@ -282,7 +313,8 @@ def test_kv_occupancy_counts_slots_and_tokens(recorded):
     assert (occ[1].slots, occ[1].tokens) == (6 * 4 + 2 * 4 + 4, 21 + 5 + 2)
     for o, t in zip(occ, steps):
         assert o.blocks == t.num_total_blocks - t.num_free_blocks
-        assert 0 <= o.slots - o.tokens < 4 * max(o.num_requests, 1)  # only each table's last block is partial
+        # only each table's last block is partial
+        assert 0 <= o.slots - o.tokens < 4 * max(o.num_requests, 1)
     assert occ[-1].num_requests == 0 and occ[-1].paged_waste == 0.0
     assert occ[1].static_waste(eng.config.max_model_len) == 1 - 28 / (3 * eng.config.max_model_len)
 
@@ -291,15 +323,19 @@ def test_saved_notebooks_keep_no_widget_views():
     from minivllm.widgets.jupyter import PLACEHOLDER, WIDGET_VIEW, drop_widget_outputs, hint_html
 
     view = {"output_type": "display_data", "metadata": {},
-            "data": {"text/plain": "VBox(...)", WIDGET_VIEW: {"model_id": "abc", "version_major": 2}}}
-    hint = {"output_type": "display_data", "metadata": {}, "data": {"text/html": hint_html(), "text/plain": "x"}}
+            "data": {"text/plain": "VBox(...)",
+                     WIDGET_VIEW: {"model_id": "abc", "version_major": 2}}}
+    hint = {"output_type": "display_data", "metadata": {},
+            "data": {"text/html": hint_html(), "text/plain": "x"}}
     text = {"output_type": "stream", "name": "stdout", "text": "hello\n"}
-    nb = {"cells": [{"cell_type": "code", "outputs": [view, text]}, {"cell_type": "markdown", "source": "x"},
+    nb = {"cells": [{"cell_type": "code", "outputs": [view, text]},
+                    {"cell_type": "markdown", "source": "x"},
                     {"cell_type": "code", "outputs": [text, view, hint]}],
           "metadata": {"widgets": {"application/vnd.jupyter.widget-state+json": {}}}}
     drop_widget_outputs({"type": "notebook", "content": nb}, path="x.ipynb")
     assert nb["cells"][0]["outputs"] == [{**view, "data": {"text/plain": PLACEHOLDER}}, text]
-    assert nb["cells"][2]["outputs"] == [text, hint], "a view followed by its hint gives way to the hint"
+    assert (nb["cells"][2]["outputs"] == [text,
+                                          hint]), "a view followed by its hint gives way to the hint"
     assert "widgets" not in nb["metadata"]
 
 
@@ -321,8 +357,9 @@ def test_the_chapters_widgets_display_a_hint_after_the_view(recorded):
 
 
 def test_the_install_enables_the_save_hook_in_jupyter_server(tmp_path):
-    """What `make install` writes is what Jupyter Server reads: `jupyter server --show-config` lists the hook
-    by a path that imports (run as `python -m`, the module's own name would be `__main__`)."""
+    """What `make install` writes is what Jupyter Server reads: `jupyter server --show-config` lists
+    the hook by a path that imports (run as `python -m`, the module's own name would be
+    `__main__`)."""
     from traitlets.utils.importstring import import_item
 
     from minivllm.widgets import jupyter
@@ -330,17 +367,21 @@ def test_the_install_enables_the_save_hook_in_jupyter_server(tmp_path):
     old = tmp_path / "etc" / "jupyter" / "jupyter_server_config.d" / "minivllm.json"
     old.parent.mkdir(parents=True)
     old.write_text('{"ContentsManager": {"pre_save_hook": "__main__.drop_widget_outputs"}}')
-    (tmp_path / "etc" / "jupyter" / "jupyter_server_config.json").write_text('{"ServerApp": {"port": 8999}}')
+    (tmp_path / "etc" / "jupyter" / "jupyter_server_config.json").write_text('{"ServerApp": '
+                                                                             '{"port": 8999}}')
     # as `make install` runs it (`python -m`, so the module is `__main__`), with a temporary prefix
     run_as_main = (f"import runpy, sys; sys.prefix = {str(tmp_path)!r}; "
-                   "runpy.run_module('minivllm.widgets.jupyter', run_name='__main__', alter_sys=True)")
-    subprocess.run([sys.executable, "-c", run_as_main], check=True, capture_output=True, cwd=tmp_path,
-                   env={**os.environ, "PYTHONPATH": str(ROOT)})
+                   f"runpy.run_module('minivllm.widgets.jupyter', run_name='__main__', "
+                   f"alter_sys=True)")
+    subprocess.run([sys.executable, "-c", run_as_main], check=True, capture_output=True,
+                   cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
     path = tmp_path / "etc" / "jupyter" / "jupyter_server_config.json"
-    assert not old.exists() and '"port": 8999' in path.read_text(), "the stale file goes, other settings stay"
-    env = {**os.environ, "JUPYTER_CONFIG_PATH": str(path.parent), "JUPYTER_CONFIG_DIR": str(tmp_path / "user")}
-    shown = subprocess.run([sys.executable, "-m", "jupyter_server", "--show-config"], env=env, cwd=tmp_path,
-                           capture_output=True, text=True, timeout=120).stdout
+    assert (not old.exists()
+            and '"port": 8999' in path.read_text()), "the stale file goes, other settings stay"
+    env = {**os.environ, "JUPYTER_CONFIG_PATH": str(path.parent),
+           "JUPYTER_CONFIG_DIR": str(tmp_path / "user")}
+    shown = subprocess.run([sys.executable, "-m", "jupyter_server", "--show-config"], env=env,
+                           cwd=tmp_path, capture_output=True, text=True, timeout=120).stdout
     assert f"ContentsManager\n  .pre_save_hook = '{jupyter.HOOK}'" in shown, shown
     assert import_item(jupyter.HOOK) is jupyter.drop_widget_outputs
 

@@ -1,1 +1,2 @@
-"""CPU-side bookkeeping: the block pool, the KV-cache manager and the scheduler (plain Python, no torch)."""
+"""CPU-side bookkeeping: the block pool, the KV-cache manager and the scheduler (plain Python, no
+torch)."""

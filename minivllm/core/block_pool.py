@@ -1,12 +1,14 @@
-"""BlockPool: the physical KV blocks, their reference counts, the free queue and the prefix-cache map.
+"""BlockPool: the physical KV blocks, their reference counts, the free queue and the prefix-cache
+map.
 
-A block id names one slot range of `block_size` tokens in *every* layer's K and V cache tensors. The pool
-never touches tensors: it only decides which ids are in use, the way an OS page allocator hands out frames.
+A block id names one slot range of `block_size` tokens in *every* layer's K and V cache tensors. The
+pool never touches tensors: it only decides which ids are in use, the way an OS page allocator hands
+out frames.
 
-Free blocks wait in an LRU queue. A freed block that holds a full, hashed block of some prompt keeps its
-contents and its hash until it is handed out again, so a later request with the same prefix can take it
-back (a prefix-cache hit). Blocks without a hash go to the front of the queue: they hold nothing worth
-keeping, so they are reused first.
+Free blocks wait in an LRU queue. A freed block that holds a full, hashed block of some prompt keeps
+its contents and its hash until it is handed out again, so a later request with the same prefix can
+take it back (a prefix-cache hit). Blocks without a hash go to the front of the queue: they hold
+nothing worth keeping, so they are reused first.
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ class BlockPool:
         return block_id
 
     def touch(self, block_id: int) -> None:
-        """Share an existing block (a prefix-cache hit): one more reader; out of the free queue if idle."""
+        """Share an existing block (a prefix-cache hit): one more reader; out of the free queue if
+        idle."""
         block = self.blocks[block_id]
         if block.ref_cnt == 0:
             del self.free_queue[block_id]

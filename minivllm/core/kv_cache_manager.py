@@ -1,12 +1,15 @@
-"""KVCacheManager: each request's block table (logical block -> physical block), prefix caching, and forks.
+"""KVCacheManager: each request's block table (logical block -> physical block), prefix caching, and
+forks.
 
 Blocks are allocated on demand as a sequence grows and returned when it finishes, is aborted or is
-preempted. With prefix caching, every *full* block is named by a hash chained to its parent's (block_hash.py),
-so the same tokens after the same prefix always get the same name, and a new request can reuse those blocks.
+preempted. With prefix caching, every *full* block is named by a hash chained to its parent's
+(block_hash.py), so the same tokens after the same prefix always get the same name, and a new
+request can reuse those blocks.
 
-A fork (beam search) shares *every* block of its parent, the partly filled last one included, by reference
-count. Nothing is copied until a sequence writes into a block it shares: `allocate` then gives it its own
-copy first (copy-on-write) and records the (src, dst) pair, which the runner copies before the forward pass.
+A fork (beam search) shares *every* block of its parent, the partly filled last one included, by
+reference count. Nothing is copied until a sequence writes into a block it shares: `allocate` then
+gives it its own copy first (copy-on-write) and records the (src, dst) pair, which the runner copies
+before the forward pass.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from minivllm.hooks import EngineHooks
 class KVEvent(NamedTuple):
     """One thing that happened to a block in a step, for the trace the widgets draw."""
 
-    kind: str  # "alloc", "hit" (prefix cache), "free", "fork", "cow" (copy-on-write), "swap_out", "swap_in"
+    # "alloc", "hit" (prefix cache), "free", "fork", "cow" (copy-on-write), "swap_out", "swap_in"
+    kind: str
     request_id: str  # the sequence's id
     block_id: int
 
@@ -31,19 +35,23 @@ class KVEvent(NamedTuple):
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
                  hooks: EngineHooks | None = None) -> None:
-        """`hooks`: a learner's own BlockPool class or hash_block (see minivllm.hooks); None: the engine's."""
+        """`hooks`: a learner's own BlockPool class or hash_block (see minivllm.hooks); None: the
+        engine's."""
         hooks = hooks or EngineHooks()
         self.block_size = block_size
         self.pool = (hooks.block_pool_cls or BlockPool)(num_blocks)
         self.hash_block = hooks.hash_block or hash_block
         self.enable_prefix_caching = enable_prefix_caching
         self.block_tables: dict[str, list[int]] = {}
-        self.num_registered: dict[str, int] = {}  # how many of a request's blocks the pool knows by name
+        # how many of a request's blocks the pool knows by name
+        self.num_registered: dict[str, int] = {}
         self.events: list[KVEvent] = []  # since the last step, drained into its record
         self.prefix_cache_queries = 0  # prompt tokens looked up
         self.prefix_cache_hits = 0  # of which found in the cache
-        self.copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) pairs not yet handed to the runner
-        self.num_forked_blocks = 0  # blocks forks shared instead of copying their parent's whole table
+        # copy-on-write (src, dst) pairs not yet handed to the runner
+        self.copies: list[tuple[int, int]] = []
+        # blocks forks shared instead of copying their parent's whole table
+        self.num_forked_blocks = 0
         self.num_cow_copies = 0  # blocks copied because a sequence wrote into a shared one
 
     @property
@@ -56,11 +64,12 @@ class KVCacheManager:
     def find_cached_prefix(self, seq: Sequence) -> list[int]:
         """Blocks already holding a prefix of this (new or preempted) request's tokens.
 
-        The last token is never served from the cache: its forward pass is what yields the logits for the
-        next token, so a fully cached prompt still computes one token.
+        The last token is never served from the cache: its forward pass is what yields the logits
+        for the next token, so a fully cached prompt still computes one token.
         """
         if not self.enable_prefix_caching or seq.params.prompt_logprobs is not None:
-            return []  # prompt logprobs need every prompt position's logits: nothing may be skipped (as vLLM)
+            # prompt logprobs need every prompt position's logits: nothing may be skipped (as vLLM)
+            return []
         tokens = seq.all_token_ids
         hashes = extend_block_hashes(seq.block_hashes, tokens, self.block_size, self.hash_block)
         hits = []
@@ -71,18 +80,23 @@ class KVCacheManager:
             hits.append(block_id)
         return hits
 
-    def allocate(self, seq: Sequence, num_new_tokens: int, cached_blocks: list[int] | tuple[int, ...] = ()) -> bool:
-        """Make room for `num_new_tokens` more tokens (after any `cached_blocks`); False if it can't.
+    def allocate(self, seq: Sequence, num_new_tokens: int,
+                 cached_blocks: list[int] | tuple[int, ...] = ()) -> bool:
+        """Make room for `num_new_tokens` more tokens (after any `cached_blocks`); False if it
+        can't.
 
-        All or nothing: when the pool is short, nothing changes, and the scheduler decides what to preempt.
+        All or nothing: when the pool is short, nothing changes, and the scheduler decides what to
+        preempt.
         """
         rid = seq.request_id
         table = self.block_tables.get(rid, [])
         num_tokens = seq.num_computed_tokens + len(cached_blocks) * self.block_size + num_new_tokens
         num_new_blocks = max(self.blocks_needed(num_tokens) - len(table) - len(cached_blocks), 0)
         idle_hits = sum(1 for b in cached_blocks if self.pool.blocks[b].ref_cnt == 0)
-        write_at = seq.num_computed_tokens // self.block_size  # the block the first new token goes into
-        cow = not cached_blocks and write_at < len(table) and self.pool.blocks[table[write_at]].ref_cnt > 1
+        # the block the first new token goes into
+        write_at = seq.num_computed_tokens // self.block_size
+        cow = (not cached_blocks and write_at < len(table)
+               and self.pool.blocks[table[write_at]].ref_cnt > 1)
         if num_new_blocks + idle_hits + cow > self.pool.num_free_blocks:
             return False
         table = self.block_tables.setdefault(rid, [])
@@ -101,27 +115,31 @@ class KVCacheManager:
             self.events.append(KVEvent("alloc", rid, table[-1]))
         if cached_blocks:
             self.num_registered[rid] = len(cached_blocks)
-        self._register_full_blocks(seq, min(num_tokens, seq.num_tokens))  # drafts are not final: skip
+        # drafts are not final: skip
+        self._register_full_blocks(seq, min(num_tokens, seq.num_tokens))
         return True
 
     def _register_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
         """Give the pool the name of every block this step fills, as soon as it is scheduled.
 
-        Sequences scheduled later in the same step can then share it already: each layer stores the whole
-        batch's K/V before any attention reads it, so their queries see what this request writes.
+        Sequences scheduled later in the same step can then share it already: each layer stores the
+        whole batch's K/V before any attention reads it, so their queries see what this request
+        writes.
         """
         if not self.enable_prefix_caching:
             return
         rid = seq.request_id
         hashes = extend_block_hashes(seq.block_hashes, seq.all_token_ids, self.block_size,
                                      self.hash_block)
-        table, start, end = self.block_tables[rid], self.num_registered.get(rid, 0), num_tokens // self.block_size
+        table, start = self.block_tables[rid], self.num_registered.get(rid, 0)
+        end = num_tokens // self.block_size
         for i in range(start, end):
             self.pool.cache(table[i], hashes[i])
         self.num_registered[rid] = max(start, end)
 
     def fork(self, parent_id: str, child: Sequence) -> None:
-        """Give `child` the parent's whole table by reference: one more reader per block, no copy yet."""
+        """Give `child` the parent's whole table by reference: one more reader per block, no copy
+        yet."""
         table = self.block_tables[parent_id]
         for block_id in table:
             self.pool.touch(block_id)
@@ -135,8 +153,8 @@ class KVCacheManager:
         return copies
 
     def swap_out(self, seq: Sequence) -> list[int]:
-        """Free a sequence whose computed blocks go to host memory; returns the blocks holding its data, in order
-        (a pending copy-on-write's source: the copy has not happened yet)."""
+        """Free a sequence whose computed blocks go to host memory; returns the blocks holding its
+        data, in order (a pending copy-on-write's source: the copy has not happened yet)."""
         rid = seq.request_id
         used = self.block_tables.get(rid, [])[: self.blocks_needed(seq.num_computed_tokens)]
         pending = {dst: src for src, dst in self.copies}
@@ -146,8 +164,8 @@ class KVCacheManager:
         return holding
 
     def swap_in(self, seq: Sequence, num_host_blocks: int, num_new_tokens: int) -> list[int] | None:
-        """Fresh blocks for a swapped sequence's `num_host_blocks`, plus room for `num_new_tokens` more; None
-        (nothing changed) when the pool is short."""
+        """Fresh blocks for a swapped sequence's `num_host_blocks`, plus room for `num_new_tokens`
+        more; None (nothing changed) when the pool is short."""
         if self.blocks_needed(seq.num_computed_tokens + num_new_tokens) > self.num_free_blocks:
             return None
         rid = seq.request_id
@@ -157,7 +175,8 @@ class KVCacheManager:
             self.events.append(KVEvent("swap_in", rid, table[-1]))
         fresh = list(table)
         self.num_registered[rid] = 0
-        self._register_full_blocks(seq, seq.num_computed_tokens)  # the copies hold the same tokens: name them
+        # the copies hold the same tokens: name them
+        self._register_full_blocks(seq, seq.num_computed_tokens)
         if not self.allocate(seq, num_new_tokens):  # cannot fail: room was checked above
             raise RuntimeError(f"swap-in of {rid}: the pool changed while it was being filled")
         return fresh
@@ -175,11 +194,12 @@ class KVCacheManager:
         self.num_registered.pop(rid, None)
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
-        """Forget every cached prefix; False (and nothing forgotten) while requests hold blocks, as in vLLM.
+        """Forget every cached prefix; False (and nothing forgotten) while requests hold blocks, as
+        in vLLM.
 
-        `reset_running_requests=True` resets anyway: blocks in use lose their names too, so no new request can
-        share them, while their owners keep reading them (vLLM preempts the owners instead; either way the
-        cache is empty for new lookups and the outputs do not change).
+        `reset_running_requests=True` resets anyway: blocks in use lose their names too, so no new
+        request can share them, while their owners keep reading them (vLLM preempts the owners
+        instead; either way the cache is empty for new lookups and the outputs do not change).
         """
         if self.pool.num_free_blocks < self.pool.num_blocks and not reset_running_requests:
             return False

@@ -1,4 +1,5 @@
-"""Small arithmetic every part shares (vLLM keeps it at `vllm.utils.math_utils`, re-exported there too)."""
+"""Small arithmetic every part shares (vLLM keeps it at `vllm.utils.math_utils`, re-exported there
+too)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,16 @@
-"""EngineArgs (at vLLM's path): one table of engine arguments for `LLM(**kwargs)`, the CLI and the server.
+"""EngineArgs (at vLLM's path): one table of engine arguments for `LLM(**kwargs)`, the CLI and the
+server.
 
-Every field is an argument with vLLM's name and (where minivllm has the knob) our default; `add_cli_args` turns
-the table into flags (`max_num_seqs` -> `--max-num-seqs`, booleans as `--x/--no-x`, as vLLM's do) and
-`from_cli_args` reads them back, so a flag, a keyword and a server option cannot drift apart.
+Every field is an argument with vLLM's name and (where minivllm has the knob) our default;
+`add_cli_args` turns the table into flags (`max_num_seqs` -> `--max-num-seqs`, booleans as
+`--x/--no-x`, as vLLM's do) and `from_cli_args` reads them back, so a flag, a keyword and a server
+option cannot drift apart.
 
-Two kinds of field. Most are EngineConfig's own knobs. The rest are vLLM arguments with no meaning in a one-GPU
-teaching engine (`pipeline_parallel_size`, `data_parallel_size`, ...): a value that asks for nothing we lack (1, None,
-"auto") is accepted and ignored; any other is refused with a ValueError naming the argument. So is an unknown
-name, or a value of the wrong type: nothing ends in a bare TypeError.
+Two kinds of field. Most are EngineConfig's own knobs. The rest are vLLM arguments with no meaning
+in a one-GPU teaching engine (`pipeline_parallel_size`, `data_parallel_size`, ...): a value that
+asks for nothing we lack (1, None, "auto") is accepted and ignored; any other is refused with a
+ValueError naming the argument. So is an unknown name, or a value of the wrong type: nothing ends in
+a bare TypeError.
 """
 
 from __future__ import annotations
@@ -32,21 +35,27 @@ from minivllm.quantization.kv_cache import ACCEPTED_KV_CACHE_DTYPES
 
 def arg(default: Any, help: str = "", *, cli: bool = True, choices: tuple | None = None,
         short: str | None = None) -> Any:
-    """A field of the table: its default, its --help text, and whether it is a CLI flag (Python objects are not)."""
-    return field(default=default, metadata={"help": help, "cli": cli, "choices": choices, "short": short})
+    """A field of the table: its default, its --help text, and whether it is a CLI flag (Python
+    objects are not)."""
+    return field(default=default, metadata={"help": help, "cli": cli, "choices": choices,
+                                            "short": short})
 
 
 def vllm_arg(default: Any, accepts: tuple | list, help: str = "", short: str | None = None) -> Any:
-    """A vLLM argument minivllm has no use for: the values in `accepts` (or ANY) are harmless, others refused."""
-    return field(default=default, metadata={"help": help, "cli": True, "accepts": accepts, "short": short})
+    """A vLLM argument minivllm has no use for: the values in `accepts` (or ANY) are harmless,
+    others refused."""
+    return field(default=default, metadata={"help": help, "cli": True, "accepts": accepts,
+                                            "short": short})
 
 
 @dataclass
 class EngineArgs:
-    """vLLM's EngineArgs: every engine argument, checked when the args are made (a ValueError names the bad one)."""
+    """vLLM's EngineArgs: every engine argument, checked when the args are made (a ValueError names
+    the bad one)."""
 
     # ---- minivllm's knobs (EngineConfig's fields, its defaults) ----
-    model: str | None = arg(None, "checkpoint directory or Hub repo id (default: the embedded minivllm-tiny)")
+    model: str | None = arg(None, "checkpoint directory or Hub repo id (default: the embedded "
+                            "minivllm-tiny)")
     served_model_name: str | list[str] | None = arg(
         None, "the name the server answers to (default: --model exactly as given)")
     tokenizer: str | None = arg(None, "tokenizer directory or Hub id (default: the model's)")
@@ -54,50 +63,68 @@ class EngineArgs:
     tokenizer_revision: str | None = arg(None)
     download_dir: str | None = arg(None, "where Hub downloads go (default: the Hugging Face cache)")
     generation_config: str = arg(EngineConfig.generation_config,
-                                 "'auto': the checkpoint's EOS ids and sampling defaults; 'vllm': ignore them",
+                                 "'auto': the checkpoint's EOS ids and sampling defaults; 'vllm': "
+                                 "ignore them",
                                  choices=("auto", "vllm"))
     dtype: str | torch.dtype = arg(EngineConfig.dtype, "weights and activations dtype",
-                                   choices=("auto", "half", "float16", "bfloat16", "float", "float32"))
-    kv_cache_dtype: str = arg(EngineConfig.kv_cache_dtype, "KV cache elements: the model's dtype ('auto'), or fp8 "
-                              "('fp8' = 'fp8_e4m3', 'fp8_e5m2'): twice the blocks", choices=ACCEPTED_KV_CACHE_DTYPES)
+                                   choices=("auto", "half", "float16", "bfloat16", "float",
+                                            "float32"))
+    kv_cache_dtype: str = arg(EngineConfig.kv_cache_dtype,
+                              "KV cache elements: the model's dtype ('auto'), or fp8 "
+                              "('fp8' = 'fp8_e4m3', 'fp8_e5m2'): twice the blocks",
+                              choices=ACCEPTED_KV_CACHE_DTYPES)
     device: str = arg(EngineConfig.device, '"auto", "cpu", "cuda" or "cuda:N"')
     block_size: int = arg(EngineConfig.block_size, "tokens per KV cache block")
-    num_kv_blocks: int | None = arg(EngineConfig.num_kv_blocks, "KV cache blocks (default: sized from memory)")
-    kv_cache_memory_bytes: int | None = arg(EngineConfig.kv_cache_memory_bytes, "KV cache size in bytes")
+    num_kv_blocks: int | None = arg(EngineConfig.num_kv_blocks,
+                                    "KV cache blocks (default: sized from memory)")
+    kv_cache_memory_bytes: int | None = arg(EngineConfig.kv_cache_memory_bytes,
+                                            "KV cache size in bytes")
     gpu_memory_utilization: float = arg(EngineConfig.gpu_memory_utilization,
-                                        "share of GPU memory for weights, activations and the KV cache")
+                                        "share of GPU memory for weights, activations and the KV "
+                                        "cache")
     max_num_seqs: int = arg(EngineConfig.max_num_seqs, "most sequences in one batch")
-    max_num_batched_tokens: int = arg(EngineConfig.max_num_batched_tokens, "most tokens in one step")
-    max_model_len: int | None = arg(EngineConfig.max_model_len, "context length (default: the model's)")
+    max_num_batched_tokens: int = arg(EngineConfig.max_num_batched_tokens,
+                                      "most tokens in one step")
+    max_model_len: int | None = arg(EngineConfig.max_model_len,
+                                    "context length (default: the model's)")
     enable_chunked_prefill: bool = arg(EngineConfig.enable_chunked_prefill)
     enable_prefix_caching: bool = arg(EngineConfig.enable_prefix_caching)
-    attention_backend: str = arg(EngineConfig.attention_backend, choices=("auto", "torch", "triton"))
-    enforce_eager: bool = arg(EngineConfig.enforce_eager, "no CUDA graphs for decode steps, no torch.compile on CPU")
+    attention_backend: str = arg(EngineConfig.attention_backend,
+                                 choices=("auto", "torch", "triton"))
+    enforce_eager: bool = arg(EngineConfig.enforce_eager,
+                              "no CUDA graphs for decode steps, no torch.compile on CPU")
     seed: int = arg(EngineConfig.seed)
-    cpu_threads: int | None = arg(EngineConfig.cpu_threads, "torch threads on CPU (default: the free cores)")
-    max_logprobs: int = arg(EngineConfig.max_logprobs, "the most logprobs / prompt_logprobs a request may ask for "
+    cpu_threads: int | None = arg(EngineConfig.cpu_threads,
+                                  "torch threads on CPU (default: the free cores)")
+    max_logprobs: int = arg(EngineConfig.max_logprobs,
+                            "the most logprobs / prompt_logprobs a request may ask for "
                                                        "(-1: no cap)")
-    trace_steps: int = arg(EngineConfig.trace_steps, "recent steps the trace keeps (0: none)", cli=False)
+    trace_steps: int = arg(EngineConfig.trace_steps, "recent steps the trace keeps (0: none)",
+                           cli=False)
     speculative_model: str | None = arg(None, 'draft checkpoint directory, or "[ngram]"')
     num_speculative_tokens: int = arg(EngineConfig.num_speculative_tokens)
     prompt_lookup_max: int = arg(EngineConfig.prompt_lookup_max)
     prompt_lookup_min: int = arg(EngineConfig.prompt_lookup_min)
-    speculative_config: dict | None = arg(None, 'vLLM\'s form, JSON: {"model": DIR or "method": "ngram", '
-                                                '"num_speculative_tokens": K}')
+    speculative_config: dict | None = arg(None, 'vLLM\'s form, JSON: {"model": DIR or "method": '
+                                          '"ngram", "num_speculative_tokens": K}')
     scheduling_policy: str = arg(EngineConfig.scheduling_policy, choices=("fcfs", "priority"))
     preemption_mode: str = arg(EngineConfig.preemption_mode, choices=("recompute", "swap"))
-    quantization: str | None = arg(EngineConfig.quantization, "int8 (weight-only, from a float checkpoint), or "
-                                   "gptq/awq/gguf to insist on the checkpoint's own format (default: as it is)",
+    quantization: str | None = arg(EngineConfig.quantization,
+                                   "int8 (weight-only, from a float checkpoint), or gptq/awq/gguf "
+                                   "to insist on the checkpoint's own format (default: as it is)",
                                    short="-q")
-    tensor_parallel_size: int = arg(EngineConfig.tensor_parallel_size, "split the model over this many processes "
+    tensor_parallel_size: int = arg(EngineConfig.tensor_parallel_size,
+                                    "split the model over this many processes "
                                     "(gloo on CPU, NCCL on GPUs)", short="-tp")
     swap_space: float = arg(EngineConfig.swap_space, "GiB of host memory for swapped-out KV blocks")
-    logits_processors: list | None = arg(EngineConfig.logits_processors, "vLLM v1 LogitsProcessor classes or "
+    logits_processors: list | None = arg(EngineConfig.logits_processors,
+                                         "vLLM v1 LogitsProcessor classes or "
                                          "'module:Class' names", cli=False)
     hooks: EngineHooks | None = arg(None, cli=False)
 
     # ---- vLLM arguments that ask for nothing here when left at these values ----
-    trust_remote_code: bool = vllm_arg(False, ANY, "accepted: minivllm runs its own code for every architecture")
+    trust_remote_code: bool = vllm_arg(False, ANY, "accepted: minivllm runs its own code for every "
+                                       "architecture")
     pipeline_parallel_size: int = vllm_arg(1, (1,), short="-pp")
     data_parallel_size: int = vllm_arg(1, (1,), short="-dp")
     decode_context_parallel_size: int = vllm_arg(1, (1,))
@@ -110,17 +137,21 @@ class EngineArgs:
     convert: str = vllm_arg("auto", ("auto", "none"))
     model_impl: str = vllm_arg("auto", ("auto",))
     code_revision: str | None = vllm_arg(None, (None,))
-    hf_token: bool | str | None = vllm_arg(None, (None, True, False), "minivllm reads the token from the environment")
+    hf_token: bool | str | None = vllm_arg(None, (None, True, False),
+                                           "minivllm reads the token from the environment")
     hf_overrides: dict | None = vllm_arg(None, (None, {}))
     rope_scaling: dict | None = vllm_arg(None, (None, {}))
     rope_theta: float | None = vllm_arg(None, (None,))
-    mm_processor_kwargs: dict | None = vllm_arg(None, ANY, "accepted: a text-only model has no processor to pass on to")
-    limit_mm_per_prompt: dict | None = vllm_arg(None, ANY, "accepted: a text-only model takes no images to limit")
+    mm_processor_kwargs: dict | None = vllm_arg(None, ANY, "accepted: a text-only model has no "
+                                                "processor to pass on to")
+    limit_mm_per_prompt: dict | None = vllm_arg(None, ANY, "accepted: a text-only model takes no "
+                                                "images to limit")
     disable_chunked_mm_input: bool = vllm_arg(False, ANY)
     enable_prompt_embeds: bool = vllm_arg(False, (False,))
     logprobs_mode: str = vllm_arg("raw_logprobs", ("raw_logprobs",))
     cpu_offload_gb: float = vllm_arg(0, (0,))
-    num_gpu_blocks_override: int | None = vllm_arg(None, (None,), "minivllm's name: --num-kv-blocks")
+    num_gpu_blocks_override: int | None = (vllm_arg(None, (None,),
+                                                    "minivllm's name: --num-kv-blocks"))
     enable_lora: bool = vllm_arg(False, (False,))
     enable_sleep_mode: bool = vllm_arg(False, (False,))
     async_scheduling: bool = vllm_arg(False, (False,))
@@ -131,7 +162,8 @@ class EngineArgs:
     compilation_config: Any = vllm_arg(None, ANY, "accepted and ignored: minivllm compiles nothing")
     cuda_graph_sizes: list | None = vllm_arg(None, (None,))
     max_seq_len_to_capture: int | None = vllm_arg(None, ANY)
-    disable_sliding_window: bool = vllm_arg(False, ANY, "minivllm caps max_model_len at a sliding window anyway")
+    disable_sliding_window: bool = vllm_arg(False, ANY, "minivllm caps max_model_len at a sliding "
+                                            "window anyway")
     disable_cascade_attn: bool = vllm_arg(False, ANY)
     disable_custom_all_reduce: bool = vllm_arg(False, ANY)
     disable_async_output_proc: bool = vllm_arg(False, ANY)
@@ -143,7 +175,8 @@ class EngineArgs:
     def __post_init__(self) -> None:
         if isinstance(self.served_model_name, (list, tuple)):
             if len(self.served_model_name) != 1:
-                raise ValueError(f"served_model_name: minivllm serves one name, got {self.served_model_name!r}")
+                raise ValueError(f"served_model_name: minivllm serves one name, got "
+                                 f"{self.served_model_name!r}")
             self.served_model_name = self.served_model_name[0]
         hints = _hints(type(self))
         for f in fields(self):
@@ -151,11 +184,12 @@ class EngineArgs:
             if not _is_instance(value, hints[f.name]):
                 raise ValueError(f"{f.name} must be {_type_name(hints[f.name])}, got {value!r}")
             accepts = f.metadata.get("accepts")
-            if accepts is not None and accepts is not ANY and not any(same_value(value, a) for a in accepts):
-                raise ValueError(f"{f.name}={value!r} is not supported by minivllm (it accepts only "
-                                 f"{', '.join(repr(a) for a in accepts)})")
+            if accepts is not None and accepts is not ANY and not any(same_value(value, a)
+                                                                      for a in accepts):
+                raise ValueError(f"{f.name}={value!r} is not supported by minivllm (it accepts "
+                                 f"only {', '.join(repr(a) for a in accepts)})")
 
-    # ---- building the engine -----------------------------------------------------------------------
+    # ---- building the engine ---------------------------------------------------------------------
     def create_engine_config(self) -> EngineConfig:
         """The EngineConfig these args ask for (vLLM-only arguments checked above and dropped)."""
         config = {f.name: getattr(self, f.name) for f in fields(EngineConfig)
@@ -165,16 +199,19 @@ class EngineArgs:
             del config["hooks"]
         return EngineConfig(**config)
 
-    # ---- the command line --------------------------------------------------------------------------
+    # ---- the command line ------------------------------------------------------------------------
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         """Add a flag for every CLI field (vLLM's spelling); returns the parser, as vLLM's does."""
-        group = parser.add_argument_group("engine arguments", "the same names as LLM(...)'s keyword arguments")
+        group = parser.add_argument_group("engine arguments",
+                                          "the same names as LLM(...)'s keyword arguments")
         hints = _hints(cls)
         for f in fields(cls):
             if f.metadata.get("cli", False) and not _has_flag(parser, f.name):
-                names = [f"--{f.name.replace('_', '-')}"] + ([f.metadata["short"]] if f.metadata.get("short") else [])
-                group.add_argument(*names, dest=f.name, default=f.default, **_cli_kwargs(f, hints[f.name]))
+                names = [f"--{f.name.replace('_', '-')}"] + ([f.metadata["short"]]
+                                                             if f.metadata.get("short") else [])
+                group.add_argument(*names, dest=f.name, default=f.default,
+                                   **_cli_kwargs(f, hints[f.name]))
         return parser
 
     @classmethod
@@ -187,9 +224,10 @@ class EngineArgs:
 class AsyncEngineArgs(EngineArgs):
     """vLLM's AsyncEngineArgs: the engine's arguments plus the async front end's own."""
 
-    enable_log_requests: bool = vllm_arg(False, ANY, "accepted: the server's request events go to the "
-                                                      "minivllm.server.requests logger either way")
-    disable_log_requests: bool = vllm_arg(True, ANY, "vLLM's older spelling of --no-enable-log-requests")
+    enable_log_requests: bool = vllm_arg(False, ANY, "accepted: the server's request events go to "
+                                         "the minivllm.server.requests logger either way")
+    disable_log_requests: bool = vllm_arg(True, ANY, "vLLM's older spelling of "
+                                          "--no-enable-log-requests")
 
 
 refuse_unknown_kwargs(EngineArgs)  # EngineArgs(foo=1) is a ValueError naming foo, not a TypeError
@@ -202,7 +240,8 @@ def engine_config_from_kwargs(model: Any, kwargs: dict[str, Any]) -> EngineConfi
 
 
 def speculative_kwargs(spec: dict | None) -> dict[str, Any]:
-    """vLLM's speculative_config dict -> our speculative_model / num_speculative_tokens (/ n-gram sizes)."""
+    """vLLM's speculative_config dict -> our speculative_model / num_speculative_tokens (/ n-gram
+    sizes)."""
     if spec is None:
         return {}
     if not isinstance(spec, dict):
@@ -220,17 +259,18 @@ def speculative_kwargs(spec: dict | None) -> dict[str, Any]:
     elif method in (None, "draft_model") and model is not None:
         out["speculative_model"] = model
     else:
-        raise ValueError(f"speculative_config: minivllm supports a draft 'model' or method 'ngram', "
-                         f"got method={method!r}, model={model!r}")
+        raise ValueError(f"speculative_config: minivllm supports a draft 'model' or method "
+                         f"'ngram', got method={method!r}, model={model!r}")
     if spec:
         raise ValueError(f"speculative_config: unsupported keys {sorted(spec)}")
     return out
 
 
-# ---- reading the type hints ------------------------------------------------------------------------
+# ---- reading the type hints ----------------------------------------------------------------------
 @functools.cache
 def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls, {"Path": Path, "torch": torch, "EngineHooks": EngineHooks, "Any": Any})
+    return typing.get_type_hints(cls, {"Path": Path, "torch": torch, "EngineHooks": EngineHooks,
+                                       "Any": Any})
 
 
 def _options(hint: Any) -> tuple:
@@ -257,12 +297,14 @@ def _is_instance(value: Any, hint: Any) -> bool:
 
 
 def _type_name(hint: Any) -> str:
-    return " or ".join("None" if o is type(None) else getattr(typing.get_origin(o) or o, "__name__", str(o))
+    return " or ".join("None" if o is type(None) else getattr(typing.get_origin(o) or o, "__name__",
+                                                              str(o))
                        for o in _options(hint))
 
 
 def _has_flag(parser: argparse.ArgumentParser, dest: str) -> bool:
-    return any(a.dest == dest for a in parser._actions)  # a command that defines one itself keeps its own
+    # a command that defines one itself keeps its own
+    return any(a.dest == dest for a in parser._actions)
 
 
 def _cli_kwargs(f, hint: Any) -> dict[str, Any]:
@@ -306,7 +348,7 @@ def human_readable_int(text: str) -> int:
         return int(number)
     if suffix.isupper():
         if "." in number:
-            raise argparse.ArgumentTypeError(f"{text!r}: no decimals with binary suffixes (did you mean "
-                                             f"{number}{suffix.lower()}?)")
+            raise argparse.ArgumentTypeError(f"{text!r}: no decimals with binary suffixes (did you "
+                                             f"mean {number}{suffix.lower()}?)")
         return int(number) * 1024 ** "KMG".index(suffix.upper()) * 1024
     return int(float(number) * 1000 ** ("kmg".index(suffix) + 1))

@@ -1,20 +1,23 @@
-"""Beam search on copy-on-write blocks: `LLM.beam_search(prompts, BeamSearchParams(...))`, with vLLM's result shape.
+"""Beam search on copy-on-write blocks: `LLM.beam_search(prompts, BeamSearchParams(...))`, with
+vLLM's result shape.
 
-Every beam is a scheduler sequence whose next token the search picks itself (`external_sampling`). Each round
-drives the engine's own `core_step` until every live beam's last token is computed (one decode each), reading
-its log-probabilities through the runner's logits observer.
-Each beam proposes its 2 * beam_width best next tokens; candidates ending in EOS are set aside as finished,
-and the beam_width best of the rest (by vLLM's score) become the next round's beams.
+Every beam is a scheduler sequence whose next token the search picks itself (`external_sampling`).
+Each round drives the engine's own `core_step` until every live beam's last token is computed (one
+decode each), reading its log-probabilities through the runner's logits observer.
+Each beam proposes its 2 * beam_width best next tokens; candidates ending in EOS are set aside as
+finished, and the beam_width best of the rest (by vLLM's score) become the next round's beams.
 
-A chosen candidate is a *fork* of its beam (`Scheduler.fork`): a new request that shares every block of its
-parent by reference count, the partly filled last block included. The first write into that shared block
-gives the writer its own copy (copy-on-write, `KVCacheManager.allocate`), so a fork costs at most one block
-copy instead of a copy of the whole table: `stats()` counts both (`num_forked_blocks`, `num_cow_copies`).
-The parents then finish, and blocks no beam shares any more go back to the pool. A parent that lost its
-blocks to preemption has none to share: its forks are computed afresh (from the prefix cache, if it can).
+A chosen candidate is a *fork* of its beam (`Scheduler.fork`): a new request that shares every block
+of its parent by reference count, the partly filled last block included. The first write into that
+shared block gives the writer its own copy (copy-on-write, `KVCacheManager.allocate`), so a fork
+costs at most one block copy instead of a copy of the whole table: `stats()` counts both
+(`num_forked_blocks`, `num_cow_copies`). The parents then finish, and blocks no beam shares any more
+go back to the pool. A parent that lost its blocks to preemption has none to share: its forks are
+computed afresh (from the prefix cache, if it can).
 
-vLLM V1 runs the same algorithm on top of its engine (each beam a request asking for logprobs, sharing by
-prefix caching); forking block tables here makes the sharing explicit, and works without prefix caching.
+vLLM V1 runs the same algorithm on top of its engine (each beam a request asking for logprobs,
+sharing by prefix caching); forking block tables here makes the sharing explicit, and works without
+prefix caching.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class BeamSearchParams:
-    """vLLM's BeamSearchParams. `temperature` > 0 divides the logits before the log-softmax; 0 uses them as is."""
+    """vLLM's BeamSearchParams. `temperature` > 0 divides the logits before the log-softmax; 0 uses
+    them as is."""
 
     beam_width: int
     max_tokens: int
@@ -54,10 +58,12 @@ class BeamSearchParams:
 
 @dataclass
 class BeamSearchSequence:
-    """One finished beam, as vLLM returns it: `tokens` are prompt + generated, `text` their decoding."""
+    """One finished beam, as vLLM returns it: `tokens` are prompt + generated, `text` their
+    decoding."""
 
     tokens: list[int]
-    logprobs: list[dict[int, float]] = field(default_factory=list)  # per generated token: candidate -> logprob
+    # per generated token: candidate -> logprob
+    logprobs: list[dict[int, float]] = field(default_factory=list)
     cum_logprob: float = 0.0
     text: str | None = None
     finish_reason: FinishReason | None = None  # STOP (EOS) or LENGTH
@@ -71,8 +77,9 @@ class BeamSearchOutput:
 
 def get_beam_search_score(tokens: list[int], cumulative_logprob: float, eos_token_id: int | None,
                           length_penalty: float = 1.0) -> float:
-    """vLLM's score: cumulative logprob / length ** length_penalty, the length counting the prompt and not a
-    final EOS. (transformers divides by the generated length only: beams of equal length rank the same.)"""
+    """vLLM's score: cumulative logprob / length ** length_penalty, the length counting the prompt
+    and not a final EOS. (transformers divides by the generated length only: beams of equal length
+    rank the same.)"""
     seq_len = len(tokens) - (eos_token_id is not None and tokens[-1] == eos_token_id)
     return cumulative_logprob / (seq_len**length_penalty)
 
@@ -87,7 +94,8 @@ class _Instance:
 
 
 class BeamSearch:
-    """Runs beam searches on an engine with no other requests in flight (it drives the scheduler itself)."""
+    """Runs beam searches on an engine with no other requests in flight (it drives the scheduler
+    itself)."""
 
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
@@ -96,15 +104,20 @@ class BeamSearch:
     def run(self, prompts: list[PromptType], params: BeamSearchParams) -> list[BeamSearchOutput]:
         eng, k = self.engine, params.beam_width
         if eng.has_unfinished_requests():
-            raise ValueError("beam_search needs an idle engine: finish or abort the other requests first")
+            raise ValueError("beam_search needs an idle engine: finish or abort the other requests "
+                             "first")
         eos = None if params.ignore_eos else eng.eos_token_id
         stops = set() if params.ignore_eos else set(eng.eos_token_ids)
-        # the requests only carry tokens and blocks: the search decides every token and every stop itself
-        request_params = SamplingParams(temperature=0, max_tokens=params.max_tokens, ignore_eos=True)
+        # the requests only carry tokens and blocks: the search decides every token and every stop
+        # itself
+        request_params = SamplingParams(temperature=0, max_tokens=params.max_tokens,
+                                        ignore_eos=True)
         instances = []
         for prompt in prompts:
-            request = eng.process_request(f"beam-{next(self._ids)}", prompt, request_params).sequences[0]
-            request.external_sampling = True  # the engine computes its logits; the search picks its tokens
+            request = eng.process_request(f"beam-{next(self._ids)}", prompt,
+                                          request_params).sequences[0]
+            # the engine computes its logits; the search picks its tokens
+            request.external_sampling = True
             eng.scheduler.add(request)
             tokens = list(request.prompt_token_ids)
             instances.append(_Instance(tokens, [(request, BeamSearchSequence(tokens))]))
@@ -124,7 +137,8 @@ class BeamSearch:
                         top = logprobs[request.request_id].topk(2 * k)
                         step = dict(zip(top.indices.tolist(), top.values.tolist()))
                         for token, lp in step.items():
-                            new = BeamSearchSequence(seq.tokens + [token], seq.logprobs + [step], seq.cum_logprob + lp)
+                            new = BeamSearchSequence(seq.tokens + [token], seq.logprobs + [step],
+                                                     seq.cum_logprob + lp)
                             if token in stops:
                                 new.finish_reason, new.stop_reason = FinishReason.STOP, None
                                 inst.completed.append(new)
@@ -132,18 +146,23 @@ class BeamSearch:
                                 candidates.append((new, request, token))
                     chosen = sorted(candidates, key=lambda c: score(c[0]), reverse=True)[:k]
                     parents = [request for request, _ in inst.beams]
-                    inst.beams = [(eng.scheduler.fork(parent, f"{parent.parent_id}.{next(self._ids)}", token), new)
+                    inst.beams = [(eng.scheduler.fork(
+                        parent, f"{parent.parent_id}.{next(self._ids)}", token), new)
                                   for new, parent, token in chosen]
-                    eng.scheduler.finish_requests([p.request_id for p in parents], FinishReason.ABORT)  # forks hold on
+                    # forks hold on
+                    eng.scheduler.finish_requests([p.request_id for p in parents],
+                                                  FinishReason.ABORT)
         finally:
-            eng.scheduler.finish_requests([r.request_id for inst in instances for r, _ in inst.beams],
+            eng.scheduler.finish_requests([r.request_id for inst in instances for r,
+                                           _ in inst.beams],
                                           FinishReason.ABORT)
             eng.core_step()  # the runner forgets the finished beams now
         outputs = []
         for inst in instances:
             for _, seq in inst.beams:
                 seq.finish_reason = FinishReason.LENGTH
-            best = sorted(inst.completed + [seq for _, seq in inst.beams], key=score, reverse=True)[:k]
+            best = sorted(inst.completed + [seq for _, seq in inst.beams], key=score,
+                          reverse=True)[:k]
             for seq in best:
                 seq.text = eng.tokenizer.decode(seq.tokens) if eng.tokenizer is not None else None
             outputs.append(BeamSearchOutput(best))
@@ -152,10 +171,11 @@ class BeamSearch:
     def _logprobs(self, live: list[Sequence], temperature: float) -> dict[str, torch.Tensor]:
         """Step the engine until every live beam's last token is computed; its log-softmax.
 
-        Usually one step; more when a long prompt is prefilled in chunks or a small pool preempts beams. Under
-        pressure, beams that are done give their blocks up (they finish early): their forks are then computed
-        afresh, helped by the prefix cache, rather than sharing blocks. Every step is handed to the engine's step
-        observers, so the trace shows the forks and copies.
+        Usually one step; more when a long prompt is prefilled in chunks or a small pool preempts
+        beams. Under pressure, beams that are done give their blocks up (they finish early): their
+        forks are then computed afresh, helped by the prefix cache, rather than sharing blocks.
+        Every step is handed to the engine's step observers, so the trace shows the forks and
+        copies.
         """
         eng = self.engine
         wanted, got = {r.request_id for r in live}, {}
@@ -165,21 +185,26 @@ class BeamSearch:
             for rid, row in zip(request_ids, logits):
                 if rid in wanted:
                     row = row[:vocab].float()
-                    got[rid] = torch.log_softmax(row / temperature if temperature > 0 else row, -1).cpu()
+                    got[rid] = torch.log_softmax(row / temperature if temperature > 0 else row,
+                                                 -1).cpu()
 
         eng.runner.logits_observers.append(observe)
         try:
             while wanted - got.keys():
                 record = eng.core_step()
-                if record is None:  # nothing could run: beams that are done hold the blocks, so let them go
+                # nothing could run: beams that are done hold the blocks, so let them go
+                if record is None:
                     done = [rid for rid in got if rid in eng.scheduler.sequences]
                     if not done:
-                        raise RuntimeError("beam search cannot make progress: the KV cache is too small")
+                        raise RuntimeError("beam search cannot make progress: the KV cache is too "
+                                           "small")
                     eng.scheduler.finish_requests(done, FinishReason.ABORT)
                     continue
-                # a beam that is done but was preempted meanwhile need not come back: its forks start afresh
-                eng.scheduler.finish_requests([rid for rid in got if rid in eng.scheduler.sequences and
-                                               eng.scheduler.sequences[rid].status is not SequenceStatus.RUNNING],
+                # a beam that is done but was preempted meanwhile need not come back: its forks
+                # start afresh
+                eng.scheduler.finish_requests([rid for rid in got if rid in eng.scheduler.sequences
+                                               and eng.scheduler.sequences[rid].status
+                                               is not SequenceStatus.RUNNING],
                                               FinishReason.ABORT)
                 eng.notify(record)
         finally:

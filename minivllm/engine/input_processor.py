@@ -1,7 +1,8 @@
-"""InputProcessor: a prompt and its SamplingParams become validated, tokenized scheduler Sequences (n of them).
+"""InputProcessor: a prompt and its SamplingParams become validated, tokenized scheduler Sequences
+(n of them).
 
-Everything that can be wrong with a request is found here, before it is queued: a bad prompt fails alone
-with a ValueError naming the problem, and the engine never starts work it cannot finish.
+Everything that can be wrong with a request is found here, before it is queued: a bad prompt fails
+alone with a ValueError naming the problem, and the engine never starts work it cannot finish.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ class EngineRequest:
 
 
 class InputProcessor:
-    def __init__(self, config: EngineConfig, tokenizer: Tokenizer | None, eos_token_ids: tuple[int, ...],
+    def __init__(self, config: EngineConfig, tokenizer: Tokenizer | None,
+                 eos_token_ids: tuple[int, ...],
                  num_kv_blocks: int, structured: StructuredOutputManager | None = None) -> None:
         self.config = config
         self.tokenizer = tokenizer
@@ -45,15 +47,17 @@ class InputProcessor:
 
     def process(self, request_id: str, prompt: PromptType, params: SamplingParams | None = None,
                 arrival_time: float | None = None, priority: int = 0) -> EngineRequest:
-        """Validate and tokenize one request (n sequences), without queueing it: errors come before work."""
+        """Validate and tokenize one request (n sequences), without queueing it: errors come before
+        work."""
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+            raise ValueError(f"sampling params must be a SamplingParams, got "
+                             f"{type(params).__name__}")
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ValueError(f"priority must be an integer, got {priority!r}")
         if priority != 0 and self.config.scheduling_policy != "priority":
-            raise ValueError(f"got priority {priority} but scheduling_policy is {self.config.scheduling_policy!r}: "
-                             "use scheduling_policy='priority'")
+            raise ValueError(f"got priority {priority} but scheduling_policy is "
+                             f"{self.config.scheduling_policy!r}: use scheduling_policy='priority'")
         text, ids = self._tokenize(prompt)
         if not ids:
             raise ValueError("prompt is empty")
@@ -62,17 +66,20 @@ class InputProcessor:
         self._check_params(params)
         bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
         if bad:
-            raise ValueError(f"prompt token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
+            raise ValueError(f"prompt token ids outside the vocabulary [0, {self.vocab_size}): "
+                             f"{bad[:5]}")
         max_len = self.config.max_model_len
         if len(ids) >= max_len:
             raise ValueError(f"prompt has {len(ids)} tokens; max_model_len is {max_len}, "
                              f"which leaves no room for output")
         arrival = time.monotonic() if arrival_time is None else arrival_time
         num, seq_params = params.num_sequences, params
-        if params.ranks_by_logprob and params.logprobs is None:  # best_of ranks by logprob: the runner must
+        # best_of ranks by logprob: the runner must
+        if params.ranks_by_logprob and params.logprobs is None:
             seq_params = replace(params, logprobs=0)  # report each chosen token's (0 alternatives)
-        sequences = [Sequence(request_id if num == 1 else f"{request_id}#{i}", list(ids), seq_params,
-                              self.eos_token_ids, max_len, arrival, parent_id=request_id, index=i, priority=priority)
+        sequences = [Sequence(request_id if num == 1 else f"{request_id}#{i}", list(ids),
+                              seq_params, self.eos_token_ids, max_len, arrival,
+                              parent_id=request_id, index=i, priority=priority)
                      for i in range(num)]
         block_size = self.config.block_size
         need = cdiv(sequences[0].max_total_tokens, block_size)
@@ -82,28 +89,34 @@ class InputProcessor:
         return EngineRequest(request_id, text, list(ids), params, arrival, sequences)
 
     def _check_params(self, params: SamplingParams) -> None:
-        """What SamplingParams alone cannot check: ids against the vocabulary, words and grammars against the
-        tokenizer, the logprobs asked for against max_logprobs (as vLLM's processor: -1, the whole vocabulary,
-        only when max_logprobs is -1 too, since it costs vocab-size entries per position). Bad words become token
-        ids here (vLLM's update_from_tokenizer)."""
+        """What SamplingParams alone cannot check: ids against the vocabulary, words and grammars
+        against the tokenizer, the logprobs asked for against max_logprobs (as vLLM's processor: -1,
+        the whole vocabulary, only when max_logprobs is -1 too, since it costs vocab-size entries
+        per position). Bad words become token ids here (vLLM's update_from_tokenizer)."""
         cap = self.config.max_logprobs
         for name in ("logprobs", "prompt_logprobs"):
             asked = getattr(params, name)
             if asked is not None and cap != -1 and (asked == -1 or asked > cap):
-                raise ValueError(f"SamplingParams.{name}: requested {'all' if asked == -1 else asked} logprobs, more "
-                                 f"than this engine's max_logprobs of {cap}")
+                raise ValueError(f"SamplingParams.{name}: requested "
+                                 f"{'all' if asked == -1 else asked} logprobs, more than this "
+                                 f"engine's max_logprobs of {cap}")
         for name in ("stop_token_ids", "allowed_token_ids"):
             bad = [t for t in getattr(params, name) or [] if t >= self.vocab_size]
             if bad:
-                raise ValueError(f"SamplingParams.{name} outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
+                raise ValueError(f"SamplingParams.{name} outside the vocabulary [0, "
+                                 f"{self.vocab_size}): {bad[:5]}")
         bad = [t for t in params.logit_bias or {} if not 0 <= t < self.vocab_size]
         if bad:
-            raise ValueError(f"SamplingParams.logit_bias ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
-        needs_tokenizer = [name for name in ("bad_words", "structured_outputs") if getattr(params, name)]
+            raise ValueError(f"SamplingParams.logit_bias ids outside the vocabulary [0, "
+                             f"{self.vocab_size}): {bad[:5]}")
+        needs_tokenizer = [name for name in ("bad_words", "structured_outputs")
+                           if getattr(params, name)]
         if needs_tokenizer and self.tokenizer is None:
-            raise ValueError(f"{needs_tokenizer[0]} needs a tokenizer, and {self.config.model} has none")
+            raise ValueError(f"{needs_tokenizer[0]} needs a tokenizer, and {self.config.model} has "
+                             f"none")
         if params.bad_words and not params.bad_words_token_ids:
-            words = {tuple(self.tokenizer.hf(prefix + w.strip(), add_special_tokens=False).input_ids)
+            words = {tuple(self.tokenizer.hf(prefix + w.strip(),
+                                             add_special_tokens=False).input_ids)
                      for w in params.bad_words for prefix in ("", " ")}
             params.bad_words_token_ids = [list(w) for w in sorted(words) if w]
         if params.structured_outputs is not None:
@@ -123,8 +136,10 @@ class InputProcessor:
             if not prompt:
                 raise ValueError("prompt is empty")
             if self.tokenizer is None:
-                raise ValueError(f"{self.config.model} has no tokenizer: pass prompt_token_ids instead of text")
+                raise ValueError(f"{self.config.model} has no tokenizer: pass prompt_token_ids "
+                                 f"instead of text")
             return prompt, self.tokenizer.encode(prompt)
         if isinstance(prompt, (list, tuple)):
             return None, list(prompt)
-        raise ValueError(f"prompt must be a str, a list of token ids or a dict, got {type(prompt).__name__}")
+        raise ValueError(f"prompt must be a str, a list of token ids or a dict, got "
+                         f"{type(prompt).__name__}")

@@ -1,4 +1,5 @@
-"""A plain-text view of the step trace: one line per engine step (used by the CLI and `make demo`)."""
+"""A plain-text view of the step trace: one line per engine step (used by the CLI and `make
+demo`)."""
 
 from __future__ import annotations
 
@@ -25,10 +26,12 @@ def format_step(t: StepTrace) -> str:
 
 
 def format_journey(trace: Iterable[StepTrace], max_lines: int = 40) -> str:
-    """Every step that changed something interesting, plus a count of plain decode steps in between."""
+    """Every step that changed something interesting, plus a count of plain decode steps in
+    between."""
     lines, quiet = [], 0
     for t in trace:
-        interesting = t.allocated or t.freed or t.preempted or t.finished or t.num_prefill_tokens or t.cache_hits
+        interesting = (t.allocated or t.freed or t.preempted or t.finished or t.num_prefill_tokens
+                       or t.cache_hits)
         if interesting or not lines:
             if quiet:
                 lines.append(f"  ... {quiet} decode step(s) ...")

@@ -2,10 +2,11 @@
 
 vLLM's names, so that dashboards and alerts written for vLLM work unchanged; each sample carries a
 `model_name` label, as vLLM's do. Two minivllm extras have no vLLM counterpart: the KV block counts
-(`minivllm:kv_blocks_total`, `minivllm:kv_blocks_free`), which make a leaked block visible. The registry
-belongs to the app, not prometheus_client's global one, so two servers in one process (tests) keep separate
-counts. Gauges are read from the owner's stats snapshot at scrape time; counters and histograms are updated
-from step outputs, so nothing here ever touches the engine itself.
+(`minivllm:kv_blocks_total`, `minivllm:kv_blocks_free`), which make a leaked block visible. The
+registry belongs to the app, not prometheus_client's global one, so two servers in one process
+(tests) keep separate counts. Gauges are read from the owner's stats snapshot at scrape time;
+counters and histograms are updated from step outputs, so nothing here ever touches the engine
+itself.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from minivllm.core.sequence import FinishReason
 from minivllm.outputs import RequestOutput
 
-_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                    30.0, 60.0)
 _TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
 FINISHED_REASONS = tuple(r.value for r in FinishReason)
 
@@ -36,32 +38,43 @@ class ServerMetrics:
 
         self.running = gauge("vllm:num_requests_running", "Sequences in the running batch.")
         self.waiting = gauge("vllm:num_requests_waiting", "Sequences waiting to be scheduled.")
-        self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage: 1 means every block is held.")
+        self.kv_usage = gauge("vllm:kv_cache_usage_perc",
+                              "KV-cache usage: 1 means every block is held.")
         self.blocks_total = gauge("minivllm:kv_blocks_total", "KV-cache blocks in the pool.")
-        self.blocks_free = gauge("minivllm:kv_blocks_free", "KV-cache blocks no request holds (cached ones "
+        self.blocks_free = gauge("minivllm:kv_blocks_free",
+                                 "KV-cache blocks no request holds (cached ones "
                                  "included: they are evictable).")
-        self.cache_queries = counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
-        self.cache_hits = counter("vllm:prefix_cache_hits", "Prompt tokens the prefix cache served.")
+        self.cache_queries = counter("vllm:prefix_cache_queries",
+                                     "Prompt tokens looked up in the prefix cache.")
+        self.cache_hits = counter("vllm:prefix_cache_hits",
+                                  "Prompt tokens the prefix cache served.")
         self.ttft = histogram("vllm:time_to_first_token_seconds", "Arrival to first output token.",
                               _LATENCY_BUCKETS)
-        self.tpot = histogram("vllm:time_per_output_token_seconds", "Mean time between output tokens after "
+        self.tpot = histogram("vllm:time_per_output_token_seconds",
+                              "Mean time between output tokens after "
                               "the first, per request.", _LATENCY_BUCKETS)
-        self.e2e = histogram("vllm:e2e_request_latency_seconds", "Arrival to last output token.", _LATENCY_BUCKETS)
-        self.queue_time = histogram("vllm:request_queue_time_seconds", "Arrival to first scheduled.",
-                                    _LATENCY_BUCKETS)
-        self.req_prompt = histogram("vllm:request_prompt_tokens", "Prompt tokens per finished request.",
-                                    _TOKEN_BUCKETS)
-        self.req_generation = histogram("vllm:request_generation_tokens", "Output tokens per finished request.",
-                                        _TOKEN_BUCKETS)
+        self.e2e = histogram("vllm:e2e_request_latency_seconds", "Arrival to last output token.",
+                             _LATENCY_BUCKETS)
+        self.queue_time = histogram("vllm:request_queue_time_seconds",
+                                    "Arrival to first scheduled.", _LATENCY_BUCKETS)
+        self.req_prompt = histogram("vllm:request_prompt_tokens",
+                                    "Prompt tokens per finished request.", _TOKEN_BUCKETS)
+        self.req_generation = histogram("vllm:request_generation_tokens",
+                                        "Output tokens per finished request.", _TOKEN_BUCKETS)
         self.generation_tokens = counter("vllm:generation_tokens", "Output tokens generated.")
         self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens of requests admitted.")
         self.preemptions = counter("vllm:num_preemptions", "Sequences preempted to free blocks.")
         # speculative decoding (vLLM's names): verification steps, drafts proposed, drafts accepted
-        self.spec_drafts = counter("vllm:spec_decode_num_drafts", "Verification steps (one draft each).")
-        self.spec_draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Draft tokens proposed.")
-        self.spec_accepted = counter("vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted.")
-        self._spec_per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted, by "
-                                     "their position in the draft.", ["model_name", "position"], registry=r)
+        self.spec_drafts = counter("vllm:spec_decode_num_drafts",
+                                   "Verification steps (one draft each).")
+        self.spec_draft_tokens = counter("vllm:spec_decode_num_draft_tokens",
+                                         "Draft tokens proposed.")
+        self.spec_accepted = counter("vllm:spec_decode_num_accepted_tokens",
+                                     "Draft tokens accepted.")
+        self._spec_per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                     "Draft tokens accepted, by "
+                                     "their position in the draft.", ["model_name", "position"],
+                                     registry=r)
         self._model_name = model_name
         success = Counter("vllm:request_success", "Requests finished, by why they stopped.",
                           ["model_name", "finished_reason"], registry=r)
@@ -71,9 +84,12 @@ class ServerMetrics:
 
     def observe(self, outputs: list[RequestOutput], stats: dict) -> None:
         """Engine-loop listener: count tokens, time first tokens, and retire finished requests."""
-        for key, counter in (("num_generated_tokens", self.generation_tokens), ("num_preemptions", self.preemptions),
-                             ("prefix_cache_queries", self.cache_queries), ("prefix_cache_hits", self.cache_hits),
-                             ("spec_num_steps", self.spec_drafts), ("spec_num_proposed", self.spec_draft_tokens),
+        for key, counter in (("num_generated_tokens", self.generation_tokens),
+                             ("num_preemptions", self.preemptions),
+                             ("prefix_cache_queries", self.cache_queries),
+                             ("prefix_cache_hits", self.cache_hits),
+                             ("spec_num_steps", self.spec_drafts),
+                             ("spec_num_proposed", self.spec_draft_tokens),
                              ("spec_num_accepted", self.spec_accepted)):
             delta = stats.get(key, 0) - self._last.get(key, 0)
             if delta > 0:
@@ -109,7 +125,8 @@ class ServerMetrics:
         self.req_prompt.observe(len(out.prompt_token_ids))
         self.req_generation.observe(sum(len(c.token_ids) for c in out.outputs))
         for c in out.outputs:
-            self.finished[c.finish_reason if c.finish_reason in self.finished else FinishReason.ABORT.value].inc()
+            self.finished[c.finish_reason if c.finish_reason in self.finished
+                          else FinishReason.ABORT.value].inc()
 
     def render(self, stats: dict) -> bytes:
         """The Prometheus text exposition, with the gauges set from the latest engine stats."""

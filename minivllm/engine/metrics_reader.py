@@ -1,8 +1,10 @@
-"""The engine's Prometheus metrics as plain Python objects: what `LLM.get_metrics()` returns (vLLM's reader).
+"""The engine's Prometheus metrics as plain Python objects: what `LLM.get_metrics()` returns (vLLM's
+reader).
 
-The numbers are the ones `/metrics` serves (engine/metrics.py keeps them): this module only reads a registry
-and turns its samples into vLLM's `Counter`, `Gauge`, `Histogram` and `Vector`, so a script written for
-`vllm.v1.metrics.reader` works unchanged. Only `vllm:` metrics are returned, as vLLM does.
+The numbers are the ones `/metrics` serves (engine/metrics.py keeps them): this module only reads a
+registry and turns its samples into vLLM's `Counter`, `Gauge`, `Histogram` and `Vector`, so a script
+written for `vllm.v1.metrics.reader` works unchanged. Only `vllm:` metrics are returned, as vLLM
+does.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ class Gauge(Metric):
 
 @dataclass
 class Histogram(Metric):
-    """Observations in buckets: `buckets` maps each upper bound ("0.1", ..., "+Inf") to the cumulative count
-    at or below it; `count` equals the "+Inf" bucket, `sum` is the total of every observation."""
+    """Observations in buckets: `buckets` maps each upper bound ("0.1", ..., "+Inf") to the
+    cumulative count at or below it; `count` equals the "+Inf" bucket, `sum` is the total of every
+    observation."""
 
     count: int
     sum: float
@@ -44,12 +47,14 @@ class Histogram(Metric):
 
 @dataclass
 class Vector(Metric):
-    """A list of counters by position: vLLM's one use is the accepted drafts per speculative position."""
+    """A list of counters by position: vLLM's one use is the accepted drafts per speculative
+    position."""
 
     values: list[int]
 
 
-VECTOR_LABEL = {"vllm:spec_decode_num_accepted_tokens_per_pos": "position"}  # vector metric -> its index label
+# vector metric -> its index label
+VECTOR_LABEL = {"vllm:spec_decode_num_accepted_tokens_per_pos": "position"}
 
 
 def read_metrics(registry: CollectorRegistry, prefix: str = "vllm:") -> list[Metric]:
@@ -63,9 +68,11 @@ def read_metrics(registry: CollectorRegistry, prefix: str = "vllm:") -> list[Met
         if family.type == "gauge":
             out += [Gauge(name, dict(s.labels), float(s.value)) for s in samples if s.name == name]
         elif family.type == "counter" and name in VECTOR_LABEL:
-            out += _vectors(name, [s for s in samples if s.name == name + "_total"], VECTOR_LABEL[name])
+            out += _vectors(name, [s for s in samples if s.name == name + "_total"],
+                            VECTOR_LABEL[name])
         elif family.type == "counter":
-            out += [Counter(name, dict(s.labels), int(s.value)) for s in samples if s.name == name + "_total"]
+            out += [Counter(name, dict(s.labels), int(s.value)) for s in samples
+                    if s.name == name + "_total"]
         elif family.type == "histogram":
             out += _histograms(name, samples)
     return out
@@ -92,6 +99,7 @@ def _histograms(name: str, samples) -> list[Histogram]:
 def _vectors(name: str, samples, index_label: str) -> list[Vector]:
     by_labels: dict[tuple, dict[int, int]] = {}
     for s in samples:
-        by_labels.setdefault(_key(s.labels, index_label), {})[int(s.labels[index_label])] = int(s.value)
+        by_labels.setdefault(_key(s.labels, index_label),
+                             {})[int(s.labels[index_label])] = (int(s.value))
     return [Vector(name, dict(key), [values.get(i, 0) for i in range(max(values) + 1)])
             for key, values in by_labels.items()]

@@ -1,9 +1,10 @@
 """OutputProcessor: token ids from the scheduler become text and RequestOutputs for the caller.
 
-It keeps its own state per sequence (token ids, text, the incremental detokenizer) and per user request
-(its n sequences), fed only by the plain `EngineCoreOutput`s each step produces. It owns everything that
-needs text: incremental detokenization, stop strings (which the scheduler cannot see: it deals in ids),
-holding back text that may still become a stop string, and assembling the outputs.
+It keeps its own state per sequence (token ids, text, the incremental detokenizer) and per user
+request (its n sequences), fed only by the plain `EngineCoreOutput`s each step produces. It owns
+everything that needs text: incremental detokenization, stop strings (which the scheduler cannot
+see: it deals in ids), holding back text that may still become a stop string, and assembling the
+outputs.
 """
 
 from __future__ import annotations
@@ -32,8 +33,10 @@ class SequenceText:
     stop_reason: int | str | None = None
     first_token_time: float | None = None
     finish_time: float | None = None
-    core: EngineCoreOutput | None = None  # the scheduler's latest counters for it (cache hits, drafts, ...)
-    num_sent_tokens: int = 0  # output tokens and characters already reported (RequestOutputKind.DELTA)
+    # the scheduler's latest counters for it (cache hits, drafts, ...)
+    core: EngineCoreOutput | None = None
+    # output tokens and characters already reported (RequestOutputKind.DELTA)
+    num_sent_tokens: int = 0
     num_sent_chars: int = 0
     num_silent_tokens: int = 0  # 1 when the last token stopped the sequence and adds no text
     logprobs: list[dict[int, Logprob]] | None = None  # per output token, when asked
@@ -49,8 +52,10 @@ class RequestGroup:
     """One user request and its n sequences."""
 
     request: EngineRequest
-    sequences: dict[str, SequenceText] = field(default_factory=dict)  # scheduler request id -> its text
-    prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # from its first sequence, when asked
+    # scheduler request id -> its text
+    sequences: dict[str, SequenceText] = field(default_factory=dict)
+    # from its first sequence, when asked
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
     @property
     def finished(self) -> bool:
@@ -58,12 +63,15 @@ class RequestGroup:
 
 
 def streams_text(params: SamplingParams) -> bool:
-    """Text is built token by token only if someone reads it before the end: a stream, or stop strings.
+    """Text is built token by token only if someone reads it before the end: a stream, or stop
+    strings.
 
-    Otherwise (FINAL_ONLY, as in LLM.generate) it is decoded once when the request finishes: per-token
-    detokenization took about 11 us a token on the 2-core test machine, 2.8 ms a step at a batch of 256.
+    Otherwise (FINAL_ONLY, as in LLM.generate) it is decoded once when the request finishes:
+    per-token detokenization took about 11 us a token on the 2-core test machine, 2.8 ms a step at a
+    batch of 256.
     """
-    return params.detokenize and (params.output_kind is not RequestOutputKind.FINAL_ONLY or bool(params.stop_strings))
+    return params.detokenize and (params.output_kind is not RequestOutputKind.FINAL_ONLY
+                                  or bool(params.stop_strings))
 
 
 def visible_text(seq: SequenceText, params: SamplingParams) -> str:
@@ -93,17 +101,21 @@ class OutputProcessor:
         if params.prompt_logprobs is not None:
             group.prompt_logprobs = [None]  # the first prompt token has nothing before it
         for seq in request.sequences:
-            detok = self.tokenizer.start_detokenizer(len(seq.prompt_token_ids), params.skip_special_tokens,
-                                                     params.spaces_between_special_tokens) if self.tokenizer else None
+            detok = self.tokenizer.start_detokenizer(
+                len(seq.prompt_token_ids), params.skip_special_tokens,
+                params.spaces_between_special_tokens) if self.tokenizer else None
             group.sequences[seq.request_id] = SequenceText(
                 seq.index, list(seq.prompt_token_ids), len(seq.prompt_token_ids), detok,
                 logprobs=[] if params.logprobs is not None else None,
-                cumulative_logprob=0.0 if params.logprobs is not None or params.ranks_by_logprob else None)
+                cumulative_logprob=0.0 if params.logprobs is not None or params.ranks_by_logprob
+                else None)
             self.parent_of[seq.request_id] = request.request_id
 
-    def process(self, core_outputs: list[EngineCoreOutput]) -> tuple[list[RequestOutput], dict[str, str]]:
-        """Turn one step's new tokens into outputs; also returns {sequence id: stop string} for the sequences a
-        stop string ended, which the scheduler must now finish (it does not read text)."""
+    def process(self, core_outputs: list[EngineCoreOutput]) -> tuple[list[RequestOutput],
+                                                                     dict[str, str]]:
+        """Turn one step's new tokens into outputs; also returns {sequence id: stop string} for the
+        sequences a stop string ended, which the scheduler must now finish (it does not read
+        text)."""
         now = time.monotonic()
         touched: dict[str, RequestGroup] = {}
         stopped: dict[str, str] = {}
@@ -112,16 +124,20 @@ class OutputProcessor:
             seq, params = group.sequences[core.request_id], group.request.params
             seq.core = core
             if core.prompt_logprobs and seq.index == 0:
-                group.prompt_logprobs += [self._logprob_dict(p, params) for p in core.prompt_logprobs]
+                group.prompt_logprobs += [self._logprob_dict(p, params)
+                                          for p in core.prompt_logprobs]
             if not core.new_token_ids:  # a prompt chunk that only brought prompt logprobs
                 continue
             if seq.first_token_time is None:
                 seq.first_token_time = now
             num_before = len(seq.output_token_ids)
-            # a stop token's text (EOS, stop_token_ids) is left out, as a stop string is, unless asked for
+            # a stop token's text (EOS, stop_token_ids) is left out, as a stop string is, unless
+            # asked for
             last = core.new_token_ids[-1]
-            silent_last = (core.finish_reason is FinishReason.STOP and not params.include_stop_str_in_output and
-                           (last == core.stop_reason or last in group.request.sequences[0].eos_token_ids))
+            silent_last = (core.finish_reason is FinishReason.STOP
+                           and not params.include_stop_str_in_output and
+                           (last == core.stop_reason
+                            or last in group.request.sequences[0].eos_token_ids))
             for i, token in enumerate(core.new_token_ids):
                 seq.token_ids.append(token)
                 if silent_last and i == len(core.new_token_ids) - 1:
@@ -132,7 +148,8 @@ class OutputProcessor:
                     seq.finish_reason, seq.stop_reason = FinishReason.STOP, hit
                     stopped[core.request_id] = hit
                     break
-            if seq.cumulative_logprob is not None and core.logprobs is not None:  # as far as the tokens kept
+            # as far as the tokens kept
+            if seq.cumulative_logprob is not None and core.logprobs is not None:
                 kept = core.logprobs[: len(seq.output_token_ids) - num_before]
                 if seq.logprobs is not None:
                     seq.logprobs += [self._logprob_dict(p, params) for p in kept]
@@ -143,11 +160,13 @@ class OutputProcessor:
                 self._finish_text(seq, params, now)
             touched[group.request.request_id] = group
         outputs = [self._output(g) for g in touched.values() if g.finished or not (
-                   g.request.params.output_kind is RequestOutputKind.FINAL_ONLY or g.request.params.ranks_by_logprob)]
+                   g.request.params.output_kind is RequestOutputKind.FINAL_ONLY
+                   or g.request.params.ranks_by_logprob)]
         return outputs, stopped
 
     def abort(self, request_id: str) -> tuple[list[str], RequestOutput | None]:
-        """End a user request: its unfinished sequences' ids (for the scheduler), and its final output."""
+        """End a user request: its unfinished sequences' ids (for the scheduler), and its final
+        output."""
         group = self.groups.get(request_id)
         if group is None:
             return [], None
@@ -161,7 +180,8 @@ class OutputProcessor:
 
     def _logprob_dict(self, position: TokenLogprobs, params: SamplingParams) -> dict[int, Logprob]:
         """vLLM's shape: token id -> Logprob, the token at the position first, then the top k."""
-        text = self.tokenizer.token_text if self.tokenizer is not None and params.detokenize else lambda _: None
+        text = (self.tokenizer.token_text if self.tokenizer is not None and params.detokenize
+                else lambda _: None)
         out: dict[int, Logprob] = {}
         for t, lp, rank in zip(position.token_ids, position.logprobs, position.ranks):
             if t not in out:  # the chosen token may be among the top k too
@@ -169,7 +189,8 @@ class OutputProcessor:
         return out
 
     def _stream_text(self, seq: SequenceText, params: SamplingParams) -> str | None:
-        """Extend the text by the newest token (if this request streams it); the stop string it completed, if any."""
+        """Extend the text by the newest token (if this request streams it); the stop string it
+        completed, if any."""
         if self.tokenizer is None or not streams_text(params):
             return None
         before = len(seq.text)
@@ -191,7 +212,8 @@ class OutputProcessor:
     def _output(self, group: RequestGroup) -> RequestOutput:
         req, seqs = group.request, list(group.sequences.values())
         shown = seqs
-        if req.params.ranks_by_logprob:  # best_of: the n likeliest, best first, numbered 0..n-1 (vLLM V0's order)
+        # best_of: the n likeliest, best first, numbered 0..n-1 (vLLM V0's order)
+        if req.params.ranks_by_logprob:
             shown = sorted(seqs, key=lambda s: -s.cumulative_logprob)[: req.params.n]
             shown = [replace(s, index=i) for i, s in enumerate(shown)]
         delta = req.params.output_kind is RequestOutputKind.DELTA
@@ -202,14 +224,16 @@ class OutputProcessor:
                 logprobs = None if logprobs is None else logprobs[s.num_sent_tokens :]
                 text, tokens, s.num_sent_chars, s.num_sent_tokens = (
                     text[s.num_sent_chars :], tokens[s.num_sent_tokens :], len(text), len(tokens))
-            reason = None if s.finish_reason is None else s.finish_reason.value  # vLLM's outputs carry plain strings
+            # vLLM's outputs carry plain strings
+            reason = None if s.finish_reason is None else s.finish_reason.value
             completions.append(CompletionOutput(s.index, text, list(tokens), reason, s.stop_reason,
-                                                None if logprobs is None else list(logprobs), s.cumulative_logprob))
+                                                None if logprobs is None else list(logprobs),
+                                                s.cumulative_logprob))
         cores = [s.core for s in seqs if s.core is not None]
         times = [s.first_token_time for s in seqs if s.first_token_time is not None]
         scheduled = [c.first_scheduled_time for c in cores if c.first_scheduled_time is not None]
-        metrics = RequestMetrics(req.arrival_time, first_scheduled_time=min(scheduled) if scheduled else None,
-                                 first_token_time=min(times) if times else None,
+        metrics = RequestMetrics(req.arrival_time, first_scheduled_time=min(scheduled) if scheduled
+                                 else None, first_token_time=min(times) if times else None,
                                  finished_time=max((s.finish_time or 0) for s in seqs) or None,
                                  spec_num_proposed=sum(c.num_spec_proposed for c in cores),
                                  spec_num_accepted=sum(c.num_spec_accepted for c in cores))
@@ -218,7 +242,9 @@ class OutputProcessor:
             del self.groups[req.request_id]
             for rid in group.sequences:
                 self.parent_of.pop(rid, None)
-        # of its n samples, the one the prefix cache served best (the first computes what the others reuse)
+        # of its n samples, the one the prefix cache served best (the first computes what the others
+        # reuse)
         num_cached = max((c.num_cached_tokens for c in cores), default=0)
-        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, completions, finished, num_cached,
-                             metrics, sum(c.num_preemptions for c in cores), prompt_logprobs=group.prompt_logprobs)
+        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, completions,
+                             finished, num_cached, metrics, sum(c.num_preemptions for c in cores),
+                             prompt_logprobs=group.prompt_logprobs)

@@ -1,10 +1,10 @@
 """EngineProfiler: `LLM.start_profile()` / `stop_profile()` record the engine with torch.profiler.
 
-As in vLLM, profiling is switched on by naming a directory in the environment: MINIVLLM_TORCH_PROFILER_DIR,
-or vLLM's VLLM_TORCH_PROFILER_DIR. `stop_profile()` writes one Chrome-trace JSON file there (open it in
-https://ui.perfetto.dev or chrome://tracing): every operator the steps ran, on CPU and, where there is one,
-on the GPU, with shapes. Without a directory, start_profile() says how to set one rather than profiling into
-nowhere.
+As in vLLM, profiling is switched on by naming a directory in the environment:
+MINIVLLM_TORCH_PROFILER_DIR, or vLLM's VLLM_TORCH_PROFILER_DIR. `stop_profile()` writes one
+Chrome-trace JSON file there (open it in https://ui.perfetto.dev or chrome://tracing): every
+operator the steps ran, on CPU and, where there is one, on the GPU, with shapes. Without a
+directory, start_profile() says how to set one rather than profiling into nowhere.
 """
 
 from __future__ import annotations
@@ -42,15 +42,17 @@ class EngineProfiler:
     def start(self, profile_prefix: str | None = None) -> None:
         directory = profiler_dir()
         if directory is None:
-            raise ValueError(f"profiling is off: set {PROFILER_DIR_VARS[0]} (or {PROFILER_DIR_VARS[1]}) to the "
-                             f"directory the trace should go to, before calling start_profile()")
+            raise ValueError(f"profiling is off: set {PROFILER_DIR_VARS[0]} (or "
+                             f"{PROFILER_DIR_VARS[1]}) to the directory the trace should go to, "
+                             f"before calling start_profile()")
         if self._profile is not None:
             raise ValueError("start_profile() called twice: call stop_profile() first")
         activities = [torch.profiler.ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         self._prefix, self._dir = profile_prefix or "minivllm", directory
-        self._profile = torch.profiler.profile(activities=activities, record_shapes=True, with_stack=False)
+        self._profile = torch.profiler.profile(activities=activities, record_shapes=True,
+                                               with_stack=False)
         self._profile.__enter__()
 
     def stop(self) -> Path:

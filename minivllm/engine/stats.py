@@ -1,4 +1,5 @@
-"""StepCounters: the engine's running totals, kept by a step observer (what `LLMEngine.stats()` reports)."""
+"""StepCounters: the engine's running totals, kept by a step observer (what `LLMEngine.stats()`
+reports)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ class StepCounters:
                 self.num_spec_steps += 1
                 per_pos = self.num_spec_accepted_per_pos
                 per_pos += [0] * (len(s.spec_token_ids) - len(per_pos))
-                for i in range(num_accepted):  # drafts are accepted as a prefix: positions 0..accepted-1
+                # drafts are accepted as a prefix: positions 0..accepted-1
+                for i in range(num_accepted):
                     per_pos[i] += 1
         self.num_generated_tokens += sum(len(c.new_token_ids) for c in record.core_outputs)
         self.propose_seconds += record.runner_output.propose_seconds
@@ -51,6 +53,7 @@ class StepCounters:
             "spec_num_accepted_per_pos": list(self.num_spec_accepted_per_pos),
             "spec_acceptance_rate": self.num_spec_accepted / max(self.num_spec_proposed, 1),
             # tokens gained per verification step: the accepted drafts plus the target's own token
-            "spec_mean_accepted_length": (self.num_spec_accepted + self.num_spec_steps) / max(self.num_spec_steps, 1),
+            "spec_mean_accepted_length": ((self.num_spec_accepted + self.num_spec_steps)
+                                          / max(self.num_spec_steps, 1)),
             "spec_propose_seconds": self.propose_seconds,
         }

@@ -1,17 +1,18 @@
 """StepDriver: many threads share one LLMEngine, and whichever thread is waiting drives it.
 
-LLMEngine is not thread-safe (add, abort and step all touch the scheduler and the block pool), and two threads
-stepping it at once corrupt it: that is how ten threads sharing one `LLM` used to hang. So the engine has one
-driver at a time. A thread that calls `run` queues its requests and waits; when nobody is driving, it becomes
-the driver: it adds everything queued since the last step (its own requests and other threads'), takes one step,
-hands each finished output to the thread that asked for it, and repeats until its own requests are done, then
-hands the role to a thread still waiting. Requests queued while a step runs go in right before the next one, so
-concurrent calls share one running batch: continuous batching across threads. (vLLM's own `LLM` is not
-thread-safe; the server's AsyncEngine solves the same problem for HTTP clients with one asyncio task as driver.)
+LLMEngine is not thread-safe (add, abort and step all touch the scheduler and the block pool), and
+two threads stepping it at once corrupt it: that is how ten threads sharing one `LLM` used to hang.
+So the engine has one driver at a time. A thread that calls `run` queues its requests and waits;
+when nobody is driving, it becomes the driver: it adds everything queued since the last step (its
+own requests and other threads'), takes one step, hands each finished output to the thread that
+asked for it, and repeats until its own requests are done, then hands the role to a thread still
+waiting. Requests queued while a step runs go in right before the next one, so concurrent calls
+share one running batch: continuous batching across threads. (vLLM's own `LLM` is not thread-safe;
+the server's AsyncEngine solves the same problem for HTTP clients with one asyncio task as driver.)
 
-Failures reach everyone who waits: an exception from a step fails every call in flight (the driver's caller gets
-it, the others a RuntimeError chained to it) and their requests are aborted; a call interrupted in its own thread
-(KeyboardInterrupt) takes only its own requests out.
+Failures reach everyone who waits: an exception from a step fails every call in flight (the driver's
+caller gets it, the others a RuntimeError chained to it) and their requests are aborted; a call
+interrupted in its own thread (KeyboardInterrupt) takes only its own requests out.
 """
 
 from __future__ import annotations
@@ -62,12 +63,15 @@ class StepDriver:
         self._driving = False
         self._adds: list[_Call] = []  # queued, not yet in the engine
         self._aborts: list[str] = []
-        self._owner: dict[str, tuple[_Call, int]] = {}  # request id in the engine -> its call and index there
+        # request id in the engine -> its call and index there
+        self._owner: dict[str, tuple[_Call, int]] = {}
 
-    def run(self, request_ids: Sequence[str], prompts: Sequence[PromptType], params: Sequence[SamplingParams],
-            priorities: Sequence[int], progress: Callable[[int], None] | None = None) -> list[RequestOutput]:
-        """Add the requests (all or none: a ValueError says why), wait or drive until all have finished, and
-        return their final outputs in order. `progress(n)` hears, in this thread, how many have finished."""
+    def run(self, request_ids: Sequence[str], prompts: Sequence[PromptType],
+            params: Sequence[SamplingParams], priorities: Sequence[int],
+            progress: Callable[[int], None] | None = None) -> list[RequestOutput]:
+        """Add the requests (all or none: a ValueError says why), wait or drive until all have
+        finished, and return their final outputs in order. `progress(n)` hears, in this thread, how
+        many have finished."""
         call = _Call(list(request_ids), list(prompts), list(params), list(priorities))
         if not call.request_ids:
             return []
@@ -87,7 +91,8 @@ class StepDriver:
                     self._drive(call, progress)
                 finally:
                     self._release()
-        except BaseException:  # interrupted here (KeyboardInterrupt): nobody will collect these outputs
+        # interrupted here (KeyboardInterrupt): nobody will collect these outputs
+        except BaseException:
             self._withdraw(call)
             raise
         if call.error is not None:
@@ -95,22 +100,25 @@ class StepDriver:
         return call.results
 
     def abort(self, request_ids: Sequence[str]) -> None:
-        """Abort requests from any thread: before the next step if one is being driven, else right away. Their
-        callers get them back finished with finish_reason "abort", as LLMEngine.abort_request gives them."""
+        """Abort requests from any thread: before the next step if one is being driven, else right
+        away. Their callers get them back finished with finish_reason "abort", as
+        LLMEngine.abort_request gives them."""
         with self._cond:
             self._aborts.extend(request_ids)
             if self._driving:
                 return
             self._driving = True
         try:
-            self._apply_queued(add=True)  # a request still queued goes in first, so that it can be aborted
+            # a request still queued goes in first, so that it can be aborted
+            self._apply_queued(add=True)
         finally:
             self._release()
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[LLMEngine]:
-        """Hold the engine alone (waiting for the current driver to hand it over), for work that is not a
-        batch of requests: beam search, resetting the prefix cache. Queued aborts are applied first."""
+        """Hold the engine alone (waiting for the current driver to hand it over), for work that is
+        not a batch of requests: beam search, resetting the prefix cache. Queued aborts are applied
+        first."""
         with self._cond:
             while self._driving:
                 self._cond.wait()
@@ -121,16 +129,18 @@ class StepDriver:
         finally:
             self._release()
 
-    # ---- the driver --------------------------------------------------------------------------------
+    # ---- the driver ------------------------------------------------------------------------------
     def _drive(self, call: _Call, progress: Callable[[int], None] | None) -> None:
         while not call.done:
             try:
                 self._apply_queued(add=True)
                 if not self.engine.has_unfinished_requests() and not call.done:
-                    raise RuntimeError("the engine has no requests left but a call is still waiting for outputs "
-                                       "(were its requests aborted directly on llm.engine?)")
+                    raise RuntimeError("the engine has no requests left but a call is still "
+                                       "waiting for outputs (were its requests aborted directly on "
+                                       "llm.engine?)")
                 outputs = self.engine.step()
-            except Exception as e:  # the engine's state is unknown: fail everyone rather than hang them
+            # the engine's state is unknown: fail everyone rather than hang them
+            except Exception as e:
                 self._fail_all(e, call)
                 return
             with self._cond:
@@ -145,15 +155,16 @@ class StepDriver:
                 progress(len(call.request_ids) - call.remaining)
 
     def _apply_queued(self, add: bool) -> None:
-        """In the driver: add the queued calls (add=True), each all-or-nothing, then apply the queued aborts
-        (after the adds, so an abort that overtook its request still finds it)."""
+        """In the driver: add the queued calls (add=True), each all-or-nothing, then apply the
+        queued aborts (after the adds, so an abort that overtook its request still finds it)."""
         with self._cond:
             adds, self._adds = (self._adds, []) if add else ([], self._adds)
         while adds:
             call = adds[0]
             try:
                 batch = [self.engine.process_request(rid, p, sp, priority=pr)
-                         for rid, p, sp, pr in zip(call.request_ids, call.prompts, call.params, call.priorities)]
+                         for rid, p, sp, pr in zip(call.request_ids, call.prompts, call.params,
+                                                   call.priorities)]
             except Exception as e:  # bad input fails its own call only
                 with self._cond:
                     call.error = e
@@ -191,7 +202,8 @@ class StepDriver:
                 if c is driver_call:
                     c.error = exc
                 else:
-                    c.error = StepFailedError(f"the engine step driven by another thread failed: {exc!r}")
+                    c.error = StepFailedError(f"the engine step driven by another thread failed: "
+                                              f"{exc!r}")
                     c.error.__cause__ = exc
             self._cond.notify_all()
         with contextlib.suppress(Exception):  # best effort: give their blocks back
@@ -203,7 +215,8 @@ class StepDriver:
             if call in self._adds:
                 self._adds.remove(call)
             elif call.in_engine:
-                unfinished = [rid for rid in call.request_ids if self._owner.get(rid, (None,))[0] is call]
+                unfinished = [rid for rid in call.request_ids
+                              if self._owner.get(rid, (None,))[0] is call]
                 for rid in unfinished:
                     del self._owner[rid]
                 self._aborts.extend(unfinished)

@@ -1,10 +1,11 @@
-"""StepTrace: what one engine step did, recorded so notebooks and widgets can replay real engine state.
+"""StepTrace: what one engine step did, recorded so notebooks and widgets can replay real engine
+state.
 
-`TraceRecorder` is a step observer: after every step the engine hands it a `StepRecord` (the step's plain
-data) and it keeps the most recent `trace_steps` as StepTraces in `LLMEngine.trace`. Each is plain data:
-who was scheduled for how many tokens (prefill or decode), which blocks were allocated, re-used from the
-prefix cache, freed, or swapped to and from host memory, who was preempted or finished, and every live block
-table after the step.
+`TraceRecorder` is a step observer: after every step the engine hands it a `StepRecord` (the step's
+plain data) and it keeps the most recent `trace_steps` as StepTraces in `LLMEngine.trace`. Each is
+plain data: who was scheduled for how many tokens (prefill or decode), which blocks were allocated,
+re-used from the prefix cache, freed, or swapped to and from host memory, who was preempted or
+finished, and every live block table after the step.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class StepRecord:
-    """Everything one step produced, handed to each step observer (trace, counters, a chapter's own)."""
+    """Everything one step produced, handed to each step observer (trace, counters, a chapter's
+    own)."""
 
     step: int
     duration_s: float
@@ -32,8 +34,9 @@ class StepRecord:
     core_outputs: list[EngineCoreOutput]
     finished: dict[str, FinishReason]  # sequence id -> why it ended (token stops and stop strings)
     kv_events: list[KVEvent]
-    # wall seconds of each part of the step: schedule, run (the runner; its forward pass is in runner_output),
-    # update (scheduler bookkeeping), output (detokenize, stop strings, RequestOutputs)
+    # wall seconds of each part of the step: schedule, run (the runner; its forward pass is in
+    # runner_output), update (scheduler bookkeeping), output (detokenize, stop strings,
+    # RequestOutputs)
     phase_seconds: dict[str, float] = field(default_factory=dict)
 
 
@@ -65,12 +68,17 @@ class StepTrace:
     num_free_blocks: int
     num_total_blocks: int
     block_size: int = 16
-    num_computed_tokens: dict[str, int] = field(default_factory=dict)  # live request -> tokens in its blocks
+    # live request -> tokens in its blocks
+    num_computed_tokens: dict[str, int] = field(default_factory=dict)
     shared_blocks: dict[int, int] = field(default_factory=dict)  # block id -> ref count, where > 1
-    swapped_out: dict[str, list[int]] = field(default_factory=dict)  # request id -> GPU blocks copied to the host
-    swapped_in: dict[str, list[int]] = field(default_factory=dict)  # request id -> GPU blocks filled from the host
-    forked: dict[str, list[int]] = field(default_factory=dict)  # new sequence -> the blocks it shares with its parent
-    copied: dict[str, list[int]] = field(default_factory=dict)  # request id -> its copy-on-write blocks (the copies)
+    # request id -> GPU blocks copied to the host
+    swapped_out: dict[str, list[int]] = field(default_factory=dict)
+    # request id -> GPU blocks filled from the host
+    swapped_in: dict[str, list[int]] = field(default_factory=dict)
+    # new sequence -> the blocks it shares with its parent
+    forked: dict[str, list[int]] = field(default_factory=dict)
+    # request id -> its copy-on-write blocks (the copies)
+    copied: dict[str, list[int]] = field(default_factory=dict)
     num_swap_bytes: int = 0  # KV bytes this step moved between GPU and host, both ways
     num_free_host_blocks: int = 0
     num_total_host_blocks: int = 0
@@ -97,12 +105,14 @@ def group_events(events: list[KVEvent], kind: str) -> dict[str, list[int]]:
 
 
 def scheduled_entries(record: StepRecord) -> list[ScheduledEntry]:
-    """Each scheduled request's line of the step: its work, the drafts it verified and the tokens it got."""
+    """Each scheduled request's line of the step: its work, the drafts it verified and the tokens it
+    got."""
     accepted = record.runner_output.num_accepted
     appended = {c.request_id: c.new_token_ids for c in record.core_outputs}
     entries = []
     for s in record.scheduler_output.scheduled:
-        entry = ScheduledEntry(s.request_id, s.num_new_tokens, "prefill" if s.is_prefill else "decode",
+        entry = ScheduledEntry(s.request_id, s.num_new_tokens,
+                               "prefill" if s.is_prefill else "decode",
                                s.num_computed_before, spec_token_ids=list(s.spec_token_ids))
         tokens = appended.get(s.request_id)
         if tokens:
@@ -113,11 +123,13 @@ def scheduled_entries(record: StepRecord) -> list[ScheduledEntry]:
 
 
 class TraceRecorder:
-    """The step observer behind `LLMEngine.trace`: keeps the last `max_steps` steps as StepTraces."""
+    """The step observer behind `LLMEngine.trace`: keeps the last `max_steps` steps as
+    StepTraces."""
 
     def __init__(self, max_steps: int) -> None:
         self.steps: deque[StepTrace] = deque(maxlen=max_steps)
-        self._snapshots: dict[str, tuple[list[int], list[int]]] = {}  # request id -> (live table, trace copy)
+        # request id -> (live table, trace copy)
+        self._snapshots: dict[str, tuple[list[int], list[int]]] = {}
 
     def __call__(self, engine: LLMEngine, record: StepRecord) -> None:
         if self.steps.maxlen == 0:
@@ -130,24 +142,29 @@ class TraceRecorder:
             preempted=list(record.scheduler_output.preempted), finished=dict(record.finished),
             allocated=group_events(events, "alloc"), cache_hits=group_events(events, "hit"),
             freed=group_events(events, "free"), block_tables=tables,
-            waiting=[r.request_id for r in scheduler.waiting], running=[r.request_id for r in scheduler.running],
-            num_free_blocks=pool.num_free_blocks, num_total_blocks=pool.num_blocks, block_size=kv.block_size,
+            waiting=[r.request_id for r in scheduler.waiting],
+            running=[r.request_id for r in scheduler.running], num_free_blocks=pool.num_free_blocks,
+            num_total_blocks=pool.num_blocks, block_size=kv.block_size,
             num_computed_tokens={r.request_id: r.num_computed_tokens for r in scheduler.running},
             # a block used by several requests is in several tables: no need to scan the whole pool
             shared_blocks={b: pool.blocks[b].ref_cnt for t in tables.values() for b in t
                            if pool.blocks[b].ref_cnt > 1},
             forked=group_events(events, "fork"), copied=group_events(events, "cow"),
-            swapped_out=group_events(events, "swap_out"), swapped_in=group_events(events, "swap_in"),
-            num_swap_bytes=engine.runner.bytes_per_block * (len(record.scheduler_output.blocks_to_swap_out)
-                                                            + len(record.scheduler_output.blocks_to_swap_in)),
-            num_free_host_blocks=engine.swap.num_free_blocks, num_total_host_blocks=engine.swap.num_blocks))
+            swapped_out=group_events(events, "swap_out"),
+            swapped_in=group_events(events, "swap_in"),
+            num_swap_bytes=engine.runner.bytes_per_block
+            * (len(record.scheduler_output.blocks_to_swap_out)
+               + len(record.scheduler_output.blocks_to_swap_in)),
+            num_free_host_blocks=engine.swap.num_free_blocks,
+            num_total_host_blocks=engine.swap.num_blocks))
 
     def _table_snapshots(self, block_tables: dict[str, list[int]]) -> dict[str, list[int]]:
         """Copies of the block tables, reusing last step's copy of every table that did not grow.
 
-        A table only grows (appends) until it is freed whole, so the same list object with the same length
-        holds the same blocks. Most steps add no block to most tables: this keeps the trace's memory and
-        time per step small at large batch sizes. (Copies are shared between steps: read them, never edit.)
+        A table only grows (appends) until it is freed whole, so the same list object with the same
+        length holds the same blocks. Most steps add no block to most tables: this keeps the trace's
+        memory and time per step small at large batch sizes. (Copies are shared between steps: read
+        them, never edit.)
         """
         previous, self._snapshots = self._snapshots, {}
         for rid, table in block_tables.items():

@@ -1,1 +1,2 @@
-"""vLLM's entry points under vLLM's module paths: `python -m minivllm.entrypoints.openai.api_server`."""
+"""vLLM's entry points under vLLM's module paths: `python -m
+minivllm.entrypoints.openai.api_server`."""

@@ -1,8 +1,9 @@
-"""FlexibleArgumentParser: vLLM's argparse, forgiving in spelling and clear about what it does not know.
+"""FlexibleArgumentParser: vLLM's argparse, forgiving in spelling and clear about what it does not
+know.
 
-`--max_model_len` works like `--max-model-len` (vLLM accepts both), and a flag minivllm does not have is an
-error that names it, says so for vLLM's flags we do not implement, and points to --help, instead of argparse's
-bare "unrecognized arguments".
+`--max_model_len` works like `--max-model-len` (vLLM accepts both), and a flag minivllm does not
+have is an error that names it, says so for vLLM's flags we do not implement, and points to --help,
+instead of argparse's bare "unrecognized arguments".
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ class FlexibleArgumentParser(argparse.ArgumentParser):
             flags = [a for a in extra if a.startswith("-")]
             what = (f"unsupported argument(s): {' '.join(flags)}" if flags else
                     f"unexpected argument(s): {' '.join(extra)}")
-            self.exit(2, f"{self.prog}: error: {what}. minivllm implements vLLM's flags for what its engine "
-                         f"supports; see {self.prog} --help for the list\n")
+            self.exit(2, f"{self.prog}: error: {what}. minivllm implements vLLM's flags for what "
+                      f"its engine supports; see {self.prog} --help for the list\n")
         return parsed
 
 

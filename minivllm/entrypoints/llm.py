@@ -22,20 +22,21 @@ from minivllm.sampling_params import RequestOutputKind, SamplingParams
 class LLM:
     """Load a model once, then generate for batches of prompts with continuous batching underneath.
 
-    Safe to share between threads (vLLM's LLM is not): concurrent `generate` calls join one running batch,
-    one thread steps the engine at a time (engine/step_driver.py).
+    Safe to share between threads (vLLM's LLM is not): concurrent `generate` calls join one running
+    batch, one thread steps the engine at a time (engine/step_driver.py).
     """
 
     def __init__(self, model: str | None = None, **kwargs) -> None:
-        """`model`: a local checkpoint directory or a Hub repo id (None: the embedded model). kwargs: EngineConfig
-        fields and vLLM's own arguments (see engine_args.py)."""
+        """`model`: a local checkpoint directory or a Hub repo id (None: the embedded model).
+        kwargs: EngineConfig fields and vLLM's own arguments (see engine_args.py)."""
         self.engine = LLMEngine(engine_config_from_kwargs(model, kwargs))
-        self._ids = itertools.count()  # request ids; next() on a count is atomic, so threads may share it
+        # request ids; next() on a count is atomic, so threads may share it
+        self._ids = itertools.count()
         self._driver = StepDriver(self.engine)  # lets threads share the engine (step_driver.py)
 
     def shutdown(self) -> None:
-        """Stop the worker processes of tensor_parallel_size > 1 (also on `with LLM(...)` exit, `del llm`
-        and interpreter exit); a no-op with one rank."""
+        """Stop the worker processes of tensor_parallel_size > 1 (also on `with LLM(...)` exit, `del
+        llm` and interpreter exit); a no-op with one rank."""
         engine = getattr(self, "engine", None)  # (absent when __init__ failed)
         if engine is not None:
             engine.shutdown()
@@ -56,7 +57,8 @@ class LLM:
 
     @property
     def tokenizer(self):
-        """Our tokenizer wrapper (incremental detokenization); get_tokenizer() gives the Hugging Face one."""
+        """Our tokenizer wrapper (incremental detokenization); get_tokenizer() gives the Hugging
+        Face one."""
         return self.engine.tokenizer
 
     def get_tokenizer(self):
@@ -64,15 +66,17 @@ class LLM:
         return None if self.engine.tokenizer is None else self.engine.tokenizer.hf
 
     def get_default_sampling_params(self) -> SamplingParams:
-        """What generate() uses when given none: the checkpoint's generation_config.json sampling defaults
-        (temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens), as vLLM does."""
+        """What generate() uses when given none: the checkpoint's generation_config.json sampling
+        defaults (temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens), as vLLM
+        does."""
         return SamplingParams(**self.engine.default_sampling_overrides)
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True, priority: Sequence[int] | None = None) -> list[RequestOutput]:
-        """Run every prompt to completion; outputs come back in input order. `priority`: one per prompt
-        (scheduling_policy="priority"; lower runs first), as in vLLM."""
+                 use_tqdm: bool = True,
+                 priority: Sequence[int] | None = None) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs come back in input order. `priority`: one per
+        prompt (scheduling_policy="priority"; lower runs first), as in vLLM."""
         if not isinstance(prompts, (list, tuple)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         prompts = list(prompts)
@@ -99,16 +103,17 @@ class LLM:
             return self._driver.run(ids, prompts, params, priority, progress if use_tqdm else None)
 
     def abort_request(self, request_id: str | Sequence[str]) -> None:
-        """Abort requests that a `generate` call (in any thread) is running: their outputs come back from that
-        call finished, with finish_reason "abort". The ids are the RequestOutput.request_id strings: the
-        calls' prompts numbered "0", "1", ... in the order they were submitted."""
+        """Abort requests that a `generate` call (in any thread) is running: their outputs come back
+        from that call finished, with finish_reason "abort". The ids are the
+        RequestOutput.request_id strings: the calls' prompts numbered "0", "1", ... in the order
+        they were submitted."""
         self._driver.abort([request_id] if isinstance(request_id, str) else list(request_id))
 
     def beam_search(self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams,
                     use_tqdm: bool = False) -> list[BeamSearchOutput]:
-        """Beam search (vLLM's API and scoring) over forked, copy-on-write block tables (engine/beam_search.py).
-        Needs an idle engine; returns one BeamSearchOutput per prompt, best sequences first. (`use_tqdm` is
-        accepted for vLLM's signature; no bar is shown.)"""
+        """Beam search (vLLM's API and scoring) over forked, copy-on-write block tables
+        (engine/beam_search.py). Needs an idle engine; returns one BeamSearchOutput per prompt, best
+        sequences first. (`use_tqdm` is accepted for vLLM's signature; no bar is shown.)"""
         if not isinstance(prompts, (list, tuple)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         with self._driver.exclusive() as engine:
@@ -116,50 +121,60 @@ class LLM:
 
     @staticmethod
     def _final_only(params: list) -> list:
-        """generate() returns finished requests only, so it asks the engine for nothing else (as vLLM does)."""
+        """generate() returns finished requests only, so it asks the engine for nothing else (as
+        vLLM does)."""
         final, copies, out = RequestOutputKind.FINAL_ONLY, {}, []
         for sp in params:
             sp = SamplingParams() if sp is None else sp
-            if isinstance(sp, SamplingParams) and sp.output_kind is not final:  # others fail in process_request
+            # others fail in process_request
+            if isinstance(sp, SamplingParams) and sp.output_kind is not final:
                 if id(sp) not in copies:  # one copy per distinct params object, not per prompt
                     copies[id(sp)] = replace(sp, output_kind=final)
                 sp = copies[id(sp)]
             out.append(sp)
         return out
 
-    def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | None = None,
-             use_tqdm: bool = True, chat_template: str | None = None, add_generation_prompt: bool = True,
-             continue_final_message: bool = False, chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
-        """Generate replies to conversations, formatted by the tokenizer's chat template (or `chat_template`)."""
+    def chat(self, messages: list[dict] | list[list[dict]],
+             sampling_params: SamplingParams | None = None, use_tqdm: bool = True,
+             chat_template: str | None = None, add_generation_prompt: bool = True,
+             continue_final_message: bool = False,
+             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+        """Generate replies to conversations, formatted by the tokenizer's chat template (or
+        `chat_template`)."""
         if self.tokenizer is None:
             raise ValueError("this model has no tokenizer, so it has no chat template")
         if add_generation_prompt and continue_final_message:
             raise ValueError("continue_final_message and add_generation_prompt cannot both be True")
         convos = [messages] if messages and isinstance(messages[0], dict) else messages
         kwargs = dict(chat_template_kwargs or {}, chat_template=chat_template,
-                      add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message)
+                      add_generation_prompt=add_generation_prompt,
+                      continue_final_message=continue_final_message)
         prompts = []
         for convo in convos:
             try:
                 text, ids = self.tokenizer.apply_chat_template(convo, **kwargs)
-            except Exception as e:  # no template, or messages that do not fit it: transformers raises many kinds
+            # no template, or messages that do not fit it: transformers raises many kinds
+            except Exception as e:
                 raise ValueError(f"chat template failed: {e}") from e
             prompts.append({"prompt": text, "prompt_token_ids": ids})
         return self.generate(prompts, sampling_params, use_tqdm)
 
-    # ---- vLLM's engine controls (issue 27) -----------------------------------------------------------
+    # ---- vLLM's engine controls (issue 27) -------------------------------------------------------
     def get_metrics(self) -> list[Metric]:
-        """Counter, Gauge, Histogram and Vector objects (vllm.v1.metrics.reader's), from the counters a server
-        over this engine would serve at /metrics: tokens, requests by finish reason, latencies, KV usage."""
+        """Counter, Gauge, Histogram and Vector objects (vllm.v1.metrics.reader's), from the
+        counters a server over this engine would serve at /metrics: tokens, requests by finish
+        reason, latencies, KV usage."""
         return self.engine.get_metrics()
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
-        """Forget every cached prefix; False while requests hold blocks (unless reset_running_requests)."""
+        """Forget every cached prefix; False while requests hold blocks (unless
+        reset_running_requests)."""
         return self.engine.reset_prefix_cache(reset_running_requests)
 
     def start_profile(self, profile_prefix: str | None = None) -> None:
-        """Record the engine's steps with torch.profiler into the directory named by MINIVLLM_TORCH_PROFILER_DIR
-        (or vLLM's VLLM_TORCH_PROFILER_DIR); stop_profile() writes the trace."""
+        """Record the engine's steps with torch.profiler into the directory named by
+        MINIVLLM_TORCH_PROFILER_DIR (or vLLM's VLLM_TORCH_PROFILER_DIR); stop_profile() writes the
+        trace."""
         self.engine.start_profile(profile_prefix)
 
     def stop_profile(self) -> Path:

@@ -1,10 +1,12 @@
-"""Rank 0's ModelRunner under tensor parallelism: the same runner on its own shard, plus the step channel.
+"""Rank 0's ModelRunner under tensor parallelism: the same runner on its own shard, plus the step
+channel.
 
-Each step it broadcasts the SchedulerOutput (plain data, pickled) over the gloo group, then executes it
-itself; the workers do the same on theirs and meet it in the collectives inside the model. Why the process
-group rather than a pipe: it is the one mechanism that also crosses machines (torchrun), and it costs about
-the same (bench/tp_throughput.py measures it). If anything fails mid-step, the workers' own error is raised
-and every worker is stopped: the engine does not limp on with ranks that disagree.
+Each step it broadcasts the SchedulerOutput (plain data, pickled) over the gloo group, then executes
+it itself; the workers do the same on theirs and meet it in the collectives inside the model. Why
+the process group rather than a pipe: it is the one mechanism that also crosses machines (torchrun),
+and it costs about the same (bench/tp_throughput.py measures it). If anything fails mid-step, the
+workers' own error is raised and every worker is stopped: the engine does not limp on with ranks
+that disagree.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ class TensorParallelRunner(ModelRunner):
             super().__init__(config, draft_reserve, self.workers.tp)
             self.workers.expect("ready")
         except BaseException as e:
-            error = self.workers.fail()  # one rank's start-up error fails the whole LLM(...) with it
+            # one rank's start-up error fails the whole LLM(...) with it
+            error = self.workers.fail()
             if error is not None:
                 raise error from e
             raise
@@ -33,7 +36,8 @@ class TensorParallelRunner(ModelRunner):
         try:
             self.workers.send(sched)
             return super().execute(sched)
-        except BaseException as e:  # a worker died mid-step (its collective failed), or Ctrl-C: stop them all
+        # a worker died mid-step (its collective failed), or Ctrl-C: stop them all
+        except BaseException as e:
             error = self.workers.fail()
             if error is not None:
                 raise error from e
@@ -41,11 +45,13 @@ class TensorParallelRunner(ModelRunner):
 
     @property
     def traffic(self) -> CollectiveTraffic:
-        """What rank 0's collectives have carried so far (every rank runs the same ones); `.reset()` zeroes it."""
+        """What rank 0's collectives have carried so far (every rank runs the same ones); `.reset()`
+        zeroes it."""
         return self.workers.tp.traffic
 
     def rank_states(self) -> list[dict]:
-        """`rank_state` of every rank, rank 0 first, taken between steps (spawned workers only, not torchrun's)."""
+        """`rank_state` of every rank, rank 0 first, taken between steps (spawned workers only, not
+        torchrun's)."""
         self.workers.send(RankStateQuery())
         return [rank_state(self), *self.workers.expect("state")]
 

@@ -1,9 +1,11 @@
-"""A tensor-parallel worker process (ranks 1..N-1): its shard of the model, then one step per message.
+"""A tensor-parallel worker process (ranks 1..N-1): its shard of the model, then one step per
+message.
 
-Every rank runs the same `ModelRunner.execute` on the same SchedulerOutput: each computes its heads and its
-slice of the MLP, the collectives inside the model combine them, and every rank samples the same tokens from
-the same all-gathered logits with the same seeds, so its per-sequence state (the tokens it feeds back next
-step) stays equal to rank 0's without being sent. Only rank 0's RunnerOutput is used.
+Every rank runs the same `ModelRunner.execute` on the same SchedulerOutput: each computes its heads
+and its slice of the MLP, the collectives inside the model combine them, and every rank samples the
+same tokens from the same all-gathered logits with the same seeds, so its per-sequence state (the
+tokens it feeds back next step) stays equal to rank 0's without being sent. Only rank 0's
+RunnerOutput is used.
 """
 
 from __future__ import annotations
@@ -23,24 +25,29 @@ from minivllm.distributed.parallel import connect
 
 @dataclass(frozen=True)
 class RankStateQuery:
-    """Sent on the step channel instead of a step: every worker reports `rank_state` on its pipe (tests and
-    chapter 13 compare the ranks' per-sequence state with rank 0's between steps)."""
+    """Sent on the step channel instead of a step: every worker reports `rank_state` on its pipe
+    (tests and chapter 13 compare the ranks' per-sequence state with rank 0's between steps)."""
 
 
 def rank_state(runner) -> dict:
-    """What must agree across ranks: each sequence's tokens and block table, the block count; and a sum per KV
-    block of this rank's cache (equal across ranks only where they hold the same, replicated, KV heads)."""
+    """What must agree across ranks: each sequence's tokens and block table, the block count; and a
+    sum per KV block of this rank's cache (equal across ranks only where they hold the same,
+    replicated, KV heads)."""
     cache = runner.kv_cache.movedim(2, 0).flatten(1)  # [blocks, everything else]
-    return {"sequences": {rid: (list(s.token_ids), list(s.block_table)) for rid, s in runner.sequences.items()},
+    return {"sequences": {rid: (list(s.token_ids), list(s.block_table)) for rid,
+                          s in runner.sequences.items()},
             "num_blocks": runner.num_blocks, "kv_block_sums": cache.double().sum(dim=1).tolist()}
 
 
-def worker_main(config: EngineConfig, rank: int, size: int, host: str, port: int, conn, timeout_s: float) -> None:
-    """Entry point of a spawned worker. Reports ("joined"), ("ready", num_blocks) or ("error", traceback) on
-    `conn`; returns when rank 0 broadcasts None (shutdown), or exits with status 1 on any error."""
+def worker_main(config: EngineConfig, rank: int, size: int, host: str, port: int, conn,
+                timeout_s: float) -> None:
+    """Entry point of a spawned worker. Reports ("joined"), ("ready", num_blocks) or ("error",
+    traceback) on `conn`; returns when rank 0 broadcasts None (shutdown), or exits with status 1 on
+    any error."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is rank 0's to handle: it stops us
     try:
-        store = dist.TCPStore(host, port, size, is_master=False, timeout=timedelta(seconds=timeout_s))
+        store = dist.TCPStore(host, port, size, is_master=False,
+                              timeout=timedelta(seconds=timeout_s))
         conn.send(("joined", None))
         serve_steps(config, rank, size, store, timeout_s, conn.send)
     except BaseException:  # noqa: BLE001 - whatever it was, rank 0 must hear it
@@ -53,9 +60,11 @@ def worker_main(config: EngineConfig, rank: int, size: int, host: str, port: int
 
 def serve_steps(config: EngineConfig, rank: int, size: int, store: dist.Store, timeout_s: float,
                 report=lambda message: None, device_index: int | None = None) -> None:
-    """Join the groups, build this rank's ModelRunner, then execute every step rank 0 broadcasts until None."""
+    """Join the groups, build this rank's ModelRunner, then execute every step rank 0 broadcasts
+    until None."""
     if config.device.startswith("cuda"):
-        index = rank if device_index is None else device_index  # torchrun: LOCAL_RANK, one GPU per process
+        # torchrun: LOCAL_RANK, one GPU per process
+        index = rank if device_index is None else device_index
         config = replace(config, device=f"cuda:{index}")
         torch.cuda.set_device(index)
     tp = connect(rank, size, store, torch.device(config.device), timeout_s)

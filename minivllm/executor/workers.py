@@ -1,10 +1,11 @@
-"""Rank 0's handle on its worker processes: start them, hear from them, notice when one dies, stop them all.
+"""Rank 0's handle on its worker processes: start them, hear from them, notice when one dies, stop
+them all.
 
-Rendezvous is a TCPStore that rank 0 opens on a port the OS picks (port 0), so two engines on one machine, or
-tests in parallel, never collide; nothing else is named. Each worker also has a pipe to rank 0 for its
-start-up reports and its last error: collectives say only that a peer went away, the pipe says why.
-Stopping is idempotent and also runs when the handle is garbage-collected or the interpreter exits
-(weakref.finalize), so no worker outlives the engine.
+Rendezvous is a TCPStore that rank 0 opens on a port the OS picks (port 0), so two engines on one
+machine, or tests in parallel, never collide; nothing else is named. Each worker also has a pipe to
+rank 0 for its start-up reports and its last error: collectives say only that a peer went away, the
+pipe says why. Stopping is idempotent and also runs when the handle is garbage-collected or the
+interpreter exits (weakref.finalize), so no worker outlives the engine.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from minivllm.distributed.parallel import TensorParallel, connect
 from minivllm.executor.worker import serve_steps, worker_main
 
 HOST = "127.0.0.1"
-TIMEOUT_S = 300.0  # a collective waiting on a live but stuck rank gives up after this (a dead one fails at once)
+# a collective waiting on a live but stuck rank gives up after this (a dead one fails at once)
+TIMEOUT_S = 300.0
 
 
 class WorkerError(RuntimeError):
@@ -31,40 +33,42 @@ class WorkerError(RuntimeError):
 
 
 def torchrun_rank(config: EngineConfig) -> int | None:
-    """This process's rank when `torchrun` started one process per rank (RANK, WORLD_SIZE set, WORLD_SIZE ==
-    tensor_parallel_size); None when this process is to spawn its workers itself."""
+    """This process's rank when `torchrun` started one process per rank (RANK, WORLD_SIZE set,
+    WORLD_SIZE == tensor_parallel_size); None when this process is to spawn its workers itself."""
     if envs.RANK is None or envs.WORLD_SIZE != config.tensor_parallel_size:
         return None
     return envs.RANK
 
 
 def torchrun_store(timeout_s: float) -> dist.Store:
-    """The rendezvous torchrun set up (env://: MASTER_ADDR, MASTER_PORT): hosted by its agent, or by rank 0."""
+    """The rendezvous torchrun set up (env://: MASTER_ADDR, MASTER_PORT): hosted by its agent, or by
+    rank 0."""
     return dist.TCPStore(envs.MASTER_ADDR, envs.MASTER_PORT, envs.WORLD_SIZE,
                          is_master=not envs.TORCHELASTIC_USE_AGENT_STORE and envs.RANK == 0,
                          timeout=timedelta(seconds=timeout_s))
 
 
 def run_torchrun_worker(config: EngineConfig, timeout_s: float = TIMEOUT_S) -> None:
-    """Ranks 1..N-1 under torchrun: `LLM(...)` becomes this loop and the process exits when rank 0 is done."""
+    """Ranks 1..N-1 under torchrun: `LLM(...)` becomes this loop and the process exits when rank 0
+    is done."""
     local_rank = envs.LOCAL_RANK
-    serve_steps(config, envs.RANK, config.tensor_parallel_size, torchrun_store(timeout_s), timeout_s,
-                device_index=envs.RANK if local_rank is None else local_rank)
+    serve_steps(config, envs.RANK, config.tensor_parallel_size, torchrun_store(timeout_s),
+                timeout_s, device_index=envs.RANK if local_rank is None else local_rank)
     raise SystemExit(0)
 
 
 class Workers:
     def __init__(self, config: EngineConfig, timeout_s: float = TIMEOUT_S) -> None:
-        """Spawn ranks 1..N-1 and join the process groups with them (rank 0 is this process); under torchrun
-        the other ranks exist already, and we meet them at its rendezvous."""
+        """Spawn ranks 1..N-1 and join the process groups with them (rank 0 is this process); under
+        torchrun the other ranks exist already, and we meet them at its rendezvous."""
         size = config.tensor_parallel_size
         self.error: WorkerError | None = None
         self.procs, self.conns = [], []
         self._stop = weakref.finalize(self, stop, self.procs, self.conns, [])
         external = torchrun_rank(config) is not None
         self.store = (torchrun_store(timeout_s) if external else
-                      dist.TCPStore(HOST, 0, size, is_master=True, timeout=timedelta(seconds=timeout_s),
-                                    wait_for_workers=False))
+                      dist.TCPStore(HOST, 0, size, is_master=True,
+                                    timeout=timedelta(seconds=timeout_s), wait_for_workers=False))
         ctx = mp.get_context("spawn")
         for rank in range(1, 1 if external else size):
             parent, child = ctx.Pipe()
@@ -76,19 +80,22 @@ class Workers:
             self.conns.append(parent)
         self.expect("joined")
         index = (envs.LOCAL_RANK or 0) if external else 0
-        device = torch.device("cuda", index) if config.device.startswith("cuda") else torch.device(config.device)
+        device = (torch.device("cuda", index) if config.device.startswith("cuda")
+                  else torch.device(config.device))
         self.tp: TensorParallel = connect(0, size, self.store, device, timeout_s)
         self._stop.detach()  # the same stop, now able to ask the workers to leave politely
         self._stop = weakref.finalize(self, stop, self.procs, self.conns, [self.tp])
 
     def expect(self, kind: str) -> list:
-        """Wait until every worker reports `kind` (one may take long: loading); its death or error raises."""
+        """Wait until every worker reports `kind` (one may take long: loading); its death or error
+        raises."""
         payloads = []
         for rank, (proc, conn) in enumerate(zip(self.procs, self.conns), start=1):
             wait([conn, proc.sentinel])
             message = receive(conn, 0)
             if message[0] != kind:
-                raise self.fail() or WorkerError(f"rank {rank} sent {message[0]!r}, expected {kind!r}")
+                raise self.fail() or WorkerError(f"rank {rank} sent {message[0]!r}, expected "
+                                                 f"{kind!r}")
             payloads.append(message[1])
         return payloads
 
@@ -102,12 +109,14 @@ class Workers:
             raise WorkerError("the tensor-parallel workers have been shut down")
 
     def send(self, obj: object) -> None:
-        """Broadcast `obj` (a SchedulerOutput) to every worker; raises if one has died since the last step."""
+        """Broadcast `obj` (a SchedulerOutput) to every worker; raises if one has died since the
+        last step."""
         self.check()
         self.tp.broadcast_object(obj)
 
     def fail(self) -> WorkerError | None:
-        """After something went wrong: the workers' own errors (None if every worker is fine), all stopped."""
+        """After something went wrong: the workers' own errors (None if every worker is fine), all
+        stopped."""
         if self.error is None:
             reasons = []
             for rank, (proc, conn) in enumerate(zip(self.procs, self.conns), start=1):
@@ -125,7 +134,8 @@ class Workers:
         return self.error
 
     def shutdown(self, polite: bool = True) -> None:
-        """Stop every worker (asked first, when `polite` and none failed; killed if it does not leave)."""
+        """Stop every worker (asked first, when `polite` and none failed; killed if it does not
+        leave)."""
         if not polite or self.error is not None:
             self._stop.detach()
             stop(self.procs, self.conns, [])
@@ -133,7 +143,8 @@ class Workers:
 
     @property
     def alive(self) -> bool:
-        return self.error is None and bool(self._stop.alive) and all(p.exitcode is None for p in self.procs)
+        return (self.error is None and bool(self._stop.alive)
+                and all(p.exitcode is None for p in self.procs))
 
 
 def receive(conn, timeout_s: float) -> tuple[str, object]:
@@ -145,7 +156,8 @@ def receive(conn, timeout_s: float) -> tuple[str, object]:
 
 
 def stop(procs: list, conns: list, groups: list[TensorParallel]) -> None:
-    """Ask the workers to leave (a None step, when a group is given), then kill whichever has not."""
+    """Ask the workers to leave (a None step, when a group is given), then kill whichever has
+    not."""
     if groups and all(p.exitcode is None for p in procs):
         try:
             groups[0].broadcast_object(None)

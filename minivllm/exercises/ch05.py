@@ -1,8 +1,9 @@
 """Chapter 05 exercise: top-p (nucleus) filtering.
 
-The checker tries the filter on rows with a known answer, then draws many tokens through the engine's real
-Sampler with it (a statistical test against the exact nucleus distribution), then runs the engine with it on
-seeded sampling requests, whose tokens must equal those of the engine's own filter.
+The checker tries the filter on rows with a known answer, then draws many tokens through the
+engine's real Sampler with it (a statistical test against the exact nucleus distribution), then runs
+the engine with it on seeded sampling requests, whose tokens must equal those of the engine's own
+filter.
 """
 
 from __future__ import annotations
@@ -17,37 +18,43 @@ from minivllm.hooks import EngineHooks
 from minivllm.sampling import Sampler, SamplingBatch
 from minivllm.sampling_params import SamplingParams
 
-PROBS = [0.05, 0.5, 0.15, 0.3]  # deliberately not sorted: the filter must put its answer back in vocab order
+# deliberately not sorted: the filter must put its answer back in vocab order
+PROBS = [0.05, 0.5, 0.15, 0.3]
 
 
 def _kept(top_p_fn: Callable, probs: list[float], p: float) -> list[int]:
     out = top_p_fn(torch.tensor([probs]).log(), torch.tensor([p]))
     if not isinstance(out, torch.Tensor) or out.shape != (1, len(probs)):
-        raise ExerciseFailure(f"top_p must return the logits tensor, shape [rows, vocab] = (1, {len(probs)}); "
-                              f"it returned {type(out).__name__} {getattr(out, 'shape', '')}.")
+        raise ExerciseFailure(f"top_p must return the logits tensor, shape [rows, vocab] = (1, "
+                              f"{len(probs)}); it returned {type(out).__name__} "
+                              f"{getattr(out, 'shape', '')}.")
     return [i for i, x in enumerate(out[0].tolist()) if x != float("-inf")]
 
 
 def check_top_p(top_p_fn: Callable, draws: int = 20000) -> Report:
-    """Grade `top_p(logits [B, V], top_p [B]) -> logits with the tokens outside each row's nucleus at -inf`."""
+    """Grade `top_p(logits [B, V], top_p [B]) -> logits with the tokens outside each row's nucleus
+    at -inf`."""
     def known_answers():
-        for p, want in [(0.45, [1]), (0.75, [1, 3]), (0.9, [1, 2, 3]), (1e-6, [1]), (1.0, [0, 1, 2, 3])]:
+        for p, want in [(0.45, [1]), (0.75, [1, 3]), (0.9, [1, 2, 3]), (1e-6, [1]),
+                        (1.0, [0, 1, 2, 3])]:
             got = _kept(top_p_fn, PROBS, p)
             if got != want:
                 raise ExerciseFailure(
-                    f"with probabilities {PROBS} and top_p={p}, your filter kept tokens {got}; the nucleus is "
-                    f"{want}: the most likely tokens, in order, until their total reaches top_p (the top token "
-                    f"always stays, and top_p=1 keeps everything).")
+                    f"with probabilities {PROBS} and top_p={p}, your filter kept tokens {got}; the "
+                    f"nucleus is {want}: the most likely tokens, in order, until their total "
+                    f"reaches top_p (the top token always stays, and top_p=1 keeps everything).")
 
     def rows_and_values():
         logits = torch.tensor([PROBS, PROBS[::-1]]).log()
         out = top_p_fn(logits.clone(), torch.tensor([0.75, 1.0]))
         if not torch.equal(out[1], logits[1]):
-            raise ExerciseFailure("row 1 had top_p=1.0 (off) but came back changed: each row has its own top_p.")
+            raise ExerciseFailure("row 1 had top_p=1.0 (off) but came back changed: each row has "
+                                  "its own top_p.")
         kept = out[0] != float("-inf")
         if not torch.allclose(out[0][kept], logits[0][kept]):
-            raise ExerciseFailure("the tokens kept in the nucleus had their logits changed: only set the others "
-                                  "to -inf (the softmax after the filter renormalises).")
+            raise ExerciseFailure("the tokens kept in the nucleus had their logits changed: only "
+                                  "set the others to -inf (the softmax after the filter "
+                                  "renormalises).")
 
     def sampler_distribution():
         sampler = Sampler(seed=0, top_p_filter=top_p_fn)
@@ -58,9 +65,9 @@ def check_top_p(top_p_fn: Callable, draws: int = 20000) -> Report:
         want = [0.0, 0.5 / 0.8, 0.0, 0.3 / 0.8]
         worst = max(abs(f - w) for f, w in zip(freq, want))
         if worst > 0.02:
-            raise ExerciseFailure(f"{draws} draws through the engine's Sampler with top_p=0.75 gave token "
-                                  f"frequencies {[round(f, 3) for f in freq]}; the renormalised nucleus is "
-                                  f"{[round(w, 3) for w in want]}.")
+            raise ExerciseFailure(f"{draws} draws through the engine's Sampler with top_p=0.75 "
+                                  f"gave token frequencies {[round(f, 3) for f in freq]}; the "
+                                  f"renormalised nucleus is {[round(w, 3) for w in want]}.")
 
     def engine_equality():
         params = SamplingParams(temperature=0.9, top_p=0.8, max_tokens=8, seed=7, ignore_eos=True)
@@ -69,12 +76,14 @@ def check_top_p(top_p_fn: Callable, draws: int = 20000) -> Report:
         for i, (a, b) in enumerate(zip(ours, theirs)):
             if a != b:
                 j = next(j for j, (x, y) in enumerate(zip(a, b)) if x != y)
-                raise ExerciseFailure(f"with seed 7, temperature 0.9 and top_p 0.8, request {i}'s token {j} is "
-                                      f"{b} with your filter and {a} with the engine's own: the two filters kept "
-                                      f"different tokens for some row of the batch.")
+                raise ExerciseFailure(f"with seed 7, temperature 0.9 and top_p 0.8, request {i}'s "
+                                      f"token {j} is {b} with your filter and {a} with the "
+                                      f"engine's own: the two filters kept different tokens for "
+                                      f"some row of the batch.")
 
     return run_checks("ch05 top_p", [
         ("the nucleus is right on rows with a known answer", known_answers),
         ("each row uses its own top_p, and kept logits are untouched", rows_and_values),
         ("the engine's Sampler draws from the renormalised nucleus", sampler_distribution),
-        ("the engine's seeded sampling gives the same tokens as with its own filter", engine_equality)])
+        ("the engine's seeded sampling gives the same tokens as with its own filter",
+         engine_equality)])

@@ -1,7 +1,8 @@
 """A checker's verdict, and the runner that turns a list of checks into one.
 
-A check is a plain function that raises ExerciseFailure with a sentence a learner can act on. The runner
-stops at the first failure: later checks usually fail for the same reason and would only add noise.
+A check is a plain function that raises ExerciseFailure with a sentence a learner can act on. The
+runner stops at the first failure: later checks usually fail for the same reason and would only add
+noise.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ class Report:
         return self.status == "passed"
 
     def __str__(self) -> str:
-        mark = {"passed": "PASSED", "failed": "FAILED", "not attempted": "NOT ATTEMPTED"}[self.status]
+        mark = {"passed": "PASSED", "failed": "FAILED",
+                "not attempted": "NOT ATTEMPTED"}[self.status]
         lines = [f"{self.exercise}: {mark} ({self.seconds:.1f} s)"]
         lines += [f"  ok  {name}" for name in self.passed_checks]
         if self.message:
@@ -55,13 +57,15 @@ def run_checks(exercise: str, checks: Sequence[Check]) -> Report:
             check()
         except NotImplementedError as stub:
             where = traceback.extract_tb(stub.__traceback__)[-1]
-            return report("not attempted", f"`{where.name}` still raises NotImplementedError: write it in the "
-                                           f"exercise cell, run that cell, then run the checker again.")
+            return report("not attempted", f"`{where.name}` still raises NotImplementedError: "
+                          f"write it in the exercise cell, run that cell, then run the checker "
+                          f"again.")
         except ExerciseFailure as failure:
             return report("failed", f"while checking that {name}:\n{failure}")
         except Exception as error:  # the learner's code crashed: say where, briefly
             frames = traceback.extract_tb(error.__traceback__)
-            return report("failed", f"while checking that {name}, your code raised {type(error).__name__}: "
-                                    f"{error} (at {frames[-1].name}, line {frames[-1].lineno})")
+            return report("failed", f"while checking that {name}, your code raised "
+                          f"{type(error).__name__}: {error} (at {frames[-1].name}, line "
+                          f"{frames[-1].lineno})")
         passed.append(name)
     return report("passed")

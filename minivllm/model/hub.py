@@ -1,8 +1,10 @@
-"""Turn what a learner types for vLLM (`LLM("HuggingFaceTB/SmolLM2-360M-Instruct")`) into a local directory.
+"""Turn what a learner types for vLLM (`LLM("HuggingFaceTB/SmolLM2-360M-Instruct")`) into a local
+directory.
 
-A local directory is used as is; anything else that is a valid Hub repo id is fetched with huggingface_hub's
-`snapshot_download` into the normal Hugging Face cache, so a model downloaded once (by us, vLLM or transformers)
-is not downloaded again. Every failure becomes a ValueError that names the id and says what to do about it.
+A local directory is used as is; anything else that is a valid Hub repo id is fetched with
+huggingface_hub's `snapshot_download` into the normal Hugging Face cache, so a model downloaded once
+(by us, vLLM or transformers) is not downloaded again. Every failure becomes a ValueError that names
+the id and says what to do about it.
 """
 
 from __future__ import annotations
@@ -13,21 +15,23 @@ from pathlib import Path
 
 from minivllm import envs
 
-# What the engine reads: the config, safetensors weights (sharded or not) and the tokenizer. Nothing else
-# (no *.bin / *.pt / *.gguf duplicates of the weights, no README or images) is downloaded.
+# What the engine reads: the config, safetensors weights (sharded or not) and the tokenizer. Nothing
+# else (no *.bin / *.pt / *.gguf duplicates of the weights, no README or images) is downloaded.
 CONFIG_FILES = ["config.json", "generation_config.json"]
 WEIGHT_FILES = ["*.safetensors", "*.safetensors.index.json"]
-TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                   "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json"]
+TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
+                   "chat_template.jinja", "chat_template.json"]
 
 
 def resolve_model_path(name_or_path: str | os.PathLike, revision: str | None = None,
                        download_dir: str | os.PathLike | None = None, what: str = "model") -> Path:
-    """A local directory holding `name_or_path`: the directory itself, or the cached Hub snapshot of that repo id.
+    """A local directory holding `name_or_path`: the directory itself, or the cached Hub snapshot of
+    that repo id.
 
-    `revision` (branch, tag or commit hash) and `download_dir` (a cache directory; default: the HF cache) only
-    apply to Hub ids. `what` ("model", "tokenizer", "draft model") only words the errors; a tokenizer needs no
-    weights, so none are downloaded for it.
+    `revision` (branch, tag or commit hash) and `download_dir` (a cache directory; default: the HF
+    cache) only apply to Hub ids. `what` ("model", "tokenizer", "draft model") only words the
+    errors; a tokenizer needs no weights, so none are downloaded for it.
     """
     path = Path(name_or_path).expanduser()
     if path.is_dir():
@@ -54,24 +58,30 @@ def resolve_model_path(name_or_path: str | os.PathLike, revision: str | None = N
     repo_id = str(name_or_path)
     ref = f"{what} {repo_id!r}" + (f" (revision {revision!r})" if revision else "")
     cache = Path(download_dir).expanduser() if download_dir is not None else _default_cache_dir()
-    # huggingface_hub reads HF_HUB_OFFLINE once, at import; a learner sets it in a notebook cell after that.
+    # huggingface_hub reads HF_HUB_OFFLINE once, at import; a learner sets it in a notebook cell
+    # after that.
     offline = envs.HF_HUB_OFFLINE or bool(constants.HF_HUB_OFFLINE)
     patterns = CONFIG_FILES + TOKENIZER_FILES + ([] if what == "tokenizer" else WEIGHT_FILES)
     try:
-        snapshot = Path(huggingface_hub.snapshot_download(repo_id, revision=revision, cache_dir=cache,
-                                                          allow_patterns=patterns, local_files_only=offline))
+        snapshot = Path(huggingface_hub.snapshot_download(repo_id, revision=revision,
+                                                          cache_dir=cache, allow_patterns=patterns,
+                                                          local_files_only=offline))
     except GatedRepoError as e:  # a subclass of RepositoryNotFoundError, so it comes first
-        raise ValueError(f"{ref} is gated on the Hugging Face Hub: request access at https://huggingface.co/"
-                         f"{repo_id}, then give a token (set HF_TOKEN, or run `hf auth login`)") from e
+        raise ValueError(f"{ref} is gated on the Hugging Face Hub: request access at "
+                         f"https://huggingface.co/{repo_id}, then give a token (set HF_TOKEN, or "
+                         f"run `hf auth login`)") from e
     except RepositoryNotFoundError as e:
-        raise ValueError(f"{ref} not found on the Hugging Face Hub, nor as a local directory (if it is private, "
-                         "give a token: set HF_TOKEN)") from e
+        raise ValueError(f"{ref} not found on the Hugging Face Hub, nor as a local directory (if "
+                         f"it is private, give a token: set HF_TOKEN)") from e
     except RevisionNotFoundError as e:
-        raise ValueError(f"revision {revision!r} not found in {what} {repo_id!r} on the Hugging Face Hub") from e
-    except LocalEntryNotFoundError as e:  # nothing (or only part of it) in the cache, and no Hub to ask
+        raise ValueError(f"revision {revision!r} not found in {what} {repo_id!r} on the Hugging "
+                         f"Face Hub") from e
+    # nothing (or only part of it) in the cache, and no Hub to ask
+    except LocalEntryNotFoundError as e:
         if offline:
-            raise ValueError(f"HF_HUB_OFFLINE is set and {ref} is not in the cache at {cache}: unset "
-                             "HF_HUB_OFFLINE to download it, or pass a local directory") from e
+            raise ValueError(f"HF_HUB_OFFLINE is set and {ref} is not in the cache at {cache}: "
+                             f"unset HF_HUB_OFFLINE to download it, or pass a local "
+                             f"directory") from e
         raise _unreachable(ref, cache) from e
     except _network_errors() as e:
         raise _unreachable(ref, cache) from e
@@ -82,7 +92,8 @@ def resolve_model_path(name_or_path: str | os.PathLike, revision: str | None = N
 
 
 def _is_repo_id(name: str | os.PathLike) -> bool:
-    """Whether huggingface_hub itself would accept `name` as "org/name" or "name" (a Path never is one)."""
+    """Whether huggingface_hub itself would accept `name` as "org/name" or "name" (a Path never is
+    one)."""
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     if not isinstance(name, str):
@@ -95,7 +106,8 @@ def _is_repo_id(name: str | os.PathLike) -> bool:
 
 
 def _default_cache_dir() -> Path:
-    """The HF cache as the environment says now: huggingface_hub computed its own default at import time."""
+    """The HF cache as the environment says now: huggingface_hub computed its own default at import
+    time."""
     from huggingface_hub import constants
 
     env = envs.HF_HUB_CACHE or (envs.HF_HOME and os.path.join(envs.HF_HOME, "hub"))
@@ -103,10 +115,11 @@ def _default_cache_dir() -> Path:
 
 
 def _network_errors() -> tuple[type[BaseException], ...]:
-    """Connection failures of whichever HTTP client this huggingface_hub version uses (requests, httpx, httpx2)."""
+    """Connection failures of whichever HTTP client this huggingface_hub version uses (requests,
+    httpx, httpx2)."""
     errors: list[type[BaseException]] = [ConnectionError, TimeoutError]
-    for module, name in (("requests", "ConnectionError"), ("requests", "Timeout"), ("httpx", "TransportError"),
-                         ("httpx2", "TransportError")):
+    for module, name in (("requests", "ConnectionError"), ("requests", "Timeout"),
+                         ("httpx", "TransportError"), ("httpx2", "TransportError")):
         try:
             errors.append(getattr(importlib.import_module(module), name))
         except (ImportError, AttributeError):
@@ -115,20 +128,22 @@ def _network_errors() -> tuple[type[BaseException], ...]:
 
 
 def _unreachable(ref: str, cache: Path) -> ValueError:
-    return ValueError(f"the Hugging Face Hub could not be reached and {ref} is not in the cache at {cache}: "
-                      "check the network connection, or pass a local directory")
+    return ValueError(f"the Hugging Face Hub could not be reached and {ref} is not in the cache at "
+                      f"{cache}: check the network connection, or pass a local directory")
 
 
 def _check_snapshot(snapshot: Path, ref: str, what: str) -> None:
-    """Fail here, naming the repo, rather than later with a bare path: the engine loads only safetensors."""
+    """Fail here, naming the repo, rather than later with a bare path: the engine loads only
+    safetensors."""
     has_config = (snapshot / "config.json").is_file()
     if what == "tokenizer":
         if not has_config and not any((snapshot / name).is_file() for name in TOKENIZER_FILES):
-            raise ValueError(f"{ref} has neither tokenizer files nor a config.json (snapshot at {snapshot})")
+            raise ValueError(f"{ref} has neither tokenizer files nor a config.json (snapshot at "
+                             f"{snapshot})")
         return
     if not has_config:
         raise ValueError(f"{ref} has no config.json (snapshot at {snapshot}): only safetensors "
                          "checkpoints are supported")
     if not any(snapshot.glob("*.safetensors")):
-        raise ValueError(f"{ref} has no *.safetensors weights (snapshot at {snapshot}): only safetensors "
-                         "checkpoints are supported")
+        raise ValueError(f"{ref} has no *.safetensors weights (snapshot at {snapshot}): only "
+                         f"safetensors checkpoints are supported")

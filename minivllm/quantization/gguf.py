@@ -1,19 +1,20 @@
 """GGUF files (llama.cpp's single-file format) by path: `LLM("model.Q4_0.gguf")`.
 
-A GGUF file holds the config as metadata (`llama.block_count`, ...), the tokenizer (its tokens, merges and
-special ids), and every tensor, each in its own type: F32/F16/BF16, or a block format such as Q8_0 (32
-weights share an fp16 scale, one int8 each) or Q4_0 (32 weights, an fp16 scale, 4 bits each). transformers
-reads the config and builds the tokenizer from the metadata (`gguf_file=`); the `gguf` package reads and
-dequantizes the tensors, and this module maps llama.cpp's names to ours:
+A GGUF file holds the config as metadata (`llama.block_count`, ...), the tokenizer (its tokens,
+merges and special ids), and every tensor, each in its own type: F32/F16/BF16, or a block format
+such as Q8_0 (32 weights share an fp16 scale, one int8 each) or Q4_0 (32 weights, an fp16 scale, 4
+bits each). transformers reads the config and builds the tokenizer from the metadata (`gguf_file=`);
+the `gguf` package reads and dequantizes the tensors, and this module maps llama.cpp's names to
+ours:
 
     token_embd -> embed_tokens          blk.N.attn_q/k/v/output -> layers.N.self_attn.q/k/v/o_proj
-    output_norm -> norm, output -> lm_head    blk.N.ffn_gate/up/down -> layers.N.mlp.gate/up/down_proj
+    output_norm -> norm, output -> lm_head blk.N.ffn_gate/up/down -> layers.N.mlp.gate/up/down_proj
     blk.N.attn_norm / ffn_norm -> input_layernorm / post_attention_layernorm
 
-llama.cpp's converter permutes the rows of a Llama's attn_q and attn_k (it pairs rotary dims i and i + d/2
-as neighbours, its own rotary convention): undone here. Weights are dequantized at load to the compute
-dtype (see bench/RESULTS.md for why rather than running Q8_0 blocks as they are); `quantization="int8"`
-re-quantizes them per channel.
+llama.cpp's converter permutes the rows of a Llama's attn_q and attn_k (it pairs rotary dims i and i
++ d/2 as neighbours, its own rotary convention): undone here. Weights are dequantized at load to the
+compute dtype (see bench/RESULTS.md for why rather than running Q8_0 blocks as they are);
+`quantization="int8"` re-quantizes them per channel.
 """
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ from pathlib import Path
 
 import torch
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3")  # general.architecture values we map (Mistral files say llama)
+# general.architecture values we map (Mistral files say llama)
+ARCHITECTURES = ("llama", "qwen2", "qwen3")
 NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
          "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-         "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+         "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
+         "attn_k_norm": "self_attn.k_norm",
          "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
 TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 SKIPPED = ("rope_freqs",)  # llama3's rotary factors: we compute them from the config
@@ -51,14 +54,17 @@ def gguf_architecture(path: Path) -> str:
 
 
 def read_gguf_hf_config(path: Path):
-    """transformers' config from the file's metadata; ValueError for an architecture we do not run."""
+    """transformers' config from the file's metadata; ValueError for an architecture we do not
+    run."""
     try:
         import gguf  # noqa: F401
     except ImportError as e:
-        raise ValueError(f"{path}: reading GGUF files needs the gguf package: pip install gguf") from e
+        raise ValueError(f"{path}: reading GGUF files needs the gguf package: "
+                         "pip install gguf") from e
     arch = gguf_architecture(path)
     if arch not in ARCHITECTURES:
-        raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported (supported: {ARCHITECTURES})")
+        raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported (supported: "
+                         f"{ARCHITECTURES})")
     from transformers import AutoConfig
 
     try:
@@ -80,12 +86,15 @@ def hf_name(name: str) -> str | None:
 
 
 def unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
-    """Undo llama.cpp's attn_q/attn_k row order: within each head, rows (i, i + d/2) were made neighbours."""
-    return w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+    """Undo llama.cpp's attn_q/attn_k row order: within each head, rows (i, i + d/2) were made
+    neighbours."""
+    return w.reshape(heads, w.shape[0] // heads // 2, 2,
+                     *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
 def gguf_tensors(path: Path, cfg) -> Iterator[tuple[str, torch.Tensor]]:
-    """(Hugging Face name, float32 tensor) for every tensor in the file, dequantized and un-permuted."""
+    """(Hugging Face name, float32 tensor) for every tensor in the file, dequantized and
+    un-permuted."""
     from gguf import GGUFReader, dequantize
 
     for t in GGUFReader(path).tensors:
@@ -101,9 +110,10 @@ def gguf_tensors(path: Path, cfg) -> Iterator[tuple[str, torch.Tensor]]:
 
 def write_gguf(path: str | Path, model, tokenizer_dir: str | Path, arch: str = "llama",
                mlp_type: str = "Q8_0", attention_type: str = "Q4_0") -> None:
-    """A transformers Llama as llama.cpp's converter writes it (tests, benchmarks, chapter 12): metadata, the
-    byte-level BPE tokenizer of `tokenizer_dir`/tokenizer.json, attn_q/attn_k rows permuted, the MLP and the
-    attention matrices in the given GGML types ("F32" keeps them float), embeddings, norms and head in F32."""
+    """A transformers Llama as llama.cpp's converter writes it (tests, benchmarks, chapter 12):
+    metadata, the byte-level BPE tokenizer of `tokenizer_dir`/tokenizer.json, attn_q/attn_k rows
+    permuted, the MLP and the attention matrices in the given GGML types ("F32" keeps them float),
+    embeddings, norms and head in F32."""
     import json
 
     import gguf
@@ -131,7 +141,8 @@ def write_gguf(path: str | Path, model, tokenizer_dir: str | Path, arch: str = "
     writer.add_token_list(tokens)
     writer.add_token_types([gguf.TokenType.CONTROL if i in special else gguf.TokenType.NORMAL
                             for i in range(len(tokens))])
-    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]])
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m)
+                             for m in tok["model"]["merges"]])
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     writer.add_add_bos_token(True)
@@ -139,13 +150,15 @@ def write_gguf(path: str | Path, model, tokenizer_dir: str | Path, arch: str = "
     def permute(w, n):
         return w.reshape(n, 2, w.shape[0] // n // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
-    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-             "lm_head.weight": "output.weight"}
+    names = {"model.embed_tokens.weight": "token_embd.weight",
+             "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
     for i in range(cfg.num_hidden_layers):
-        for ours, theirs in (("input_layernorm", "attn_norm"), ("post_attention_layernorm", "ffn_norm"),
+        for ours, theirs in (("input_layernorm", "attn_norm"),
+                             ("post_attention_layernorm", "ffn_norm"),
                              ("self_attn.q_proj", "attn_q"), ("self_attn.k_proj", "attn_k"),
                              ("self_attn.v_proj", "attn_v"), ("self_attn.o_proj", "attn_output"),
-                             ("mlp.gate_proj", "ffn_gate"), ("mlp.up_proj", "ffn_up"), ("mlp.down_proj", "ffn_down")):
+                             ("mlp.gate_proj", "ffn_gate"), ("mlp.up_proj", "ffn_up"),
+                             ("mlp.down_proj", "ffn_down")):
             names[f"model.layers.{i}.{ours}.weight"] = f"blk.{i}.{theirs}.weight"
     state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     if cfg.tie_word_embeddings:  # no output.weight: readers tie the head to token_embd

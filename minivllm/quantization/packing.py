@@ -1,12 +1,14 @@
-"""Our own 4-bit quantizer: round-to-nearest per group, written out in GPTQ's or AWQ's published layout.
+"""Our own 4-bit quantizer: round-to-nearest per group, written out in GPTQ's or AWQ's published
+layout.
 
-Not GPTQ's or AWQ's algorithm (those choose q to minimise the layer's output error on calibration data,
-or rescale salient channels first): plain rounding, which is enough to produce checkpoints that load
-exactly like the ones on the Hub (tests/test_quantization.py, chapter 12).
+Not GPTQ's or AWQ's algorithm (those choose q to minimise the layer's output error on calibration
+data, or rescale salient channels first): plain rounding, which is enough to produce checkpoints
+that load exactly like the ones on the Hub (tests/test_quantization.py, chapter 12).
 
-    quantize_groups(W, G)           -> q [K, N], z [K/G, N], s [K/G, N]  (asymmetric, min/max per group)
+    quantize_groups(W, G) -> q [K, N], z [K/G, N], s [K/G, N] (asymmetric, min/max per group)
     gptq_tensors / awq_tensors      -> the checkpoint tensors of one layer
-    write_quantized_checkpoint(...) -> a whole checkpoint directory (and optionally its dequantized twin)
+    write_quantized_checkpoint(...) -> a whole checkpoint directory (and optionally its dequantized
+twin)
 """
 
 from __future__ import annotations
@@ -25,18 +27,20 @@ QUANTIZED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "do
 
 def quantize_groups(weight: torch.Tensor, group_size: int, g_idx: torch.Tensor | None = None,
                     min_zero: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """W [N, K] -> (q [K, N] int32, z [K/G, N] int32, s [K/G, N] fp16): W[n, k] ~ (q - z) * s, per group.
+    """W [N, K] -> (q [K, N] int32, z [K/G, N] int32, s [K/G, N] fp16): W[n, k] ~ (q - z) * s, per
+    group.
 
-    Each group's range [min(w, 0), max(w, 0)] is cut into 15 steps (the scale, rounded to fp16 first, as it is
-    stored); z is where 0 falls. g_idx [K] assigns inputs to groups (default k // G). min_zero=1 keeps z
-    representable in GPTQ v1 checkpoints, which store z - 1 in four bits.
+    Each group's range [min(w, 0), max(w, 0)] is cut into 15 steps (the scale, rounded to fp16
+    first, as it is stored); z is where 0 falls. g_idx [K] assigns inputs to groups (default k //
+    G). min_zero=1 keeps z representable in GPTQ v1 checkpoints, which store z - 1 in four bits.
     """
     n, k = weight.shape
     g_idx = torch.arange(k) // group_size if g_idx is None else g_idx.long()
     w = weight.float().T  # [K, N]
     groups = k // group_size
     rows = g_idx[:, None].expand(k, n)
-    lo = torch.zeros(groups, n).scatter_reduce_(0, rows, w, "amin")  # the zeros take part: min(w, 0)
+    # the zeros take part: min(w, 0)
+    lo = torch.zeros(groups, n).scatter_reduce_(0, rows, w, "amin")
     hi = torch.zeros(groups, n).scatter_reduce_(0, rows, w, "amax")
     scale = ((hi - lo) / 15).clamp(min=1e-6).to(torch.float16)
     zero = torch.round(-lo / scale.float()).clamp(min_zero, 15)
@@ -44,17 +48,21 @@ def quantize_groups(weight: torch.Tensor, group_size: int, g_idx: torch.Tensor |
     return q.clamp(0, 15).to(torch.int32), zero.to(torch.int32), scale
 
 
-def gptq_tensors(q, zeros, scales, g_idx: torch.Tensor | None = None, v1: bool = True) -> dict[str, torch.Tensor]:
-    """qweight [K/8, N] (packed down the inputs), qzeros [K/G, N/8] (across the outputs; v1: z - 1), scales, g_idx."""
+def gptq_tensors(q, zeros, scales, g_idx: torch.Tensor | None = None,
+                 v1: bool = True) -> dict[str, torch.Tensor]:
+    """qweight [K/8, N] (packed down the inputs), qzeros [K/G, N/8] (across the outputs; v1: z - 1),
+    scales, g_idx."""
     k = q.shape[0]
     group = k // scales.shape[0]
     stored = (zeros - 1) & 0xF if v1 else zeros
-    return {"qweight": pack_rows(q), "qzeros": pack_cols(stored), "scales": scales.to(torch.float16),
+    return {"qweight": pack_rows(q), "qzeros": pack_cols(stored),
+            "scales": scales.to(torch.float16),
             "g_idx": (torch.arange(k) // group if g_idx is None else g_idx).to(torch.int32)}
 
 
 def awq_tensors(q, zeros, scales) -> dict[str, torch.Tensor]:
-    """qweight [K, N/8] and qzeros [K/G, N/8], eight outputs per word in the order 0, 2, 4, 6, 1, 3, 5, 7."""
+    """qweight [K, N/8] and qzeros [K/G, N/8], eight outputs per word in the order 0, 2, 4, 6, 1, 3,
+    5, 7."""
     interleave = lambda t: t.reshape(t.shape[0], -1, 8)[:, :, list(ORDER)].reshape(t.shape)  # noqa: E731
     return {"qweight": pack_cols(interleave(q)), "qzeros": pack_cols(interleave(zeros)),
             "scales": scales.to(torch.float16)}
@@ -67,13 +75,16 @@ def dequantized_weight(q, zeros, scales, g_idx: torch.Tensor | None = None) -> t
     return ((q.float() - zeros[g_idx.long()].float()) * scales[g_idx.long()].float()).T
 
 
-def write_quantized_checkpoint(src: str | Path, dst: str | Path, fmt: str = "gptq", group_size: int = 128,
-                               act_order_seed: int | None = None, float_twin: str | Path | None = None) -> dict:
-    """Quantize every decoder linear of the float checkpoint `src` into `dst`, in `fmt` ("gptq" or "awq").
+def write_quantized_checkpoint(src: str | Path, dst: str | Path, fmt: str = "gptq",
+                               group_size: int = 128, act_order_seed: int | None = None,
+                               float_twin: str | Path | None = None) -> dict:
+    """Quantize every decoder linear of the float checkpoint `src` into `dst`, in `fmt` ("gptq" or
+    "awq").
 
-    act_order_seed (GPTQ only): assign inputs to groups by a random permutation, as act-order checkpoints do.
-    float_twin: also write a float checkpoint holding exactly the dequantized weights (a reference for
-    transformers, which then computes what a correct loader must). Returns {"quantized": bytes, "float": bytes}.
+    act_order_seed (GPTQ only): assign inputs to groups by a random permutation, as act-order
+    checkpoints do. float_twin: also write a float checkpoint holding exactly the dequantized
+    weights (a reference for transformers, which then computes what a correct loader must). Returns
+    {"quantized": bytes, "float": bytes}.
     """
     from safetensors.torch import load_file, save_file
 
@@ -84,7 +95,8 @@ def write_quantized_checkpoint(src: str | Path, dst: str | Path, fmt: str = "gpt
         tensors.update(load_file(file))
     out, twin, sizes = {}, {}, {"quantized": 0, "float": 0}
     gen = torch.Generator().manual_seed(act_order_seed or 0)
-    orders: dict[str, torch.Tensor] = {}  # layers that read the same input share one order (as in GPTQ)
+    # layers that read the same input share one order (as in GPTQ)
+    orders: dict[str, torch.Tensor] = {}
     for name, t in tensors.items():
         layer, _, kind = name.rpartition(".")
         if kind != "weight" or layer.rpartition(".")[2] not in QUANTIZED:
@@ -95,8 +107,8 @@ def write_quantized_checkpoint(src: str | Path, dst: str | Path, fmt: str = "gpt
         g_idx = None
         if act_order_seed is not None:
             module, _, proj = layer.rpartition(".")
-            key = module + {"q_proj": ".qkv", "k_proj": ".qkv", "v_proj": ".qkv", "gate_proj": ".gate_up",
-                            "up_proj": ".gate_up"}.get(proj, "." + proj)
+            key = module + {"q_proj": ".qkv", "k_proj": ".qkv", "v_proj": ".qkv",
+                            "gate_proj": ".gate_up", "up_proj": ".gate_up"}.get(proj, "." + proj)
             if key not in orders:
                 orders[key] = torch.empty(k, dtype=torch.long)
                 orders[key][torch.randperm(k, generator=gen)] = torch.arange(k) // group_size
@@ -111,18 +123,21 @@ def write_quantized_checkpoint(src: str | Path, dst: str | Path, fmt: str = "gpt
     save_file(out, str(dst / "model.safetensors"), metadata={"format": "pt"})
     config = json.loads((src / "config.json").read_text())
     config["quantization_config"] = (
-        {"quant_method": "gptq", "bits": 4, "group_size": group_size, "desc_act": act_order_seed is not None,
+        {"quant_method": "gptq", "bits": 4, "group_size": group_size,
+         "desc_act": act_order_seed is not None,
          "sym": False, "checkpoint_format": "gptq"} if fmt == "gptq" else
-        {"quant_method": "awq", "bits": 4, "group_size": group_size, "zero_point": True, "version": "gemm"})
+        {"quant_method": "awq", "bits": 4, "group_size": group_size, "zero_point": True,
+         "version": "gemm"})
     (dst / "config.json").write_text(json.dumps(config, indent=2))
-    extras = [f for f in src.iterdir() if f.is_file() and f.suffix != ".safetensors" and f.name != "config.json"]
+    extras = [f for f in src.iterdir() if f.is_file() and f.suffix != ".safetensors"
+              and f.name != "config.json"]
     for f in extras:
         shutil.copy(f, dst / f.name)
     if float_twin is not None:
         float_twin = Path(float_twin)
         float_twin.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.float().contiguous() for k, v in twin.items()}, str(float_twin / "model.safetensors"),
-                  metadata={"format": "pt"})
+        save_file({k: v.float().contiguous() for k, v in twin.items()},
+                  str(float_twin / "model.safetensors"), metadata={"format": "pt"})
         config.pop("quantization_config")
         config["dtype"] = "float32"
         (float_twin / "config.json").write_text(json.dumps(config, indent=2))

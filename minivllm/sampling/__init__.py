@@ -1,4 +1,5 @@
-"""Turning logits into tokens: the batched sampler (and, later, speculative decoding's rejection sampler)."""
+"""Turning logits into tokens: the batched sampler (and, later, speculative decoding's rejection
+sampler)."""
 
 from minivllm.sampling.sampler import Sampler, SamplingBatch
 

@@ -1,15 +1,17 @@
-"""vLLM's v1 logits-processor interface: batch-level processors that keep per-row state between steps.
+"""vLLM's v1 logits-processor interface: batch-level processors that keep per-row state between
+steps.
 
 A processor is a class: the engine builds one instance at start-up (`__init__(vllm_config, device,
-is_pin_memory)`), tells it before every sampling step how the batch changed (`update_state(BatchUpdate)`:
-which rows left, which requests arrived at which row, which rows moved), then hands it the batch's logits
-(`apply(logits)`, one row per request, in row order). State is kept per row index, never per request id:
-that is what lets vLLM's processors keep tensors indexed like the batch. Requests opt in through
-`SamplingParams.extra_args`. `AdapterLogitsProcessor` wraps an old per-request function
+is_pin_memory)`), tells it before every sampling step how the batch changed
+(`update_state(BatchUpdate)`: which rows left, which requests arrived at which row, which rows
+moved), then hands it the batch's logits (`apply(logits)`, one row per request, in row order). State
+is kept per row index, never per request id: that is what lets vLLM's processors keep tensors
+indexed like the batch. Requests opt in through `SamplingParams.extra_args`.
+`AdapterLogitsProcessor` wraps an old per-request function
 `f(output_ids, logits_row)` (or `f(prompt_ids, output_ids, logits_row)`) into this interface.
 
-How rows are assigned and moved is persistent_batch.py's job; this module is only the contract, so code
-written against `vllm.v1.sample.logits_processor` imports the same names from here.
+How rows are assigned and moved is persistent_batch.py's job; this module is only the contract, so
+code written against `vllm.v1.sample.logits_processor` imports the same names from here.
 """
 
 from __future__ import annotations
@@ -34,14 +36,17 @@ T = TypeVar("T")
 
 
 class MoveDirectionality(enum.Enum):
-    UNIDIRECTIONAL = enum.auto()  # the request at index a now sits at index b (a is empty afterwards)
+    # the request at index a now sits at index b (a is empty afterwards)
+    UNIDIRECTIONAL = enum.auto()
     SWAP = enum.auto()  # the requests at a and b trade places
 
 
 RemovedRequest = int  # the row index that left
-AddedRequest = tuple[int, SamplingParams, list[int] | None, list[int]]  # (index, params, prompt ids, output ids)
+# (index, params, prompt ids, output ids)
+AddedRequest = tuple[int, SamplingParams, list[int] | None, list[int]]
 MovedRequest = tuple[int, int, MoveDirectionality]
-# a request-level processor: (output_ids, logits_row) -> logits_row, or (prompt_ids, output_ids, logits_row)
+# a request-level processor: (output_ids, logits_row) -> logits_row, or (prompt_ids, output_ids,
+# logits_row)
 RequestLogitsProcessor = Callable[..., torch.Tensor]
 
 
@@ -49,8 +54,8 @@ RequestLogitsProcessor = Callable[..., torch.Tensor]
 class BatchUpdate:
     """How the batch changed since the last step. Apply in this order: removed, added, moved.
 
-    `output_tok_ids` in `added` is the request's live output list: it grows as tokens are sampled, so a
-    processor that keeps the reference always sees the latest tokens without being told.
+    `output_tok_ids` in `added` is the request's live output list: it grows as tokens are sampled,
+    so a processor that keeps the reference always sees the latest tokens without being told.
     """
 
     batch_size: int
@@ -64,36 +69,40 @@ class LogitsProcessor(ABC):
 
     @classmethod
     def validate_params(cls, sampling_params: SamplingParams) -> None:
-        """Raise ValueError when a request's params (its extra_args, say) are invalid for this processor; called
-        when the request arrives, so a bad request fails alone before any work."""
+        """Raise ValueError when a request's params (its extra_args, say) are invalid for this
+        processor; called when the request arrives, so a bad request fails alone before any work."""
         return None
 
     @abstractmethod
-    def __init__(self, vllm_config: EngineConfig, device: torch.device, is_pin_memory: bool) -> None:
+    def __init__(self, vllm_config: EngineConfig, device: torch.device,
+                 is_pin_memory: bool) -> None:
         raise NotImplementedError
 
     @abstractmethod
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        """Process [batch_size, vocab] float32 logits (row i = the request at index i); may work in place."""
+        """Process [batch_size, vocab] float32 logits (row i = the request at index i); may work in
+        place."""
         raise NotImplementedError
 
     @abstractmethod
     def is_argmax_invariant(self) -> bool:
-        """True if the processor never changes which token has the largest logit (min_p, say): the engine then
-        skips it when every row is greedy."""
+        """True if the processor never changes which token has the largest logit (min_p, say): the
+        engine then skips it when every row is greedy."""
         raise NotImplementedError
 
     @abstractmethod
     def update_state(self, batch_update: BatchUpdate | None) -> None:
-        """Called before every apply(); `batch_update` is None when the batch's makeup did not change."""
+        """Called before every apply(); `batch_update` is None when the batch's makeup did not
+        change."""
         raise NotImplementedError
 
 
 class BatchUpdateBuilder:
     """Collects one step's changes, then freezes them into a BatchUpdate (None if nothing changed).
 
-    Removed indices are kept sorted once first read, so `pop_removed()` hands out the lowest free row: a
-    request added in the same step takes that row instead (and the row is then no longer "removed").
+    Removed indices are kept sorted once first read, so `pop_removed()` hands out the lowest free
+    row: a request added in the same step takes that row instead (and the row is then no longer
+    "removed").
     """
 
     def __init__(self, removed: list[int] | None = None, added: list[AddedRequest] | None = None,
@@ -135,10 +144,11 @@ class BatchUpdateBuilder:
 
 
 def process_dict_updates(req_entries: dict[int, T], batch_update: BatchUpdate | None,
-                         new_state: Callable[[SamplingParams, list[int] | None, list[int]], T | None]) -> bool:
-    """Keep a sparse {row index: state} dict in step with the batch (vLLM's helper for processors that apply
-    to few requests). `new_state(params, prompt_ids, output_ids)` returns a row's state, or None when the
-    processor does not apply to that request. Returns whether anything changed."""
+                         new_state: Callable[[SamplingParams, list[int] | None, list[int]],
+                                             T | None]) -> bool:
+    """Keep a sparse {row index: state} dict in step with the batch (vLLM's helper for processors
+    that apply to few requests). `new_state(params, prompt_ids, output_ids)` returns a row's state,
+    or None when the processor does not apply to that request. Returns whether anything changed."""
     if not batch_update:
         return False
     changed = False
@@ -147,7 +157,8 @@ def process_dict_updates(req_entries: dict[int, T], batch_update: BatchUpdate | 
         if state is not None:
             req_entries[index] = state
             changed = True
-        elif req_entries.pop(index, None) is not None:  # a new request took the row of one that had state
+        # a new request took the row of one that had state
+        elif req_entries.pop(index, None) is not None:
             changed = True
     if not req_entries:
         return changed
@@ -166,10 +177,12 @@ def process_dict_updates(req_entries: dict[int, T], batch_update: BatchUpdate | 
 
 class AdapterLogitsProcessor(LogitsProcessor):
     """Wraps a request-level processor so the batch-level engine can run it: subclasses implement
-    `is_argmax_invariant` and `new_req_logits_processor(params)` (None: not for this request). A subclass
-    that overrides __init__ must call super().__init__(vllm_config, device, is_pin_memory)."""
+    `is_argmax_invariant` and `new_req_logits_processor(params)` (None: not for this request). A
+    subclass that overrides __init__ must call super().__init__(vllm_config, device,
+    is_pin_memory)."""
 
-    def __init__(self, vllm_config: EngineConfig, device: torch.device, is_pin_memory: bool) -> None:
+    def __init__(self, vllm_config: EngineConfig, device: torch.device,
+                 is_pin_memory: bool) -> None:
         # row -> the request's function with its token lists bound (references: they stay current)
         self.req_info: dict[int, partial] = {}
 
@@ -177,7 +190,8 @@ class AdapterLogitsProcessor(LogitsProcessor):
     def new_req_logits_processor(self, params: SamplingParams) -> RequestLogitsProcessor | None:
         raise NotImplementedError
 
-    def _new_state(self, params: SamplingParams, prompt_ids: list[int] | None, output_ids: list[int]):
+    def _new_state(self, params: SamplingParams, prompt_ids: list[int] | None,
+                   output_ids: list[int]):
         fn = self.new_req_logits_processor(params)
         if fn is None:
             return None
@@ -191,7 +205,8 @@ class AdapterLogitsProcessor(LogitsProcessor):
         for row, fn in self.req_info.items():
             row_logits = logits[row]
             new = fn(row_logits)
-            if new is not row_logits:  # the function returned a new tensor instead of working in place
+            # the function returned a new tensor instead of working in place
+            if new is not row_logits:
                 logits[row] = new
         return logits
 
@@ -213,7 +228,8 @@ def load_logits_processor_classes(processors: Sequence[Any] | None) -> list[type
             except (ImportError, AttributeError) as e:
                 raise ValueError(f"logits_processors: cannot load {entry!r}: {e}") from e
         if not (isinstance(cls, type) and issubclass(cls, LogitsProcessor)):
-            raise ValueError(f"logits_processors: {entry!r} is not a subclass of LogitsProcessor (vLLM v1's "
-                             f"batch-level interface; wrap a per-request function in AdapterLogitsProcessor)")
+            raise ValueError(f"logits_processors: {entry!r} is not a subclass of LogitsProcessor "
+                             f"(vLLM v1's batch-level interface; wrap a per-request function in "
+                             f"AdapterLogitsProcessor)")
         classes.append(cls)
     return classes

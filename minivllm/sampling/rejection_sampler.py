@@ -1,13 +1,13 @@
 """Verifying drafted tokens so that speculative decoding changes the speed, never the output.
 
-Greedy: keep drafts while they equal the target's argmax; at the first disagreement take the target's
-token instead. If all k agree, the target's prediction after them is a free bonus token. The output is
-exactly what plain greedy decoding would produce.
+Greedy: keep drafts while they equal the target's argmax; at the first disagreement take the
+target's token instead. If all k agree, the target's prediction after them is a free bonus token.
+The output is exactly what plain greedy decoding would produce.
 
-Sampling (Leviathan et al. / Chen et al.): accept draft d with probability min(1, p(d) / q(d)), where p is
-the target's and q the drafter's distribution; at the first rejection draw from normalise(max(0, p - q)).
-Every emitted token is then distributed exactly as if the target had sampled it alone. A drafter with no
-distribution (n-gram lookup) is a point mass: q(d) = 1.
+Sampling (Leviathan et al. / Chen et al.): accept draft d with probability min(1, p(d) / q(d)),
+where p is the target's and q the drafter's distribution; at the first rejection draw from
+normalise(max(0, p - q)). Every emitted token is then distributed exactly as if the target had
+sampled it alone. A drafter with no distribution (n-gram lookup) is a point mass: q(d) = 1.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from minivllm.sampling.sampler import first_argmax
 
 
 def verify_greedy(target_logits: torch.Tensor, draft: list[int]) -> list[int]:
-    """target_logits: [k+1, vocab] at the positions of the last token and each draft -> tokens to append."""
+    """target_logits: [k+1, vocab] at the positions of the last token and each draft -> tokens to
+    append."""
     best = first_argmax(target_logits).tolist()
     out = []
     for i, d in enumerate(draft):
@@ -31,11 +32,13 @@ def verify_greedy(target_logits: torch.Tensor, draft: list[int]) -> list[int]:
 
 def verify_sampled(target_probs: torch.Tensor, draft: list[int], draft_probs: torch.Tensor | None,
                    generator: torch.Generator) -> list[int]:
-    """target_probs: [k+1, vocab]; draft_probs: [k, vocab] or None (point masses) -> tokens to append."""
+    """target_probs: [k+1, vocab]; draft_probs: [k, vocab] or None (point masses) -> tokens to
+    append."""
     out = []
     for i, d in enumerate(draft):
         p = target_probs[i]
-        q = draft_probs[i] if draft_probs is not None else torch.zeros_like(p).index_fill_(0, torch.tensor(d), 1.0)
+        q = (draft_probs[i] if draft_probs is not None
+             else torch.zeros_like(p).index_fill_(0, torch.tensor(d), 1.0))
         u = torch.rand((), generator=generator, device=p.device)
         if u * q[d] < p[d]:  # u < p/q, without dividing by a q that may be 0 nowhere else
             out.append(d)

@@ -1,13 +1,15 @@
-"""An OpenAI-compatible HTTP server over LLMEngine: `minivllm serve`, or `build_app(engine)` for your own.
+"""An OpenAI-compatible HTTP server over LLMEngine: `minivllm serve`, or `build_app(engine)` for
+your own.
 
-The names below are imported on first use: the engine reads `minivllm.engine.metrics` for LLM.get_metrics(),
-and that must not pull FastAPI into every offline script.
+The names below are imported on first use: the engine reads `minivllm.engine.metrics` for
+LLM.get_metrics(), and that must not pull FastAPI into every offline script.
 """
 
 from importlib import import_module
 
 __all__ = ["AsyncEngine", "RequestStream", "build_app", "serve"]
-_HOME = {"AsyncEngine": "async_engine", "RequestStream": "async_engine", "build_app": "app", "serve": "app"}
+_HOME = {"AsyncEngine": "async_engine", "RequestStream": "async_engine", "build_app": "app",
+         "serve": "app"}
 
 
 def __getattr__(name: str):

@@ -1,10 +1,12 @@
-"""The FastAPI app: OpenAI- and vLLM-compatible routes, health, metrics, and every error in OpenAI's shape.
+"""The FastAPI app: OpenAI- and vLLM-compatible routes, health, metrics, and every error in OpenAI's
+shape.
 
-`build_app(engine)` wraps an existing LLMEngine (tests build small ones); `serve(...)` loads a model and runs
-uvicorn, as `minivllm serve` does. Around the routes, outermost first: CORS (answers browser preflights),
-request ids (X-Request-Id), the API key, and the body-size cap, so a rejected request costs almost nothing.
-Below them all, the HTTP protocol (connection.py) gives each request a read deadline. Every error, from a
-malformed request line to a refused CORS preflight, is OpenAI's JSON error object.
+`build_app(engine)` wraps an existing LLMEngine (tests build small ones); `serve(...)` loads a model
+and runs uvicorn, as `minivllm serve` does. Around the routes, outermost first: CORS (answers
+browser preflights), request ids (X-Request-Id), the API key, and the body-size cap, so a rejected
+request costs almost nothing. Below them all, the HTTP protocol (connection.py) gives each request a
+read deadline. Every error, from a malformed request line to a refused CORS preflight, is OpenAI's
+JSON error object.
 """
 
 from __future__ import annotations
@@ -35,17 +37,27 @@ from minivllm.server.auth import APIKeyAuth, resolve_api_key
 from minivllm.server.connection import http_protocol
 from minivllm.server.limits import BodySizeLimit, ServerLimits
 from minivllm.server.preprocess import Preprocessor
-from minivllm.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, engine_error
+from minivllm.server.protocol import (
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    engine_error,
+)
 from minivllm.server.request_log import RequestIdMiddleware, RequestLog, configure_logging
 from minivllm.server.serving import OpenAIServing
 from minivllm.server.shutdown import GracefulServer
-from minivllm.server.tokenization import DetokenizeRequest, TokenizeChatRequest, TokenizeCompletionRequest
+from minivllm.server.tokenization import (
+    DetokenizeRequest,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+)
 
 log = logging.getLogger("minivllm.server")
 
 
 class ErrorJSON(JSONResponse):
-    """JSON with non-ASCII escaped: an error may echo the client's input, lone surrogates included."""
+    """JSON with non-ASCII escaped: an error may echo the client's input, lone surrogates
+    included."""
 
     def render(self, content) -> bytes:
         return json.dumps(content, separators=(",", ":")).encode()
@@ -56,22 +68,27 @@ def api_error_response(err: APIError, headers: dict | None = None) -> ErrorJSON:
 
 
 class JSONErrorCORS(CORSMiddleware):
-    """Starlette's CORS, but a refused preflight says why in OpenAI's error shape rather than plain text."""
+    """Starlette's CORS, but a refused preflight says why in OpenAI's error shape rather than plain
+    text."""
 
     def preflight_response(self, request_headers) -> Response:
         response = super().preflight_response(request_headers)
         if response.status_code < 400:
             return response
-        headers = {k: v for k, v in response.headers.items() if k not in ("content-length", "content-type")}
+        headers = {k: v for k, v in response.headers.items()
+                   if k not in ("content-length", "content-type")}
         why = response.body.decode()  # "Disallowed CORS origin, method"
-        return api_error_response(APIError(f"CORS preflight refused: {why[len('Disallowed CORS '):]} not allowed",
+        return api_error_response(APIError(f"CORS preflight refused: "
+                                           f"{why[len('Disallowed CORS '):]} not allowed",
                                            code="cors_refused"), headers)
 
 
-def build_app(engine: LLMEngine, model_name: str | None = None, *, limits: ServerLimits | None = None,
+def build_app(engine: LLMEngine, model_name: str | None = None, *,
+              limits: ServerLimits | None = None,
               api_key: str | None = None, allowed_origins: list[str] | tuple[str, ...] = (),
               chat_template: str | None = None) -> FastAPI:
-    """An app serving `engine` under `model_name` (default: the engine's served_model_name: the model as given)."""
+    """An app serving `engine` under `model_name` (default: the engine's served_model_name: the
+    model as given)."""
     name = model_name or engine.config.served_model_name
     limits = limits or ServerLimits()
     async_engine = AsyncEngine(engine)
@@ -92,29 +109,46 @@ def build_app(engine: LLMEngine, model_name: str | None = None, *, limits: Serve
         await async_engine.stop()
         pre.close()
         stats = async_engine.stats
-        log.info("engine stopped: %d of %d KV blocks free", stats["num_free_blocks"], stats["num_total_blocks"])
+        log.info("engine stopped: %d of %d KV blocks free", stats["num_free_blocks"],
+                 stats["num_total_blocks"])
 
     app = FastAPI(title="minivllm", version=minivllm.__version__, lifespan=lifespan)
     app.state.engine = async_engine
     app.state.metrics = metrics
     app.state.limits = limits
     _add_error_handlers(app)
-    openapi.install(app, max_logprobs, openapi.value_ranges(engine.config.model_config.vocab_size, limits.max_n,
-                                                            engine.config.scheduling_policy == "priority",
-                                                            max_model_len))
-    app.add_middleware(BodySizeLimit, max_bytes=limits.max_request_bytes)
-    if api_key:
-        app.add_middleware(APIKeyAuth, api_key=api_key)
-    app.add_middleware(RequestIdMiddleware)
-    app.add_middleware(JSONErrorCORS, allow_origins=list(allowed_origins), allow_methods=["*"],
-                       allow_headers=["*"], expose_headers=["X-Request-Id"], allow_credentials=False)
+    openapi.install(app, max_logprobs, openapi.value_ranges(
+        engine.config.model_config.vocab_size, limits.max_n,
+        engine.config.scheduling_policy == "priority", max_model_len))
+    _add_middleware(app, limits, api_key, allowed_origins)
 
     def model_card() -> dict:
         return {"id": name, "object": "model", "created": created, "owned_by": "minivllm",
                 "max_model_len": max_model_len}
 
-    @app.post("/v1/completions", responses={**openapi.json_object("choices", streams=True), **openapi.body_errors(),
-                                            **openapi.errors(404)})
+    _add_openai_routes(app, serving, model_card)
+    _add_token_routes(app, serving, pre, max_model_len)
+    _add_ops_routes(app, async_engine, metrics)
+    return app
+
+
+def _add_middleware(app: FastAPI, limits: ServerLimits, api_key: str | None,
+                    allowed_origins: list[str] | tuple[str, ...]) -> None:
+    """What wraps every call, innermost first: the body-size cap, the API key, the request id,
+    CORS."""
+    app.add_middleware(BodySizeLimit, max_bytes=limits.max_request_bytes)
+    if api_key:
+        app.add_middleware(APIKeyAuth, api_key=api_key)
+    app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(JSONErrorCORS, allow_origins=list(allowed_origins), allow_methods=["*"],
+                       allow_headers=["*"], expose_headers=["X-Request-Id"],
+                       allow_credentials=False)
+
+
+def _add_openai_routes(app: FastAPI, serving: OpenAIServing, model_card) -> None:
+    """OpenAI's endpoints: completions, chat completions and the model list."""
+    @app.post("/v1/completions", responses={**openapi.json_object("choices", streams=True),
+                                            **openapi.body_errors(), **openapi.errors(404)})
     async def completions(body: CompletionRequest, request: Request) -> Response:
         return await serving.completions(body, request)
 
@@ -123,7 +157,8 @@ def build_app(engine: LLMEngine, model_name: str | None = None, *, limits: Serve
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         return await serving.chat(body, request)
 
-    @app.get("/v1/models", responses={**openapi.json_object("object", "data"), **openapi.errors(401)})
+    @app.get("/v1/models", responses={**openapi.json_object("object", "data"),
+                                      **openapi.errors(401)})
     async def models() -> dict:
         return {"object": "list", "data": [model_card()]}
 
@@ -133,6 +168,10 @@ def build_app(engine: LLMEngine, model_name: str | None = None, *, limits: Serve
         serving.check_model(model_id)
         return model_card()
 
+
+def _add_token_routes(app: FastAPI, serving: OpenAIServing, pre: Preprocessor,
+                      max_model_len: int) -> None:
+    """vLLM's /tokenize and /detokenize, run in the preprocess pool like a request's prompt."""
     @app.post("/tokenize", responses={**openapi.json_object("count", "max_model_len", "tokens"),
                                       **openapi.body_errors(), **openapi.errors(404)})
     async def tokenize(body: TokenizeCompletionRequest | TokenizeChatRequest) -> dict:
@@ -150,7 +189,8 @@ def build_app(engine: LLMEngine, model_name: str | None = None, *, limits: Serve
                 tokens = await pre.tokenize(body.prompt, body.add_special_tokens)
         except ValueError as e:
             raise engine_error(e) from e
-        return {"count": len(tokens), "max_model_len": max_model_len, "tokens": tokens, "token_strs": None}
+        return {"count": len(tokens), "max_model_len": max_model_len, "tokens": tokens,
+                "token_strs": None}
 
     @app.post("/detokenize", responses={**openapi.json_object("prompt"), **openapi.body_errors(),
                                         **openapi.errors(404)})
@@ -161,7 +201,11 @@ def build_app(engine: LLMEngine, model_name: str | None = None, *, limits: Serve
         except ValueError as e:
             raise APIError(str(e), param="tokens") from e
 
-    @app.get("/health", responses={**openapi.json_object("status"), 503: {"description": "The engine died"}})
+
+def _add_ops_routes(app: FastAPI, async_engine: AsyncEngine, metrics: ServerMetrics) -> None:
+    """What operators probe: health (and SageMaker's ping), the version, Prometheus metrics."""
+    @app.get("/health", responses={**openapi.json_object("status"),
+                                   503: {"description": "The engine died"}})
     async def health() -> Response:
         error = async_engine.error
         if error is None:
@@ -185,11 +229,10 @@ def build_app(engine: LLMEngine, model_name: str | None = None, *, limits: Serve
         return {"version": minivllm.__version__}
 
     @app.get("/metrics", response_class=Response,
-             responses={200: {"description": "Prometheus text format", "content": {"text/plain": {}}}})
+             responses={200: {"description": "Prometheus text format",
+                              "content": {"text/plain": {}}}})
     async def prometheus() -> Response:
         return Response(metrics.render(async_engine.stats), media_type=CONTENT_TYPE_LATEST)
-
-    return app
 
 
 def _add_error_handlers(app: FastAPI) -> None:
@@ -205,20 +248,24 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, exc: HTTPException) -> Response:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         message, code = str(exc.detail), None
-        if isinstance(exc.__cause__, UnicodeDecodeError):  # FastAPI says only "There was an error parsing the body"
-            message, code = f"the request body is not valid UTF-8: {exc.__cause__.reason} at byte " \
-                            f"{exc.__cause__.start}", "invalid_json"
+        # FastAPI says only "There was an error parsing the body"
+        if isinstance(exc.__cause__, UnicodeDecodeError):
+            message, code = (f"the request body is not valid UTF-8: {exc.__cause__.reason} "
+                             f"at byte {exc.__cause__.start}", "invalid_json")
         elif isinstance(exc.__cause__, RecursionError):
             message, code = "the request body's JSON is nested too deeply to parse", "invalid_json"
         headers = exc.headers
-        if exc.status_code == 405:  # Starlette's Allow lists the first route of the path's; say every method it has
+        # Starlette's Allow lists the first route of the path's; say every method it has
+        if exc.status_code == 405:
             headers = {**(headers or {}), "Allow": ", ".join(allowed_methods(request))}
-        return api_error_response(APIError(message, status=exc.status_code, type=kind, code=code), headers)
+        return api_error_response(APIError(message, status=exc.status_code, type=kind, code=code),
+                                  headers)
 
     @app.exception_handler(Exception)
     async def server_error(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error in %s", request.url.path, exc_info=exc)
-        return api_error_response(APIError(f"internal error: {exc!r}", status=500, type="server_error"))
+        return api_error_response(APIError(f"internal error: {exc!r}", status=500,
+                                           type="server_error"))
 
 
 def allowed_methods(request: Request) -> list[str]:
@@ -232,7 +279,8 @@ def allowed_methods(request: Request) -> list[str]:
 
 
 def validation_error(errors: list[dict]) -> APIError:
-    """pydantic's errors as one message naming each bad field (union types repeat a field once per branch)."""
+    """pydantic's errors as one message naming each bad field (union types repeat a field once per
+    branch)."""
     if errors and errors[0]["type"] == "json_invalid":
         why = errors[0].get("ctx", {}).get("error", errors[0]["msg"])
         return APIError(f"the request body is not valid JSON: {why}", code="invalid_json")
@@ -240,43 +288,49 @@ def validation_error(errors: list[dict]) -> APIError:
     for err in errors:
         loc = err["loc"]
         # a union body (/tokenize) puts the branch's name before the field: skip it
-        rest = [p for p in loc[1:] if not (isinstance(p, str) and p.endswith("Request"))] if loc[0] == "body" else []
+        rest = ([p for p in loc[1:] if not (isinstance(p, str) and p.endswith("Request"))]
+                if loc[0] == "body" else [])
         field = str(rest[0]) if rest else "body"
         msgs = by_field.setdefault(field, [])
-        detail = err["msg"] if err["type"] == "missing" else f"{err['msg']} (got {err.get('input')!r:.60})"
+        detail = (err["msg"] if err["type"] == "missing"
+                  else f"{err['msg']} (got {err.get('input')!r:.60})")
         if detail not in msgs:
             msgs.append(detail)
-    parts = [f"{'request body' if f == 'body' else f}: {' or '.join(m[:3])}" for f, m in by_field.items()]
+    parts = [f"{'request body' if f == 'body' else f}: {' or '.join(m[:3])}" for f,
+             m in by_field.items()]
     first = next(iter(by_field), None)
     return APIError("; ".join(parts), param=None if first == "body" else first)
 
 
-def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 8000, model_name: str | None = None,
+def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 8000,
+          model_name: str | None = None,
           log_level: str = "info", log_format: str = "text", api_key: str | None = None,
           allowed_origins: list[str] | tuple[str, ...] = (), shutdown_timeout: float = 30.0,
           limits: ServerLimits | None = None, chat_template: str | None = None,
           engine_config: EngineConfig | None = None, **engine_kwargs) -> None:
-    """Load the model (or the one `engine_config` names), then serve it until SIGTERM or Ctrl-C (see shutdown.py).
-    Each request must arrive within `limits.read_timeout` seconds; idle keep-alive connections close after 5 s
-    (uvicorn's default)."""
+    """Load the model (or the one `engine_config` names), then serve it until SIGTERM or Ctrl-C (see
+    shutdown.py). Each request must arrive within `limits.read_timeout` seconds; idle keep-alive
+    connections close after 5 s (uvicorn's default)."""
     limits = limits or ServerLimits()
     configure_logging(log_level, log_format)
     api_key = resolve_api_key(api_key, envs.VLLM_API_KEY)
     config = engine_config or EngineConfig(model=model, **engine_kwargs)
     engine = LLMEngine(replace(config, trace_steps=0))
-    log.info("serving %s on http://%s:%d (%d KV blocks of %d tokens, max_model_len %d%s)", engine.config.model,
-             host, port, engine.kv.pool.num_blocks, engine.config.block_size, engine.config.max_model_len,
-             ", API key required" if api_key else "")
-    app = build_app(engine, model_name, limits=limits, api_key=api_key, allowed_origins=allowed_origins,
-                    chat_template=chat_template)
-    # The model, tokenizers and libraries are ~400k objects that live as long as the process: keep them out of
-    # the GC's full collections, which otherwise pause every thread for as long as it takes to walk them (vLLM
-    # does the same at start-up).
+    log.info("serving %s on http://%s:%d (%d KV blocks of %d tokens, max_model_len %d%s)",
+             engine.config.model, host, port, engine.kv.pool.num_blocks, engine.config.block_size,
+             engine.config.max_model_len, ", API key required" if api_key else "")
+    app = build_app(engine, model_name, limits=limits, api_key=api_key,
+                    allowed_origins=allowed_origins, chat_template=chat_template)
+    # The model, tokenizers and libraries are ~400k objects that live as long as the process: keep
+    # them out of the GC's full collections, which otherwise pause every thread for as long as it
+    # takes to walk them (vLLM does the same at start-up).
     gc.collect()
     gc.freeze()
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                            log_config=None if log_format == "json" else uvicorn.config.LOGGING_CONFIG,
-                            timeout_graceful_shutdown=shutdown_timeout + 10, http=http_protocol(limits.read_timeout))
+                            log_config=None if log_format == "json"
+                            else uvicorn.config.LOGGING_CONFIG,
+                            timeout_graceful_shutdown=shutdown_timeout + 10,
+                            http=http_protocol(limits.read_timeout))
     try:
         GracefulServer(config, app.state.engine, shutdown_timeout).run()
     finally:

@@ -1,18 +1,20 @@
 """AsyncEngine: one asyncio task owns the LLMEngine; HTTP handlers only send it messages.
 
-Why a single owner: LLMEngine is not thread-safe (add, abort and step all touch the scheduler and the block
-pool), so only the owner task touches it; requests reach it already tokenized and checked (preprocess.py), so
-a huge prompt never holds up a step. Why a worker thread: a step is CPU-bound torch work (up to seconds on
-a CPU), and on the event loop it would stall every connection. So the owner runs the adds and aborts queued
-since the last step, then one `step()`, in a worker thread (`asyncio.to_thread`) and awaits it: the event loop
-keeps serving HTTP meanwhile, nothing else touches the engine, and requests that arrive during a step are added
-right before the next one, so they join the running batch (continuous batching across clients).
+Why a single owner: LLMEngine is not thread-safe (add, abort and step all touch the scheduler and
+the block pool), so only the owner task touches it; requests reach it already tokenized and checked
+(preprocess.py), so a huge prompt never holds up a step. Why a worker thread: a step is CPU-bound
+torch work (up to seconds on a CPU), and on the event loop it would stall every connection. So the
+owner runs the adds and aborts queued since the last step, then one `step()`, in a worker thread
+(`asyncio.to_thread`) and awaits it: the event loop keeps serving HTTP meanwhile, nothing else
+touches the engine, and requests that arrive during a step are added right before the next one, so
+they join the running batch (continuous batching across clients).
 
-Why calls enter in slices: one HTTP call may carry 100,000 prompts. Queued at once, they would all stand in the
-scheduler's FCFS line ahead of every later client. So each call has a share of the batch (`max_num_seqs`
-sequences when it is alone, `max_num_seqs / calls` when others run) and its further requests wait here, not in
-the scheduler, until its sequences in the engine drop below that share: a newcomer is always at most a share
-behind, and one client alone still fills the whole batch.
+Why calls enter in slices: one HTTP call may carry 100,000 prompts. Queued at once, they would all
+stand in the scheduler's FCFS line ahead of every later client. So each call has a share of the
+batch (`max_num_seqs` sequences when it is alone, `max_num_seqs / calls` when others run) and its
+further requests wait here, not in the scheduler, until its sequences in the engine drop below that
+share: a newcomer is always at most a share behind, and one client alone still fills the whole
+batch.
 """
 
 from __future__ import annotations
@@ -39,8 +41,9 @@ class EngineDeadError(RuntimeError):
 class RequestStream:
     """The outputs of one HTTP call's engine requests (one per prompt), as an async iterator.
 
-    Each item is the list of outputs updated since the last read. Outputs are cumulative, so a slow reader
-    only ever sees the newest one per request: nothing piles up while it is busy writing to its socket.
+    Each item is the list of outputs updated since the last read. Outputs are cumulative, so a slow
+    reader only ever sees the newest one per request: nothing piles up while it is busy writing to
+    its socket.
     """
 
     def __init__(self, request_ids: Sequence[str], requests: Sequence[EngineRequest] = ()) -> None:
@@ -50,7 +53,8 @@ class RequestStream:
         self._ready = asyncio.Event()
         self._error: BaseException | None = None
         self.aborted = False  # the server aborted it (shutdown), not the client
-        # admission (the owner's bookkeeping): requests[:admitted] are in the engine, `in_engine` sequences unfinished
+        # admission (the owner's bookkeeping): requests[:admitted] are in the engine, `in_engine`
+        # sequences unfinished
         self.requests = list(requests)
         self.admitted = 0
         self.in_engine = 0
@@ -116,26 +120,31 @@ class AsyncEngine:
 
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
-        self.batch = engine.config.max_num_seqs  # sequences one step may run: the calls' shares divide it
-        self.stats: dict = engine.stats()  # a snapshot taken by the owner after each step, safe to read
+        # sequences one step may run: the calls' shares divide it
+        self.batch = engine.config.max_num_seqs
+        # a snapshot taken by the owner after each step, safe to read
+        self.stats: dict = engine.stats()
         self.error: BaseException | None = None
         self._ops: list[_Add | _Abort] = []
         self._streams: dict[str, RequestStream] = {}
-        self._calls: dict[RequestStream, None] = {}  # accepted calls with unfinished requests, oldest first
+        # accepted calls with unfinished requests, oldest first
+        self._calls: dict[RequestStream, None] = {}
         self._listeners: list[StepListener] = []
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._stopping = False
 
-    # ---- lifecycle ---------------------------------------------------------------------------------
+    # ---- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
         """Start the owner task on the running event loop (the server's)."""
         self._wake = asyncio.Event()
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="minivllm-engine-loop")
+        self._task = (asyncio.get_running_loop().create_task(self._run(),
+                                                             name="minivllm-engine-loop"))
 
     async def stop(self, timeout: float = 10.0) -> None:
-        """Abort whatever still runs, let the owner free its blocks (bounded by `timeout`), then stop it;
-        anyone still waiting hears so instead of hanging (uvicorn drains requests first)."""
+        """Abort whatever still runs, let the owner free its blocks (bounded by `timeout`), then
+        stop it; anyone still waiting hears so instead of hanging (uvicorn drains requests
+        first)."""
         if self._task is not None:
             self.abort_all()
             self._stopping = True
@@ -150,13 +159,15 @@ class AsyncEngine:
         self._fail_all(EngineDeadError("the server is shutting down"))
 
     def add_listener(self, listener: StepListener) -> None:
-        """Call `listener(outputs, stats)` on the event loop after every step (metrics, request logs)."""
+        """Call `listener(outputs, stats)` on the event loop after every step (metrics, request
+        logs)."""
         self._listeners.append(listener)
 
-    # ---- the API handlers use ----------------------------------------------------------------------
+    # ---- the API handlers use --------------------------------------------------------------------
     async def generate(self, requests: Sequence[EngineRequest]) -> RequestStream:
-        """Queue checked requests (preprocess.py makes them); all are accepted or none (ValueError names why).
-        Returns once the first slice is in the engine; the rest follow as the call's share allows."""
+        """Queue checked requests (preprocess.py makes them); all are accepted or none (ValueError
+        names why). Returns once the first slice is in the engine; the rest follow as the call's
+        share allows."""
         if self.error is not None or self._task is None or self._stopping:
             raise EngineDeadError(f"the engine is not running: {self.error!r}")
         ids = [r.request_id for r in requests]
@@ -170,14 +181,15 @@ class AsyncEngine:
         self._wake.set()
         try:
             await stream.accepted
-        except asyncio.CancelledError:  # the caller went away before its requests went in: take them out again
+        # the caller went away before its requests went in: take them out again
+        except asyncio.CancelledError:
             self.abort(stream)
             raise
         return stream
 
     def abort(self, stream: RequestStream) -> None:
-        """Abort a stream's unfinished requests; their blocks are freed before the next step, and those still
-        waiting for their slice never go in."""
+        """Abort a stream's unfinished requests; their blocks are freed before the next step, and
+        those still waiting for their slice never go in."""
         ids = [rid for rid in stream.request_ids[: stream.admitted] if rid in stream.unfinished]
         for rid in stream.request_ids:
             self._streams.pop(rid, None)
@@ -190,9 +202,11 @@ class AsyncEngine:
             self._wake.set()
 
     def abort_all(self) -> int:
-        """Abort every request in flight (shutdown): each stream ends with `aborted` set; returns how many."""
+        """Abort every request in flight (shutdown): each stream ends with `aborted` set; returns
+        how many."""
         streams = set(self._calls)
-        streams.update(op.stream for op in self._ops if isinstance(op, _Add) and not op.stream.accepted.done())
+        streams.update(op.stream for op in self._ops if isinstance(op, _Add)
+                       and not op.stream.accepted.done())
         count = sum(len(s.unfinished) for s in streams)
         ids = [rid for s in streams for rid in s.request_ids[: s.admitted] if rid in s.unfinished]
         for stream in streams:
@@ -206,7 +220,7 @@ class AsyncEngine:
             self._wake.set()
         return count
 
-    # ---- the owner ---------------------------------------------------------------------------------
+    # ---- the owner -------------------------------------------------------------------------------
     async def _run(self) -> None:
         has_work = False
         while True:
@@ -234,7 +248,8 @@ class AsyncEngine:
     def _accept(self, ops: list[_Add | _Abort]) -> None:
         """New calls join the admission line (unless shutdown or their caller got there first)."""
         for op in ops:
-            if not isinstance(op, _Add) or op.stream.accepted.done():  # cancelled: its caller aborted it
+            # cancelled: its caller aborted it
+            if not isinstance(op, _Add) or op.stream.accepted.done():
                 continue
             if op.stream.aborted:
                 op.stream.accepted.set_exception(EngineDeadError("the server is shutting down"))
@@ -244,7 +259,8 @@ class AsyncEngine:
                 self._streams[rid] = op.stream
 
     def _slices(self) -> list[Slice]:
-        """Each call's next requests, up to its share of the batch (at least one request when it has none in)."""
+        """Each call's next requests, up to its share of the batch (at least one request when it has
+        none in)."""
         share = self.batch if len(self._calls) <= 1 else max(1, self.batch // len(self._calls))
         out = []
         for stream in self._calls:

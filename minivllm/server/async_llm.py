@@ -1,18 +1,19 @@
-"""AsyncLLM: the server's asyncio engine (server/async_engine.py) under vLLM's name and calling convention.
+"""AsyncLLM: the server's asyncio engine (server/async_engine.py) under vLLM's name and calling
+convention.
 
     engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=...))
     async for out in engine.generate(prompt, SamplingParams(...), request_id="r1"):
         print(out.outputs[0].text)
     engine.shutdown()
 
-Every concurrent `generate()` joins the one running batch: a single owner task steps the engine in a worker
-thread while the event loop keeps accepting requests (the server is built the same way). The owner task
-starts on the event loop of the first `generate()` call.
+Every concurrent `generate()` joins the one running batch: a single owner task steps the engine in a
+worker thread while the event loop keeps accepting requests (the server is built the same way). The
+owner task starts on the event loop of the first `generate()` call.
 
-Streaming with RequestOutputKind.DELTA: the owner keeps only each request's newest output for a reader that
-has not caught up, so the engine is asked for cumulative outputs and the deltas are cut here, from what this
-reader has already been given. A slow reader therefore gets one larger delta, never a gap (vLLM merges
-pending deltas the same way).
+Streaming with RequestOutputKind.DELTA: the owner keeps only each request's newest output for a
+reader that has not caught up, so the engine is asked for cumulative outputs and the deltas are cut
+here, from what this reader has already been given. A slow reader therefore gets one larger delta,
+never a gap (vLLM merges pending deltas the same way).
 """
 
 from __future__ import annotations
@@ -35,12 +36,13 @@ from minivllm.tokenizer import Tokenizer
 class AsyncLLM:
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
-        # prompts are tokenized on the event loop while the engine detokenizes in its worker thread, and a
-        # Hugging Face fast tokenizer must not be used by two threads at once: this one has its own
+        # prompts are tokenized on the event loop while the engine detokenizes in its worker thread,
+        # and a Hugging Face fast tokenizer must not be used by two threads at once: this one has
+        # its own
         tok = None if engine.tokenizer is None else Tokenizer(engine.config.tokenizer)
         src = engine.input_processor
-        self.input_processor = InputProcessor(engine.config, tok, src.eos_token_ids, src.num_kv_blocks,
-                                              src.structured)
+        self.input_processor = InputProcessor(engine.config, tok, src.eos_token_ids,
+                                              src.num_kv_blocks, src.structured)
         self._core: AsyncEngine | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._streams: dict[str, RequestStream] = {}
@@ -53,11 +55,11 @@ class AsyncLLM:
 
     @classmethod
     def from_engine_args(cls, engine_args: Any, **_: Any) -> AsyncLLM:
-        """From vLLM's AsyncEngineArgs / EngineArgs (minivllm.engine.arg_utils). vLLM's other keyword arguments
-        (usage_context, stat loggers) are accepted and ignored."""
+        """From vLLM's AsyncEngineArgs / EngineArgs (minivllm.engine.arg_utils). vLLM's other
+        keyword arguments (usage_context, stat loggers) are accepted and ignored."""
         return cls(LLMEngine(engine_args.create_engine_config()))
 
-    # ---- state -------------------------------------------------------------------------------------
+    # ---- state -----------------------------------------------------------------------------------
     @property
     def is_running(self) -> bool:
         return self._core is not None and self._core.error is None
@@ -78,19 +80,21 @@ class AsyncLLM:
             self._core, self._loop = AsyncEngine(self.engine), loop
             self._core.start()
         elif loop is not self._loop:
-            raise ValueError("an AsyncLLM serves the event loop it first ran on; create one per loop")
+            raise ValueError("an AsyncLLM serves the event loop it first ran on; create one per "
+                             "loop")
         return self._core
 
-    # ---- requests ----------------------------------------------------------------------------------
+    # ---- requests --------------------------------------------------------------------------------
     async def generate(self, prompt: PromptType, sampling_params: SamplingParams | None = None,
                        request_id: str | None = None, *, priority: int = 0,
                        **_: Any) -> AsyncGenerator[RequestOutput, None]:
-        """Stream one request's outputs: every step's (CUMULATIVE, DELTA) or only the last (FINAL_ONLY).
-        Leaving the loop early aborts the request."""
+        """Stream one request's outputs: every step's (CUMULATIVE, DELTA) or only the last
+        (FINAL_ONLY). Leaving the loop early aborts the request."""
         core = self._started()
         params = sampling_params or SamplingParams()
         if not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+            raise ValueError(f"sampling_params must be a SamplingParams, got "
+                             f"{type(params).__name__}")
         if request_id is None:
             raise ValueError("generate() needs a request_id (vLLM's AsyncLLM does too)")
         delta = params.output_kind is RequestOutputKind.DELTA
@@ -110,7 +114,8 @@ class AsyncLLM:
                 core.abort(stream)
 
     async def abort(self, request_id: str | list[str]) -> None:
-        """Stop requests; their generate() loops end with the outputs so far. Unknown ids are ignored."""
+        """Stop requests; their generate() loops end with the outputs so far. Unknown ids are
+        ignored."""
         for rid in [request_id] if isinstance(request_id, str) else request_id:
             stream = self._streams.get(rid)
             if stream is not None and self._core is not None:
@@ -118,13 +123,15 @@ class AsyncLLM:
                 stream._abort()
 
     def shutdown(self) -> None:
-        """Abort everything in flight and stop the owner task (from inside or outside its event loop)."""
+        """Abort everything in flight and stop the owner task (from inside or outside its event
+        loop)."""
         core, self._core = self._core, None
         if core is None:
             return
         core.abort_all()
         with contextlib.suppress(RuntimeError):
-            if asyncio.get_running_loop() is self._loop:  # inside the loop: it finishes once we yield
+            # inside the loop: it finishes once we yield
+            if asyncio.get_running_loop() is self._loop:
                 self._stopping = self._loop.create_task(core.stop())
                 return
         if self._loop.is_closed():
@@ -141,7 +148,8 @@ def cut_delta(out: RequestOutput, sent: dict[int, tuple[int, int]]) -> RequestOu
     for c in out.outputs:
         chars, tokens = sent.get(c.index, (0, 0))
         sent[c.index] = (len(c.text), len(c.token_ids))
-        completions.append(CompletionOutput(c.index, c.text[chars:], c.token_ids[tokens:], c.finish_reason,
-                                            c.stop_reason, None if c.logprobs is None else c.logprobs[tokens:],
+        completions.append(CompletionOutput(c.index, c.text[chars:], c.token_ids[tokens:],
+                                            c.finish_reason, c.stop_reason,
+                                            None if c.logprobs is None else c.logprobs[tokens:],
                                             c.cumulative_logprob))
     return replace(out, outputs=completions)

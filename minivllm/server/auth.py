@@ -1,8 +1,9 @@
 """`--api-key`: every route but the probes needs `Authorization: Bearer <key>`, as in vLLM.
 
-The probes (/health, /ping, /version, /metrics) stay open so that load balancers and Prometheus need no
-secret; CORS preflights (OPTIONS) stay open because browsers never send credentials with them. The key is
-compared with hmac.compare_digest, whose time does not depend on how much of a guess is right.
+The probes (/health, /ping, /version, /metrics) stay open so that load balancers and Prometheus need
+no secret; CORS preflights (OPTIONS) stay open because browsers never send credentials with them.
+The key is compared with hmac.compare_digest, whose time does not depend on how much of a guess is
+right.
 """
 
 from __future__ import annotations
@@ -35,5 +36,6 @@ class APIKeyAuth:
 
 
 def resolve_api_key(given: str | None, from_env: str | None) -> str | None:
-    """--api-key wins; otherwise VLLM_API_KEY (`from_env`), as vLLM reads it; an empty value means no key."""
+    """--api-key wins; otherwise VLLM_API_KEY (`from_env`), as vLLM reads it; an empty value means
+    no key."""
     return given or from_env or None

@@ -1,11 +1,12 @@
 """HTTP connections a slow client cannot hold open, and protocol errors in OpenAI's shape.
 
-uvicorn's h11 protocol times out only idle keep-alive connections: a client that connects and sends nothing, or
-half its headers, or a Content-Length and then part of the body, keeps a connection (and a slot in the server)
-for as long as it likes. Here each request has `read_timeout` seconds, from the connection or its first byte to
-its last body byte; after that it gets a 408 and the connection is closed, which the handlers see as a hang-up
-(so nothing it started keeps running). uvicorn's 400 for malformed HTTP is plain text; here it is OpenAI's
-error object, like every other error the server sends.
+uvicorn's h11 protocol times out only idle keep-alive connections: a client that connects and sends
+nothing, or half its headers, or a Content-Length and then part of the body, keeps a connection (and
+a slot in the server) for as long as it likes. Here each request has `read_timeout` seconds, from
+the connection or its first byte to its last body byte; after that it gets a 408 and the connection
+is closed, which the handlers see as a hang-up (so nothing it started keeps running). uvicorn's 400
+for malformed HTTP is plain text; here it is OpenAI's error object, like every other error the
+server sends.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from minivllm.server.limits import error_body
 
 
 def raw_response(status: int, reason: str, body: bytes) -> bytes:
-    """A whole HTTP/1.1 response that closes the connection, written without h11 (which refuses to answer a
-    request it has not finished reading)."""
-    head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
-            "connection: close\r\n\r\n")
+    """A whole HTTP/1.1 response that closes the connection, written without h11 (which refuses to
+    answer a request it has not finished reading)."""
+    head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: "
+            f"{len(body)}\r\nconnection: close\r\n\r\n")
     return head.encode() + body
 
 
@@ -45,16 +46,18 @@ class GuardedH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
     def _watch(self) -> None:
-        """Arm the deadline while a request is being read; disarm once it is read (or the connection idles
-        between requests, which uvicorn's keep-alive timeout covers)."""
+        """Arm the deadline while a request is being read; disarm once it is read (or the connection
+        idles between requests, which uvicorn's keep-alive timeout covers)."""
         if self.transport.is_closing():
             return
         state = self.conn.their_state
-        waiting_head = state is h11.IDLE and (self.cycle is None or bool(self.conn.trailing_data[0]))
+        waiting_head = (state is h11.IDLE and (self.cycle is None
+                                               or bool(self.conn.trailing_data[0])))
         reading = state is h11.SEND_BODY or waiting_head
         if not reading:
             self._stop_timer()
-        elif self._read_timer is None:  # the deadline counts from the first byte: dribbling does not extend it
+        # the deadline counts from the first byte: dribbling does not extend it
+        elif self._read_timer is None:
             self._read_timer = self.loop.call_later(self.read_timeout, self._timed_out)
 
     def _stop_timer(self) -> None:
@@ -66,12 +69,15 @@ class GuardedH11Protocol(H11Protocol):
         self._read_timer = None
         if self.transport.is_closing():
             return
-        answering = self.cycle is not None and self.conn.their_state is h11.SEND_BODY and self.cycle.response_started
+        answering = (self.cycle is not None and self.conn.their_state is h11.SEND_BODY
+                     and self.cycle.response_started)
         if not answering:
             message = f"the request was not received within {self.read_timeout:g} s"
             self.transport.write(raw_response(408, "Request Timeout",
-                                              error_body(message, "invalid_request_error", "request_timeout")))
-        self.logger.warning("closing a connection whose request took over %g s to arrive", self.read_timeout)
+                                              error_body(message, "invalid_request_error",
+                                                         "request_timeout")))
+        self.logger.warning("closing a connection whose request took over %g s to arrive",
+                            self.read_timeout)
         self.transport.close()
 
     def send_400_response(self, msg: str) -> None:

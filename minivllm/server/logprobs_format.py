@@ -1,8 +1,10 @@
-"""Logprobs on the wire: the engine's per-position `{token id: Logprob}` dicts in OpenAI's two formats.
+"""Logprobs on the wire: the engine's per-position `{token id: Logprob}` dicts in OpenAI's two
+formats.
 
-Completions (the legacy API) send parallel lists: `tokens`, `token_logprobs`, `top_logprobs` (a dict of the
-top alternatives' text -> logprob per position) and `text_offset` (where each token's text starts). Chat sends
-`content`: one object per token with its `logprob`, its UTF-8 `bytes` and a `top_logprobs` list.
+Completions (the legacy API) send parallel lists: `tokens`, `token_logprobs`, `top_logprobs` (a dict
+of the top alternatives' text -> logprob per position) and `text_offset` (where each token's text
+starts). Chat sends `content`: one object per token with its `logprob`, its UTF-8 `bytes` and a
+`top_logprobs` list.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from minivllm.outputs import Logprob
 
 
 def _top(position: dict[int, Logprob], k: int) -> list[tuple[int, Logprob]]:
-    """The k most likely tokens at a position (the chosen token is listed only if it is among them)."""
+    """The k most likely tokens at a position (the chosen token is listed only if it is among
+    them)."""
     return sorted(((t, lp) for t, lp in position.items() if lp.rank is not None and lp.rank <= k),
                   key=lambda item: item[1].rank)[:k]
 
@@ -22,8 +25,8 @@ def _text(token: int, lp: Logprob) -> str:
 
 def completion_logprobs(token_ids: list[int], positions: list[dict[int, Logprob] | None], k: int,
                         text_offset: int = 0) -> dict:
-    """OpenAI completions' `logprobs` object for these tokens; a None position (the first prompt token when
-    echoing) gets a null logprob, as OpenAI's own echo does."""
+    """OpenAI completions' `logprobs` object for these tokens; a None position (the first prompt
+    token when echoing) gets a null logprob, as OpenAI's own echo does."""
     out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for token, position in zip(token_ids, positions):
         lp = position.get(token) if position else None
@@ -32,7 +35,8 @@ def completion_logprobs(token_ids: list[int], positions: list[dict[int, Logprob]
         out["token_logprobs"].append(lp.logprob if lp is not None else None)
         top: dict[str, float] = {}
         for t, p in _top(position, k) if position else ():
-            top.setdefault(_text(t, p), p.logprob)  # two byte pieces may read alike: the likelier one keeps the key
+            # two byte pieces may read alike: the likelier one keeps the key
+            top.setdefault(_text(t, p), p.logprob)
         out["top_logprobs"].append(top if position else None)
         out["text_offset"].append(text_offset)
         text_offset += len(text)
@@ -43,7 +47,8 @@ def chat_logprobs(token_ids: list[int], positions: list[dict[int, Logprob]], k: 
     """OpenAI chat's `logprobs` object: `content`, one entry per generated token."""
     def entry(token: int, lp: Logprob) -> dict:
         text = _text(token, lp)
-        return {"token": text, "logprob": max(lp.logprob, -9999.0), "bytes": list(text.encode("utf-8"))}
+        return {"token": text, "logprob": max(lp.logprob, -9999.0),
+                "bytes": list(text.encode("utf-8"))}
 
     return {"content": [{**entry(token, position[token]),
                          "top_logprobs": [entry(t, p) for t, p in _top(position, k)]}

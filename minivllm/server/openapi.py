@@ -1,5 +1,6 @@
-"""The schema at /openapi.json says what the server really sends: 400 (not FastAPI's 422) for a bad body, and
-OpenAI's error object for every error status, so generated clients and the fuzz test can rely on it."""
+"""The schema at /openapi.json says what the server really sends: 400 (not FastAPI's 422) for a bad
+body, and OpenAI's error object for every error status, so generated clients and the fuzz test can
+rely on it."""
 
 from __future__ import annotations
 
@@ -38,11 +39,14 @@ def body_errors() -> dict[int | str, dict[str, Any]]:
 
 
 def json_object(*required: str, streams: bool = False) -> dict[int | str, dict[str, Any]]:
-    """A 200 whose JSON body is an object with these keys (and server-sent events when it streams)."""
-    content: dict[str, Any] = {"application/json": {"schema": {"type": "object", "required": list(required)}}}
+    """A 200 whose JSON body is an object with these keys (and server-sent events when it
+    streams)."""
+    content: dict[str, Any] = ({"application/json": {"schema": {"type": "object",
+                                                                "required": list(required)}}})
     if streams:
         # one server-sent event: its data is a JSON chunk, or [DONE] at the end
-        content["text/event-stream"] = {"schema": {"type": "object", "required": ["data"], "properties": {
+        content["text/event-stream"] = {"schema": {"type": "object", "required": ["data"],
+                                                   "properties": {
             "data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"}}}}
     return {200: {"description": "OK", "content": content}}
 
@@ -50,12 +54,13 @@ def json_object(*required: str, streams: bool = False) -> dict[int | str, dict[s
 LOGPROB_FIELDS = {"CompletionRequest": ("logprobs", "prompt_logprobs"),
                   "ChatCompletionRequest": ("top_logprobs", "prompt_logprobs")}
 UNBOUNDED = {("TokenizeCompletionRequest", "prompt")}  # "" tokenizes fine (to nothing, or a BOS)
-BODIES = ("CompletionRequest", "ChatCompletionRequest", "TokenizeCompletionRequest", "TokenizeChatRequest",
-          "DetokenizeRequest")
+BODIES = ("CompletionRequest", "ChatCompletionRequest", "TokenizeCompletionRequest",
+          "TokenizeChatRequest", "DetokenizeRequest")
 
 
 def below_pattern(n: int) -> str:
-    """A regex for the decimal integers 0 .. n-1 written without sign or leading zeros (logit_bias's keys)."""
+    """A regex for the decimal integers 0 .. n-1 written without sign or leading zeros (logit_bias's
+    keys)."""
     top = str(n - 1)
     alternatives = ["[0-9]"] if len(top) > 1 else [f"[0-{top}]"]
     alternatives += [f"[1-9][0-9]{{{k - 1}}}" for k in range(2, len(top))]
@@ -69,37 +74,46 @@ def below_pattern(n: int) -> str:
 
 
 def structured_outputs_schema() -> dict[str, Any]:
-    """vLLM's structured_outputs object: StructuredOutputsParams' fields, null meaning "not given", and exactly
-    one given (json_object only counts when true)."""
+    """vLLM's structured_outputs object: StructuredOutputsParams' fields, null meaning "not given",
+    and exactly one given (json_object only counts when true)."""
     kinds = {"json": {"type": ["string", "object"]}, "regex": {"type": "string", "format": "regex"},
-             "choice": {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
+             "choice": {"type": "array", "minItems": 1,
+                        "items": {"type": "string", "minLength": 1}},
              "grammar": {"type": "string"}, "json_object": {"type": "boolean"}}
-    given = {name: {"const": True} if name == "json_object" else kind for name, kind in kinds.items()}
+    given = {name: {"const": True} if name == "json_object" else kind for name,
+             kind in kinds.items()}
     return {"additionalProperties": False,
-            "properties": {name: {"anyOf": [kind, {"type": "null"}]} for name, kind in kinds.items()},
-            "oneOf": [{"required": [name], "properties": {name: kind}} for name, kind in given.items()]}
+            "properties": {name: {"anyOf": [kind, {"type": "null"}]} for name,
+                           kind in kinds.items()},
+            "oneOf": [{"required": [name], "properties": {name: kind}} for name,
+                      kind in given.items()]}
 
 
-def value_ranges(vocab_size: int, max_n: int, priority: bool, max_model_len: int) -> dict[str, dict[str, Any]]:
-    """Field -> the JSON Schema keywords for what SamplingParams and the engine accept, so a client (or a fuzzer)
-    can tell a valid request from the schema alone. Keywords only constrain values of their own type, so one set
-    serves a union (`stop`: a non-empty string, or a list of them). Checking stays in SamplingParams, whose
-    errors name the field; rules across fields (min_tokens <= max_tokens, prompt + max_tokens within the context)
-    are not expressed here."""
+def value_ranges(vocab_size: int, max_n: int, priority: bool,
+                 max_model_len: int) -> dict[str, dict[str, Any]]:
+    """Field -> the JSON Schema keywords for what SamplingParams and the engine accept, so a client
+    (or a fuzzer) can tell a valid request from the schema alone. Keywords only constrain values of
+    their own type, so one set serves a union (`stop`: a non-empty string, or a list of them).
+    Checking stays in SamplingParams, whose errors name the field; rules across fields (min_tokens
+    <= max_tokens, prompt + max_tokens within the context) are not expressed here."""
     token = {"minimum": 0, "maximum": vocab_size - 1}
     words = {"minLength": 1, "pattern": r"\S"}
     return {
         "max_tokens": {"minimum": 1, "maximum": max_model_len - 1}, "temperature": {"minimum": 0},
         "max_completion_tokens": {"minimum": 1, "maximum": max_model_len - 1},
-        "top_p": {"exclusiveMinimum": 0, "maximum": 1}, "top_k": {"minimum": -1}, "min_p": {"minimum": 0, "maximum": 1},
-        "repetition_penalty": {"minimum": REPETITION_PENALTY_RANGE[0], "maximum": REPETITION_PENALTY_RANGE[1]},
-        "presence_penalty": {"minimum": -2, "maximum": 2}, "frequency_penalty": {"minimum": -2, "maximum": 2},
+        "top_p": {"exclusiveMinimum": 0, "maximum": 1}, "top_k": {"minimum": -1},
+        "min_p": {"minimum": 0, "maximum": 1},
+        "repetition_penalty": {"minimum": REPETITION_PENALTY_RANGE[0],
+                               "maximum": REPETITION_PENALTY_RANGE[1]},
+        "presence_penalty": {"minimum": -2, "maximum": 2},
+        "frequency_penalty": {"minimum": -2, "maximum": 2},
         "n": {"minimum": 1, "maximum": max_n}, "best_of": {"minimum": 1, "maximum": 1},
         "min_tokens": {"minimum": 0}, "truncate_prompt_tokens": {"minimum": 1},
         "stop": {"minLength": 1, "items": {"minLength": 1}}, "stop_token_ids": {"items": token},
         "allowed_token_ids": {"minItems": 1, "items": token}, "bad_words": {"items": words},
         "guided_choice": {"minItems": 1, "items": {"minLength": 1}}, "messages": {"minItems": 1},
-        "prompt": {"minLength": 1, "minItems": 1, "items": {**token, "minLength": 1, "minItems": 1, "items": token}},
+        "prompt": {"minLength": 1, "minItems": 1, "items": {**token, "minLength": 1, "minItems": 1,
+                                                            "items": token}},
         "tokens": {"items": token}, "guided_regex": {"format": "regex"},
         "structured_outputs": structured_outputs_schema(),
         "logit_bias": {"propertyNames": {"pattern": below_pattern(vocab_size)}},
@@ -107,26 +121,32 @@ def value_ranges(vocab_size: int, max_n: int, priority: bool, max_model_len: int
     }
 
 
-CONSTRAINTS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")
+CONSTRAINTS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
+               "structured_outputs")
 
 
 def across_fields(chat: bool) -> list[dict[str, Any]]:
-    """The rules between fields the server applies: stream_options only with stream, one output constraint at
-    most (response_format "text" is none), and for chat, top_logprobs (beyond 0) only with logprobs: true."""
+    """The rules between fields the server applies: stream_options only with stream, one output
+    constraint at most (response_format "text" is none), and for chat, top_logprobs (beyond 0) only
+    with logprobs: true."""
     given = {"not": {"type": "null"}}
     rules: list[dict[str, Any]] = [
-        {"if": {"required": ["stream_options"], "properties": {"stream_options": {"type": "object"}}},
+        {"if": {"required": ["stream_options"],
+                "properties": {"stream_options": {"type": "object"}}},
          "then": {"required": ["stream"], "properties": {"stream": {"const": True}}}}]
     is_set = {name: {"required": [name], "properties": {name: given}} for name in CONSTRAINTS}
-    is_set["response_format"] = {"required": ["response_format"], "properties": {"response_format": {
-        "type": "object", "required": ["type"], "properties": {"type": {"not": {"const": "text"}}}}}}
+    is_set["response_format"] = {"required": ["response_format"],
+                                 "properties": {"response_format": {
+        "type": "object", "required": ["type"],
+        "properties": {"type": {"not": {"const": "text"}}}}}}
     names = list(is_set)
     rules.append({"not": {"anyOf": [{"allOf": [is_set[a], is_set[b]]} for i, a in enumerate(names)
                                     for b in names[i + 1 :]]}})
     if chat:
         rules.append({"if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {
             "type": "integer", "not": {"const": 0}}}},
-                      "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}})
+                      "then": {"required": ["logprobs"],
+                               "properties": {"logprobs": {"const": True}}}})
     return rules
 
 
@@ -139,9 +159,10 @@ def merge(into: dict[str, Any], extra: dict[str, Any]) -> None:
             into[key] = value
 
 
-def bound_fields(schema: dict[str, Any], max_logprobs: int, ranges: dict[str, dict[str, Any]]) -> None:
-    """Add the value ranges to the request bodies' properties, and the logprob fields' range as this engine's
-    max_logprobs allows it ([0, cap], or -1 and up when -1)."""
+def bound_fields(schema: dict[str, Any], max_logprobs: int,
+                 ranges: dict[str, dict[str, Any]]) -> None:
+    """Add the value ranges to the request bodies' properties, and the logprob fields' range as this
+    engine's max_logprobs allows it ([0, cap], or -1 and up when -1)."""
     components = schema.get("components", {}).get("schemas", {})
     for model in BODIES:
         for name, prop in components.get(model, {}).get("properties", {}).items():
@@ -149,8 +170,10 @@ def bound_fields(schema: dict[str, Any], max_logprobs: int, ranges: dict[str, di
                 merge(prop, ranges.get(name, {}))
     if "ResponseFormat" in components:  # type json_schema needs json_schema.schema
         components["ResponseFormat"]["if"] = {"properties": {"type": {"const": "json_schema"}}}
-        components["ResponseFormat"]["then"] = {"required": ["json_schema"], "properties": {"json_schema": {
-            "type": "object", "required": ["schema"], "properties": {"schema": {"type": "object"}}}}}
+        components["ResponseFormat"]["then"] = {"required": ["json_schema"],
+                                                "properties": {"json_schema": {
+            "type": "object", "required": ["schema"],
+            "properties": {"schema": {"type": "object"}}}}}
     for model in ("CompletionRequest", "ChatCompletionRequest"):
         if model in components:
             components[model]["allOf"] = across_fields(model == "ChatCompletionRequest")
@@ -164,9 +187,10 @@ def bound_fields(schema: dict[str, Any], max_logprobs: int, ranges: dict[str, di
                     branch.update(bounds)
 
 
-def install(app: FastAPI, max_logprobs: int = 20, ranges: dict[str, dict[str, Any]] | None = None) -> None:
-    """Replace app.openapi with one that drops FastAPI's 422 entries and their schemas, and documents the value
-    ranges the server accepts (value_ranges, and the engine's max_logprobs)."""
+def install(app: FastAPI, max_logprobs: int = 20,
+            ranges: dict[str, dict[str, Any]] | None = None) -> None:
+    """Replace app.openapi with one that drops FastAPI's 422 entries and their schemas, and
+    documents the value ranges the server accepts (value_ranges, and the engine's max_logprobs)."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

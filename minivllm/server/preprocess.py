@@ -1,15 +1,16 @@
-"""Tokenize and validate requests, and build large responses, in a small thread pool, each thread with its
-own tokenizer.
+"""Tokenize and validate requests, and build large responses, in a small thread pool, each thread
+with its own tokenizer.
 
-Why not on the engine's owner: a 10 MB prompt takes many seconds to tokenize, and every running stream would
-wait for it. Why not on the event loop: it would stall every connection instead. Why a tokenizer per thread:
-a Hugging Face tokenizer is not safe to share between threads, and the engine's own one detokenizes its
-outputs. The engine then only queues requests that are already checked.
+Why not on the engine's owner: a 10 MB prompt takes many seconds to tokenize, and every running
+stream would wait for it. Why not on the event loop: it would stall every connection instead. Why a
+tokenizer per thread: a Hugging Face tokenizer is not safe to share between threads, and the
+engine's own one detokenizes its outputs. The engine then only queues requests that are already
+checked.
 
-Why work goes in in pieces: a call with 100,000 prompts is checked `PROMPTS_PER_JOB` prompts at a time, one
-job after the other, so one call holds at most one of the pool's threads and for at most one piece; a later
-client's job queues behind a piece, never behind the whole call, and a client that hangs up stops its call
-at the next piece.
+Why work goes in in pieces: a call with 100,000 prompts is checked `PROMPTS_PER_JOB` prompts at a
+time, one job after the other, so one call holds at most one of the pool's threads and for at most
+one piece; a later client's job queues behind a piece, never behind the whole call, and a client
+that hangs up stops its call at the next piece.
 """
 
 from __future__ import annotations
@@ -35,15 +36,18 @@ CHARS_PER_JOB = 2**18  # or fewer, when they are long texts to tokenize
 
 
 def check_unicode(text: str, what: str) -> None:
-    """A JSON string may hold a lone surrogate ("\\ud800"), which no tokenizer and no UTF-8 encoder accepts."""
+    """A JSON string may hold a lone surrogate ("\\ud800"), which no tokenizer and no UTF-8 encoder
+    accepts."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise ValueError(f"{what} is not valid Unicode: it holds a lone surrogate at character {e.start}") from None
+        raise ValueError(f"{what} is not valid Unicode: it holds a lone surrogate at character "
+                         f"{e.start}") from None
 
 
 def pieces(prompts: list[tuple[str, PromptType]]) -> list[list[tuple[str, PromptType]]]:
-    """Consecutive runs of at most PROMPTS_PER_JOB prompts and (past the first) CHARS_PER_JOB characters."""
+    """Consecutive runs of at most PROMPTS_PER_JOB prompts and (past the first) CHARS_PER_JOB
+    characters."""
     out: list[list[tuple[str, PromptType]]] = [[]]
     chars = 0
     for item in prompts:
@@ -57,10 +61,11 @@ def pieces(prompts: list[tuple[str, PromptType]]) -> list[list[tuple[str, Prompt
 
 
 class Preprocessor:
-    """`workers` threads and as many InputProcessors, each with its own tokenizer, loaded here (at start-up,
-    not while the first burst of clients waits); a job borrows one for its duration."""
+    """`workers` threads and as many InputProcessors, each with its own tokenizer, loaded here (at
+    start-up, not while the first burst of clients waits); a job borrows one for its duration."""
 
-    def __init__(self, engine: LLMEngine, workers: int = 4, chat_template: str | None = None) -> None:
+    def __init__(self, engine: LLMEngine, workers: int = 4,
+                 chat_template: str | None = None) -> None:
         self.config = engine.config
         self.chat_template = chat_template  # --chat-template: replaces the tokenizer's own
         self.max_model_len = engine.config.max_model_len
@@ -68,17 +73,20 @@ class Preprocessor:
         self._free: queue.SimpleQueue[InputProcessor] = queue.SimpleQueue()
         for _ in range(workers):
             tok = Tokenizer(self.config.tokenizer) if self.has_tokenizer else None
-            structured = (StructuredOutputManager(tok.hf, self.config.model_config.vocab_size, engine.eos_token_ids)
-                          if tok is not None else None)  # grammars are checked here too, before the engine sees them
-            self._free.put(InputProcessor(self.config, tok, engine.eos_token_ids, engine.runner.num_blocks,
-                                          structured))
+            structured = (StructuredOutputManager(tok.hf, self.config.model_config.vocab_size,
+                                                  engine.eos_token_ids)
+                          # grammars are checked here too, before the engine sees them
+                          if tok is not None else None)
+            self._free.put(InputProcessor(self.config, tok, engine.eos_token_ids,
+                                          engine.runner.num_blocks, structured))
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="minivllm-preprocess")
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     async def run(self, fn: Callable[[InputProcessor], T]) -> T:
-        """`fn(processor)` in a pool thread, with an InputProcessor (and tokenizer) no other thread is using."""
+        """`fn(processor)` in a pool thread, with an InputProcessor (and tokenizer) no other thread
+        is using."""
 
         def job() -> T:
             proc = self._free.get()  # never waits: there are as many processors as threads
@@ -89,14 +97,15 @@ class Preprocessor:
 
         return await asyncio.get_running_loop().run_in_executor(self._pool, job)
 
-    # ---- the jobs ----------------------------------------------------------------------------------------
-    async def requests(self, prompts: list[tuple[str, PromptType]], params: SamplingParams, arrival: float,
+    # ---- the jobs --------------------------------------------------------------------------------
+    async def requests(self, prompts: list[tuple[str, PromptType]], params: SamplingParams,
+                       arrival: float,
                        strict_max_tokens: bool, priority: int = 0) -> list[EngineRequest]:
-        """Every prompt tokenized and checked (ValueError names the first bad one), none queued yet; in pieces
-        (see the module's docstring), so cancelling the caller stops at the next piece.
+        """Every prompt tokenized and checked (ValueError names the first bad one), none queued yet;
+        in pieces (see the module's docstring), so cancelling the caller stops at the next piece.
 
-        `strict_max_tokens`: the client chose max_tokens, so prompt + max_tokens beyond the context is an error
-        (as in vLLM) rather than silently capped."""
+        `strict_max_tokens`: the client chose max_tokens, so prompt + max_tokens beyond the context
+        is an error (as in vLLM) rather than silently capped."""
 
         def job(proc: InputProcessor, piece: list[tuple[str, PromptType]]) -> list[EngineRequest]:
             out = []
@@ -106,9 +115,10 @@ class Preprocessor:
                 req = proc.process(rid, prompt, params, arrival, priority)
                 need = len(req.prompt_token_ids) + (params.max_tokens or 0)
                 if strict_max_tokens and need > self.max_model_len:
-                    raise ValueError(f"this model's maximum context length is {self.max_model_len} tokens; the "
-                                     f"prompt has {len(req.prompt_token_ids)} and max_tokens asks for "
-                                     f"{params.max_tokens} more: lower max_tokens")
+                    raise ValueError(f"this model's maximum context length is {self.max_model_len} "
+                                     f"tokens; the prompt has {len(req.prompt_token_ids)} and "
+                                     f"max_tokens asks for {params.max_tokens} more: lower "
+                                     f"max_tokens")
                 out.append(req)
             return out
 
@@ -117,7 +127,8 @@ class Preprocessor:
             out += await self.run(functools.partial(job, piece=piece))
         return out
 
-    async def chat_prompt(self, conversation: list[dict], add_generation_prompt: bool = True) -> dict:
+    async def chat_prompt(self, conversation: list[dict],
+                          add_generation_prompt: bool = True) -> dict:
         """The conversation through the chat template: {"prompt": text, "prompt_token_ids": ids}."""
         for m in conversation:
             check_unicode(m["content"], "messages")
@@ -126,9 +137,11 @@ class Preprocessor:
             if proc.tokenizer is None:
                 raise ValueError("this model has no tokenizer, so it has no chat template")
             try:
-                text, ids = proc.tokenizer.apply_chat_template(conversation, chat_template=self.chat_template,
-                                                               add_generation_prompt=add_generation_prompt)
-            except (ValueError, TypeError, jinja2.TemplateError) as e:  # no template, or messages that break it
+                text, ids = proc.tokenizer.apply_chat_template(
+                    conversation, chat_template=self.chat_template,
+                    add_generation_prompt=add_generation_prompt)
+            # no template, or messages that break it
+            except (ValueError, TypeError, jinja2.TemplateError) as e:
                 raise ValueError(f"chat template failed: {e}") from e
             return {"prompt": text, "prompt_token_ids": ids}
 
@@ -150,7 +163,8 @@ class Preprocessor:
                 raise ValueError("this model has no tokenizer")
             bad = [t for t in tokens if not 0 <= t < proc.vocab_size]
             if bad:
-                raise ValueError(f"token ids outside the vocabulary [0, {proc.vocab_size}): {bad[:5]}")
+                raise ValueError(f"token ids outside the vocabulary [0, {proc.vocab_size}): "
+                                 f"{bad[:5]}")
             return proc.tokenizer.decode(tokens)
 
         return await self.run(job)

@@ -1,7 +1,7 @@
 """The OpenAI wire format: request bodies (checked strictly, so "5" is not an integer) and errors.
 
-Types are strict because a client that sends the wrong type has a bug it should hear about, as the OpenAI API
-tells it; value ranges are left to SamplingParams, the one place that defines them.
+Types are strict because a client that sends the wrong type has a bug it should hear about, as the
+OpenAI API tells it; value ranges are left to SamplingParams, the one place that defines them.
 """
 
 from __future__ import annotations
@@ -20,15 +20,18 @@ log = logging.getLogger("minivllm.server")
 
 # OpenAI fields this engine cannot honour: rejected when set, rather than silently ignored.
 UNSUPPORTED = ("suffix", "tools", "tool_choice", "functions", "function_call")
-# Fields passed to SamplingParams as they are, when given: OpenAI's and vLLM's extra sampling parameters.
-PASSED_THROUGH = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
-                  "frequency_penalty", "n", "stop", "stop_token_ids", "seed", "ignore_eos", "min_tokens",
-                  "include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens",
+# Fields passed to SamplingParams as they are, when given: OpenAI's and vLLM's extra sampling
+# parameters.
+PASSED_THROUGH = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+                  "presence_penalty", "frequency_penalty", "n", "stop", "stop_token_ids", "seed",
+                  "ignore_eos", "min_tokens", "include_stop_str_in_output", "skip_special_tokens",
+                  "spaces_between_special_tokens",
                   "truncate_prompt_tokens", "allowed_token_ids", "bad_words", "prompt_logprobs")
 
 
 def integral(value: Any) -> Any:
-    """5.0 is an integer in JSON Schema (and to OpenAI's API): accept it as 5; "5" and 5.5 still fail strictly."""
+    """5.0 is an integer in JSON Schema (and to OpenAI's API): accept it as 5; "5" and 5.5 still
+    fail strictly."""
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
@@ -38,13 +41,15 @@ Int = Annotated[int, BeforeValidator(integral)]
 class APIError(Exception):
     """An error the client caused (or can act on), rendered as OpenAI's error object."""
 
-    def __init__(self, message: str, param: str | None = None, code: str | None = None, status: int = 400,
-                 type: str = "invalid_request_error") -> None:
+    def __init__(self, message: str, param: str | None = None, code: str | None = None,
+                 status: int = 400, type: str = "invalid_request_error") -> None:
         super().__init__(message)
-        self.message, self.param, self.code, self.status, self.type = message, param, code, status, type
+        self.message, self.param, self.code = message, param, code
+        self.status, self.type = status, type
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
 
 
 def clamp(value: float, bound: float) -> float:
@@ -53,8 +58,8 @@ def clamp(value: float, bound: float) -> float:
 
 
 def engine_error(e: ValueError, prompt_param: str = "prompt") -> APIError:
-    """Turn the engine's ValueError (bad prompt, bad sampling value, too long) into a 400 naming the field;
-    `prompt_param`: what the prompt is called in this request ("messages" for chat)."""
+    """Turn the engine's ValueError (bad prompt, bad sampling value, too long) into a 400 naming the
+    field; `prompt_param`: what the prompt is called in this request ("messages" for chat)."""
     msg = str(e)
     m = re.match(r"SamplingParams\.(\w+)", msg)
     if m:
@@ -63,7 +68,8 @@ def engine_error(e: ValueError, prompt_param: str = "prompt") -> APIError:
         param = "max_tokens"
     elif "priority" in msg:
         param = "priority"
-    elif "chat template" in msg or "chat_template" in msg or prompt_param == "messages" and "surrogate" in msg:
+    elif ("chat template" in msg or "chat_template" in msg or prompt_param == "messages"
+          and "surrogate" in msg):
         param = "messages"
     elif msg.startswith("structured outputs"):
         param = "structured_outputs"
@@ -95,7 +101,8 @@ class ResponseFormat(BaseModel):
 
 
 class SamplingRequest(BaseModel):
-    """The fields both endpoints share. None means "the default", as clients that send nulls expect."""
+    """The fields both endpoints share. None means "the default", as clients that send nulls
+    expect."""
 
     model_config = ConfigDict(strict=True, extra="allow")
 
@@ -132,22 +139,27 @@ class SamplingRequest(BaseModel):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
-    structured_outputs: dict[str, Any] | None = None  # vLLM's newer spelling: {"json": ...} / {"regex": ...} ...
+    # vLLM's newer spelling: {"json": ...} / {"regex": ...} ...
+    structured_outputs: dict[str, Any] | None = None
     priority: Int = 0  # vLLM's extra field: with --scheduling-policy priority, lower runs first
 
     def check_supported(self) -> None:
         for name in UNSUPPORTED:
             value = (self.model_extra or {}).get(name)
             if value not in (None, False, 0, 0.0, [], {}):
-                raise APIError(f"{name} is not supported by minivllm", param=name, code="unsupported_parameter")
+                raise APIError(f"{name} is not supported by minivllm", param=name,
+                               code="unsupported_parameter")
         ignored = sorted(set(self.model_extra or {}) - set(UNSUPPORTED))
-        if ignored:  # vLLM's rule for fields it does not know: serve the request, say what was ignored
-            log.warning("the request's fields %s are not known to minivllm and were ignored", ignored)
+        # vLLM's rule for fields it does not know: serve the request, say what was ignored
+        if ignored:
+            log.warning("the request's fields %s are not known to minivllm and were ignored",
+                        ignored)
         if self.best_of not in (None, 1, self.n or 1):  # 1: no candidates beyond the n returned
-            raise APIError("best_of is not supported by minivllm (only best_of == n)", param="best_of",
-                           code="unsupported_parameter")
+            raise APIError("best_of is not supported by minivllm (only best_of == n)",
+                           param="best_of", code="unsupported_parameter")
         if self.stream_options is not None and not self.stream:
-            raise APIError("stream_options is only allowed when stream is true", param="stream_options")
+            raise APIError("stream_options is only allowed when stream is true",
+                           param="stream_options")
 
     def sampling_params(self, default_max_tokens: int | None) -> SamplingParams:
         kwargs = {k: getattr(self, k) for k in PASSED_THROUGH if getattr(self, k) is not None}
@@ -155,38 +167,46 @@ class SamplingRequest(BaseModel):
         max_tokens = default_max_tokens if max_tokens is None else max_tokens
         bias = self.logit_bias or {}
         if not all(k.isascii() and k.isdigit() and (k == "0" or k[0] != "0") for k in bias):
-            raise APIError(f"logit_bias keys must be token ids, got {list(bias)[:3]}", param="logit_bias")
-        # clamped to OpenAI's documented [-100, 100], as vLLM does: beyond it nothing changes but overflow
-        logit_bias = None if self.logit_bias is None else {int(k): clamp(v, MAX_LOGIT_BIAS) for k, v in bias.items()}
+            raise APIError(f"logit_bias keys must be token ids, got {list(bias)[:3]}",
+                           param="logit_bias")
+        # clamped to OpenAI's documented [-100, 100], as vLLM does: beyond it nothing changes but
+        # overflow
+        logit_bias = None if self.logit_bias is None else {int(k): clamp(v, MAX_LOGIT_BIAS) for k,
+                                                           v in bias.items()}
         try:
-            return SamplingParams(max_tokens=max_tokens, logit_bias=logit_bias, logprobs=self.sample_logprobs(),
+            return SamplingParams(max_tokens=max_tokens, logit_bias=logit_bias,
+                                  logprobs=self.sample_logprobs(),
                                   structured_outputs=self.structured(), **kwargs)
         except ValueError as e:
             raise engine_error(e) from e
 
     def sample_logprobs(self) -> int | None:
-        """How many top alternatives per generated token the client asked for (None: no logprobs)."""
+        """How many top alternatives per generated token the client asked for (None: no
+        logprobs)."""
         return None
 
     def structured(self) -> StructuredOutputsParams | None:
-        """The output constraint, from response_format, vLLM's guided_* fields or structured_outputs (one only)."""
+        """The output constraint, from response_format, vLLM's guided_* fields or structured_outputs
+        (one only)."""
         given = {}
         if self.response_format is not None and self.response_format.type != "text":
             fmt = self.response_format
             if fmt.type == "json_object":
                 given["response_format"] = StructuredOutputsParams(json_object=True)
             elif fmt.json_schema is None or fmt.json_schema.schema_ is None:
-                raise APIError("response_format json_schema needs a json_schema.schema", param="response_format")
+                raise APIError("response_format json_schema needs a json_schema.schema",
+                               param="response_format")
             else:
                 given["response_format"] = StructuredOutputsParams(json=fmt.json_schema.schema_)
-        for field, key in (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
-                           ("guided_grammar", "grammar")):
+        for field, key in (("guided_json", "json"), ("guided_regex", "regex"),
+                           ("guided_choice", "choice"), ("guided_grammar", "grammar")):
             if getattr(self, field) is not None:
                 given[field] = {key: getattr(self, field)}
         if self.structured_outputs:
             given["structured_outputs"] = self.structured_outputs
         if len(given) > 1:
-            raise APIError(f"give one output constraint, not {sorted(given)}", param=sorted(given)[1])
+            raise APIError(f"give one output constraint, not {sorted(given)}",
+                           param=sorted(given)[1])
         if not given:
             return None
         (field, spec), = given.items()
@@ -202,7 +222,8 @@ class SamplingRequest(BaseModel):
 
     @property
     def include_usage(self) -> bool:
-        return self.stream_options is not None and (self.stream_options.include_usage or self.continuous_usage)
+        return self.stream_options is not None and (self.stream_options.include_usage
+                                                    or self.continuous_usage)
 
     @property
     def continuous_usage(self) -> bool:
@@ -211,7 +232,8 @@ class SamplingRequest(BaseModel):
 
 class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[Int] | list[list[Int]]
-    logprobs: Int | None = Field(None, ge=-1)  # top alternatives per token, OpenAI's legacy form (max_logprobs caps)
+    # top alternatives per token, OpenAI's legacy form (max_logprobs caps)
+    logprobs: Int | None = Field(None, ge=-1)
     echo: bool | None = False  # the prompt before the completion (with its logprobs, if asked)
 
     def sample_logprobs(self) -> int | None:
@@ -250,7 +272,8 @@ class ChatMessage(BaseModel):
         content = self.content
         if isinstance(content, list):
             content = "".join(part.text for part in content)
-        return {"role": "system" if self.role == "developer" else self.role, "content": content or ""}
+        return {"role": "system" if self.role == "developer" else self.role,
+                "content": content or ""}
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -271,7 +294,8 @@ class ChatCompletionRequest(SamplingRequest):
 
     def requested_max_tokens(self) -> int | None:
         """OpenAI renamed max_tokens to max_completion_tokens for chat; either is accepted."""
-        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        return (self.max_completion_tokens if self.max_completion_tokens is not None
+                else self.max_tokens)
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
@@ -281,4 +305,5 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 def finish_reason(reason: str | None) -> str | None:
     """OpenAI knows "stop" and "length"; an aborted request only ever reaches a client that left."""
-    return reason if reason in (None, FinishReason.STOP, FinishReason.LENGTH) else FinishReason.STOP.value
+    return reason if reason in (None, FinishReason.STOP,
+                                FinishReason.LENGTH) else FinishReason.STOP.value

@@ -1,9 +1,11 @@
-"""Request logs: one record per request event (received, first_token, finished or aborted), with timings.
+"""Request logs: one record per request event (received, first_token, finished or aborted), with
+timings.
 
-Each record is a standard `logging` record on the "minivllm.server.requests" logger whose fields ride in
-`extra`, so the same call reads as a line of text by default and as one JSON object per event under
-`--log-format json` (python-json-logger's formatter puts every extra field in the object). The request id is
-the client's `X-Request-Id` when it sends one, so a call can be followed from a proxy's logs into ours.
+Each record is a standard `logging` record on the "minivllm.server.requests" logger whose fields
+ride in `extra`, so the same call reads as a line of text by default and as one JSON object per
+event under `--log-format json` (python-json-logger's formatter puts every extra field in the
+object). The request id is the client's `X-Request-Id` when it sends one, so a call can be followed
+from a proxy's logs into ours.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ class _Tracked:
 
 
 class RequestLog:
-    """Feeds on the engine loop's outputs (a step listener) and on `received(...)` calls from the handlers."""
+    """Feeds on the engine loop's outputs (a step listener) and on `received(...)` calls from the
+    handlers."""
 
     def __init__(self) -> None:
         self._by_engine_id: dict[str, _Tracked] = {}
@@ -58,23 +61,27 @@ class RequestLog:
             if not t.first_token and m and m.first_token_time is not None:
                 t.first_token = True
                 _emit("first_token", t.request_id, engine_request_id=out.request_id,
-                      queue_s=_secs(m.first_scheduled_time, t.received), ttft_s=_secs(m.first_token_time, t.received))
+                      queue_s=_secs(m.first_scheduled_time, t.received),
+                      ttft_s=_secs(m.first_token_time, t.received))
             if out.finished:
                 del self._by_engine_id[out.request_id]
                 reasons = [c.finish_reason or FinishReason.ABORT.value for c in out.outputs]
                 end = m.finished_time if m and m.finished_time else time.monotonic()
                 aborted = FinishReason.ABORT in reasons
-                _emit("aborted" if aborted else "finished", t.request_id, engine_request_id=out.request_id,
-                      prompt_tokens=len(out.prompt_token_ids), output_tokens=sum(len(c.token_ids) for c in out.outputs),
+                _emit("aborted" if aborted else "finished", t.request_id,
+                      engine_request_id=out.request_id, prompt_tokens=len(out.prompt_token_ids),
+                      output_tokens=sum(len(c.token_ids) for c in out.outputs),
                       cached_tokens=out.num_cached_tokens, preemptions=out.num_preemptions,
-                      ttft_s=_secs(m.first_token_time if m else None, t.received), total_s=_secs(end, t.received),
+                      ttft_s=_secs(m.first_token_time if m else None, t.received),
+                      total_s=_secs(end, t.received),
                       finish_reason=reasons[0] if len(reasons) == 1 else reasons)
 
 
 def _emit(event: str, request_id: str, **fields) -> None:
     if log.isEnabledFor(logging.INFO):
         text = " ".join(f"{k}={v}" for k, v in fields.items() if v is not None)
-        log.info("%s %s %s", event, request_id, text, extra={"event": event, "request_id": request_id, **fields})
+        log.info("%s %s %s", event, request_id, text,
+                 extra={"event": event, "request_id": request_id, **fields})
 
 
 def _secs(t: float | None, since: float) -> float | None:
@@ -88,7 +95,8 @@ def configure_logging(level: str, fmt: str) -> None:
         from pythonjsonlogger.json import JsonFormatter
 
         handler.setFormatter(JsonFormatter("%(asctime)s %(levelname)s %(name)s %(message)s",
-                                           rename_fields={"asctime": "time", "levelname": "level", "name": "logger"}))
+                                           rename_fields={"asctime": "time", "levelname": "level",
+                                                          "name": "logger"}))
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
     root = logging.getLogger()
@@ -97,8 +105,9 @@ def configure_logging(level: str, fmt: str) -> None:
 
 
 class RequestIdMiddleware:
-    """Give every HTTP request an id (the client's X-Request-Id, or a fresh one) in `request.state.request_id`,
-    and echo it back in the response's X-Request-Id header, errors included."""
+    """Give every HTTP request an id (the client's X-Request-Id, or a fresh one) in
+    `request.state.request_id`, and echo it back in the response's X-Request-Id header, errors
+    included."""
 
     def __init__(self, app) -> None:
         self.app = app
@@ -107,12 +116,14 @@ class RequestIdMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        rid = request_id_from(dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1") or None)
+        rid = request_id_from(dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
+                              or None)
         scope.setdefault("state", {})["request_id"] = rid
 
         async def send_with_id(message) -> None:
             if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", rid.encode())]}
+                message = {**message, "headers": [*message.get("headers", []),
+                                                  (b"x-request-id", rid.encode())]}
             await send(message)
 
         await self.app(scope, receive, send_with_id)

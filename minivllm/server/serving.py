@@ -1,13 +1,16 @@
-"""Turn an OpenAI completions or chat request into engine requests, and their outputs into OpenAI responses.
+"""Turn an OpenAI completions or chat request into engine requests, and their outputs into OpenAI
+responses.
 
-One HTTP call becomes one engine request per prompt (each with n sequences); choice i * n + j is sequence j
-of prompt i, as in OpenAI's API. Streams send text deltas, computed from the engine's cumulative outputs.
+One HTTP call becomes one engine request per prompt (each with n sequences); choice i * n + j is
+sequence j of prompt i, as in OpenAI's API. Streams send text deltas, computed from the engine's
+cumulative outputs.
 
-Nothing here costs the event loop more than a step's worth of work: a whole response (up to 100,000 choices,
-logprobs, echoed prompts) is built and JSON-encoded in the preprocess pool as its outputs finish, at most
-`RESPONSE_OUTPUTS_PER_JOB` outputs per job, in time linear in its size. The client's X-Request-Id names the call
-in logs, headers and the response id, but the engine's ids get a fresh suffix (`cmpl-<its id>-<uuid>-<i>`), so
-two calls may carry the same one; without it, a call is `cmpl-<uuid>` and its prompts `cmpl-<uuid>-<i>`.
+Nothing here costs the event loop more than a step's worth of work: a whole response (up to 100,000
+choices, logprobs, echoed prompts) is built and JSON-encoded in the preprocess pool as its outputs
+finish, at most `RESPONSE_OUTPUTS_PER_JOB` outputs per job, in time linear in its size. The client's
+X-Request-Id names the call in logs, headers and the response id, but the engine's ids get a fresh
+suffix (`cmpl-<its id>-<uuid>-<i>`), so two calls may carry the same one; without it, a call is
+`cmpl-<uuid>` and its prompts `cmpl-<uuid>-<i>`.
 """
 
 from __future__ import annotations
@@ -49,8 +52,8 @@ RESPONSE_OUTPUTS_PER_JOB = 512  # engine outputs (prompts) per response-building
 
 
 class SSEResponse(StreamingResponse):
-    """A StreamingResponse that always closes its generator, so an abandoned stream aborts its requests at once
-    (rather than whenever the generator happens to be garbage-collected)."""
+    """A StreamingResponse that always closes its generator, so an abandoned stream aborts its
+    requests at once (rather than whenever the generator happens to be garbage-collected)."""
 
     async def __call__(self, scope, receive, send) -> None:
         try:
@@ -61,7 +64,8 @@ class SSEResponse(StreamingResponse):
 
 @dataclass
 class _Call:
-    """One HTTP call in flight: what its chunks need to say and how far each choice has been sent."""
+    """One HTTP call in flight: what its chunks need to say and how far each choice has been
+    sent."""
 
     id: str
     object: str
@@ -69,13 +73,16 @@ class _Call:
     request_ids: list[str]
     params: SamplingParams
     include_usage: bool
-    continuous_usage: bool = False  # usage in every chunk (vLLM's stream_options.continuous_usage_stats)
+    # usage in every chunk (vLLM's stream_options.continuous_usage_stats)
+    continuous_usage: bool = False
     top_logprobs: int | None = None  # None: no logprobs; k: each token's logprob and the top k
     echo: bool = False  # completions: the prompt (and its logprobs) before the completion
-    prefix_len: dict[int, int] = field(default_factory=dict)  # choice index -> characters of echoed prompt
+    # choice index -> characters of echoed prompt
+    prefix_len: dict[int, int] = field(default_factory=dict)
     created: int = field(default_factory=lambda: int(time.time()))
     sent: dict[int, int] = field(default_factory=dict)  # choice index -> characters sent
-    sent_tokens: dict[int, int] = field(default_factory=dict)  # choice index -> tokens covered by chunks sent
+    # choice index -> tokens covered by chunks sent
+    sent_tokens: dict[int, int] = field(default_factory=dict)
     done: set[int] = field(default_factory=set)
     prompt_tokens: dict[str, int] = field(default_factory=dict)
     completion_tokens: dict[int, int] = field(default_factory=dict)
@@ -103,8 +110,8 @@ class _Call:
 
 
 class OpenAIServing:
-    def __init__(self, engine: AsyncEngine, model_name: str, preprocessor: Preprocessor, limits: ServerLimits,
-                 request_log: RequestLog) -> None:
+    def __init__(self, engine: AsyncEngine, model_name: str, preprocessor: Preprocessor,
+                 limits: ServerLimits, request_log: RequestLog) -> None:
         self.engine = engine
         self.model_name = model_name
         self.pre = preprocessor
@@ -113,18 +120,22 @@ class OpenAIServing:
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
-            raise APIError(f"the model {model!r} does not exist; this server serves {self.model_name!r}",
+            raise APIError(f"the model {model!r} does not exist; this server serves "
+                           f"{self.model_name!r}",
                            param="model", code="model_not_found", status=404)
 
     def check_limits(self, params: SamplingParams, num_prompts: int) -> None:
-        """n and the output tokens one call may ask for are capped, so one request cannot hold the engine."""
+        """n and the output tokens one call may ask for are capped, so one request cannot hold the
+        engine."""
         if params.n > self.limits.max_n:
-            raise APIError(f"n is {params.n}; this server allows at most {self.limits.max_n}", param="n")
+            raise APIError(f"n is {params.n}; this server allows at most {self.limits.max_n}",
+                           param="n")
         per_seq = params.max_tokens or self.pre.max_model_len
         total = per_seq * params.n * num_prompts
         if total > self.limits.max_tokens_times_n:
-            raise APIError(f"max_tokens x n x prompts = {per_seq} x {params.n} x {num_prompts} = {total} output "
-                           f"tokens; this server allows at most {self.limits.max_tokens_times_n} per request",
+            raise APIError(f"max_tokens x n x prompts = {per_seq} x {params.n} x {num_prompts} = "
+                           f"{total} output tokens; this server allows at most "
+                           f"{self.limits.max_tokens_times_n} per request",
                            param="max_tokens" if params.n == 1 else "n")
 
     async def completions(self, req: CompletionRequest, raw: Request) -> Response:
@@ -140,13 +151,16 @@ class OpenAIServing:
         self.check_model(req.model)
         req.check_supported()
         params = req.sampling_params(default_max_tokens=None)  # as OpenAI: up to the context window
-        for name in ("max_tokens", "max_completion_tokens"):  # both checked, though only one is used
+        # both checked, though only one is used
+        for name in ("max_tokens", "max_completion_tokens"):
             value = getattr(req, name)
             if value is not None and not 1 <= value < self.pre.max_model_len:
-                raise APIError(f"{name} is {value}; it must be >= 1 and leave room for the prompt in this model's "
-                               f"maximum context length of {self.pre.max_model_len} tokens", param=name)
+                raise APIError(f"{name} is {value}; it must be >= 1 and leave room for the prompt "
+                               f"in this model's maximum context length of "
+                               f"{self.pre.max_model_len} tokens", param=name)
         if not self.pre.has_tokenizer:
-            raise APIError("this model has no tokenizer, so it has no chat template", param="messages")
+            raise APIError("this model has no tokenizer, so it has no chat template",
+                           param="messages")
         conversation = req.conversation()
         self.check_limits(params, 1)
         try:
@@ -157,22 +171,26 @@ class OpenAIServing:
             return Response(status_code=499)
         return await self._serve(req, raw, "chatcmpl", "chat.completion", [prompt], params, arrival)
 
-    async def _serve(self, req: SamplingRequest, raw: Request, prefix: str, obj: str, prompts: list[PromptType],
-                     params: SamplingParams, arrival: float) -> Response:
+    async def _serve(self, req: SamplingRequest, raw: Request, prefix: str, obj: str,
+                     prompts: list[PromptType], params: SamplingParams, arrival: float) -> Response:
         self.check_limits(params, len(prompts))
         request_id: str = raw.state.request_id
         base = f"{prefix}-{request_id}"
-        engine_base = base  # a fresh uuid, unless the client named the call: then one is added, so two calls
-        if raw.headers.get("x-request-id") == request_id:  # with one X-Request-Id never collide in the engine
+        # a fresh uuid, unless the client named the call: then one is added, so two calls
+        engine_base = base
+        # with one X-Request-Id never collide in the engine
+        if raw.headers.get("x-request-id") == request_id:
             engine_base = f"{base}-{uuid.uuid4().hex[:12]}"
         ids = [f"{engine_base}-{i}" for i in range(len(prompts))]
         is_chat = obj == "chat.completion"
-        self.request_log.received(request_id, ids, arrival, endpoint=raw.url.path, prompts=len(prompts), n=params.n,
+        self.request_log.received(request_id, ids, arrival, endpoint=raw.url.path,
+                                  prompts=len(prompts), n=params.n,
                                   max_tokens=params.max_tokens, stream=bool(req.stream))
 
         async def admit() -> RequestStream:
             requests = await self.pre.requests(list(zip(ids, prompts)), params, arrival,
-                                               strict_max_tokens=req.requested_max_tokens() is not None,
+                                               strict_max_tokens=(req.requested_max_tokens()
+                                                                  is not None),
                                                priority=req.priority)
             return await self.engine.generate(requests)
 
@@ -188,8 +206,9 @@ class OpenAIServing:
         if stream is None:  # the client hung up while its prompts were checked: nothing went in
             self.request_log.rejected(request_id, ids, 499, "the client disconnected")
             return Response(status_code=499)
-        call = _Call(base, obj + (".chunk" if is_chat and req.stream else ""), self.model_name, ids, params,
-                     req.include_usage, req.continuous_usage, params.logprobs, bool(getattr(req, "echo", False)))
+        call = _Call(base, obj + (".chunk" if is_chat and req.stream else ""), self.model_name, ids,
+                     params, req.include_usage, req.continuous_usage, params.logprobs,
+                     bool(getattr(req, "echo", False)))
         if req.stream:
             return SSEResponse(self._sse(call, stream, is_chat), media_type="text/event-stream",
                                headers={"Cache-Control": "no-cache"})
@@ -201,13 +220,13 @@ class OpenAIServing:
             return Response(status_code=499)  # nobody is listening; nginx's "client closed request"
         return Response(body, media_type="application/json")
 
-    # ---- streaming ---------------------------------------------------------------------------------
+    # ---- streaming -------------------------------------------------------------------------------
     async def _sse(self, call: _Call, stream: RequestStream, is_chat: bool) -> AsyncIterator[str]:
         try:
             if is_chat:
                 for i in range(call.num_choices):
-                    yield call.chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                       "finish_reason": None}])
+                    yield call.chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
+                                       "logprobs": None, "finish_reason": None}])
             async for outs in stream:
                 for out in outs:
                     call.prompt_tokens[out.request_id] = len(out.prompt_token_ids)
@@ -217,9 +236,11 @@ class OpenAIServing:
                         if i in call.done:
                             continue
                         sent, sent_tokens = call.sent.get(i, 0), call.sent_tokens.get(i, 0)
-                        delta = c.text[sent:]  # the engine holds back text that may start a stop string
+                        # the engine holds back text that may start a stop string
+                        delta = c.text[sent:]
                         if not delta and not c.finished and len(c.token_ids) == sent_tokens:
-                            continue  # one chunk per step with new tokens, even when their text is held back
+                            # one chunk per step with new tokens, even when their text is held back
+                            continue
                         prefix = ""
                         if call.echo and i not in call.sent:  # the first chunk of an echoing choice
                             prefix = await self._prompt_text(out)
@@ -230,13 +251,17 @@ class OpenAIServing:
                             call.done.add(i)
                         reason = finish_reason(c.finish_reason)
                         if is_chat:
-                            choice = {"index": i, "delta": {"content": delta} if delta or not c.finished else {}}
+                            choice = {"index": i, "delta": {"content": delta} if delta
+                                      or not c.finished else {}}
                         else:
                             choice = {"index": i, "text": prefix + delta}
-                        # text_offset: where this chunk's first token starts in the choice's whole text
-                        logprobs = self._logprobs(call, out, c, sent_tokens, is_chat, echo=bool(prefix),
-                                                  offset=0 if prefix else call.prefix_len.get(i, 0) + sent)
-                        yield call.chunk([{**choice, "logprobs": logprobs, "finish_reason": reason}])
+                        # text_offset: where this chunk's first token starts in the choice's whole
+                        # text
+                        logprobs = self._logprobs(call, out, c, sent_tokens, is_chat,
+                                                  echo=bool(prefix), offset=0 if prefix
+                                                  else call.prefix_len.get(i, 0) + sent)
+                        yield call.chunk([{**choice, "logprobs": logprobs,
+                                           "finish_reason": reason}])
             if stream.aborted:  # the server is shutting down: say so to every choice still open
                 for i in range(call.num_choices):
                     if i not in call.done:
@@ -247,16 +272,19 @@ class OpenAIServing:
             if call.include_usage:
                 yield call.chunk([], usage=call.usage())
         except EngineDeadError as e:
-            yield f"data: {json.dumps(APIError(str(e), status=503, type='server_error').body())}\n\n"
+            yield (f"data: "
+                   f"{json.dumps(APIError(str(e), status=503, type='server_error').body())}\n\n")
         finally:
             self.engine.abort(stream)  # a no-op once everything finished; otherwise the client left
         yield "data: [DONE]\n\n"
 
-    # ---- one response --------------------------------------------------------------------------------
-    async def _collect(self, call: _Call, stream: RequestStream, raw: Request, is_chat: bool) -> bytes | None:
-        """The whole response as JSON bytes, or None if the client disconnected first (then its requests are
-        aborted). Outputs are turned into JSON text as they finish, in the pool, a batch per job: a call with
-        100,000 prompts never holds 100,000 output objects (each a full collection of the GC would walk)."""
+    # ---- one response ----------------------------------------------------------------------------
+    async def _collect(self, call: _Call, stream: RequestStream, raw: Request,
+                       is_chat: bool) -> bytes | None:
+        """The whole response as JSON bytes, or None if the client disconnected first (then its
+        requests are aborted). Outputs are turned into JSON text as they finish, in the pool, a
+        batch per job: a call with 100,000 prompts never holds 100,000 output objects (each a full
+        collection of the GC would walk)."""
         fragments: dict[int, str] = {}  # prompt index -> its choices as JSON text
         totals = [0, 0]  # prompt and completion tokens
 
@@ -282,10 +310,12 @@ class OpenAIServing:
                         unfinished[out.request_id] = out
                 await render(done)
             await render(list(unfinished.values()))  # the server aborted these (shutdown)
-            head = json.dumps({"id": call.id, "object": call.object, "created": call.created, "model": call.model},
+            head = json.dumps({"id": call.id, "object": call.object, "created": call.created,
+                               "model": call.model},
                               ensure_ascii=False)
             choices = ",".join(fragments[k] for k in sorted(fragments))
-            return f'{head[:-1]},"choices":[{choices}],"usage":{json.dumps(usage(*totals))}}}'.encode()
+            tail = json.dumps(usage(*totals))
+            return f'{head[:-1]},"choices":[{choices}],"usage":{tail}}}'.encode()
 
         body = None
         try:
@@ -295,35 +325,40 @@ class OpenAIServing:
                 self.engine.abort(stream)
         return body
 
-    def _choices_json(self, proc, call: _Call, outs: list[RequestOutput], is_chat: bool) -> tuple[list[str], int, int]:
-        """In a pool thread: each output's choices as JSON text (without brackets, in choice order), and the
-        outputs' prompt and completion tokens."""
+    def _choices_json(self, proc, call: _Call, outs: list[RequestOutput],
+                      is_chat: bool) -> tuple[list[str], int, int]:
+        """In a pool thread: each output's choices as JSON text (without brackets, in choice order),
+        and the outputs' prompt and completion tokens."""
         texts, prompt_tokens, completion_tokens = [], 0, 0
         for out in outs:
             prompt_tokens += len(out.prompt_token_ids)
             prefix = ""
             if call.echo:
-                prefix = out.prompt if out.prompt is not None else proc.tokenizer.decode(out.prompt_token_ids)
+                prefix = (out.prompt if out.prompt is not None
+                          else proc.tokenizer.decode(out.prompt_token_ids))
             choices = []
             for c in sorted(out.outputs, key=lambda c: c.index):
                 completion_tokens += len(c.token_ids)
-                body = {"message": {"role": "assistant", "content": c.text}} if is_chat else {"text": prefix + c.text}
+                body = ({"message": {"role": "assistant",
+                                     "content": c.text}} if is_chat else {"text": prefix + c.text})
                 # unfinished: the server aborted it
                 reason = finish_reason(c.finish_reason) if c.finished else FinishReason.ABORT.value
                 logprobs = self._logprobs(call, out, c, 0, is_chat, echo=call.echo)
-                choices.append({"index": call.choice_index(out, c.index), **body, "logprobs": logprobs,
-                                "finish_reason": reason})
+                choices.append({"index": call.choice_index(out, c.index), **body,
+                                "logprobs": logprobs, "finish_reason": reason})
             texts.append(json.dumps(choices, ensure_ascii=False)[1:-1])
         return texts, prompt_tokens, completion_tokens
 
     async def _prompt_text(self, out: RequestOutput) -> str:
         """What echo puts before the completion: the prompt as sent, or its ids decoded."""
-        return out.prompt if out.prompt is not None else await self.pre.detokenize(out.prompt_token_ids)
+        return (out.prompt if out.prompt is not None
+                else await self.pre.detokenize(out.prompt_token_ids))
 
     @staticmethod
     def _logprobs(call: _Call, out: RequestOutput, c, start: int, is_chat: bool, echo: bool = False,
                   offset: int = 0) -> dict | None:
-        """The logprobs of tokens start.. of a choice in OpenAI's format (with the prompt's first, if echoing)."""
+        """The logprobs of tokens start.. of a choice in OpenAI's format (with the prompt's first,
+        if echoing)."""
         if call.top_logprobs is None or c.logprobs is None:
             return None
         tokens, positions = c.token_ids[start:], c.logprobs[start:]
@@ -335,7 +370,8 @@ class OpenAIServing:
 
 
 async def unless_disconnected(raw: Request, work: Awaitable[T]) -> T | None:
-    """`await work`, unless the client hangs up first: then `work` is cancelled and the answer is None."""
+    """`await work`, unless the client hangs up first: then `work` is cancelled and the answer is
+    None."""
     task, watch = asyncio.ensure_future(work), asyncio.ensure_future(_disconnect(raw))
     try:
         await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)

@@ -1,11 +1,11 @@
 """Graceful shutdown with a bound: uvicorn's own waits for the longest stream, however long it is.
 
-On the first SIGTERM or Ctrl-C the server stops accepting connections and lets the requests in flight run for
-`shutdown_timeout` seconds; then it aborts the rest through the engine (streams end with a chunk whose
-finish_reason is "abort", then [DONE]), the lifespan hook frees their blocks, and the process exits 0. A second
-signal aborts everything at once and skips the waiting (the engine still stops and logs its free blocks).
-uvicorn re-raises the signal after its own graceful shutdown (a KeyboardInterrupt traceback, or death by
-SIGTERM); here the signals only ask the server to exit.
+On the first SIGTERM or Ctrl-C the server stops accepting connections and lets the requests in
+flight run for `shutdown_timeout` seconds; then it aborts the rest through the engine (streams end
+with a chunk whose finish_reason is "abort", then [DONE]), the lifespan hook frees their blocks, and
+the process exits 0. A second signal aborts everything at once and skips the waiting (the engine
+still stops and logs its free blocks). uvicorn re-raises the signal after its own graceful shutdown
+(a KeyboardInterrupt traceback, or death by SIGTERM); here the signals only ask the server to exit.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ log = logging.getLogger("minivllm.server")
 
 
 class GracefulServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, engine: AsyncEngine, shutdown_timeout: float) -> None:
+    def __init__(self, config: uvicorn.Config, engine: AsyncEngine,
+                 shutdown_timeout: float) -> None:
         super().__init__(config)
         self.engine = engine
         self.shutdown_timeout = shutdown_timeout
@@ -39,7 +40,8 @@ class GracefulServer(uvicorn.Server):
             self.force_exit = True
             self._abort_all("second signal")
         else:
-            log.info("shutting down: in-flight requests get %.1f s, then they are aborted", self.shutdown_timeout)
+            log.info("shutting down: in-flight requests get %.1f s, then they are aborted",
+                     self.shutdown_timeout)
             self.should_exit = True
 
     def _abort_all(self, why: str) -> None:
@@ -52,10 +54,12 @@ class GracefulServer(uvicorn.Server):
             self._loop.call_soon_threadsafe(abort)
 
     async def shutdown(self, sockets=None) -> None:
-        timer = asyncio.get_running_loop().call_later(self.shutdown_timeout, self._abort_all, "shutdown timeout")
+        timer = asyncio.get_running_loop().call_later(self.shutdown_timeout, self._abort_all,
+                                                      "shutdown timeout")
         try:
             await super().shutdown(sockets)
-            if self.force_exit:  # uvicorn skips the lifespan's shutdown then; ours is bounded and frees the blocks
+            # uvicorn skips the lifespan's shutdown then; ours is bounded and frees the blocks
+            if self.force_exit:
                 await self.lifespan.shutdown()
         finally:
             timer.cancel()
@@ -65,7 +69,8 @@ class GracefulServer(uvicorn.Server):
         if threading.current_thread() is not threading.main_thread():
             yield
             return
-        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        previous = {sig: signal.signal(sig, self.handle_exit)
+                    for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             yield
         finally:

@@ -1,4 +1,5 @@
-"""vLLM's /tokenize and /detokenize request bodies: clients use them to count tokens before they send."""
+"""vLLM's /tokenize and /detokenize request bodies: clients use them to count tokens before they
+send."""
 
 from __future__ import annotations
 

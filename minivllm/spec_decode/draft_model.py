@@ -1,12 +1,13 @@
 """Draft-model proposer: a small model with its own paged KV cache guesses the next k tokens.
 
-The draft runs inside the same engine with the same parts as the target: a ModelRunner (weights, a KV cache
-tensor, the attention backend) and a KVCacheManager for its block tables. Per request it remembers how
-many tokens its cache holds. Each round it first catches up on the tokens the target accepted since last
-time (a small prefill, batched across requests), then decodes k - 1 more tokens one at a time.
+The draft runs inside the same engine with the same parts as the target: a ModelRunner (weights, a
+KV cache tensor, the attention backend) and a KVCacheManager for its block tables. Per request it
+remembers how many tokens its cache holds. Each round it first catches up on the tokens the target
+accepted since last time (a small prefill, batched across requests), then decodes k - 1 more tokens
+one at a time.
 
-After verification only the drafts the target accepted are still valid in the draft's cache: its count is
-cut back to the target's, and the next catch-up overwrites the rest (the rollback).
+After verification only the drafts the target accepted are still valid in the draft's cache: its
+count is cut back to the target's, and the next catch-up overwrites the rest (the rollback).
 """
 
 from __future__ import annotations
@@ -31,46 +32,57 @@ from minivllm.spec_decode.proposer import Draft
 
 
 def draft_extra_blocks(target_config: EngineConfig, num_speculative_tokens: int) -> int:
-    """Blocks the draft needs beyond one per target block: each sequence's drafts may spill into new ones."""
+    """Blocks the draft needs beyond one per target block: each sequence's drafts may spill into new
+    ones."""
     return target_config.max_num_seqs * (cdiv(num_speculative_tokens, target_config.block_size) + 1)
 
 
 def draft_memory_needs(target_config: EngineConfig) -> tuple[int, int]:
-    """GPU memory a draft model will take once the target's KV cache exists: (fixed bytes, bytes per target block).
+    """GPU memory a draft model will take once the target's KV cache exists: (fixed bytes, bytes per
+    target block).
 
-    The draft mirrors the target's cache block for block, so the target must size its cache for both:
-    fixed = the draft's weights (by checkpoint size, rescaled to the dtype it will run in) plus its extra
-    blocks; per block = one draft KV block. (0, 0) without a draft model, or off the GPU.
+    The draft mirrors the target's cache block for block, so the target must size its cache for
+    both: fixed = the draft's weights (by checkpoint size, rescaled to the dtype it will run in)
+    plus its extra blocks; per block = one draft KV block. (0, 0) without a draft model, or off the
+    GPU.
     """
     path = target_config.speculative_model
     if path in (None, NGRAM) or not target_config.device.startswith("cuda"):
         return 0, 0
     mc = read_model_config(path)
     dtype = target_config.resolve_dtype(mc.torch_dtype)
-    cache_dtype = kv_cache_torch_dtype(target_config.kv_cache_dtype, dtype)  # the draft's cache is like ours
-    per_block = kv_bytes_per_block(mc.num_layers, target_config.block_size, mc.num_kv_heads, mc.head_dim,
-                                   cache_dtype.itemsize)
+    # the draft's cache is like ours
+    cache_dtype = kv_cache_torch_dtype(target_config.kv_cache_dtype, dtype)
+    per_block = kv_bytes_per_block(mc.num_layers, target_config.block_size, mc.num_kv_heads,
+                                   mc.head_dim, cache_dtype.itemsize)
     stored = mc.torch_dtype.itemsize if mc.torch_dtype is not None else 4
-    weights = sum(f.stat().st_size for f in Path(path).glob("*.safetensors")) * dtype.itemsize // stored
+    weights = (sum(f.stat().st_size
+                   for f in Path(path).glob("*.safetensors")) * dtype.itemsize // stored)
     extra = draft_extra_blocks(target_config, target_config.num_speculative_tokens)
     return weights + extra * per_block, per_block
 
 
 class DraftModelProposer:
-    def __init__(self, target_config: EngineConfig, vocab_size: int, num_target_blocks: int) -> None:
+    def __init__(self, target_config: EngineConfig, vocab_size: int,
+                 num_target_blocks: int) -> None:
         self.k = target_config.num_speculative_tokens
         path = target_config.speculative_model
         # room for every token the target holds plus each sequence's drafts
         blocks = num_target_blocks + draft_extra_blocks(target_config, self.k)
-        config = replace(target_config, model=path, num_kv_blocks=blocks, enable_prefix_caching=False,
+        config = replace(target_config, model=path, num_kv_blocks=blocks,
+                         enable_prefix_caching=False,
                          speculative_model=None, num_speculative_tokens=0, model_config=None,
-                         dtype=target_config.dtype, quantization=None)  # the draft runs as its checkpoint is
-        self.runner = ModelRunner(config.resolve())  # captures graphs for its k - 1 decode steps on a GPU
+                         # the draft runs as its checkpoint is
+                         dtype=target_config.dtype, quantization=None)
+        # captures graphs for its k - 1 decode steps on a GPU
+        self.runner = ModelRunner(config.resolve())
         if self.runner.model_config.vocab_size != vocab_size:
-            raise ValueError(f"draft model {path} has vocab size {self.runner.model_config.vocab_size}, "
-                             f"the target has {vocab_size}: they must share a tokenizer")
+            raise ValueError(f"draft model {path} has vocab size "
+                             f"{self.runner.model_config.vocab_size}, the target has {vocab_size}: "
+                             f"they must share a tokenizer")
         self.kv = KVCacheManager(blocks, target_config.block_size, enable_prefix_caching=False)
-        self.shadows: dict[str, Sequence] = {}  # the draft's view of each request: tokens + drafts so far
+        # the draft's view of each request: tokens + drafts so far
+        self.shadows: dict[str, Sequence] = {}
 
     @torch.inference_mode()
     def propose(self, requests: list[SequenceState], num_drafts: list[int]) -> list[Draft]:
@@ -78,9 +90,11 @@ class DraftModelProposer:
         shadows = []
         for req in requests:
             shadow = self.shadows.get(req.request_id)
-            # the target's cache holds all but its newest token: ours may hold no more (rejected drafts go)
+            # the target's cache holds all but its newest token: ours may hold no more (rejected
+            # drafts go)
             computed = min(shadow.num_computed_tokens, len(req.token_ids) - 1) if shadow else 0
-            shadow = self.shadows[req.request_id] = Sequence(req.request_id, list(req.token_ids), req.params,
+            shadow = self.shadows[req.request_id] = Sequence(req.request_id, list(req.token_ids),
+                                                             req.params,
                                                              num_computed_tokens=computed)
             shadows.append(shadow)
         drafts: list[list[int]] = [[] for _ in requests]
@@ -91,7 +105,8 @@ class DraftModelProposer:
             if not batch:
                 break
             rows = [StepRow(shadows[i].all_token_ids, self.kv.block_tables[shadows[i].request_id],
-                            shadows[i].num_computed_tokens, shadows[i].num_tokens - shadows[i].num_computed_tokens)
+                            shadows[i].num_computed_tokens,
+                            shadows[i].num_tokens - shadows[i].num_computed_tokens)
                     for i in batch]
             logits = self.runner.forward(rows)
             tokens, q = self._sample(logits, [requests[i] for i in batch])
@@ -107,8 +122,10 @@ class DraftModelProposer:
         return self.kv.allocate(shadow, shadow.num_tokens - shadow.num_computed_tokens)
 
     def _sample(self, logits: torch.Tensor, requests: list[SequenceState]):
-        """Greedy requests draft the argmax; sampling ones draw from the draft's processed distribution q."""
-        batch = SamplingBatch.build([r.params for r in requests], [r.token_ids for r in requests], self.runner.device)
+        """Greedy requests draft the argmax; sampling ones draw from the draft's processed
+        distribution q."""
+        batch = SamplingBatch.build([r.params for r in requests], [r.token_ids for r in requests],
+                                    self.runner.device)
         probs = None if batch.all_greedy else processed_probs(logits, batch)
         tokens, dists = [], []
         argmax = first_argmax(logits).tolist()  # one device-to-host copy for all greedy rows

@@ -1,8 +1,8 @@
 """N-gram (prompt lookup) proposer: guess that the text will repeat itself.
 
 Find the most recent earlier occurrence of the sequence's last n tokens and propose the tokens that
-followed it. No model at all, so free to run; it shines when outputs copy from the prompt (summaries,
-code edits, quoting) and simply proposes nothing when there is no match.
+followed it. No model at all, so free to run; it shines when outputs copy from the prompt
+(summaries, code edits, quoting) and simply proposes nothing when there is no match.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ class NgramProposer:
 
     def propose(self, requests: list[SequenceState], num_drafts: list[int]) -> list[Draft]:
         """Drafts for each request, with no distribution: a lookup is a point mass."""
-        return [(self.lookup(req.token_ids, k) if k > 0 else [], None) for req, k in zip(requests, num_drafts)]
+        return [(self.lookup(req.token_ids, k) if k > 0 else [], None) for req,
+                k in zip(requests, num_drafts)]
 
     def lookup(self, tokens: list[int], k: int) -> list[int]:
         for n in range(min(self.max_n, len(tokens) - 1), self.min_n - 1, -1):

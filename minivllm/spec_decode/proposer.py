@@ -1,4 +1,5 @@
-"""The proposer interface: what the runner asks of any drafter (a draft model, n-gram lookup, or your own)."""
+"""The proposer interface: what the runner asks of any drafter (a draft model, n-gram lookup, or
+your own)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ Draft = tuple[list[int], torch.Tensor | None]
 
 class Proposer(Protocol):
     def propose(self, requests: list[SequenceState], num_drafts: list[int]) -> list[Draft]:
-        """Guess up to num_drafts[i] next tokens for each sequence: its token_ids end with its newest token, and the
-        target's cache holds all but that one."""
+        """Guess up to num_drafts[i] next tokens for each sequence: its token_ids end with its
+        newest token, and the target's cache holds all but that one."""
         ...
 
     def free(self, request_id: str) -> None:

@@ -1,8 +1,9 @@
-"""The block-table viewer: each request's logical blocks and the physical pool they map to, at one step.
+"""The block-table viewer: each request's logical blocks and the physical pool they map to, at one
+step.
 
-Pure functions of one recorded `StepTrace` (no ipywidgets here): `pool_cells` turns the step into plain
-data, `block_table_html` and `block_table_figure` draw it. The trace holds the block tables *after* the
-step, so a request that finished in this step has already given its blocks back.
+Pure functions of one recorded `StepTrace` (no ipywidgets here): `pool_cells` turns the step into
+plain data, `block_table_html` and `block_table_figure` draw it. The trace holds the block tables
+*after* the step, so a request that finished in this step has already given its blocks back.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ from minivllm.engine.trace import StepTrace
 from minivllm.widgets.colors import FREE_COLOR, SHARED_COLOR, request_colors
 from minivllm.widgets.journey import QUIET_STYLE, where
 
-if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn, so the HTML views work without it
+# matplotlib is imported where a figure is drawn, so the HTML views work without it
+if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 _LABEL_BOX = dict(boxstyle="round,pad=0.15", facecolor="white", edgecolor="none", alpha=0.9)
-_HATCH_EDGE = "0.35"  # a shared block's edge and hatching: grey, so that its label stays the darkest thing on it
+# a shared block's edge and hatching: grey, so that its label stays the darkest thing on it
+_HATCH_EDGE = "0.35"
 
 
 @dataclass
@@ -52,12 +55,14 @@ def pool_cells(step: StepTrace) -> list[BlockCell]:
     for cell in cells:  # the engine's own ref counts must agree with what the tables say
         recorded = step.shared_blocks.get(cell.block_id)
         if recorded is not None and recorded != cell.ref_cnt:
-            raise ValueError(f"block {cell.block_id}: trace says ref count {recorded}, tables say {cell.ref_cnt}")
+            raise ValueError(f"block {cell.block_id}: trace says ref count {recorded}, tables say "
+                             f"{cell.ref_cnt}")
     return cells
 
 
 def blocks_to_show(step: StepTrace, max_blocks: int = 64, columns: int = 16) -> int:
-    """How many pool cells to draw: all of a small pool, else every used block rounded up to a full row."""
+    """How many pool cells to draw: all of a small pool, else every used block rounded up to a full
+    row."""
     if step.num_total_blocks <= max_blocks:
         return step.num_total_blocks
     used = [b for table in step.block_tables.values() for b in table]
@@ -66,8 +71,10 @@ def blocks_to_show(step: StepTrace, max_blocks: int = 64, columns: int = 16) -> 
     return min(step.num_total_blocks, max(rows * columns, min(max_blocks, step.num_total_blocks)))
 
 
-def block_table_html(step: StepTrace, block_size: int | None = None, colors: dict[str, str] | None = None) -> str:
-    """Each live request's block table as an HTML table: logical block index -> physical block id."""
+def block_table_html(step: StepTrace, block_size: int | None = None,
+                     colors: dict[str, str] | None = None) -> str:
+    """Each live request's block table as an HTML table: logical block index -> physical block
+    id."""
     colors = colors or request_colors(step.block_tables)
     width = max((len(t) for t in step.block_tables.values()), default=0)
     head = "".join(f"<th>{i}</th>" for i in range(width))
@@ -77,32 +84,38 @@ def block_table_html(step: StepTrace, block_size: int | None = None, colors: dic
         for block_id in table:
             shared = step.shared_blocks.get(block_id, 1)
             mark = f" <small>(x{shared} shared)</small>" if shared > 1 else ""
-            cells.append(f'<td style="background:{colors[rid]};text-align:center">{block_id}{mark}</td>')
+            cells.append(f'<td '
+                         f'style="background:{colors[rid]};text-align:center">{block_id}{mark}</td>')
         rows.append(f"<tr><th>{html.escape(rid)}</th>{''.join(cells)}</tr>")
     if not rows:
         rows.append(f'<tr><td colspan="{width + 1}"><i>no live block tables</i></td></tr>')
     size = f", {block_size} tokens each" if block_size else ""
     caption = (f"engine step {step.step}: block tables (logical block -> physical block id{size}); "
                f"{step.num_free_blocks} of {step.num_total_blocks} blocks free")
-    # the caption is a line of its own: a <caption> would wrap to the width of a table of a few columns
+    # the caption is a line of its own: a <caption> would wrap to the width of a table of a few
+    # columns
     return (f'<div class="minivllm-blocks minivllm-page"><div>{caption}</div><table>'
             f"<tr><th>request \\ logical</th>{head}</tr>{''.join(rows)}</table></div>")
 
 
 def block_step_html(step: StepTrace, position: int | None = None, total: int | None = None,
                     block_size: int | None = None) -> str:
-    """One line under the block-table viewer's controls: where we are and which blocks moved in this step
-    (the figure shows the tables themselves; most decode steps move none, which this line says)."""
+    """One line under the block-table viewer's controls: where we are and which blocks moved in this
+    step (the figure shows the tables themselves; most decode steps move none, which this line
+    says)."""
     size = f" of {block_size} tokens" if block_size else ""
     n_shared = sum(1 for n in step.shared_blocks.values() if n > 1)
     moved = []
     for name, events in (("allocated", step.allocated), ("re-used from the cache", step.cache_hits),
                          ("freed", step.freed)):
         if events:
-            moved.append(f"{name} " + "; ".join(f"<b>{html.escape(r)}</b> {b}" for r, b in events.items()))
-    change = ", ".join(moved) if moved else f'<span style="{QUIET_STYLE}">no block allocated or freed</span>'
+            moved.append(f"{name} " + "; ".join(f"<b>{html.escape(r)}</b> {b}" for r,
+                                                b in events.items()))
+    change = (", ".join(moved) if moved
+              else f'<span style="{QUIET_STYLE}">no block allocated or freed</span>')
     return (f'<div class="minivllm-blocks minivllm-page"><b>{where(step, position, total)}</b>: '
-            f"{step.num_free_blocks} of {step.num_total_blocks} blocks{size} free, {n_shared} shared; "
+            f"{step.num_free_blocks} of {step.num_total_blocks} blocks{size} free, {n_shared} "
+            f"shared; "
             f"{change}</div>")
 
 
@@ -110,9 +123,9 @@ def block_table_figure(step: StepTrace, max_blocks: int = 64, columns: int = 16,
                        colors: dict[str, str] | None = None, label: str | None = None) -> Figure:
     """Top: each request's block table. Bottom: the physical pool as a grid, one colour per request.
 
-    Free blocks are white with a dashed edge; a block in several tables (a shared prefix-cache block) is
-    hatched (grey in the pool) and labelled with its reference count. `label` starts the title (default:
-    the engine's step number; the widgets pass their "step k of N").
+    Free blocks are white with a dashed edge; a block in several tables (a shared prefix-cache
+    block) is hatched (grey in the pool) and labelled with its reference count. `label` starts the
+    title (default: the engine's step number; the widgets pass their "step k of N").
     """
     from matplotlib.figure import Figure
     from matplotlib.patches import Rectangle
@@ -134,9 +147,10 @@ def block_table_figure(step: StepTrace, max_blocks: int = 64, columns: int = 16,
         for i, block_id in enumerate(table):
             shared = len(cells[block_id].owners) > 1
             ax_t.add_patch(Rectangle((i, row), 0.92, 0.85, facecolor=colors[rid],
-                                     edgecolor=_HATCH_EDGE if shared else "black", hatch="//" if shared else None,
-                                     linewidth=0.6))
-            ax_t.text(i + 0.46, row + 0.42, str(block_id), ha="center", va="center", fontsize=8 if shared else 7,
+                                     edgecolor=_HATCH_EDGE if shared else "black",
+                                     hatch="//" if shared else None, linewidth=0.6))
+            ax_t.text(i + 0.46, row + 0.42, str(block_id), ha="center", va="center",
+                      fontsize=8 if shared else 7,
                       fontweight="bold" if shared else None, bbox=_LABEL_BOX if shared else None)
     ax_t.set_xlim(0, xmax)
     ax_t.set_ylim(top_h, 0)
@@ -161,9 +175,10 @@ def block_table_figure(step: StepTrace, max_blocks: int = 64, columns: int = 16,
             ax_p.add_patch(Rectangle((c, r), 0.92, 0.85, facecolor=face,
                                      edgecolor=_HATCH_EDGE if cell.is_shared else "black",
                                      hatch="//" if cell.is_shared else None, linewidth=0.6))
-        if cell.is_shared:  # id and reference count on two lines, large enough to read over the hatching
-            ax_p.text(c + 0.46, r + 0.42, f"{cell.block_id}\nx{cell.ref_cnt}", ha="center", va="center", fontsize=7,
-                      fontweight="bold", linespacing=0.9, bbox=_LABEL_BOX)
+        # id and reference count on two lines, large enough to read over the hatching
+        if cell.is_shared:
+            ax_p.text(c + 0.46, r + 0.42, f"{cell.block_id}\nx{cell.ref_cnt}", ha="center",
+                      va="center", fontsize=7, fontweight="bold", linespacing=0.9, bbox=_LABEL_BOX)
         else:
             ax_p.text(c + 0.46, r + 0.42, str(cell.block_id), ha="center", va="center", fontsize=6)
     ax_p.set_xlim(0, xmax)

@@ -1,4 +1,5 @@
-"""The journey stepper's page: what one recorded engine step did, as HTML (pure; no ipywidgets here)."""
+"""The journey stepper's page: what one recorded engine step did, as HTML (pure; no ipywidgets
+here)."""
 
 from __future__ import annotations
 
@@ -7,19 +8,24 @@ import html
 from minivllm.engine.trace import StepTrace
 from minivllm.widgets.colors import KIND_COLORS, request_colors
 
-# The same look inside a widget and in a plain HTML output: JupyterLab's rendered-HTML styles (right-aligned,
-# striped, padded cells) reach only the latter, and a <style> element does not survive every front end, so
-# the tables carry their style inline.
+# The same look inside a widget and in a plain HTML output: JupyterLab's rendered-HTML styles
+# (right-aligned, striped, padded cells) reach only the latter, and a <style> element does not
+# survive every front end, so the tables carry their style inline.
 _CELL = "text-align:left;vertical-align:top;padding:1px 8px;border:none"
 QUIET_STYLE = "color:#666;font-style:italic"
 
 
 def inline_styles(page: str) -> str:
-    """Give a page's tables, rows, cells and headings explicit inline styles (kept where a cell has its own)."""
-    return (page.replace('<td style="', f'<td style="{_CELL};').replace("<td>", f'<td style="{_CELL}">')
-            .replace("<th>", f'<th style="{_CELL};font-weight:bold">').replace("<tr>", '<tr style="background:none">')
-            .replace("<table", '<table style="border-collapse:collapse;margin:2px 0;font-size:13px"')
-            .replace("<h4>", '<h4 style="margin:2px 0 4px;padding:0;font-size:14px;font-weight:bold">'))
+    """Give a page's tables, rows, cells and headings explicit inline styles (kept where a cell has
+    its own)."""
+    return (page.replace('<td style="', f'<td style="{_CELL};')
+            .replace("<td>", f'<td style="{_CELL}">')
+            .replace("<th>", f'<th style="{_CELL};font-weight:bold">')
+            .replace("<tr>", '<tr style="background:none">')
+            .replace("<table",
+                     '<table style="border-collapse:collapse;margin:2px 0;font-size:13px"')
+            .replace("<h4>", '<h4 style="margin:2px 0 '
+                     '4px;padding:0;font-size:14px;font-weight:bold">'))
 
 
 def _ids(ids) -> str:
@@ -41,25 +47,28 @@ def _token_text(tokenizer, token: int | None) -> str:
 
 
 def where(step: StepTrace, position: int | None, total: int | None, noun: str = "step") -> str:
-    """`step 3 of 32 (engine step 40)`: the position counts from 1, as the widgets' sliders do; the engine's
-    own step number, which counts from 0 since the engine started, is named as such."""
+    """`step 3 of 32 (engine step 40)`: the position counts from 1, as the widgets' sliders do; the
+    engine's own step number, which counts from 0 since the engine started, is named as such."""
     if position is not None and total:
         return f"{noun} {position + 1} of {total} (engine step {step.step})"
     return f"engine step {step.step}"
 
 
-def step_html(step: StepTrace, position: int | None = None, total: int | None = None, tokenizer=None,
-              colors: dict[str, str] | None = None) -> str:
-    """The waiting queue, the running batch, tokens per request, blocks in and out, preemptions, finishes.
+def step_html(step: StepTrace, position: int | None = None, total: int | None = None,
+              tokenizer=None, colors: dict[str, str] | None = None) -> str:
+    """The waiting queue, the running batch, tokens per request, blocks in and out, preemptions,
+    finishes.
 
     `tokenizer` (anything with `decode(list[int]) -> str`, e.g. `llm.tokenizer`) adds each sampled
-    token's text; `position`/`total` say where this step sits in the recording. Events that did not happen
-    in this step are named on one line at the end, so the page stays short enough to sit above its figure.
+    token's text; `position`/`total` say where this step sits in the recording. Events that did not
+    happen in this step are named on one line at the end, so the page stays short enough to sit
+    above its figure.
     """
     colors = colors or request_colors([e.request_id for e in step.scheduled] + step.waiting)
     kinds = []
     if step.num_prefill_tokens:
-        kinds.append(f"prefill {step.num_prefill_tokens} token{'s' * (step.num_prefill_tokens != 1)}")
+        kinds.append(f"prefill {step.num_prefill_tokens} "
+                     f"token{'s' * (step.num_prefill_tokens != 1)}")
     if step.num_decode_tokens:
         kinds.append(f"decode {step.num_decode_tokens} token{'s' * (step.num_decode_tokens != 1)}")
     head = (f"<h4>{where(step, position, total)}: {', '.join(kinds) or 'nothing scheduled'}; "
@@ -72,7 +81,8 @@ def step_html(step: StepTrace, position: int | None = None, total: int | None = 
             f'<td style="color:{KIND_COLORS[e.kind]}"><b>{e.kind}</b></td><td>{e.num_tokens}</td>'
             f"<td>{e.num_computed_before} &rarr; {e.num_computed_before + e.num_tokens}</td>"
             f"<td>{_token_text(tokenizer, e.sampled_token)}</td></tr>")
-    batch = ('<table class="minivllm-step"><tr><th>request</th><th>kind</th><th>tokens this step</th>'
+    batch = ('<table class="minivllm-step"><tr><th>request</th><th>kind</th><th>tokens this '
+             'step</th>'
              "<th>tokens in KV cache</th><th>sampled token</th></tr>" + "".join(rows) + "</table>")
     finished = "; ".join(f"<b>{html.escape(r)}</b> ({why})" for r, why in step.finished.items())
     facts = [("scheduled (the batch)", batch if rows else "<i>none</i>"),
@@ -80,7 +90,8 @@ def step_html(step: StepTrace, position: int | None = None, total: int | None = 
              ("running after the step", _ids(step.running))]
     quiet = []
     for name, value in [("blocks allocated", step.allocated and _by_request(step.allocated)),
-                        ("blocks re-used from the prefix cache", step.cache_hits and _by_request(step.cache_hits)),
+                        ("blocks re-used from the prefix cache",
+                         step.cache_hits and _by_request(step.cache_hits)),
                         ("blocks freed", step.freed and _by_request(step.freed)),
                         ("preempted", step.preempted and _ids(step.preempted)),
                         ("finished", finished)]:
@@ -89,8 +100,10 @@ def step_html(step: StepTrace, position: int | None = None, total: int | None = 
         else:
             quiet.append(name)
     body = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in facts)
-    none = f'<div style="{QUIET_STYLE}">none in this step: {", ".join(quiet)}</div>' if quiet else ""
-    return inline_styles(f'<div class="minivllm-journey minivllm-page">{head}<table>{body}</table>{none}</div>')
+    none = (f'<div style="{QUIET_STYLE}">none in this step: {", ".join(quiet)}</div>' if quiet
+            else "")
+    return inline_styles(f'<div class="minivllm-journey '
+                         f'minivllm-page">{head}<table>{body}</table>{none}</div>')
 
 
 def empty_html(message: str = "no steps recorded yet: press Step") -> str:

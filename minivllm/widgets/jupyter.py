@@ -1,21 +1,26 @@
-"""Widgets that say "run this cell again" once their kernel is gone: a save hook, a hint, and their install.
+"""Widgets that say "run this cell again" once their kernel is gone: a save hook, a hint, and their
+install.
 
-A widget view points at a model that lives only in the kernel that drew it. Two things end that kernel's
-models while the view stays in the notebook:
+A widget view points at a model that lives only in the kernel that drew it. Two things end that
+kernel's models while the view stays in the notebook:
 
-- **the notebook is saved and reopened**: JupyterLab would show "Error displaying widget: model not found"
-  (and storing the widget state instead, JupyterLab's saveState, would bring back dead controls whose Step
-  does nothing). A Jupyter server pre-save hook, `drop_widget_outputs`, saves the notebook without widget
+- **the notebook is saved and reopened**: JupyterLab would show "Error displaying widget: model not
+found"
+  (and storing the widget state instead, JupyterLab's saveState, would bring back dead controls
+whose Step
+  does nothing). A Jupyter server pre-save hook, `drop_widget_outputs`, saves the notebook without
+widget
   views: each one gives way to the hint shown after it, or to a line of text where there is none.
 - **the kernel restarts**: JupyterLab keeps the views, greyed out behind broken-link icons
   (`jupyter-widgets-disconnected`), and their buttons do nothing. So the chapters' widgets
-  (`minivllm.widgets.ui`) display a second output after the view, `hint_html()`: a line asking to run the
+  (`minivllm.widgets.ui`) display a second output after the view, `hint_html()`: a line asking to
+run the
   cell again, which a CSS rule hides while a connected widget view precedes it.
 
-`make install` runs `python -m minivllm.widgets.jupyter`, which enables the hook for every Jupyter server
-started from this Python environment: it sets `ContentsManager.pre_save_hook` in
-`{sys.prefix}/etc/jupyter/jupyter_server_config.json`. (Not in `jupyter_server_config.d/`: Jupyter Server
-reads that directory only for the extensions it enables, never for other settings.)
+`make install` runs `python -m minivllm.widgets.jupyter`, which enables the hook for every Jupyter
+server started from this Python environment: it sets `ContentsManager.pre_save_hook` in
+`{sys.prefix}/etc/jupyter/jupyter_server_config.json`. (Not in `jupyter_server_config.d/`: Jupyter
+Server reads that directory only for the extensions it enables, never for other settings.)
 """
 
 from __future__ import annotations
@@ -26,19 +31,22 @@ from pathlib import Path
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 PLACEHOLDER = "[a minivllm widget: run the cell again to bring it back]"
-# the import path Jupyter Server resolves; written out, since run as `python -m` this module is `__main__`
+# the import path Jupyter Server resolves; written out, since run as `python -m` this module is
+# `__main__`
 HOOK = "minivllm.widgets.jupyter.drop_widget_outputs"
 HINT_CLASS = "minivllm-rerun-hint"
 HINT_TEXT = "This widget's kernel has stopped: run this cell again to bring the widget back."
 
 
 def hint_html() -> str:
-    """The "run this cell again" line shown after a widget view: hidden while the view before it is alive
-    (its output holds a rendered widget), visible once the kernel restarts or the notebook is reopened."""
-    live = ".jp-OutputArea-output > .jupyter-widgets:not(.jupyter-widgets-disconnected)"  # a restart marks views
-    return (f"<style>.jp-OutputArea-child:has({live}) + .jp-OutputArea-child .{HINT_CLASS} {{display: none;}}"
-            "</style>"
-            f"<div class='{HINT_CLASS}' style='color: #8a6d3b; font-style: italic'>{HINT_TEXT}</div>")
+    """The "run this cell again" line shown after a widget view: hidden while the view before it is
+    alive (its output holds a rendered widget), visible once the kernel restarts or the notebook is
+    reopened."""
+    # a restart marks views
+    live = ".jp-OutputArea-output > .jupyter-widgets:not(.jupyter-widgets-disconnected)"
+    return (f"<style>.jp-OutputArea-child:has({live}) + .jp-OutputArea-child .{HINT_CLASS} "
+            f"{{display: none;}}</style><div class='{HINT_CLASS}' style='color: #8a6d3b; "
+            f"font-style: italic'>{HINT_TEXT}</div>")
 
 
 def _is_hint(output: dict) -> bool:
@@ -47,8 +55,8 @@ def _is_hint(output: dict) -> bool:
 
 
 def strip_widget_views(nb: dict) -> int:
-    """Drop every widget view among the notebook's outputs (a line of text stands in for one that has no
-    hint after it); returns how many."""
+    """Drop every widget view among the notebook's outputs (a line of text stands in for one that
+    has no hint after it); returns how many."""
     n = 0
     for cell in nb.get("cells", []):
         if cell.get("cell_type") != "code":
@@ -76,8 +84,8 @@ def drop_widget_outputs(model: dict, **kwargs) -> None:
 
 
 def install_config(prefix: str = sys.prefix) -> Path:
-    """Enable the hook for every Jupyter server started from this environment; other settings in the file
-    are kept. Removes the file earlier versions wrote where Jupyter Server never read it."""
+    """Enable the hook for every Jupyter server started from this environment; other settings in the
+    file are kept. Removes the file earlier versions wrote where Jupyter Server never read it."""
     etc = Path(prefix) / "etc" / "jupyter"
     path = etc / "jupyter_server_config.json"
     config = json.loads(path.read_text()) if path.is_file() else {}

@@ -1,14 +1,16 @@
 """The speculation stepper's page: one verification round of speculative decoding, token by token.
 
-Pure functions of a recorded trace (no ipywidgets here). `spec_rounds` reads one request's steps out of the
-engine's `StepTrace`s: for each step that gave it tokens, what the drafter proposed (`spec_token_ids`), how
-many of those the target accepted (`num_accepted`) and the tokens appended (`new_token_ids`: the accepted
-drafts, then the target's own token). `speculation_html` draws a round: the drafts as text, each marked
-accepted, rejected (with the target's correction) or discarded, and the bonus token when all were accepted.
+Pure functions of a recorded trace (no ipywidgets here). `spec_rounds` reads one request's steps out
+of the engine's `StepTrace`s: for each step that gave it tokens, what the drafter proposed
+(`spec_token_ids`), how many of those the target accepted (`num_accepted`) and the tokens appended
+(`new_token_ids`: the accepted drafts, then the target's own token). `speculation_html` draws a
+round: the drafts as text, each marked accepted, rejected (with the target's correction) or
+discarded, and the bonus token when all were accepted.
 
-Every appended token is one *reveal*: reveal i is draft i accepted, or the first rejected draft replaced by
-the target's correction, or (after k accepted drafts) the target's bonus token. Stepping through the reveals
-walks the output exactly one token at a time, in the order the target vouched for them.
+Every appended token is one *reveal*: reveal i is draft i accepted, or the first rejected draft
+replaced by the target's correction, or (after k accepted drafts) the target's bonus token. Stepping
+through the reveals walks the output exactly one token at a time, in the order the target vouched
+for them.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ class SpecRound:
     output_before: list[int]  # the request's output tokens before this step
     drafted: list[int]  # the drafter's proposals verified in this step (empty: a plain step)
     num_accepted: int
-    new_token_ids: list[int]  # accepted drafts + the target's token (fewer if the request stopped early)
+    # accepted drafts + the target's token (fewer if the request stopped early)
+    new_token_ids: list[int]
 
     @property
     def rejected_index(self) -> int | None:
@@ -45,7 +48,8 @@ class SpecRound:
 
     @property
     def target_token(self) -> int | None:
-        """The target's own token: the correction of the first rejected draft, or the bonus after all of them."""
+        """The target's own token: the correction of the first rejected draft, or the bonus after
+        all of them."""
         if len(self.new_token_ids) > self.num_accepted:
             return self.new_token_ids[self.num_accepted]
         return None  # the request stopped (EOS, stop token) on an accepted draft
@@ -63,14 +67,15 @@ class SpecRound:
 
 
 def spec_rounds(steps: Sequence[StepTrace], request_id: str) -> list[SpecRound]:
-    """Every step of `steps` that appended tokens to `request_id`, in order, with its drafts and verdict."""
+    """Every step of `steps` that appended tokens to `request_id`, in order, with its drafts and
+    verdict."""
     rounds, output = [], []
     for t in steps:
         for e in t.scheduled:
             if e.request_id != request_id or not e.new_token_ids:
                 continue
-            rounds.append(SpecRound(t.step, request_id, e.kind, list(output), list(e.spec_token_ids),
-                                    e.num_accepted, list(e.new_token_ids)))
+            rounds.append(SpecRound(t.step, request_id, e.kind, list(output),
+                                    list(e.spec_token_ids), e.num_accepted, list(e.new_token_ids)))
             output += e.new_token_ids
     return rounds
 
@@ -84,29 +89,36 @@ def _text(tokenizer, ids: Sequence[int]) -> str:
 
 def _cell(token_text: str, verdict: str, color: str, strike: bool = False) -> str:
     body = f"<s>{html.escape(token_text)}</s>" if strike else html.escape(token_text)
-    return (f'<td style="background:{color};text-align:center;padding:2px 6px;border:1px solid #999">'
+    return (f'<td style="background:{color};text-align:center;padding:2px 6px;border:1px solid '
+            f'#999">'
             f"<code>{body}</code><br><small>{verdict}</small></td>")
 
 
-def speculation_html(rnd: SpecRound, tokenizer=None, revealed: int | None = None, position: int | None = None,
-                     total: int | None = None, prompt_token_ids: Sequence[int] = (), context_chars: int = 80) -> str:
-    """One round as HTML. `revealed` = how many appended tokens to show judged so far (None: all of them).
+def speculation_html(rnd: SpecRound, tokenizer=None, revealed: int | None = None,
+                     position: int | None = None, total: int | None = None,
+                     prompt_token_ids: Sequence[int] = (), context_chars: int = 80) -> str:
+    """One round as HTML. `revealed` = how many appended tokens to show judged so far (None: all of
+    them).
 
-    The context line is the prompt (`prompt_token_ids`, if given) and the output before this round, then the
-    tokens revealed so far, highlighted. Below, one cell per draft (then one for the target's bonus token),
-    marked accepted, rejected -> the target's correction, discarded (after a rejection), or pending.
+    The context line is the prompt (`prompt_token_ids`, if given) and the output before this round,
+    then the tokens revealed so far, highlighted. Below, one cell per draft (then one for the
+    target's bonus token), marked accepted, rejected -> the target's correction, discarded (after a
+    rejection), or pending.
     """
     shown = rnd.num_reveals if revealed is None else max(0, min(revealed, rnd.num_reveals))
-    where = (f"round {position + 1} of {total} (engine step {rnd.step})" if position is not None and total
+    where = (f"round {position + 1} of {total} (engine step {rnd.step})" if position is not None
+             and total
              else f"engine step {rnd.step}")
     if rnd.outcome == "plain":
-        what = "no drafts: the target's own token" if rnd.kind == "decode" else "prefill: the first token"
+        what = ("no drafts: the target's own token" if rnd.kind == "decode"
+                else "prefill: the first token")
     else:
         what = (f"{len(rnd.drafted)} drafted, {rnd.num_accepted} accepted, "
                 f"{len(rnd.new_token_ids)} appended")
     head = f"<h4>{where}: request <b>{html.escape(rnd.request_id)}</b>, {what}</h4>"
     before = [*prompt_token_ids, *rnd.output_before]
-    if tokenizer is not None:  # decode whole sequences, so word boundaries come out as the tokenizer means them
+    # decode whole sequences, so word boundaries come out as the tokenizer means them
+    if tokenizer is not None:
         context = tokenizer.decode(before)
         so_far = tokenizer.decode(before + rnd.new_token_ids[:shown])[len(context):]
     else:
@@ -114,46 +126,52 @@ def speculation_html(rnd: SpecRound, tokenizer=None, revealed: int | None = None
     if len(context) > context_chars:
         context = "\u2026" + context[-context_chars:]
     lines = [f"<div>context: <code>{html.escape(context)}</code>"
-             f'<span style="background:{ACCEPTED_COLOR}"><code>{html.escape(so_far)}</code></span></div>']
+             f'<span style="background:{ACCEPTED_COLOR}">'
+             f'<code>{html.escape(so_far)}</code></span></div>']
 
     cells = []
     done = shown == rnd.num_reveals
     rejected = rnd.rejected_index
     for i, d in enumerate(rnd.drafted):
         text = _text(tokenizer, [d])
-        # a draft is judged once the token at its position is revealed; those after a rejection with it
+        # a draft is judged once the token at its position is revealed; those after a rejection with
+        # it
         judged_at = rejected if rejected is not None and i > rejected else i
         if not (done or shown > judged_at):
             cells.append(_cell(text, "pending", PENDING_COLOR))
-        elif rnd.target_token is None and i >= rnd.num_reveals:  # the request stopped (EOS, a stop token) before
+        # the request stopped (EOS, a stop token) before
+        elif rnd.target_token is None and i >= rnd.num_reveals:
             cells.append(_cell(text, "after the stop", DISCARDED_COLOR, strike=True))
         elif i < rnd.num_accepted:
             cells.append(_cell(text, "accepted", ACCEPTED_COLOR))
         elif i == rejected:
             fix = rnd.target_token
             fix_text = _text(tokenizer, [fix]) if fix is not None else "?"
-            cells.append(_cell(text, f"rejected \u2192 <code>{html.escape(fix_text)}</code>", REJECTED_COLOR,
-                               strike=True))
+            cells.append(_cell(text, f"rejected \u2192 <code>{html.escape(fix_text)}</code>",
+                               REJECTED_COLOR, strike=True))
         else:
             cells.append(_cell(text, "discarded", DISCARDED_COLOR, strike=True))
     if rnd.outcome == "bonus" and rnd.target_token is not None:
         verdict = "bonus (target)" if shown > len(rnd.drafted) else "pending"
         color = TARGET_COLOR if shown > len(rnd.drafted) else PENDING_COLOR
-        cells.append(_cell(_text(tokenizer, [rnd.target_token]) if shown > len(rnd.drafted) else "?", verdict,
-                           color))
+        cells.append(_cell(_text(tokenizer, [rnd.target_token]) if shown > len(rnd.drafted)
+                           else "?", verdict, color))
     if rnd.outcome == "plain":
         cells.append(_cell(_text(tokenizer, rnd.new_token_ids) if shown else "?",
-                           "target" if shown else "pending", TARGET_COLOR if shown else PENDING_COLOR))
+                           "target" if shown else "pending",
+                           TARGET_COLOR if shown else PENDING_COLOR))
     lines.append(f'<table class="minivllm-spec"><tr>{"".join(cells)}</tr></table>')
 
     if shown == rnd.num_reveals:
         if rnd.outcome == "correction":
             i = rnd.rejected_index
-            lines.append(f"<div>disagreement at draft {i + 1}: the first {i} kept, draft {i + 1} corrected by the "
-                         f"target, {len(rnd.drafted) - i - 1} discarded after it</div>")
+            lines.append(f"<div>disagreement at draft {i + 1}: the first {i} kept, draft {i + 1} "
+                         f"corrected by the target, {len(rnd.drafted) - i - 1} discarded after "
+                         f"it</div>")
         elif rnd.outcome == "bonus":
-            lines.append(f"<div>all {len(rnd.drafted)} drafts accepted, plus the target's bonus token: "
-                         f"{len(rnd.new_token_ids)} tokens from one target pass</div>")
+            lines.append(f"<div>all {len(rnd.drafted)} drafts accepted, plus the target's bonus "
+                         f"token: {len(rnd.new_token_ids)} tokens from one target pass</div>")
     else:
-        lines.append(f"<div>revealed {shown} of {rnd.num_reveals} appended tokens: press Step</div>")
+        lines.append(f"<div>revealed {shown} of {rnd.num_reveals} appended tokens: "
+                     "press Step</div>")
     return f'<div class="minivllm-speculation minivllm-page">{head}{"".join(lines)}</div>'

@@ -1,7 +1,9 @@
-"""Where a step's time goes: the host's work around the model against the model's forward pass, as measured.
+"""Where a step's time goes: the host's work around the model against the model's forward pass, as
+measured.
 
-`step_time_breakdown` takes the median of the engine's own per-step timings (StepRecord.phase_seconds, and the runner's
-forward_seconds) over the steps it is given; `step_time_figure` draws one stacked bar per batch size.
+`step_time_breakdown` takes the median of the engine's own per-step timings
+(StepRecord.phase_seconds, and the runner's forward_seconds) over the steps it is given;
+`step_time_figure` draws one stacked bar per batch size.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ def step_time_breakdown(records: Sequence[StepRecord]) -> dict[str, float]:
     The median, not the mean: on a shared machine a few steps are slowed by other processes.
     """
     if not records:
-        raise ValueError("no steps to measure: run the engine with a step observer that keeps its records")
+        raise ValueError("no steps to measure: run the engine with a step observer that keeps its "
+                         "records")
     samples: dict[str, list[float]] = {part: [] for part in PARTS}
     for r in records:
         phases, forward = r.phase_seconds, r.runner_output.forward_seconds
@@ -44,7 +47,8 @@ def host_share(breakdown: dict[str, float]) -> float:
 
 
 def step_time_figure(breakdowns: dict[str, dict[str, float]], title: str = "") -> Figure:
-    """One horizontal stacked bar per label (e.g. "batch 1", "batch 64"): milliseconds per step by part."""
+    """One horizontal stacked bar per label (e.g. "batch 1", "batch 64"): milliseconds per step by
+    part."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(8, 1.3 + 0.5 * len(breakdowns)), layout="constrained")
@@ -56,7 +60,8 @@ def step_time_figure(breakdowns: dict[str, dict[str, float]], title: str = "") -
             width = breakdowns[label][part]
             ax.barh(y, width, left=left, color=color, label=part if y == 0 else None)
             left += width
-        ax.text(left, y, f"  {left:.1f} ms, host {host_share(breakdowns[label]):.0%}", va="center", fontsize=9)
+        ax.text(left, y, f"  {left:.1f} ms, host {host_share(breakdowns[label]):.0%}", va="center",
+                fontsize=9)
     ax.set_yticks(range(len(labels)), labels)
     ax.invert_yaxis()
     ax.set_xlabel("milliseconds per step (median over the steps measured)")

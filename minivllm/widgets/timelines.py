@@ -1,10 +1,11 @@
-"""The batching timeline: requests on the y axis, steps on the x axis, each cell what that request did.
+"""The batching timeline: requests on the y axis, steps on the x axis, each cell what that request
+did.
 
-`timeline` reads a recording (a list of `StepTrace`) into plain data; `timeline_figure` draws it. A cell is
-"prefill" or "decode" when the request was scheduled in that step (with its token count), "waiting" when
-it sat in the waiting queue, "preempted" when the step took its blocks back ("swapped out" when it took
-them to host memory instead), and "idle" when it was running but got no tokens (the step's token budget was
-used up by others).
+`timeline` reads a recording (a list of `StepTrace`) into plain data; `timeline_figure` draws it. A
+cell is "prefill" or "decode" when the request was scheduled in that step (with its token count),
+"waiting" when it sat in the waiting queue, "preempted" when the step took its blocks back ("swapped
+out" when it took them to host memory instead), and "idle" when it was running but got no tokens
+(the step's token budget was used up by others).
 """
 
 from __future__ import annotations
@@ -26,10 +27,13 @@ STATES = ("prefill", "decode", "waiting", "idle", "preempted", "swapped out")
 @dataclass
 class Timeline:
     request_ids: list[str]
-    xs: list[int]  # the x position of each recorded step: its step number, or the clock tick it ran at
+    # the x position of each recorded step: its step number, or the clock tick it ran at
+    xs: list[int]
     cells: dict[tuple[str, int], str] = field(default_factory=dict)  # (request, x) -> one of STATES
-    tokens: dict[tuple[str, int], int] = field(default_factory=dict)  # (request, x) -> tokens scheduled
-    finished_at: dict[str, int] = field(default_factory=dict)  # request -> x of the step it finished in
+    # (request, x) -> tokens scheduled
+    tokens: dict[tuple[str, int], int] = field(default_factory=dict)
+    # request -> x of the step it finished in
+    finished_at: dict[str, int] = field(default_factory=dict)
     arrivals: dict[str, int] = field(default_factory=dict)
 
     def row(self, request_id: str) -> list[str | None]:
@@ -48,9 +52,10 @@ def timeline(steps: Sequence[StepTrace], clock: Sequence[int] | None = None,
              arrivals: dict[str, int] | None = None) -> Timeline:
     """Read a recording into a Timeline.
 
-    `clock` gives the x of each step (e.g. the tick of a driver that can also idle); default: step numbers.
-    `arrivals` (request -> x) marks a request "waiting" from its arrival until it is first scheduled, also
-    where it waited outside the engine (a static batcher holding it back) and at ticks with no step at all.
+    `clock` gives the x of each step (e.g. the tick of a driver that can also idle); default: step
+    numbers. `arrivals` (request -> x) marks a request "waiting" from its arrival until it is first
+    scheduled, also where it waited outside the engine (a static batcher holding it back) and at
+    ticks with no step at all.
     """
     steps = list(steps)
     xs = list(clock) if clock is not None else [t.step for t in steps]
@@ -74,22 +79,28 @@ def timeline(steps: Sequence[StepTrace], clock: Sequence[int] | None = None,
         for rid in t.finished:
             tl.finished_at[rid] = x
     for rid, arrived in tl.arrivals.items():
-        first = min((x for (r, x), s in tl.cells.items() if r == rid and s in ("prefill", "decode")),
+        first = min((x for (r, x), s in tl.cells.items() if r == rid
+                     and s in ("prefill", "decode")),
                     default=tl.last_x + 1)
         for x in range(arrived, first):
             tl.cells.setdefault((rid, x), "waiting")
     return tl
 
 
-ROW_STEPS = 40  # steps per row of a wrapped timeline: 10 inches wide, legible in a 1400-pixel window
-MIN_COUNT_CELL_PT = 14  # prefill cells narrower than this (in points) get no token count: it would not fit
+# steps per row of a wrapped timeline: 10 inches wide, legible in a 1400-pixel window
+ROW_STEPS = 40
+# prefill cells narrower than this (in points) get no token count: it would not fit
+MIN_COUNT_CELL_PT = 14
 
 
-def timeline_figure(tl: Timeline, title: str = "", ax: Axes | None = None, xlabel: str = "engine step") -> Figure:
-    """Draw the timeline; prefill cells carry their token count, a black bar marks where a request finished.
+def timeline_figure(tl: Timeline, title: str = "", ax: Axes | None = None,
+                    xlabel: str = "engine step") -> Figure:
+    """Draw the timeline; prefill cells carry their token count, a black bar marks where a request
+    finished.
 
-    Without `ax`, a timeline longer than ROW_STEPS steps wraps onto several rows (one axes per window of
-    steps), so that the figure stays at most 10 inches wide and its text readable at the size it is shown.
+    Without `ax`, a timeline longer than ROW_STEPS steps wraps onto several rows (one axes per
+    window of steps), so that the figure stays at most 10 inches wide and its text readable at the
+    size it is shown.
     """
     from matplotlib.figure import Figure
 
@@ -99,14 +110,16 @@ def timeline_figure(tl: Timeline, title: str = "", ax: Axes | None = None, xlabe
         return ax.figure
     start = min([0, *tl.arrivals.values()])
     span = tl.last_x + 1 - start
-    windows = [(a, min(a + ROW_STEPS, tl.last_x + 1)) for a in range(start, tl.last_x + 1, ROW_STEPS)] or [
+    windows = [(a, min(a + ROW_STEPS, tl.last_x + 1)) for a in range(start, tl.last_x + 1,
+                                                                     ROW_STEPS)] or [
         (start, tl.last_x + 1)]
     width = min(2 + 0.2 * (min(span, ROW_STEPS) + 2), 10)
     row_height = 0.9 + 0.34 * max(len(tl.request_ids), 1)
     fig = Figure(figsize=(width, row_height * len(windows)))
     axes = fig.subplots(len(windows), 1, squeeze=False)[:, 0]
     for i, (ax_i, window) in enumerate(zip(axes, windows)):
-        _draw_timeline(tl, ax_i, title if i == 0 else "", xlabel if i == len(windows) - 1 else "", window,
+        _draw_timeline(tl, ax_i, title if i == 0 else "", xlabel if i == len(windows) - 1 else "",
+                       window,
                        legend=i == 0, align_width=ROW_STEPS + 0.2 if len(windows) > 1 else None)
     fig.tight_layout()
     return fig
@@ -114,8 +127,8 @@ def timeline_figure(tl: Timeline, title: str = "", ax: Axes | None = None, xlabe
 
 def _draw_timeline(tl: Timeline, ax: Axes, title: str, xlabel: str, window: tuple[int, int],
                    legend: bool = True, align_width: float | None = None) -> None:
-    """Steps window[0] <= x < window[1] of the timeline on `ax` (every row keeps the same step width when
-    `align_width` is given)."""
+    """Steps window[0] <= x < window[1] of the timeline on `ax` (every row keeps the same step width
+    when `align_width` is given)."""
     from matplotlib.patches import Patch, Rectangle
     from matplotlib.ticker import MaxNLocator
 
@@ -123,17 +136,21 @@ def _draw_timeline(tl: Timeline, ax: Axes, title: str, xlabel: str, window: tupl
     lo, hi = window
     ax.set_xlim(lo, lo + align_width if align_width else hi + 0.2)
     fig = ax.figure
-    cell_pt = (ax.get_position().width * fig.get_figwidth() * 72) / max(ax.get_xlim()[1] - ax.get_xlim()[0], 1)
+    cell_pt = ((ax.get_position().width * fig.get_figwidth() * 72)
+               / max(ax.get_xlim()[1] - ax.get_xlim()[0], 1))
     for (rid, x), state in tl.cells.items():
         if not lo <= x < hi:
             continue
         y = row_of[rid]
-        ax.add_patch(Rectangle((x, y), 0.95, 0.8, facecolor=KIND_COLORS[state], edgecolor="white", linewidth=0.5))
+        ax.add_patch(Rectangle((x, y), 0.95, 0.8, facecolor=KIND_COLORS[state], edgecolor="white",
+                               linewidth=0.5))
         if state == "prefill" and cell_pt >= MIN_COUNT_CELL_PT:
-            ax.text(x + 0.47, y + 0.4, str(tl.tokens[rid, x]), ha="center", va="center", fontsize=8, color="white")
+            ax.text(x + 0.47, y + 0.4, str(tl.tokens[rid, x]), ha="center", va="center", fontsize=8,
+                    color="white")
     for rid, x in tl.finished_at.items():
         if lo <= x < hi:
-            ax.plot([x + 0.97, x + 0.97], [row_of[rid] - 0.05, row_of[rid] + 0.85], color="black", linewidth=2)
+            ax.plot([x + 0.97, x + 0.97], [row_of[rid] - 0.05, row_of[rid] + 0.85], color="black",
+                    linewidth=2)
     for rid, x in tl.arrivals.items():
         if lo <= x < hi:
             ax.plot([x], [row_of[rid] + 0.4], marker=">", color="black", markersize=4)
@@ -145,6 +162,7 @@ def _draw_timeline(tl: Timeline, ax: Axes, title: str, xlabel: str, window: tupl
     if legend:
         used = [s for s in STATES if any(v == s for v in tl.cells.values())]
         handles = [Patch(facecolor=KIND_COLORS[s], label=s) for s in used]
-        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8,
+                  frameon=False)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)

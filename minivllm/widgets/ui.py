@@ -1,13 +1,15 @@
-"""Thin ipywidgets wiring around the pure render functions: buttons and a slider over recorded steps.
+"""Thin ipywidgets wiring around the pure render functions: buttons and a slider over recorded
+steps.
 
-Each widget object keeps its state (the recorded steps and the current position) and re-renders with the
-functions in `minivllm.widgets.blocks` / `.journey` / `.speculation` whenever the position changes. Display
-it as the last expression of a cell, or with `IPython.display.display(obj)`.
+Each widget object keeps its state (the recorded steps and the current position) and re-renders with
+the functions in `minivllm.widgets.blocks` / `.journey` / `.speculation` whenever the position
+changes. Display it as the last expression of a cell, or with `IPython.display.display(obj)`.
 
-One convention everywhere: positions count from 1, "step k of N", and the slider shows that same k; the
-engine's own step number (from 0 since the engine started) is always called "engine step". In code,
-`index` is the 0-based position in the recording (`widget.index = i` moves the slider to i + 1). Buttons
-that cannot do anything (Step at the end of a finished recording, a jump with nothing ahead) are disabled.
+One convention everywhere: positions count from 1, "step k of N", and the slider shows that same k;
+the engine's own step number (from 0 since the engine started) is always called "engine step". In
+code, `index` is the 0-based position in the recording (`widget.index = i` moves the slider to i +
+1). Buttons that cannot do anything (Step at the end of a finished recording, a jump with nothing
+ahead) are disabled.
 """
 
 from __future__ import annotations
@@ -30,29 +32,34 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 T = TypeVar("T")
-FIGURE_DPI = 90  # the steppers' figures: small enough that controls, page and figure fit a 900-pixel-high window
+# the steppers' figures: small enough that controls, page and figure fit a 900-pixel-high window
+FIGURE_DPI = 90
 
 
 class _Slider(Generic[T]):
-    """Reset, Step, one "next ..." button per kind of event the recording holds, and a 1-based slider."""
+    """Reset, Step, one "next ..." button per kind of event the recording holds, and a 1-based
+    slider."""
 
     noun = "step"
 
     def __init__(self, items: list[T], jumps: Sequence[tuple[str, Callable[[T], bool]]] = (),
                  step_tooltip: str = "next") -> None:
         self.items = items
-        self.step_button = ipw.Button(description="Step", tooltip=step_tooltip, button_style="primary",
+        self.step_button = ipw.Button(description="Step", tooltip=step_tooltip,
+                                      button_style="primary",
                                       layout=ipw.Layout(width="110px"))  # room for "Step (live)"
         self.reset_button = ipw.Button(description="Reset", tooltip=f"back to {self.noun} 1",
                                        layout=ipw.Layout(width="80px"))
         self.slider = ipw.IntSlider(value=1, min=1, max=max(len(items), 1), description=self.noun,
                                     continuous_update=False,
-                                    layout=ipw.Layout(width="400px" if len(items) > 100 else "320px"))
+                                    layout=ipw.Layout(width="400px" if len(items) > 100
+                                                      else "320px"))
         self.total = ipw.Label()
         self.jumps = {}
         for name, hit in jumps:  # offered only where the recording has such an event
             if any(hit(x) for x in items):
-                button = ipw.Button(description=f"next {name}", tooltip=f"jump to the next {self.noun} with a {name}",
+                button = ipw.Button(description=f"next {name}",
+                                    tooltip=f"jump to the next {self.noun} with a {name}",
                                     icon="forward", layout=ipw.Layout(width="auto"))
                 button.on_click(lambda _, hit=hit: self.jump(hit))
                 self.jumps[name] = (button, hit)
@@ -60,7 +67,8 @@ class _Slider(Generic[T]):
         self.reset_button.on_click(lambda _: self.reset())
         self.slider.observe(self._moved, names="value")
         self.controls = ipw.HBox([self.reset_button, self.step_button, self.slider, self.total,
-                                  *(b for b, _ in self.jumps.values())], layout=ipw.Layout(flex_flow="row wrap"))
+                                  *(b for b, _ in self.jumps.values())],
+                                 layout=ipw.Layout(flex_flow="row wrap"))
 
     @property
     def index(self) -> int:
@@ -94,8 +102,8 @@ class _Slider(Generic[T]):
         return self.widget._repr_mimebundle_(**kwargs)
 
     def _ipython_display_(self) -> None:
-        """The widget, then a "run this cell again" line that shows only once the widget's kernel is gone
-        (minivllm.widgets.jupyter says why)."""
+        """The widget, then a "run this cell again" line that shows only once the widget's kernel is
+        gone (minivllm.widgets.jupyter says why)."""
         from IPython.display import HTML, display
 
         display(self.widget)
@@ -103,8 +111,8 @@ class _Slider(Generic[T]):
 
 
 class _StepWidget(_Slider[StepTrace]):
-    """The step slider over recorded steps; subclasses say what to draw. A live engine's recording grows:
-    Step past its end runs one `engine.step()` while the engine has unfinished requests."""
+    """The step slider over recorded steps; subclasses say what to draw. A live engine's recording
+    grows: Step past its end runs one `engine.step()` while the engine has unfinished requests."""
 
     def __init__(self, source: LLMEngine | Sequence[StepTrace], since_step: int = 0,
                  jumps: Sequence[tuple[str, Callable[[StepTrace], bool]]] = ()) -> None:
@@ -113,7 +121,8 @@ class _StepWidget(_Slider[StepTrace]):
             steps = [t for t in self.engine.trace if t.step >= since_step]
         else:
             steps = list(source)
-        super().__init__(steps, jumps, "next recorded step (past the end of a live engine's: run one step)")
+        super().__init__(steps, jumps, "next recorded step (past the end of a live engine's: run "
+                         "one step)")
         self.colors = request_colors(request_ids(self.steps))
 
     @property
@@ -130,7 +139,8 @@ class _StepWidget(_Slider[StepTrace]):
         return self.engine is not None and self.engine.has_unfinished_requests()
 
     def step(self) -> None:
-        """Next recorded step; at the end of the recording, a live engine with work left runs one more."""
+        """Next recorded step; at the end of the recording, a live engine with work left runs one
+        more."""
         if self.index < len(self.steps) - 1:
             self.index += 1
             return
@@ -170,20 +180,24 @@ class _StepWidget(_Slider[StepTrace]):
 
 
 class JourneyStepper(_StepWidget):
-    """Step through a recording: the batch, the queues, blocks in and out, and (optionally) the block pool.
+    """Step through a recording: the batch, the queues, blocks in and out, and (optionally) the
+    block pool.
 
-    `source` is a list of StepTrace (a finished recording) or an LLMEngine: its trace from `since_step` on,
-    and when the recording runs out, Step calls `engine.step()` while requests are unfinished.
+    `source` is a list of StepTrace (a finished recording) or an LLMEngine: its trace from
+    `since_step` on, and when the recording runs out, Step calls `engine.step()` while requests are
+    unfinished.
     """
 
-    def __init__(self, source: LLMEngine | Sequence[StepTrace], tokenizer=None, show_blocks: bool = True,
-                 max_blocks: int = 64, since_step: int = 0) -> None:
+    def __init__(self, source: LLMEngine | Sequence[StepTrace], tokenizer=None,
+                 show_blocks: bool = True, max_blocks: int = 64, since_step: int = 0) -> None:
         super().__init__(source, since_step, jumps=[("preemption", lambda t: bool(t.preempted)),
                                                     ("prefix hit", lambda t: bool(t.cache_hits))])
-        self.tokenizer = tokenizer if tokenizer is not None else getattr(self.engine, "tokenizer", None)
+        self.tokenizer = tokenizer if tokenizer is not None else getattr(self.engine, "tokenizer",
+                                                                         None)
         self.show_blocks, self.max_blocks = show_blocks, max_blocks
         self.html = ipw.HTML()
-        self.image = ipw.Image(format="png", layout=ipw.Layout(max_width="100%", align_self="flex-start"))
+        self.image = (ipw.Image(format="png", layout=ipw.Layout(max_width="100%",
+                                                                align_self="flex-start")))
         self.image.layout.display = None if show_blocks else "none"
         self.figure: Figure | None = None
         self.widget = ipw.VBox([self.controls, self.html, self.image])
@@ -200,8 +214,9 @@ class JourneyStepper(_StepWidget):
 
 
 class BlockTableViewer(_StepWidget):
-    """Each request's logical blocks -> the physical pool, at the step the slider points to; one line above
-    the figure says which blocks this step allocated or freed (most decode steps: none)."""
+    """Each request's logical blocks -> the physical pool, at the step the slider points to; one
+    line above the figure says which blocks this step allocated or freed (most decode steps:
+    none)."""
 
     def __init__(self, source: LLMEngine | Sequence[StepTrace], block_size: int | None = None,
                  max_blocks: int = 64, since_step: int = 0) -> None:
@@ -211,7 +226,8 @@ class BlockTableViewer(_StepWidget):
         self.block_size = block_size or (self.engine.config.block_size if self.engine else None)
         self.max_blocks = max_blocks
         self.html = ipw.HTML()
-        self.image = ipw.Image(format="png", layout=ipw.Layout(max_width="100%", align_self="flex-start"))
+        self.image = (ipw.Image(format="png", layout=ipw.Layout(max_width="100%",
+                                                                align_self="flex-start")))
         self.figure: Figure | None = None
         self.widget = ipw.VBox([self.controls, self.html, self.image])
         self.render()
@@ -226,31 +242,37 @@ class BlockTableViewer(_StepWidget):
 
 
 class SpeculationStepper(_Slider[SpecRound]):
-    """Speculative decoding, one request, token by token: a slider over the rounds (steps that gave it tokens)
-    and a Step button that reveals the target's verdict on one more token; past the last one, the next round.
+    """Speculative decoding, one request, token by token: a slider over the rounds (steps that gave
+    it tokens) and a Step button that reveals the target's verdict on one more token; past the last
+    one, the next round.
 
-    `source` is a list of StepTrace (a recording of an engine with a drafter) or an LLMEngine (its trace);
-    `request_id` picks the request (default: the first one in the recording); `prompt_token_ids` (e.g. a
-    RequestOutput's) puts its prompt in front of the context line.
+    `source` is a list of StepTrace (a recording of an engine with a drafter) or an LLMEngine (its
+    trace); `request_id` picks the request (default: the first one in the recording);
+    `prompt_token_ids` (e.g. a RequestOutput's) puts its prompt in front of the context line.
     """
 
     noun = "round"
 
-    def __init__(self, source: LLMEngine | Sequence[StepTrace], request_id: str | None = None, tokenizer=None,
-                 prompt_token_ids: Sequence[int] = (), since_step: int = 0) -> None:
+    def __init__(self, source: LLMEngine | Sequence[StepTrace], request_id: str | None = None,
+                 tokenizer=None, prompt_token_ids: Sequence[int] = (), since_step: int = 0) -> None:
         engine = source if isinstance(source, LLMEngine) else None
-        steps = [t for t in engine.trace if t.step >= since_step] if engine is not None else list(source)
-        self.request_id = request_id if request_id is not None else next(iter(request_ids(steps)), "")
+        steps = [t for t in engine.trace
+                 if t.step >= since_step] if engine is not None else list(source)
+        self.request_id = request_id if request_id is not None else next(iter(request_ids(steps)),
+                                                                         "")
         self.tokenizer = tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
         self.prompt_token_ids = list(prompt_token_ids)
         self.revealed = 0
-        super().__init__(spec_rounds(steps, self.request_id), [("rejection", lambda r: r.outcome == "correction")],
+        super().__init__(spec_rounds(steps, self.request_id),
+                         [("rejection", lambda r: r.outcome == "correction")],
                          "the target's verdict on the next token")
         self.html = ipw.HTML()
-        self.show_all_button = ipw.Button(description="Show round", tooltip="every verdict of this round at once",
+        self.show_all_button = ipw.Button(description="Show round",
+                                          tooltip="every verdict of this round at once",
                                           layout=ipw.Layout(width="100px"))
         self.show_all_button.on_click(lambda _: self.show_round())
-        self.controls.children = (*self.controls.children[:2], self.show_all_button, *self.controls.children[2:])
+        self.controls.children = (*self.controls.children[:2], self.show_all_button,
+                                  *self.controls.children[2:])
         self.widget = ipw.VBox([self.controls, self.html])
         self.render()
 
@@ -267,7 +289,8 @@ class SpeculationStepper(_Slider[SpecRound]):
         self.render()
 
     def step(self) -> None:
-        """Reveal one more appended token; once a round is fully revealed, go on to the next round."""
+        """Reveal one more appended token; once a round is fully revealed, go on to the next
+        round."""
         rnd = self.current
         if rnd is None:
             return
@@ -290,11 +313,12 @@ class SpeculationStepper(_Slider[SpecRound]):
 
     def render(self) -> None:
         rnd = self.current
-        done = rnd is None or (self.revealed >= rnd.num_reveals and self.index >= len(self.rounds) - 1)
+        done = rnd is None or (self.revealed >= rnd.num_reveals
+                               and self.index >= len(self.rounds) - 1)
         self._update_controls(can_step=not done)
         if rnd is None:
             self.html.value = empty_html(f"no tokens recorded for request {self.request_id!r}")
             return
         self.show_all_button.disabled = self.revealed >= rnd.num_reveals
-        self.html.value = speculation_html(rnd, self.tokenizer, self.revealed, self.index, len(self.rounds),
-                                           self.prompt_token_ids)
+        self.html.value = speculation_html(rnd, self.tokenizer, self.revealed, self.index,
+                                           len(self.rounds), self.prompt_token_ids)

@@ -1,8 +1,9 @@
 """Drive a real engine with requests that arrive over time, and measure what its trace recorded.
 
-`run_arrivals` is a clock, not a scheduler: at each tick it hands the engine the requests that arrived
-(continuous batching: the engine's own scheduler decides), or, for the static-batching baseline, holds
-them back until the whole previous batch has finished. Every step is a real `LLMEngine.step()`.
+`run_arrivals` is a clock, not a scheduler: at each tick it hands the engine the requests that
+arrived (continuous batching: the engine's own scheduler decides), or, for the static-batching
+baseline, holds them back until the whole previous batch has finished. Every step is a real
+`LLMEngine.step()`.
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ class Recording:
     steps: list[StepTrace]  # the engine's trace of this run
     clock: list[int]  # the tick each of those steps ran at
     arrivals: dict[str, int]
-    admitted: dict[str, int] = field(default_factory=dict)  # request -> tick it was handed to the engine
-    finished: dict[str, int] = field(default_factory=dict)  # request -> tick of the step it finished in
+    # request -> tick it was handed to the engine
+    admitted: dict[str, int] = field(default_factory=dict)
+    # request -> tick of the step it finished in
+    finished: dict[str, int] = field(default_factory=dict)
     outputs: dict[str, RequestOutput] = field(default_factory=dict)
 
     @property
@@ -43,21 +46,23 @@ class Recording:
 
 
 def new_steps(engine: LLMEngine, since_step: int) -> list[StepTrace]:
-    """The recorded steps numbered `since_step` or later (the engine's trace keeps a window of recent steps)."""
+    """The recorded steps numbered `since_step` or later (the engine's trace keeps a window of
+    recent steps)."""
     steps = [t for t in engine.trace if t.step >= since_step]
     if engine.num_steps > since_step and (not steps or steps[0].step != since_step):
-        raise ValueError(f"step {since_step} is no longer in the trace (it keeps {engine.trace.maxlen} steps)")
+        raise ValueError(f"step {since_step} is no longer in the trace (it keeps "
+                         f"{engine.trace.maxlen} steps)")
     return steps
 
 
-def run_arrivals(engine: LLMEngine, arrivals: list[Arrival], policy: str = "continuous", batch_size: int = 2,
-                 max_ticks: int = 10_000) -> Recording:
+def run_arrivals(engine: LLMEngine, arrivals: list[Arrival], policy: str = "continuous",
+                 batch_size: int = 2, max_ticks: int = 10_000) -> Recording:
     """Run the workload tick by tick, one engine step per tick while anything is unfinished.
 
     policy "continuous": each request is added to the engine at its arrival tick.
-    policy "static": requests are grouped in arrival order into batches of `batch_size`; a batch is handed
-    over only when it is complete (all its requests have arrived; the last may be smaller) and the engine
-    has finished everything before it.
+    policy "static": requests are grouped in arrival order into batches of `batch_size`; a batch is
+    handed over only when it is complete (all its requests have arrived; the last may be smaller)
+    and the engine has finished everything before it.
     """
     if policy not in ("continuous", "static"):
         raise ValueError(f"policy must be 'continuous' or 'static', got {policy!r}")
@@ -115,9 +120,9 @@ class Occupancy:
 def kv_occupancy(steps: list[StepTrace], block_size: int | None = None) -> list[Occupancy]:
     """Per step: how many block slots the live block tables reserve and how many hold a token.
 
-    A request's stored tokens are the engine's own count after the step (`num_computed_tokens` in the
-    trace). Block i of a table holds min(block_size, stored - i * block_size) tokens; a block shared by
-    several tables (prefix caching) is counted once.
+    A request's stored tokens are the engine's own count after the step (`num_computed_tokens` in
+    the trace). Block i of a table holds min(block_size, stored - i * block_size) tokens; a block
+    shared by several tables (prefix caching) is counted once.
     """
     out = []
     for t in steps:

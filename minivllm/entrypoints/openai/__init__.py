@@ -1,1 +1,2 @@
-"""The OpenAI-compatible server's entry points, at vLLM's paths (the server itself is minivllm/server/)."""
+"""The OpenAI-compatible server's entry points, at vLLM's paths (the server itself is
+minivllm/server/)."""

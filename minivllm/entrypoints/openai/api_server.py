@@ -1,7 +1,9 @@
-"""`python -m minivllm.entrypoints.openai.api_server --model M --host H --port P`: vLLM's server command.
+"""`python -m minivllm.entrypoints.openai.api_server --model M --host H --port P`: vLLM's server
+command.
 
-The same server as `minivllm serve M`; the model comes from --model here (vLLM's older command), positionally
-there. It is served under the name given on the command line, as vLLM does (--served-model-name overrides).
+The same server as `minivllm serve M`; the model comes from --model here (vLLM's older command),
+positionally there. It is served under the name given on the command line, as vLLM does
+(--served-model-name overrides).
 """
 
 from __future__ import annotations
@@ -16,18 +18,21 @@ from minivllm.entrypoints.openai.cli_args import load_chat_template, make_arg_pa
 
 
 def run_server(args: argparse.Namespace) -> int:
-    """Serve with parsed arguments until SIGTERM or Ctrl-C; 2 (with the reason on stderr) for bad ones."""
+    """Serve with parsed arguments until SIGTERM or Ctrl-C; 2 (with the reason on stderr) for bad
+    ones."""
     try:
         from minivllm.server import serve
         from minivllm.server.limits import ServerLimits
     except ImportError as e:
-        print(f"error: {e}; install the server extra: pip install 'minivllm[serve]'", file=sys.stderr)
+        print(f"error: {e}; install the server extra: pip install 'minivllm[serve]'",
+              file=sys.stderr)
         return 2
     try:
         engine_args = AsyncEngineArgs.from_cli_args(args)
         limits = ServerLimits(args.max_request_bytes, min(args.max_n, 128), args.max_tokens_times_n)
         serve(host=args.host, port=args.port, log_level=args.log_level, log_format=args.log_format,
-              api_key=args.api_key, allowed_origins=args.allowed_origins, shutdown_timeout=args.shutdown_timeout,
+              api_key=args.api_key, allowed_origins=args.allowed_origins,
+              shutdown_timeout=args.shutdown_timeout,
               limits=limits, chat_template=load_chat_template(args.chat_template),
               engine_config=engine_args.create_engine_config())
     except ValueError as e:

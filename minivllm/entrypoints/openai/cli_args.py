@@ -1,5 +1,6 @@
-"""The server's command line (vLLM's flag names): the engine's table (AsyncEngineArgs) plus the HTTP front end's
-own flags. `minivllm serve` and `python -m minivllm.entrypoints.openai.api_server` both parse with this."""
+"""The server's command line (vLLM's flag names): the engine's table (AsyncEngineArgs) plus the HTTP
+front end's own flags. `minivllm serve` and `python -m minivllm.entrypoints.openai.api_server` both
+parse with this."""
 
 from __future__ import annotations
 
@@ -13,23 +14,30 @@ from minivllm.engine.arg_utils import AsyncEngineArgs
 def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the server's flags and then the engine's to `parser`; returns it."""
     srv = parser.add_argument_group("server arguments")
-    srv.add_argument("--host", default="127.0.0.1", help="address to listen on (vLLM's default is every address)")
+    srv.add_argument("--host", default="127.0.0.1",
+                     help="address to listen on (vLLM's default is every address)")
     srv.add_argument("--port", type=int, default=8000)
-    srv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (default: $VLLM_API_KEY)")
+    srv.add_argument("--api-key", default=None,
+                     help="require 'Authorization: Bearer KEY' (default: $VLLM_API_KEY)")
     srv.add_argument("--chat-template", default=None,
                      help="a Jinja chat template, or a file holding one (default: the tokenizer's)")
     srv.add_argument("--allowed-origins", type=_origins, default=[],
-                     help="CORS origins: a JSON list as in vLLM ('[\"*\"]'), or comma-separated (default: none)")
+                     help="CORS origins: a JSON list as in vLLM ('[\"*\"]'), or comma-separated "
+                     "(default: none)")
     srv.add_argument("--log-level", "--uvicorn-log-level", dest="log_level", default="info",
                      choices=["debug", "info", "warning", "error", "critical"])
     srv.add_argument("--log-format", default="text", choices=["text", "json"],
-                     help="json: one JSON object per log record (request events carry the request id)")
+                     help="json: one JSON object per log record (request events carry the request "
+                     "id)")
     srv.add_argument("--shutdown-timeout", type=float, default=30.0,
                      help="seconds in-flight requests get after SIGTERM before they are aborted")
-    srv.add_argument("--max-request-bytes", type=int, default=4 * 2**20, help="larger request bodies get 413")
-    srv.add_argument("--max-n", type=int, default=128, help="the largest n a request may ask for (at most 128)")
+    srv.add_argument("--max-request-bytes", type=int, default=4 * 2**20,
+                     help="larger request bodies get 413")
+    srv.add_argument("--max-n", type=int, default=128,
+                     help="the largest n a request may ask for (at most 128)")
     srv.add_argument("--max-tokens-times-n", type=int, default=2**17,
-                     help="the most output tokens one request may ask for: max_tokens x n x prompts")
+                     help="the most output tokens one request may ask for: "
+                          "max_tokens x n x prompts")
     return AsyncEngineArgs.add_cli_args(parser)
 
 

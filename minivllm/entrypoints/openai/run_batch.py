@@ -1,13 +1,14 @@
-"""OpenAI's batch format, offline: `python -m minivllm.entrypoints.openai.run_batch -i in.jsonl -o out.jsonl`.
+"""OpenAI's batch format, offline: `python -m minivllm.entrypoints.openai.run_batch -i in.jsonl -o
+out.jsonl`.
 
-Each input line is one request: `{"custom_id": ..., "method": "POST", "url": "/v1/chat/completions" or
-"/v1/completions", "body": {...the request...}}`. Each output line, in input order, is
-`{"id": ..., "custom_id": ..., "response": {"status_code": ..., "request_id": ..., "body": {...}}, "error": ...}`:
-the body is exactly what the server would have answered (a completion, or an error object with `error` also
-set), because every line goes through the server's own routes, in process (FastAPI app + httpx's ASGI
-transport, no socket). A line that is not a request at all (bad JSON, unknown url) gets `response: null` and
-an `error` saying why; one bad line never stops the others. Lines run concurrently, so they share the running
-batch exactly as concurrent HTTP clients do.
+Each input line is one request: `{"custom_id": ..., "method": "POST", "url": "/v1/chat/completions"
+or "/v1/completions", "body": {...the request...}}`. Each output line, in input order, is
+`{"id": ..., "custom_id": ..., "response": {"status_code": ..., "request_id": ..., "body": {...}},
+"error": ...}`: the body is exactly what the server would have answered (a completion, or an error
+object with `error` also set), because every line goes through the server's own routes, in process
+(FastAPI app + httpx's ASGI transport, no socket). A line that is not a request at all (bad JSON,
+unknown url) gets `response: null` and an `error` saying why; one bad line never stops the others.
+Lines run concurrently, so they share the running batch exactly as concurrent HTTP clients do.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def _invalid(custom_id: Any, message: str) -> dict:
 
 
 def parse_line(line: str) -> tuple[dict | None, dict | None]:
-    """(request, None) for a well-formed line, else (None, the output line that says what is wrong)."""
+    """(request, None) for a well-formed line, else (None, the output line that says what is
+    wrong)."""
     try:
         item = json.loads(line)
     except json.JSONDecodeError as e:
@@ -49,7 +51,8 @@ def parse_line(line: str) -> tuple[dict | None, dict | None]:
     if item.get("method", "POST") != "POST":
         return None, _invalid(custom_id, f"method must be POST, got {item.get('method')!r}")
     if item.get("url") not in URLS:
-        return None, _invalid(custom_id, f"url {item.get('url')!r} is not supported: use one of {list(URLS)}")
+        return None, _invalid(custom_id, f"url {item.get('url')!r} is not supported: use one of "
+                              f"{list(URLS)}")
     body = item.get("body")
     if not isinstance(body, dict):
         return None, _invalid(custom_id, "body must be a JSON object (the request)")
@@ -60,8 +63,9 @@ def parse_line(line: str) -> tuple[dict | None, dict | None]:
 
 async def run_batch(engine: LLMEngine, lines: Sequence[str], model_name: str | None = None,
                     max_concurrency: int | None = None) -> list[dict]:
-    """The output line for each input line, in order. `model_name`: the name the lines' "model" must match
-    (default: the engine's served name); `max_concurrency`: requests in flight (default 2 x max_num_seqs)."""
+    """The output line for each input line, in order. `model_name`: the name the lines' "model" must
+    match (default: the engine's served name); `max_concurrency`: requests in flight (default 2 x
+    max_num_seqs)."""
     import httpx
 
     from minivllm.server import build_app
@@ -79,24 +83,30 @@ async def run_batch(engine: LLMEngine, lines: Sequence[str], model_name: str | N
             body = response.json()
         except ValueError:
             body = {"error": {"message": response.text, "code": response.status_code}}
-        error = body.get("error") if response.status_code >= 400 and isinstance(body, dict) else None
+        error = (body.get("error") if response.status_code >= 400 and isinstance(body,
+                                                                                 dict) else None)
         return {"id": _id("minivllm"), "custom_id": item["custom_id"],
                 "response": {"status_code": response.status_code,
-                             "request_id": response.headers.get("x-request-id", _id("minivllm-batch")),
+                             "request_id": response.headers.get("x-request-id",
+                                                                _id("minivllm-batch")),
                              "body": body}, "error": error}
 
     async with app.router.lifespan_context(app):  # starts and stops the engine's owner task
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://minivllm", timeout=None) as client:
-            return list(await asyncio.gather(*(one(client, line) for line in lines if line.strip())))
+        async with httpx.AsyncClient(transport=transport, base_url="http://minivllm",
+                                     timeout=None) as client:
+            return list(await asyncio.gather(*(one(client, line) for line in lines
+                                               if line.strip())))
 
 
 def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The batch runner's flags, then the engine's (vLLM's names, from AsyncEngineArgs)."""
     from minivllm.engine.arg_utils import AsyncEngineArgs
 
-    parser.add_argument("-i", "--input-file", required=True, help="the requests, one JSON object per line")
-    parser.add_argument("-o", "--output-file", required=True, help="where the results go, one line per request")
+    parser.add_argument("-i", "--input-file", required=True,
+                        help="the requests, one JSON object per line")
+    parser.add_argument("-o", "--output-file", required=True,
+                        help="where the results go, one line per request")
     parser.add_argument("--max-concurrency", type=int, default=None,
                         help="requests in flight at once (default: 2 x --max-num-seqs)")
     return AsyncEngineArgs.add_cli_args(parser)
@@ -105,8 +115,10 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from minivllm.engine.arg_utils import AsyncEngineArgs
 
-    parser = make_arg_parser(argparse.ArgumentParser(prog="python -m minivllm.entrypoints.openai.run_batch",
-                                                     description="Run a file of OpenAI requests offline."))
+    parser = make_arg_parser(argparse.ArgumentParser(prog="python -m "
+                                                     "minivllm.entrypoints.openai.run_batch",
+                                                     description="Run a file of OpenAI requests "
+                                                     "offline."))
     args = parser.parse_args(argv)
     try:
         engine_args = AsyncEngineArgs.from_cli_args(args)
@@ -117,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    Path(args.output_file).write_text("".join(json.dumps(r) + "\n" for r in results), encoding="utf-8")
+    Path(args.output_file).write_text("".join(json.dumps(r) + "\n" for r in results),
+                                      encoding="utf-8")
     failed = sum(r["error"] is not None for r in results)
     print(f"{len(results)} requests, {failed} failed: {args.output_file}", file=sys.stderr)
     return 0

@@ -1,5 +1,6 @@
-"""vLLM's `vllm.v1.sample.logits_processor`: the interface lives in minivllm/sampling/logits_processor.py, the
-row bookkeeping in minivllm/sampling/persistent_batch.py."""
+"""vLLM's `vllm.v1.sample.logits_processor`: the interface lives in
+minivllm/sampling/logits_processor.py, the row bookkeeping in
+minivllm/sampling/persistent_batch.py."""
 
 from minivllm.sampling.logits_processor import (
     AdapterLogitsProcessor,
@@ -11,5 +12,5 @@ from minivllm.sampling.logits_processor import (
     process_dict_updates,
 )
 
-__all__ = ["AdapterLogitsProcessor", "BatchUpdate", "BatchUpdateBuilder", "LogitsProcessor", "MoveDirectionality",
-           "RequestLogitsProcessor", "process_dict_updates"]
+__all__ = ["AdapterLogitsProcessor", "BatchUpdate", "BatchUpdateBuilder", "LogitsProcessor",
+           "MoveDirectionality", "RequestLogitsProcessor", "process_dict_updates"]

@@ -9,4 +9,5 @@ from minivllm.sampling.logits_processor import (
     RemovedRequest,
 )
 
-__all__ = ["AddedRequest", "BatchUpdate", "LogitsProcessor", "MoveDirectionality", "MovedRequest", "RemovedRequest"]
+__all__ = ["AddedRequest", "BatchUpdate", "LogitsProcessor", "MoveDirectionality", "MovedRequest",
+           "RemovedRequest"]
