@@ -151,18 +151,15 @@ class EngineConfig:
                              f"{self.prompt_lookup_min} and {self.prompt_lookup_max}")
         if self.logits_processors:
             raise ValueError("logits_processors cannot be combined with speculative decoding: "
-                             "drafts are "
-                             "verified without them")
+                             "drafts are verified without them")
         if self.speculative_model == NGRAM:
             return
         if self.preemption_mode == "swap":
             raise ValueError("preemption_mode='swap' does not swap a draft model's cache: use "
-                             "'recompute' "
-                             "with a draft speculative_model")
+                             "'recompute' with a draft speculative_model")
         if self.tensor_parallel_size > 1:
             raise ValueError("a draft speculative_model is not split across ranks: with "
-                             "tensor_parallel_size > 1 "
-                             "use n-gram drafting ('[ngram]') or none")
+                             "tensor_parallel_size > 1 use n-gram drafting ('[ngram]') or none")
 
     def resolve(self) -> EngineConfig:
         """A copy with Hub ids turned into local directories, the checkpoint's config read, the
@@ -192,26 +189,22 @@ class EngineConfig:
             gpus = torch.cuda.device_count()
             if gpus < tp:
                 raise ValueError(f"tensor_parallel_size={tp} needs {tp} GPUs on this machine (one "
-                                 f"per rank), but "
-                                 f"it has {gpus}: use fewer ranks, torchrun across machines, or "
-                                 f"device='cpu'")
+                                 f"per rank), but it has {gpus}: use fewer ranks, torchrun across "
+                                 f"machines, or device='cpu'")
         dtype = self.resolve_dtype(mc.torch_dtype)
         if tp > 1:
             check_divisible(mc, tp)
             # packed 4-bit groups
             if mc.quantization is not None and mc.quantization.name in ("gptq", "awq"):
                 raise ValueError(f"tensor_parallel_size={tp} with a {mc.quantization.name.upper()} "
-                                 f"checkpoint is "
-                                 f"not supported (float checkpoints, GGUF files and "
+                                 f"checkpoint is not supported (float checkpoints, GGUF files and "
                                  f"quantization='int8' are)")
         max_len = self._max_model_len(mc, dtype)
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < max_len:
             raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller "
-                             f"than max_model_len "
-                             f"({max_len}): without chunked prefill a long prompt could never be "
-                             f"scheduled. Raise "
-                             f"max_num_batched_tokens, lower max_model_len, or enable chunked "
-                             f"prefill")
+                             f"than max_model_len ({max_len}): without chunked prefill a long "
+                             f"prompt could never be scheduled. Raise max_num_batched_tokens, "
+                             f"lower max_model_len, or enable chunked prefill")
         # vLLM's rule: the server answers to the model exactly as given; the embedded default to its
         # name
         name = self.served_model_name or (DEFAULT_MODEL.name if self.model is DEFAULT_MODEL

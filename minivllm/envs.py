@@ -47,8 +47,7 @@ VARIABLES: dict[str, EnvVar] = {
     "MINIVLLM_PLATFORM": EnvVar(
         _choice("auto", "reference", "cpu", "cuda"), "auto",
         "the platform the engine runs on: 'auto' (cuda on a GPU, cpu elsewhere), or 'reference' "
-        "for the "
-        "readable torch code the chapters print, everywhere"),
+        "for the readable torch code the chapters print, everywhere"),
     "MINIVLLM_CPU_ATTENTION": EnvVar(
         _choice("kernel", "reference"), "kernel",
         "cpu platform: 'reference' attends with the torch reference instead of the C++ kernel"),

@@ -73,8 +73,7 @@ class SchedulerOutput:
     grammar_rows: dict[str, int] = field(default_factory=dict)  # request id -> its first row
     # the runner copies these (src, dst) block pairs before the forward pass, in this order: swap
     # out, copy, swap in (a block swapped out may be reused by a copy-on-write; a swap-in may reuse
-    # a block a copy just read)
-    # (GPU block, host block)
+    # a block a copy just read) (GPU block, host block)
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
     # (host block, GPU block)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)

@@ -2,13 +2,12 @@
 
 A `TensorParallel` is passed explicitly to every layer that splits (model/linear.py,
 model/embedding.py): no global state beyond the process-group objects it holds. They are built
-directly on a c10d store (TCPStore),
-not through `init_process_group`, so two engines in one process (or a user's own default group)
-never meet. Two groups over the same ranks: `device_group` for the model's tensors (gloo on CPU,
-NCCL on CUDA) and `cpu_group` (always gloo) for the engine's own messages: the step's
-SchedulerOutput, the KV block count.
-Each rank counts what its model's collectives carried (`traffic`): chapter 13 reads rank 0's to
-check the bytes per token it computed from the config.
+directly on a c10d store (TCPStore), not through `init_process_group`, so two engines in one process
+(or a user's own default group) never meet. Two groups over the same ranks: `device_group` for the
+model's tensors (gloo on CPU, NCCL on CUDA) and `cpu_group` (always gloo) for the engine's own
+messages: the step's SchedulerOutput, the KV block count. Each rank counts what its model's
+collectives carried (`traffic`): chapter 13 reads rank 0's to check the bytes per token it computed
+from the config.
 """
 
 from __future__ import annotations
@@ -143,9 +142,8 @@ def check_divisible(model_config, tp_size: int) -> None:
     kv = mc.num_kv_heads
     if kv % tp_size and tp_size % kv:
         raise ValueError(f"tensor_parallel_size={tp_size} and the model's num_key_value_heads "
-                         f"({kv}): one must be "
-                         f"a multiple of the other (KV heads are split, or replicated when fewer "
-                         f"than the ranks)")
+                         f"({kv}): one must be a multiple of the other (KV heads are split, or "
+                         f"replicated when fewer than the ranks)")
 
 
 def shard_of(loaded: torch.Tensor, dim: int, index: int, extent: int) -> torch.Tensor:

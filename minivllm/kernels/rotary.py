@@ -4,8 +4,7 @@ The torch version indexes the cos/sin table, casts it, slices each head into hal
 multiplies and adds: around a dozen kernels for q and k. Here one program per token loads that token's
 cos/sin row once and rotates every head of q and k, each pair (x1, x2) of half-dimensions by its angle:
 
-    x1' = x1 * cos - x2 * sin
-    x2' = x2 * cos + x1 * sin
+    x1' = x1 * cos - x2 * sin x2' = x2 * cos + x1 * sin
 
 The table is the model's `cos_sin` buffer, [max_positions, 2, head_dim] in fp32, whose two halves repeat
 (the frequencies are concatenated twice, as in Hugging Face's rotate_half convention).

@@ -6,13 +6,12 @@ matplotlib is imported only where a figure is drawn):
     blocks:    pool_cells, block_table_html, block_table_figure   (the block-table viewer)
     journey:   step_html                                           (one step of a prompt's journey)
     timelines: timeline, timeline_figure                           (the batching timeline)
-    workloads: run_arrivals, kv_occupancy (drive a real engine; measure its trace)
-    speculation: spec_rounds, speculation_html (speculative decoding, token by token)
-    traces: relabel_requests (rename the requests of a recording)
-    graphs: graph_batch_html (a CUDA-graph decode step's padded buffers)
-    memory: fork_rows, fork_html, swap_totals (beam forks and copy-on-write; swaps)
-    figures: figure_png, show (a Figure as PNG bytes; shown in a notebook)
-    step_time: step_time_breakdown, step_time_figure (host vs model time per step, measured) Widgets
+    workloads: run_arrivals, kv_occupancy (drive a real engine; measure its trace) speculation:
+    spec_rounds, speculation_html (speculative decoding, token by token) traces: relabel_requests
+    (rename the requests of a recording) graphs: graph_batch_html (a CUDA-graph decode step's padded
+    buffers) memory: fork_rows, fork_html, swap_totals (beam forks and copy-on-write; swaps)
+    figures: figure_png, show (a Figure as PNG bytes; shown in a notebook) step_time:
+    step_time_breakdown, step_time_figure (host vs model time per step, measured) Widgets
 (ipywidgets, the `notebook` extra): JourneyStepper, BlockTableViewer, SpeculationStepper. They live
 in `ui`, which is imported on first use of one of those names, so `import minivllm.widgets` needs no
 ipywidgets.
