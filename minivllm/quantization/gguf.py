@@ -110,18 +110,17 @@ def gguf_tensors(path: Path, cfg) -> Iterator[tuple[str, torch.Tensor]]:
 
 def _gguf_metadata(writer, cfg) -> None:
     """The config keys llama.cpp's converter writes, from which transformers rebuilds the config."""
-    heads = cfg.num_attention_heads
     writer.add_name("tiny")
     writer.add_context_length(cfg.max_position_embeddings)
     writer.add_embedding_length(cfg.hidden_size)
     writer.add_block_count(cfg.num_hidden_layers)
     writer.add_feed_forward_length(cfg.intermediate_size)
-    writer.add_head_count(heads)
+    writer.add_head_count(cfg.num_attention_heads)
     writer.add_head_count_kv(cfg.num_key_value_heads)
     rope = getattr(cfg, "rope_parameters", None) or {}
     writer.add_rope_freq_base(float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))))
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    writer.add_rope_dimension_count(cfg.hidden_size // heads)
+    writer.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
 
 
 def _gguf_tokenizer(writer, tokenizer_dir: str | Path) -> None:

@@ -94,20 +94,6 @@ def _cell(token_text: str, verdict: str, color: str, strike: bool = False) -> st
             f"<code>{body}</code><br><small>{verdict}</small></td>")
 
 
-def _heading(rnd: SpecRound, position: int | None, total: int | None) -> str:
-    """The round's title: where it sits in the stepper and what happened in it, in one line."""
-    where = (f"round {position + 1} of {total} (engine step {rnd.step})" if position is not None
-             and total
-             else f"engine step {rnd.step}")
-    if rnd.outcome == "plain":
-        what = ("no drafts: the target's own token" if rnd.kind == "decode"
-                else "prefill: the first token")
-    else:
-        what = (f"{len(rnd.drafted)} drafted, {rnd.num_accepted} accepted, "
-                f"{len(rnd.new_token_ids)} appended")
-    return f"<h4>{where}: request <b>{html.escape(rnd.request_id)}</b>, {what}</h4>"
-
-
 def _context_line(rnd: SpecRound, tokenizer, shown: int, prompt_token_ids: Sequence[int],
                   context_chars: int) -> str:
     """The text before this round, then the tokens revealed so far highlighted, to read in place."""
@@ -183,9 +169,18 @@ def speculation_html(rnd: SpecRound, tokenizer=None, revealed: int | None = None
     rejection), or pending.
     """
     shown = rnd.num_reveals if revealed is None else max(0, min(revealed, rnd.num_reveals))
+    where = (f"round {position + 1} of {total} (engine step {rnd.step})"
+             if position is not None and total else f"engine step {rnd.step}")
+    if rnd.outcome == "plain":
+        what = ("no drafts: the target's own token" if rnd.kind == "decode"
+                else "prefill: the first token")
+    else:
+        what = (f"{len(rnd.drafted)} drafted, {rnd.num_accepted} accepted, "
+                f"{len(rnd.new_token_ids)} appended")
+    head = f"<h4>{where}: request <b>{html.escape(rnd.request_id)}</b>, {what}</h4>"
     cells = [_draft_cell(rnd, tokenizer, shown, i, d) for i, d in enumerate(rnd.drafted)]
     cells += _target_cells(rnd, tokenizer, shown)
-    return (f'<div class="minivllm-speculation minivllm-page">{_heading(rnd, position, total)}'
+    return (f'<div class="minivllm-speculation minivllm-page">{head}'
             f"{_context_line(rnd, tokenizer, shown, prompt_token_ids, context_chars)}"
             f'<table class="minivllm-spec"><tr>{"".join(cells)}</tr></table>'
             f"{_summary_line(rnd, shown)}</div>")
