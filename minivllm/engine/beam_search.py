@@ -101,13 +101,9 @@ class BeamSearch:
         self.engine = engine
         self._ids = itertools.count()
 
-    def run(self, prompts: list[PromptType], params: BeamSearchParams) -> list[BeamSearchOutput]:
-        eng, k = self.engine, params.beam_width
-        if eng.has_unfinished_requests():
-            raise ValueError("beam_search needs an idle engine: finish or abort the other requests "
-                             "first")
-        eos = None if params.ignore_eos else eng.eos_token_id
-        stops = set() if params.ignore_eos else set(eng.eos_token_ids)
+    def _add_requests(self, prompts: list[PromptType], params: BeamSearchParams) -> list[_Instance]:
+        """One engine request per prompt, its first beam: the engine computes, the search picks."""
+        eng = self.engine
         # the requests only carry tokens and blocks: the search decides every token and every stop
         # itself
         request_params = SamplingParams(temperature=0, max_tokens=params.max_tokens,
@@ -121,6 +117,40 @@ class BeamSearch:
             eng.scheduler.add(request)
             tokens = list(request.prompt_token_ids)
             instances.append(_Instance(tokens, [(request, BeamSearchSequence(tokens))]))
+        return instances
+
+    def _extend(self, inst: _Instance, logprobs: dict[str, torch.Tensor], k: int, stops: set[int],
+                score) -> None:
+        """One search step of one prompt: every beam's 2k best tokens, the k best kept as forks."""
+        eng = self.engine
+        candidates = []
+        for request, seq in inst.beams:
+            top = logprobs[request.request_id].topk(2 * k)
+            step = dict(zip(top.indices.tolist(), top.values.tolist()))
+            for token, lp in step.items():
+                new = BeamSearchSequence(seq.tokens + [token], seq.logprobs + [step],
+                                         seq.cum_logprob + lp)
+                if token in stops:
+                    new.finish_reason, new.stop_reason = FinishReason.STOP, None
+                    inst.completed.append(new)
+                else:
+                    candidates.append((new, request, token))
+        chosen = sorted(candidates, key=lambda c: score(c[0]), reverse=True)[:k]
+        parents = [request for request, _ in inst.beams]
+        inst.beams = [(eng.scheduler.fork(
+            parent, f"{parent.parent_id}.{next(self._ids)}", token), new)
+                      for new, parent, token in chosen]
+        # forks hold on
+        eng.scheduler.finish_requests([p.request_id for p in parents], FinishReason.ABORT)
+
+    def run(self, prompts: list[PromptType], params: BeamSearchParams) -> list[BeamSearchOutput]:
+        eng, k = self.engine, params.beam_width
+        if eng.has_unfinished_requests():
+            raise ValueError("beam_search needs an idle engine: finish or abort the other requests "
+                             "first")
+        eos = None if params.ignore_eos else eng.eos_token_id
+        stops = set() if params.ignore_eos else set(eng.eos_token_ids)
+        instances = self._add_requests(prompts, params)
 
         def score(seq: BeamSearchSequence) -> float:
             return get_beam_search_score(seq.tokens, seq.cum_logprob, eos, params.length_penalty)
@@ -132,26 +162,7 @@ class BeamSearch:
                     break
                 logprobs = self._logprobs(live, params.temperature)
                 for inst in instances:
-                    candidates = []
-                    for request, seq in inst.beams:
-                        top = logprobs[request.request_id].topk(2 * k)
-                        step = dict(zip(top.indices.tolist(), top.values.tolist()))
-                        for token, lp in step.items():
-                            new = BeamSearchSequence(seq.tokens + [token], seq.logprobs + [step],
-                                                     seq.cum_logprob + lp)
-                            if token in stops:
-                                new.finish_reason, new.stop_reason = FinishReason.STOP, None
-                                inst.completed.append(new)
-                            else:
-                                candidates.append((new, request, token))
-                    chosen = sorted(candidates, key=lambda c: score(c[0]), reverse=True)[:k]
-                    parents = [request for request, _ in inst.beams]
-                    inst.beams = [(eng.scheduler.fork(
-                        parent, f"{parent.parent_id}.{next(self._ids)}", token), new)
-                                  for new, parent, token in chosen]
-                    # forks hold on
-                    eng.scheduler.finish_requests([p.request_id for p in parents],
-                                                  FinishReason.ABORT)
+                    self._extend(inst, logprobs, k, stops, score)
         finally:
             eng.scheduler.finish_requests([r.request_id for inst in instances for r,
                                            _ in inst.beams],

@@ -22,55 +22,51 @@ _TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 2
 FINISHED_REASONS = tuple(r.value for r in FinishReason)
 
 
+# attribute -> (metric class, name, help text, histogram buckets), in registration (scrape) order
+_METRICS = {
+    "running": (Gauge, "vllm:num_requests_running", "Sequences in the running batch.", None),
+    "waiting": (Gauge, "vllm:num_requests_waiting", "Sequences waiting to be scheduled.", None),
+    "kv_usage": (Gauge, "vllm:kv_cache_usage_perc", "KV-cache usage: 1 means every block is held.",
+                 None),
+    "blocks_total": (Gauge, "minivllm:kv_blocks_total", "KV-cache blocks in the pool.", None),
+    "blocks_free": (Gauge, "minivllm:kv_blocks_free", "KV-cache blocks no request holds (cached "
+                    "ones included: they are evictable).", None),
+    "cache_queries": (Counter, "vllm:prefix_cache_queries",
+                      "Prompt tokens looked up in the prefix cache.", None),
+    "cache_hits": (Counter, "vllm:prefix_cache_hits", "Prompt tokens the prefix cache served.",
+                   None),
+    "ttft": (Histogram, "vllm:time_to_first_token_seconds", "Arrival to first output token.",
+             _LATENCY_BUCKETS),
+    "tpot": (Histogram, "vllm:time_per_output_token_seconds",
+             "Mean time between output tokens after the first, per request.", _LATENCY_BUCKETS),
+    "e2e": (Histogram, "vllm:e2e_request_latency_seconds", "Arrival to last output token.",
+            _LATENCY_BUCKETS),
+    "queue_time": (Histogram, "vllm:request_queue_time_seconds", "Arrival to first scheduled.",
+                   _LATENCY_BUCKETS),
+    "req_prompt": (Histogram, "vllm:request_prompt_tokens", "Prompt tokens per finished request.",
+                   _TOKEN_BUCKETS),
+    "req_generation": (Histogram, "vllm:request_generation_tokens",
+                       "Output tokens per finished request.", _TOKEN_BUCKETS),
+    "generation_tokens": (Counter, "vllm:generation_tokens", "Output tokens generated.", None),
+    "prompt_tokens": (Counter, "vllm:prompt_tokens", "Prompt tokens of requests admitted.", None),
+    "preemptions": (Counter, "vllm:num_preemptions", "Sequences preempted to free blocks.", None),
+    # speculative decoding (vLLM's names): verification steps, drafts proposed, drafts accepted
+    "spec_drafts": (Counter, "vllm:spec_decode_num_drafts", "Verification steps (one draft each).",
+                    None),
+    "spec_draft_tokens": (Counter, "vllm:spec_decode_num_draft_tokens", "Draft tokens proposed.",
+                          None),
+    "spec_accepted": (Counter, "vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted.",
+                      None),
+}
+
+
 class ServerMetrics:
     def __init__(self, model_name: str) -> None:
         r = self.registry = CollectorRegistry()
-        lab = ["model_name"]
-
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, lab, registry=r).labels(model_name)
-
-        def counter(name: str, doc: str) -> Counter:
-            return Counter(name, doc, lab, registry=r).labels(model_name)
-
-        def histogram(name: str, doc: str, buckets: tuple) -> Histogram:
-            return Histogram(name, doc, lab, buckets=buckets, registry=r).labels(model_name)
-
-        self.running = gauge("vllm:num_requests_running", "Sequences in the running batch.")
-        self.waiting = gauge("vllm:num_requests_waiting", "Sequences waiting to be scheduled.")
-        self.kv_usage = gauge("vllm:kv_cache_usage_perc",
-                              "KV-cache usage: 1 means every block is held.")
-        self.blocks_total = gauge("minivllm:kv_blocks_total", "KV-cache blocks in the pool.")
-        self.blocks_free = gauge("minivllm:kv_blocks_free",
-                                 "KV-cache blocks no request holds (cached ones "
-                                 "included: they are evictable).")
-        self.cache_queries = counter("vllm:prefix_cache_queries",
-                                     "Prompt tokens looked up in the prefix cache.")
-        self.cache_hits = counter("vllm:prefix_cache_hits",
-                                  "Prompt tokens the prefix cache served.")
-        self.ttft = histogram("vllm:time_to_first_token_seconds", "Arrival to first output token.",
-                              _LATENCY_BUCKETS)
-        self.tpot = histogram("vllm:time_per_output_token_seconds",
-                              "Mean time between output tokens after "
-                              "the first, per request.", _LATENCY_BUCKETS)
-        self.e2e = histogram("vllm:e2e_request_latency_seconds", "Arrival to last output token.",
-                             _LATENCY_BUCKETS)
-        self.queue_time = histogram("vllm:request_queue_time_seconds",
-                                    "Arrival to first scheduled.", _LATENCY_BUCKETS)
-        self.req_prompt = histogram("vllm:request_prompt_tokens",
-                                    "Prompt tokens per finished request.", _TOKEN_BUCKETS)
-        self.req_generation = histogram("vllm:request_generation_tokens",
-                                        "Output tokens per finished request.", _TOKEN_BUCKETS)
-        self.generation_tokens = counter("vllm:generation_tokens", "Output tokens generated.")
-        self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens of requests admitted.")
-        self.preemptions = counter("vllm:num_preemptions", "Sequences preempted to free blocks.")
-        # speculative decoding (vLLM's names): verification steps, drafts proposed, drafts accepted
-        self.spec_drafts = counter("vllm:spec_decode_num_drafts",
-                                   "Verification steps (one draft each).")
-        self.spec_draft_tokens = counter("vllm:spec_decode_num_draft_tokens",
-                                         "Draft tokens proposed.")
-        self.spec_accepted = counter("vllm:spec_decode_num_accepted_tokens",
-                                     "Draft tokens accepted.")
+        for attr, (kind, name, doc, buckets) in _METRICS.items():
+            extra = {} if buckets is None else {"buckets": buckets}
+            setattr(self, attr, kind(name, doc, ["model_name"], registry=r, **extra)
+                    .labels(model_name))
         self._spec_per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
                                      "Draft tokens accepted, by "
                                      "their position in the draft.", ["model_name", "position"],

@@ -111,6 +111,34 @@ class OutputProcessor:
                 else None)
             self.parent_of[seq.request_id] = request.request_id
 
+    def _append_tokens(self, seq: SequenceText, core: EngineCoreOutput, params: SamplingParams,
+                       eos_token_ids) -> str | None:
+        """Append one step's tokens, text and logprobs as far as they are kept; any stop string."""
+        num_before = len(seq.output_token_ids)
+        hit = None
+        # a stop token's text (EOS, stop_token_ids) is left out, as a stop string is, unless
+        # asked for
+        last = core.new_token_ids[-1]
+        silent_last = (core.finish_reason is FinishReason.STOP
+                       and not params.include_stop_str_in_output and
+                       (last == core.stop_reason or last in eos_token_ids))
+        for i, token in enumerate(core.new_token_ids):
+            seq.token_ids.append(token)
+            if silent_last and i == len(core.new_token_ids) - 1:
+                seq.num_silent_tokens = 1
+                break
+            hit = self._stream_text(seq, params)
+            if hit is not None:
+                seq.finish_reason, seq.stop_reason = FinishReason.STOP, hit
+                break
+        # as far as the tokens kept
+        if seq.cumulative_logprob is not None and core.logprobs is not None:
+            kept = core.logprobs[: len(seq.output_token_ids) - num_before]
+            if seq.logprobs is not None:
+                seq.logprobs += [self._logprob_dict(p, params) for p in kept]
+            seq.cumulative_logprob += sum(p.logprobs[0] for p in kept)
+        return hit
+
     def process(self, core_outputs: list[EngineCoreOutput]) -> tuple[list[RequestOutput],
                                                                      dict[str, str]]:
         """Turn one step's new tokens into outputs; also returns {sequence id: stop string} for the
@@ -130,30 +158,10 @@ class OutputProcessor:
                 continue
             if seq.first_token_time is None:
                 seq.first_token_time = now
-            num_before = len(seq.output_token_ids)
-            # a stop token's text (EOS, stop_token_ids) is left out, as a stop string is, unless
-            # asked for
-            last = core.new_token_ids[-1]
-            silent_last = (core.finish_reason is FinishReason.STOP
-                           and not params.include_stop_str_in_output and
-                           (last == core.stop_reason
-                            or last in group.request.sequences[0].eos_token_ids))
-            for i, token in enumerate(core.new_token_ids):
-                seq.token_ids.append(token)
-                if silent_last and i == len(core.new_token_ids) - 1:
-                    seq.num_silent_tokens = 1
-                    break
-                hit = self._stream_text(seq, params)
-                if hit is not None:
-                    seq.finish_reason, seq.stop_reason = FinishReason.STOP, hit
-                    stopped[core.request_id] = hit
-                    break
-            # as far as the tokens kept
-            if seq.cumulative_logprob is not None and core.logprobs is not None:
-                kept = core.logprobs[: len(seq.output_token_ids) - num_before]
-                if seq.logprobs is not None:
-                    seq.logprobs += [self._logprob_dict(p, params) for p in kept]
-                seq.cumulative_logprob += sum(p.logprobs[0] for p in kept)
+            hit = self._append_tokens(seq, core, params,
+                                      group.request.sequences[0].eos_token_ids)
+            if hit is not None:
+                stopped[core.request_id] = hit
             if seq.finish_reason is None and core.finish_reason is not None:
                 seq.finish_reason, seq.stop_reason = core.finish_reason, core.stop_reason
             if seq.finish_reason is not None:

@@ -61,77 +61,85 @@ def check_pool_invariants(engine, record) -> None:
                               f"one is in it twice.")
 
 
+def _hands_out_and_takes_back(pool_cls: type) -> None:
+    """Every block handed out once, with ref_cnt 1, and every one taken back by free."""
+    pool = pool_cls(4)
+    ids = [pool.allocate() for _ in range(4)]
+    if sorted(ids) != [0, 1, 2, 3]:
+        raise ExerciseFailure(f"four allocations from a pool of 4 blocks returned {ids}: each "
+                              f"block once.")
+    if any(pool.blocks[b].ref_cnt != 1 for b in ids) or pool.num_free_blocks != 0:
+        raise ExerciseFailure(f"after allocating all 4 blocks, their ref_cnt are "
+                              f"{[pool.blocks[b].ref_cnt for b in ids]} (should be 1 each) and "
+                              f"{pool.num_free_blocks} remain in the free queue (should be 0).")
+    for b in ids:
+        pool.free(b)
+    if pool.num_free_blocks != 4 or any(blk.ref_cnt for blk in pool.blocks):
+        raise ExerciseFailure(f"after freeing all 4 blocks, {pool.num_free_blocks} are in the "
+                              f"free queue and their ref_cnt are "
+                              f"{[blk.ref_cnt for blk in pool.blocks]}.")
+
+
+def _shared_blocks_wait_for_the_last_reader(pool_cls: type) -> None:
+    """A shared block returns to the queue only with its last reader; a double free raises."""
+    pool = pool_cls(3)
+    b = pool.allocate()
+    pool.touch(b)  # a second request shares it (a prefix-cache hit)
+    pool.free(b)
+    if b in pool.free_queue or pool.blocks[b].ref_cnt != 1:
+        raise ExerciseFailure(f"block {b} was shared by two requests and one freed it: it must "
+                              f"stay out of the free queue with ref_cnt 1 (it has "
+                              f"{pool.blocks[b].ref_cnt}, and is "
+                              f"{'in' if b in pool.free_queue else 'not in'} the queue). "
+                              f"Otherwise it could be handed to a third request while the "
+                              f"second still reads it.")
+    pool.free(b)
+    if b not in pool.free_queue:
+        raise ExerciseFailure(f"block {b}'s last reader freed it, but it is not back in the "
+                              f"free queue.")
+    try:
+        pool.free(b)
+    except RuntimeError:
+        pass
+    else:
+        raise ExerciseFailure(f"freeing block {b} a third time (its ref_cnt was already 0) did "
+                              f"not raise RuntimeError: a double free must be refused, or the "
+                              f"pool silently breaks.")
+
+
+def _reuse_order_and_eviction(pool_cls: type) -> None:
+    """Unhashed blocks are reused first, so cached prefixes live on until evicted."""
+    pool = pool_cls(3)
+    a, b, _ = pool.allocate(), pool.allocate(), pool.allocate()
+    pool.cache(a, b"prefix")
+    pool.free(a)  # a holds a cached prefix: keep it as long as possible
+    pool.free(b)  # b holds nothing worth keeping: reuse it first
+    first = pool.allocate()
+    if first != b:
+        raise ExerciseFailure(f"block {a} (holding a cached prefix) and then block {b} (no "
+                              f"hash) were freed; the next allocate returned {first}, but a "
+                              f"block without a hash goes to the front of the queue and is "
+                              f"reused first, so the cached prefix survives.")
+    if pool.lookup(b"prefix") != a:
+        raise ExerciseFailure(f"freeing block {a} forgot its cached prefix: a freed block "
+                              f"keeps its hash until it is handed out again, so a later "
+                              f"request can still hit it.")
+    again = pool.allocate()
+    if (again != a or pool.lookup(b"prefix") is not None
+        or pool.blocks[a].block_hash is not None):
+        raise ExerciseFailure(f"when allocate hands out block {a}, which still held a cached "
+                              f"prefix, it must evict it (delete it from pool.cached and clear "
+                              f"block_hash): its contents are about to be overwritten.")
+
+
 def _unit_checks(pool_cls: type) -> list:
-    def hands_out_and_takes_back():
-        pool = pool_cls(4)
-        ids = [pool.allocate() for _ in range(4)]
-        if sorted(ids) != [0, 1, 2, 3]:
-            raise ExerciseFailure(f"four allocations from a pool of 4 blocks returned {ids}: each "
-                                  f"block once.")
-        if any(pool.blocks[b].ref_cnt != 1 for b in ids) or pool.num_free_blocks != 0:
-            raise ExerciseFailure(f"after allocating all 4 blocks, their ref_cnt are "
-                                  f"{[pool.blocks[b].ref_cnt for b in ids]} (should be 1 each) and "
-                                  f"{pool.num_free_blocks} remain in the free queue (should be 0).")
-        for b in ids:
-            pool.free(b)
-        if pool.num_free_blocks != 4 or any(blk.ref_cnt for blk in pool.blocks):
-            raise ExerciseFailure(f"after freeing all 4 blocks, {pool.num_free_blocks} are in the "
-                                  f"free queue and their ref_cnt are "
-                                  f"{[blk.ref_cnt for blk in pool.blocks]}.")
-
-    def shared_blocks_wait_for_the_last_reader():
-        pool = pool_cls(3)
-        b = pool.allocate()
-        pool.touch(b)  # a second request shares it (a prefix-cache hit)
-        pool.free(b)
-        if b in pool.free_queue or pool.blocks[b].ref_cnt != 1:
-            raise ExerciseFailure(f"block {b} was shared by two requests and one freed it: it must "
-                                  f"stay out of the free queue with ref_cnt 1 (it has "
-                                  f"{pool.blocks[b].ref_cnt}, and is "
-                                  f"{'in' if b in pool.free_queue else 'not in'} the queue). "
-                                  f"Otherwise it could be handed to a third request while the "
-                                  f"second still reads it.")
-        pool.free(b)
-        if b not in pool.free_queue:
-            raise ExerciseFailure(f"block {b}'s last reader freed it, but it is not back in the "
-                                  f"free queue.")
-        try:
-            pool.free(b)
-        except RuntimeError:
-            pass
-        else:
-            raise ExerciseFailure(f"freeing block {b} a third time (its ref_cnt was already 0) did "
-                                  f"not raise RuntimeError: a double free must be refused, or the "
-                                  f"pool silently breaks.")
-
-    def reuse_order_and_eviction():
-        pool = pool_cls(3)
-        a, b, _ = pool.allocate(), pool.allocate(), pool.allocate()
-        pool.cache(a, b"prefix")
-        pool.free(a)  # a holds a cached prefix: keep it as long as possible
-        pool.free(b)  # b holds nothing worth keeping: reuse it first
-        first = pool.allocate()
-        if first != b:
-            raise ExerciseFailure(f"block {a} (holding a cached prefix) and then block {b} (no "
-                                  f"hash) were freed; the next allocate returned {first}, but a "
-                                  f"block without a hash goes to the front of the queue and is "
-                                  f"reused first, so the cached prefix survives.")
-        if pool.lookup(b"prefix") != a:
-            raise ExerciseFailure(f"freeing block {a} forgot its cached prefix: a freed block "
-                                  f"keeps its hash until it is handed out again, so a later "
-                                  f"request can still hit it.")
-        again = pool.allocate()
-        if (again != a or pool.lookup(b"prefix") is not None
-            or pool.blocks[a].block_hash is not None):
-            raise ExerciseFailure(f"when allocate hands out block {a}, which still held a cached "
-                                  f"prefix, it must evict it (delete it from pool.cached and clear "
-                                  f"block_hash): its contents are about to be overwritten.")
-
-    return [("the pool hands out each block once and takes it back", hands_out_and_takes_back),
+    """The pool on its own, before the engine runs it: (what is checked, the check) pairs."""
+    return [("the pool hands out each block once and takes it back",
+             lambda: _hands_out_and_takes_back(pool_cls)),
             ("a shared block is freed only by its last reader, and a double free raises",
-             shared_blocks_wait_for_the_last_reader),
+             lambda: _shared_blocks_wait_for_the_last_reader(pool_cls)),
             ("unhashed blocks are reused first, and a reused cached block is evicted",
-             reuse_order_and_eviction)]
+             lambda: _reuse_order_and_eviction(pool_cls))]
 
 
 def check_block_pool(pool_cls: type, max_examples: int = 10) -> Report:

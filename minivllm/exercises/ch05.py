@@ -31,6 +31,21 @@ def _kept(top_p_fn: Callable, probs: list[float], p: float) -> list[int]:
     return [i for i, x in enumerate(out[0].tolist()) if x != float("-inf")]
 
 
+def _check_sampler_distribution(top_p_fn: Callable, draws: int) -> None:
+    """Many draws through the real Sampler: the filter must give the nucleus its exact odds."""
+    sampler = Sampler(seed=0, top_p_filter=top_p_fn)
+    params = [SamplingParams(temperature=1.0, top_p=0.75)] * draws
+    tokens = sampler(torch.tensor([PROBS]).log().expand(draws, -1).clone(),
+                     SamplingBatch.build(params, [[]] * draws, "cpu")).tolist()
+    freq = [tokens.count(t) / draws for t in range(len(PROBS))]
+    want = [0.0, 0.5 / 0.8, 0.0, 0.3 / 0.8]
+    worst = max(abs(f - w) for f, w in zip(freq, want))
+    if worst > 0.02:
+        raise ExerciseFailure(f"{draws} draws through the engine's Sampler with top_p=0.75 "
+                              f"gave token frequencies {[round(f, 3) for f in freq]}; the "
+                              f"renormalised nucleus is {[round(w, 3) for w in want]}.")
+
+
 def check_top_p(top_p_fn: Callable, draws: int = 20000) -> Report:
     """Grade `top_p(logits [B, V], top_p [B]) -> logits with the tokens outside each row's nucleus
     at -inf`."""
@@ -56,19 +71,6 @@ def check_top_p(top_p_fn: Callable, draws: int = 20000) -> Report:
                                   "set the others to -inf (the softmax after the filter "
                                   "renormalises).")
 
-    def sampler_distribution():
-        sampler = Sampler(seed=0, top_p_filter=top_p_fn)
-        params = [SamplingParams(temperature=1.0, top_p=0.75)] * draws
-        tokens = sampler(torch.tensor([PROBS]).log().expand(draws, -1).clone(),
-                         SamplingBatch.build(params, [[]] * draws, "cpu")).tolist()
-        freq = [tokens.count(t) / draws for t in range(len(PROBS))]
-        want = [0.0, 0.5 / 0.8, 0.0, 0.3 / 0.8]
-        worst = max(abs(f - w) for f, w in zip(freq, want))
-        if worst > 0.02:
-            raise ExerciseFailure(f"{draws} draws through the engine's Sampler with top_p=0.75 "
-                                  f"gave token frequencies {[round(f, 3) for f in freq]}; the "
-                                  f"renormalised nucleus is {[round(w, 3) for w in want]}.")
-
     def engine_equality():
         params = SamplingParams(temperature=0.9, top_p=0.8, max_tokens=8, seed=7, ignore_eos=True)
         _, ours, _ = generate(EngineHooks(), params=params)
@@ -84,6 +86,7 @@ def check_top_p(top_p_fn: Callable, draws: int = 20000) -> Report:
     return run_checks("ch05 top_p", [
         ("the nucleus is right on rows with a known answer", known_answers),
         ("each row uses its own top_p, and kept logits are untouched", rows_and_values),
-        ("the engine's Sampler draws from the renormalised nucleus", sampler_distribution),
+        ("the engine's Sampler draws from the renormalised nucleus",
+         lambda: _check_sampler_distribution(top_p_fn, draws)),
         ("the engine's seeded sampling gives the same tokens as with its own filter",
          engine_equality)])

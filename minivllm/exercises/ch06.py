@@ -16,6 +16,26 @@ from minivllm.exercises.report import ExerciseFailure, Report, run_checks
 from minivllm.hooks import EngineHooks
 
 
+def _check_hits_and_equality(hooks: EngineHooks, block_size: int) -> None:
+    """The engine with it: shared prefixes are found, and the tokens still match transformers."""
+    rng = list(range(40, 40 + 5 * block_size))
+    # its first block = the first prompt's second block
+    shifted = rng[block_size:] + [7] * block_size
+    # the third shares 3 full blocks
+    prompts = [rng, shifted, rng[: 3 * block_size] + [11, 12, 13]]
+    check_greedy_matches_transformers(hooks, f"prefix caching, blocks of {block_size} tokens "
+                                      f"and a prompt that is another shifted by one block",
+                                      prompts, max_tokens=8, block_size=block_size,
+                                      num_kv_blocks=64, max_num_seqs=1)
+    _, _, llm = generate(hooks, prompts, 4, block_size=block_size, num_kv_blocks=64,
+                         max_num_seqs=1)
+    if llm.engine.stats()["prefix_cache_hits"] < 3 * block_size:
+        raise ExerciseFailure(f"the third prompt shares its first 3 full blocks with the "
+                              f"first, but only {llm.engine.stats()['prefix_cache_hits']} "
+                              f"prompt tokens were found in the prefix cache (expected at "
+                              f"least {3 * block_size}).")
+
+
 def check_hash_block(hash_block: Callable, block_size: int = 4) -> Report:
     """Grade `hash_block(parent_hash: bytes | None, token_ids: list[int]) -> bytes`."""
     hooks = EngineHooks(hash_block=hash_block)
@@ -53,26 +73,9 @@ def check_hash_block(hash_block: Callable, block_size: int = 4) -> Report:
                                   "a prompt and as the second block after [1, 2, 3, 4]: its K/V "
                                   "differ (other positions).")
 
-    def hits_and_equality():
-        rng = list(range(40, 40 + 5 * block_size))
-        # its first block = the first prompt's second block
-        shifted = rng[block_size:] + [7] * block_size
-        # the third shares 3 full blocks
-        prompts = [rng, shifted, rng[: 3 * block_size] + [11, 12, 13]]
-        check_greedy_matches_transformers(hooks, f"prefix caching, blocks of {block_size} tokens "
-                                          f"and a prompt that is another shifted by one block",
-                                          prompts, max_tokens=8, block_size=block_size,
-                                          num_kv_blocks=64, max_num_seqs=1)
-        _, _, llm = generate(hooks, prompts, 4, block_size=block_size, num_kv_blocks=64,
-                             max_num_seqs=1)
-        if llm.engine.stats()["prefix_cache_hits"] < 3 * block_size:
-            raise ExerciseFailure(f"the third prompt shares its first 3 full blocks with the "
-                                  f"first, but only {llm.engine.stats()['prefix_cache_hits']} "
-                                  f"prompt tokens were found in the prefix cache (expected at "
-                                  f"least {3 * block_size}).")
-
     return run_checks("ch06 hash_block", [
         ("the name is bytes, and the same for the same block", deterministic_bytes),
         ("different tokens give different names", tokens_matter),
         ("the name depends on the parent (the chain)", parent_matters),
-        ("the engine finds shared prefixes and still matches transformers", hits_and_equality)])
+        ("the engine finds shared prefixes and still matches transformers",
+         lambda: _check_hits_and_equality(hooks, block_size))])

@@ -42,6 +42,24 @@ def _first_tokens(verify: Callable, draft_probs: torch.Tensor | None, trials: in
     return [c / trials for c in counts], accepted
 
 
+def _check_distribution_with_q(verify: Callable, trials: int) -> None:
+    """Thousands of steps with a draft model: the first token must follow the target's p."""
+    freq, accepted = _first_tokens(verify, Q, trials, 1)
+    worst = max(abs(f - t) for f, t in zip(freq, P[0].tolist()))
+    rate = accepted / trials
+    if worst > 0.04:
+        raise ExerciseFailure(
+            f"over {trials} steps with drafts from q = {_rounded(Q[0])}, the first emitted "
+            f"token had frequencies {[round(f, 3) for f in freq]}, but the target's p is "
+            f"{_rounded(P[0])}: accept with probability min(1, p(d)/q(d)) and, on rejection, "
+            f"draw from normalise(max(0, p - q)). (Drafts accepted: {rate:.0%}; the rule "
+            f"accepts sum(min(p, q)) = 60%.)")
+    if abs(rate - 0.6) > 0.04:
+        raise ExerciseFailure(f"the output distribution is right, but {rate:.0%} of the drafts "
+                              f"were kept where the rule keeps sum(min(p, q)) = 60%: "
+                              f"speculation would gain less than it can.")
+
+
 def check_verify_sampled(verify: Callable, trials: int = 4000) -> Report:
     """Grade `verify_sampled(target_probs [k+1, V], draft: list[int], draft_probs [k, V] | None,
     generator)`."""
@@ -59,22 +77,6 @@ def check_verify_sampled(verify: Callable, trials: int = 4000) -> Report:
                 raise ExerciseFailure("the target gives draft token 0 probability 0, yet it was "
                                       "accepted: accept a draft d with probability min(1, p(d) / "
                                       "q(d)).")
-
-    def distribution_with_q():
-        freq, accepted = _first_tokens(verify, Q, trials, 1)
-        worst = max(abs(f - t) for f, t in zip(freq, P[0].tolist()))
-        rate = accepted / trials
-        if worst > 0.04:
-            raise ExerciseFailure(
-                f"over {trials} steps with drafts from q = {_rounded(Q[0])}, the first emitted "
-                f"token had frequencies {[round(f, 3) for f in freq]}, but the target's p is "
-                f"{_rounded(P[0])}: accept with probability min(1, p(d)/q(d)) and, on rejection, "
-                f"draw from normalise(max(0, p - q)). (Drafts accepted: {rate:.0%}; the rule "
-                f"accepts sum(min(p, q)) = 60%.)")
-        if abs(rate - 0.6) > 0.04:
-            raise ExerciseFailure(f"the output distribution is right, but {rate:.0%} of the drafts "
-                                  f"were kept where the rule keeps sum(min(p, q)) = 60%: "
-                                  f"speculation would gain less than it can.")
 
     def distribution_point_mass():
         freq, _ = _first_tokens(verify, None, trials, 2)
@@ -98,7 +100,7 @@ def check_verify_sampled(verify: Callable, trials: int = 4000) -> Report:
     return run_checks("ch07 verify_sampled", [
         ("certain cases: q = p keeps every draft, p(d) = 0 never keeps d", certain_cases),
         ("the first emitted token is distributed as the target's p (draft model)",
-         distribution_with_q),
+         lambda: _check_distribution_with_q(verify, trials)),
         ("the same with an n-gram drafter (q a point mass)", distribution_point_mass),
         ("the engine runs speculative sampling with it", engine_runs)])
 

@@ -36,6 +36,29 @@ def _call(quantize_fn: Callable, weight: torch.Tensor) -> tuple[torch.Tensor, to
     return q, scale.float()
 
 
+def _check_properties(quantize_fn: Callable) -> None:
+    """Random rows: the full int8 range, at most half a step off, and zero rows stay finite."""
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(16, 40, generator=gen) * torch.logspace(-3, 1, 16)[:, None]
+    w[5] = 0.0  # a row of zeros: its scale must not make 0 / 0
+    q, scale = _call(quantize_fn, w)
+    back = q.float() * scale[:, None]
+    if not torch.isfinite(back).all():
+        raise ExerciseFailure("an all-zero row came back as NaN or inf: with max|w| = 0 the "
+                              "scale is 0 and w / scale is 0 / 0; give such a row a tiny "
+                              "positive scale (or q = 0).")
+    used = q.abs().amax(dim=1)
+    if (used[torch.arange(16) != 5] != 127).any():
+        raise ExerciseFailure(f"each row's largest |q| should be 127 (the full int8 range); "
+                              f"yours are {used.tolist()}.")
+    err = (back - w).abs() - scale[:, None] / 2
+    if (err > 1e-6 * w.abs().amax(dim=1, keepdim=True) + 1e-12).any():
+        row = int(err.amax(dim=1).argmax())
+        raise ExerciseFailure(f"row {row} is off by more than half a step (scale / 2) "
+                              f"somewhere: round to the nearest integer rather than "
+                              f"truncating.")
+
+
 def check_int8_quantize(quantize_fn: Callable) -> Report:
     """Grade `my_quantize(weight [N, K] float32) -> (q [N, K] int8, scale [N])`, W ~ q * scale[:,
     None]."""
@@ -52,27 +75,6 @@ def check_int8_quantize(quantize_fn: Callable) -> Report:
             raise ExerciseFailure(f"with those scales q should be round(w / scale) = "
                                   f"{want_q.tolist()}; yours is {q.tolist()}.")
 
-    def properties():
-        gen = torch.Generator().manual_seed(0)
-        w = torch.randn(16, 40, generator=gen) * torch.logspace(-3, 1, 16)[:, None]
-        w[5] = 0.0  # a row of zeros: its scale must not make 0 / 0
-        q, scale = _call(quantize_fn, w)
-        back = q.float() * scale[:, None]
-        if not torch.isfinite(back).all():
-            raise ExerciseFailure("an all-zero row came back as NaN or inf: with max|w| = 0 the "
-                                  "scale is 0 and w / scale is 0 / 0; give such a row a tiny "
-                                  "positive scale (or q = 0).")
-        used = q.abs().amax(dim=1)
-        if (used[torch.arange(16) != 5] != 127).any():
-            raise ExerciseFailure(f"each row's largest |q| should be 127 (the full int8 range); "
-                                  f"yours are {used.tolist()}.")
-        err = (back - w).abs() - scale[:, None] / 2
-        if (err > 1e-6 * w.abs().amax(dim=1, keepdim=True) + 1e-12).any():
-            row = int(err.amax(dim=1).argmax())
-            raise ExerciseFailure(f"row {row} is off by more than half a step (scale / 2) "
-                                  f"somewhere: round to the nearest integer rather than "
-                                  f"truncating.")
-
     def engine_tokens():
         _, theirs, _ = generate(EngineHooks(), max_tokens=12, dtype="float32", quantization="int8")
         _, yours, _ = generate(EngineHooks(int8_quantize=quantize_fn), max_tokens=12,
@@ -87,6 +89,6 @@ def check_int8_quantize(quantize_fn: Callable) -> Report:
     return run_checks("ch12 int8 quantize", [
         ("scales and q are right on a matrix with a known answer", known_answer),
         ("every row uses the full range, within half a step, and zero rows stay finite",
-         properties),
+         lambda: _check_properties(quantize_fn)),
         ("the embedded model, quantized by your function, writes the engine's int8 tokens",
          engine_tokens)])

@@ -44,7 +44,16 @@ def resolve_model_path(name_or_path: str | os.PathLike, revision: str | None = N
         raise ValueError(f"{what} path {path} is a file, not a directory (nor a GGUF model file)")
     if not _is_repo_id(name_or_path):
         raise ValueError(f"{what} directory not found: {path}")
+    repo_id = str(name_or_path)
+    ref = f"{what} {repo_id!r}" + (f" (revision {revision!r})" if revision else "")
+    cache = Path(download_dir).expanduser() if download_dir is not None else _default_cache_dir()
+    snapshot = _download(repo_id, revision, cache, what, ref)
+    _check_snapshot(snapshot, ref, what)
+    return snapshot
 
+
+def _download(repo_id: str, revision: str | None, cache: Path, what: str, ref: str) -> Path:
+    """snapshot_download of the files we read, each failure a ValueError that says what to do."""
     import huggingface_hub
     from huggingface_hub import constants
     from huggingface_hub.utils import (
@@ -55,17 +64,14 @@ def resolve_model_path(name_or_path: str | os.PathLike, revision: str | None = N
         RevisionNotFoundError,
     )
 
-    repo_id = str(name_or_path)
-    ref = f"{what} {repo_id!r}" + (f" (revision {revision!r})" if revision else "")
-    cache = Path(download_dir).expanduser() if download_dir is not None else _default_cache_dir()
     # huggingface_hub reads HF_HUB_OFFLINE once, at import; a learner sets it in a notebook cell
     # after that.
     offline = envs.HF_HUB_OFFLINE or bool(constants.HF_HUB_OFFLINE)
     patterns = CONFIG_FILES + TOKENIZER_FILES + ([] if what == "tokenizer" else WEIGHT_FILES)
     try:
-        snapshot = Path(huggingface_hub.snapshot_download(repo_id, revision=revision,
-                                                          cache_dir=cache, allow_patterns=patterns,
-                                                          local_files_only=offline))
+        return Path(huggingface_hub.snapshot_download(repo_id, revision=revision, cache_dir=cache,
+                                                      allow_patterns=patterns,
+                                                      local_files_only=offline))
     except GatedRepoError as e:  # a subclass of RepositoryNotFoundError, so it comes first
         raise ValueError(f"{ref} is gated on the Hugging Face Hub: request access at "
                          f"https://huggingface.co/{repo_id}, then give a token (set HF_TOKEN, or "
@@ -87,8 +93,6 @@ def resolve_model_path(name_or_path: str | os.PathLike, revision: str | None = N
         raise _unreachable(ref, cache) from e
     except HfHubHTTPError as e:  # anything else the Hub answered (401, disabled repo, server error)
         raise ValueError(f"could not download {ref} from the Hugging Face Hub: {e}") from e
-    _check_snapshot(snapshot, ref, what)
-    return snapshot
 
 
 def _is_repo_id(name: str | os.PathLike) -> bool:

@@ -108,31 +108,27 @@ def gguf_tensors(path: Path, cfg) -> Iterator[tuple[str, torch.Tensor]]:
         yield name, w
 
 
-def write_gguf(path: str | Path, model, tokenizer_dir: str | Path, arch: str = "llama",
-               mlp_type: str = "Q8_0", attention_type: str = "Q4_0") -> None:
-    """A transformers Llama as llama.cpp's converter writes it (tests, benchmarks, chapter 12):
-    metadata, the byte-level BPE tokenizer of `tokenizer_dir`/tokenizer.json, attn_q/attn_k rows
-    permuted, the MLP and the attention matrices in the given GGML types ("F32" keeps them float),
-    embeddings, norms and head in F32."""
-    import json
-
-    import gguf
-    import numpy as np
-
-    cfg = model.config
-    heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
-    writer = gguf.GGUFWriter(str(path), arch)
+def _gguf_metadata(writer, cfg) -> None:
+    """The config keys llama.cpp's converter writes, from which transformers rebuilds the config."""
     writer.add_name("tiny")
     writer.add_context_length(cfg.max_position_embeddings)
     writer.add_embedding_length(cfg.hidden_size)
     writer.add_block_count(cfg.num_hidden_layers)
     writer.add_feed_forward_length(cfg.intermediate_size)
-    writer.add_head_count(heads)
-    writer.add_head_count_kv(kv_heads)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
     rope = getattr(cfg, "rope_parameters", None) or {}
     writer.add_rope_freq_base(float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))))
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    writer.add_rope_dimension_count(cfg.hidden_size // heads)
+    writer.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
+
+
+def _gguf_tokenizer(writer, tokenizer_dir: str | Path) -> None:
+    """The byte-level BPE tokenizer of tokenizer.json as metadata, so the file carries its own."""
+    import json
+
+    import gguf
+
     tok = json.loads((Path(tokenizer_dir) / "tokenizer.json").read_text())
     tokens = sorted(tok["model"]["vocab"], key=tok["model"]["vocab"].get)
     special = {a["id"] for a in tok["added_tokens"]}
@@ -147,28 +143,44 @@ def write_gguf(path: str | Path, model, tokenizer_dir: str | Path, arch: str = "
     writer.add_eos_token_id(2)
     writer.add_add_bos_token(True)
 
-    def permute(w, n):
-        return w.reshape(n, 2, w.shape[0] // n // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
+def _gguf_names(cfg) -> dict[str, str]:
+    """Our tensor names -> llama.cpp's, in the converter's order (no output.weight when tied)."""
     names = {"model.embed_tokens.weight": "token_embd.weight",
              "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
     for i in range(cfg.num_hidden_layers):
-        for ours, theirs in (("input_layernorm", "attn_norm"),
-                             ("post_attention_layernorm", "ffn_norm"),
-                             ("self_attn.q_proj", "attn_q"), ("self_attn.k_proj", "attn_k"),
-                             ("self_attn.v_proj", "attn_v"), ("self_attn.o_proj", "attn_output"),
-                             ("mlp.gate_proj", "ffn_gate"), ("mlp.up_proj", "ffn_up"),
-                             ("mlp.down_proj", "ffn_down")):
-            names[f"model.layers.{i}.{ours}.weight"] = f"blk.{i}.{theirs}.weight"
-    state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+        for theirs, ours in NAMES.items():
+            if theirs not in ("attn_q_norm", "attn_k_norm"):  # Qwen3's; a Llama has none
+                names[f"model.layers.{i}.{ours}.weight"] = f"blk.{i}.{theirs}.weight"
     if cfg.tie_word_embeddings:  # no output.weight: readers tie the head to token_embd
         del names["lm_head.weight"]
-    for hf_name, name in names.items():
+    return names
+
+
+def write_gguf(path: str | Path, model, tokenizer_dir: str | Path, arch: str = "llama",
+               mlp_type: str = "Q8_0", attention_type: str = "Q4_0") -> None:
+    """A transformers Llama as llama.cpp's converter writes it (tests, benchmarks, chapter 12):
+    metadata, the byte-level BPE tokenizer of `tokenizer_dir`/tokenizer.json, attn_q/attn_k rows
+    permuted, the MLP and the attention matrices in the given GGML types ("F32" keeps them float),
+    embeddings, norms and head in F32."""
+    import gguf
+    import numpy as np
+
+    cfg = model.config
+    writer = gguf.GGUFWriter(str(path), arch)
+    _gguf_metadata(writer, cfg)
+    _gguf_tokenizer(writer, tokenizer_dir)
+
+    def permute(w, n):
+        return w.reshape(n, 2, w.shape[0] // n // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+    state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    for hf_name, name in _gguf_names(cfg).items():
         w = state[hf_name]
         if arch == "llama" and ".attn_q." in name:
-            w = permute(w, heads)
+            w = permute(w, cfg.num_attention_heads)
         if arch == "llama" and ".attn_k." in name:
-            w = permute(w, kv_heads)
+            w = permute(w, cfg.num_key_value_heads)
         kind = mlp_type if ".ffn_" in name else attention_type
         if name.startswith("blk.") and w.ndim == 2 and kind != "F32":
             qtype = gguf.GGMLQuantizationType[kind]

@@ -75,6 +75,39 @@ def dequantized_weight(q, zeros, scales, g_idx: torch.Tensor | None = None) -> t
     return ((q.float() - zeros[g_idx.long()].float()) * scales[g_idx.long()].float()).T
 
 
+def _act_order_groups(layer: str, k: int, group_size: int, orders: dict[str, torch.Tensor],
+                      gen: torch.Generator) -> torch.Tensor:
+    """A random input -> group map (act-order), shared by the layers that read the same input."""
+    module, _, proj = layer.rpartition(".")
+    key = module + {"q_proj": ".qkv", "k_proj": ".qkv", "v_proj": ".qkv",
+                    "gate_proj": ".gate_up", "up_proj": ".gate_up"}.get(proj, "." + proj)
+    if key not in orders:
+        orders[key] = torch.empty(k, dtype=torch.long)
+        orders[key][torch.randperm(k, generator=gen)] = torch.arange(k) // group_size
+    return orders[key]
+
+
+def _quantization_config(fmt: str, group_size: int, desc_act: bool) -> dict:
+    """config.json's quantization_config, as GPTQ's or AWQ's tools write it."""
+    if fmt == "gptq":
+        return {"quant_method": "gptq", "bits": 4, "group_size": group_size, "desc_act": desc_act,
+                "sym": False, "checkpoint_format": "gptq"}
+    return {"quant_method": "awq", "bits": 4, "group_size": group_size, "zero_point": True,
+            "version": "gemm"}
+
+
+def _save_checkpoint(dst: Path, tensors: dict[str, torch.Tensor], config: dict,
+                     extras: list[Path]) -> None:
+    """One checkpoint directory: tensors, config.json and the source's other (tokenizer) files."""
+    from safetensors.torch import save_file
+
+    dst.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    (dst / "config.json").write_text(json.dumps(config, indent=2))
+    for f in extras:
+        shutil.copy(f, dst / f.name)
+
+
 def write_quantized_checkpoint(src: str | Path, dst: str | Path, fmt: str = "gptq",
                                group_size: int = 128, act_order_seed: int | None = None,
                                float_twin: str | Path | None = None) -> dict:
@@ -86,7 +119,7 @@ def write_quantized_checkpoint(src: str | Path, dst: str | Path, fmt: str = "gpt
     weights (a reference for transformers, which then computes what a correct loader must). Returns
     {"quantized": bytes, "float": bytes}.
     """
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
     src, dst = Path(src), Path(dst)
     dst.mkdir(parents=True, exist_ok=True)
@@ -103,16 +136,8 @@ def write_quantized_checkpoint(src: str | Path, dst: str | Path, fmt: str = "gpt
             out[name] = twin[name] = t
             sizes["quantized"] += t.numel() * t.element_size()
             continue
-        k = t.shape[1]
-        g_idx = None
-        if act_order_seed is not None:
-            module, _, proj = layer.rpartition(".")
-            key = module + {"q_proj": ".qkv", "k_proj": ".qkv", "v_proj": ".qkv",
-                            "gate_proj": ".gate_up", "up_proj": ".gate_up"}.get(proj, "." + proj)
-            if key not in orders:
-                orders[key] = torch.empty(k, dtype=torch.long)
-                orders[key][torch.randperm(k, generator=gen)] = torch.arange(k) // group_size
-            g_idx = orders[key]
+        g_idx = (None if act_order_seed is None
+                 else _act_order_groups(layer, t.shape[1], group_size, orders, gen))
         q, z, s = quantize_groups(t, group_size, g_idx, min_zero=1 if fmt == "gptq" else 0)
         parts = gptq_tensors(q, z, s, g_idx) if fmt == "gptq" else awq_tensors(q, z, s)
         for part, value in parts.items():
@@ -120,27 +145,15 @@ def write_quantized_checkpoint(src: str | Path, dst: str | Path, fmt: str = "gpt
             sizes["quantized"] += value.numel() * value.element_size()
         twin[name] = dequantized_weight(q, z, s, g_idx).contiguous()
         sizes["float"] += t.numel() * 4
-    save_file(out, str(dst / "model.safetensors"), metadata={"format": "pt"})
     config = json.loads((src / "config.json").read_text())
-    config["quantization_config"] = (
-        {"quant_method": "gptq", "bits": 4, "group_size": group_size,
-         "desc_act": act_order_seed is not None,
-         "sym": False, "checkpoint_format": "gptq"} if fmt == "gptq" else
-        {"quant_method": "awq", "bits": 4, "group_size": group_size, "zero_point": True,
-         "version": "gemm"})
-    (dst / "config.json").write_text(json.dumps(config, indent=2))
+    desc_act = act_order_seed is not None
+    config["quantization_config"] = _quantization_config(fmt, group_size, desc_act)
     extras = [f for f in src.iterdir() if f.is_file() and f.suffix != ".safetensors"
               and f.name != "config.json"]
-    for f in extras:
-        shutil.copy(f, dst / f.name)
+    _save_checkpoint(dst, out, config, extras)
     if float_twin is not None:
-        float_twin = Path(float_twin)
-        float_twin.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.float().contiguous() for k, v in twin.items()},
-                  str(float_twin / "model.safetensors"), metadata={"format": "pt"})
         config.pop("quantization_config")
         config["dtype"] = "float32"
-        (float_twin / "config.json").write_text(json.dumps(config, indent=2))
-        for f in extras:
-            shutil.copy(f, float_twin / f.name)
+        _save_checkpoint(Path(float_twin), {k: v.float().contiguous() for k, v in twin.items()},
+                         config, extras)
     return sizes

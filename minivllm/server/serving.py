@@ -231,37 +231,9 @@ class OpenAIServing:
                 for out in outs:
                     call.prompt_tokens[out.request_id] = len(out.prompt_token_ids)
                     for c in out.outputs:
-                        i = call.choice_index(out, c.index)
-                        call.completion_tokens[i] = len(c.token_ids)
-                        if i in call.done:
-                            continue
-                        sent, sent_tokens = call.sent.get(i, 0), call.sent_tokens.get(i, 0)
-                        # the engine holds back text that may start a stop string
-                        delta = c.text[sent:]
-                        if not delta and not c.finished and len(c.token_ids) == sent_tokens:
-                            # one chunk per step with new tokens, even when their text is held back
-                            continue
-                        prefix = ""
-                        if call.echo and i not in call.sent:  # the first chunk of an echoing choice
-                            prefix = await self._prompt_text(out)
-                            call.prefix_len[i] = len(prefix)
-                        call.sent[i] = len(c.text)
-                        call.sent_tokens[i] = len(c.token_ids)
-                        if c.finished:
-                            call.done.add(i)
-                        reason = finish_reason(c.finish_reason)
-                        if is_chat:
-                            choice = {"index": i, "delta": {"content": delta} if delta
-                                      or not c.finished else {}}
-                        else:
-                            choice = {"index": i, "text": prefix + delta}
-                        # text_offset: where this chunk's first token starts in the choice's whole
-                        # text
-                        logprobs = self._logprobs(call, out, c, sent_tokens, is_chat,
-                                                  echo=bool(prefix), offset=0 if prefix
-                                                  else call.prefix_len.get(i, 0) + sent)
-                        yield call.chunk([{**choice, "logprobs": logprobs,
-                                           "finish_reason": reason}])
+                        chunk = await self._choice_chunk(call, out, c, is_chat)
+                        if chunk is not None:
+                            yield chunk
             if stream.aborted:  # the server is shutting down: say so to every choice still open
                 for i in range(call.num_choices):
                     if i not in call.done:
@@ -277,6 +249,36 @@ class OpenAIServing:
         finally:
             self.engine.abort(stream)  # a no-op once everything finished; otherwise the client left
         yield "data: [DONE]\n\n"
+
+    async def _choice_chunk(self, call: _Call, out: RequestOutput, c, is_chat: bool) -> str | None:
+        """One choice's SSE chunk for what this step added to it (None: nothing new to send)."""
+        i = call.choice_index(out, c.index)
+        call.completion_tokens[i] = len(c.token_ids)
+        if i in call.done:
+            return None
+        sent, sent_tokens = call.sent.get(i, 0), call.sent_tokens.get(i, 0)
+        # the engine holds back text that may start a stop string
+        delta = c.text[sent:]
+        if not delta and not c.finished and len(c.token_ids) == sent_tokens:
+            # one chunk per step with new tokens, even when their text is held back
+            return None
+        prefix = ""
+        if call.echo and i not in call.sent:  # the first chunk of an echoing choice
+            prefix = await self._prompt_text(out)
+            call.prefix_len[i] = len(prefix)
+        call.sent[i] = len(c.text)
+        call.sent_tokens[i] = len(c.token_ids)
+        if c.finished:
+            call.done.add(i)
+        reason = finish_reason(c.finish_reason)
+        if is_chat:
+            choice = {"index": i, "delta": {"content": delta} if delta or not c.finished else {}}
+        else:
+            choice = {"index": i, "text": prefix + delta}
+        # text_offset: where this chunk's first token starts in the choice's whole text
+        logprobs = self._logprobs(call, out, c, sent_tokens, is_chat, echo=bool(prefix),
+                                  offset=0 if prefix else call.prefix_len.get(i, 0) + sent)
+        return call.chunk([{**choice, "logprobs": logprobs, "finish_reason": reason}])
 
     # ---- one response ----------------------------------------------------------------------------
     async def _collect(self, call: _Call, stream: RequestStream, raw: Request,

@@ -119,6 +119,68 @@ def block_step_html(step: StepTrace, position: int | None = None, total: int | N
             f"{change}</div>")
 
 
+def _block_patch(x: float, y: float, face: str, shared: bool, **style):
+    """One block's square; a shared one is hatched with a grey edge, so its label stays readable."""
+    from matplotlib.patches import Rectangle
+
+    style = style or dict(edgecolor=_HATCH_EDGE if shared else "black",
+                          hatch="//" if shared else None)
+    return Rectangle((x, y), 0.92, 0.85, facecolor=face, linewidth=0.6, **style)
+
+
+def _draw_tables(ax, step: StepTrace, cells: list[BlockCell], colors: dict[str, str],
+                 xmax: int, title: str) -> None:
+    """The block tables: row = request, column = logical block index, text = physical block id."""
+    tables = step.block_tables
+    width = max([len(t) for t in tables.values()] + [1])
+    for row, (rid, table) in enumerate(tables.items()):
+        for i, block_id in enumerate(table):
+            shared = len(cells[block_id].owners) > 1
+            ax.add_patch(_block_patch(i, row, colors[rid], shared))
+            ax.text(i + 0.46, row + 0.42, str(block_id), ha="center", va="center",
+                    fontsize=8 if shared else 7,
+                    fontweight="bold" if shared else None, bbox=_LABEL_BOX if shared else None)
+    ax.set_xlim(0, xmax)
+    ax.set_ylim(max(len(tables), 1), 0)
+    ax.set_yticks([r + 0.42 for r in range(len(tables))], list(tables) or [])
+    ax.set_xticks([i + 0.46 for i in range(width)], [str(i) for i in range(width)], fontsize=7)
+    ax.xaxis.tick_top()
+    ax.set_title(f"{title}: block tables (column = logical block, number = physical block id)",
+                 fontsize=9, pad=14)
+    if not tables:
+        ax.text(0.5, 0.5, "no live requests", ha="center", va="center", transform=ax.transAxes)
+    for side in ("bottom", "right"):
+        ax.spines[side].set_visible(False)
+
+
+def _draw_pool(ax, step: StepTrace, cells: list[BlockCell], shown: int, colors: dict[str, str],
+               columns: int, xmax: int) -> None:
+    """The physical pool as a grid: the first `shown` blocks, and a count of those not drawn."""
+    for cell in cells[:shown]:
+        r, c = divmod(cell.block_id, columns)
+        if cell.is_free:
+            ax.add_patch(_block_patch(c, r, FREE_COLOR, False, edgecolor="0.6", linestyle="--"))
+        else:
+            face = SHARED_COLOR if cell.is_shared else colors[cell.owners[0]]
+            ax.add_patch(_block_patch(c, r, face, cell.is_shared))
+        # id and reference count on two lines, large enough to read over the hatching
+        if cell.is_shared:
+            ax.text(c + 0.46, r + 0.42, f"{cell.block_id}\nx{cell.ref_cnt}", ha="center",
+                    va="center", fontsize=7, fontweight="bold", linespacing=0.9, bbox=_LABEL_BOX)
+        else:
+            ax.text(c + 0.46, r + 0.42, str(cell.block_id), ha="center", va="center", fontsize=6)
+    ax.set_xlim(0, xmax)
+    ax.set_ylim(cdiv(shown, columns), 0)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    hidden = cells[shown:]
+    hidden_used = sum(not c.is_free for c in hidden)
+    more = f" (+{len(hidden)} more not drawn, {hidden_used} of them in use)" if hidden else ""
+    n_shared = sum(c.is_shared for c in cells)
+    ax.set_title(f"physical block pool: {step.num_free_blocks} of {step.num_total_blocks} free, "
+                 f"{n_shared} shared{more}", fontsize=9)
+
+
 def block_table_figure(step: StepTrace, max_blocks: int = 64, columns: int = 16,
                        colors: dict[str, str] | None = None, label: str | None = None) -> Figure:
     """Top: each request's block table. Bottom: the physical pool as a grid, one colour per request.
@@ -128,67 +190,16 @@ def block_table_figure(step: StepTrace, max_blocks: int = 64, columns: int = 16,
     title (default: the engine's step number; the widgets pass their "step k of N").
     """
     from matplotlib.figure import Figure
-    from matplotlib.patches import Rectangle
 
     cells = pool_cells(step)
     shown = blocks_to_show(step, max_blocks, columns)
     colors = colors or request_colors(step.block_tables)
-    tables = step.block_tables
-    width = max([len(t) for t in tables.values()] + [1])
-    xmax = max(width, columns)
+    xmax = max(max([len(t) for t in step.block_tables.values()] + [1]), columns)
     pool_rows = cdiv(shown, columns)
-    top_h = max(len(tables), 1)
+    top_h = max(len(step.block_tables), 1)
     fig = Figure(figsize=(0.45 * xmax + 1.6, 0.45 * (top_h + pool_rows) + 1.6))
     gs = fig.add_gridspec(2, 1, height_ratios=[top_h, pool_rows], hspace=0.35)
     ax_t, ax_p = fig.add_subplot(gs[0]), fig.add_subplot(gs[1])
-
-    # the block tables: row = request, column = logical block index, text = physical block id
-    for row, (rid, table) in enumerate(tables.items()):
-        for i, block_id in enumerate(table):
-            shared = len(cells[block_id].owners) > 1
-            ax_t.add_patch(Rectangle((i, row), 0.92, 0.85, facecolor=colors[rid],
-                                     edgecolor=_HATCH_EDGE if shared else "black",
-                                     hatch="//" if shared else None, linewidth=0.6))
-            ax_t.text(i + 0.46, row + 0.42, str(block_id), ha="center", va="center",
-                      fontsize=8 if shared else 7,
-                      fontweight="bold" if shared else None, bbox=_LABEL_BOX if shared else None)
-    ax_t.set_xlim(0, xmax)
-    ax_t.set_ylim(top_h, 0)
-    ax_t.set_yticks([r + 0.42 for r in range(len(tables))], list(tables) or [])
-    ax_t.set_xticks([i + 0.46 for i in range(width)], [str(i) for i in range(width)], fontsize=7)
-    ax_t.xaxis.tick_top()
-    ax_t.set_title(f"{label or where(step, None, None)}: block tables "
-                   "(column = logical block, number = physical block id)", fontsize=9, pad=14)
-    if not tables:
-        ax_t.text(0.5, 0.5, "no live requests", ha="center", va="center", transform=ax_t.transAxes)
-    for side in ("bottom", "right"):
-        ax_t.spines[side].set_visible(False)
-
-    # the physical pool
-    for cell in cells[:shown]:
-        r, c = divmod(cell.block_id, columns)
-        if cell.is_free:
-            ax_p.add_patch(Rectangle((c, r), 0.92, 0.85, facecolor=FREE_COLOR, edgecolor="0.6",
-                                     linestyle="--", linewidth=0.6))
-        else:
-            face = SHARED_COLOR if cell.is_shared else colors[cell.owners[0]]
-            ax_p.add_patch(Rectangle((c, r), 0.92, 0.85, facecolor=face,
-                                     edgecolor=_HATCH_EDGE if cell.is_shared else "black",
-                                     hatch="//" if cell.is_shared else None, linewidth=0.6))
-        # id and reference count on two lines, large enough to read over the hatching
-        if cell.is_shared:
-            ax_p.text(c + 0.46, r + 0.42, f"{cell.block_id}\nx{cell.ref_cnt}", ha="center",
-                      va="center", fontsize=7, fontweight="bold", linespacing=0.9, bbox=_LABEL_BOX)
-        else:
-            ax_p.text(c + 0.46, r + 0.42, str(cell.block_id), ha="center", va="center", fontsize=6)
-    ax_p.set_xlim(0, xmax)
-    ax_p.set_ylim(pool_rows, 0)
-    ax_p.set_xticks([])
-    ax_p.set_yticks([])
-    hidden = cells[shown:]
-    hidden_used = sum(not c.is_free for c in hidden)
-    more = f" (+{len(hidden)} more not drawn, {hidden_used} of them in use)" if hidden else ""
-    n_shared = sum(c.is_shared for c in cells)
-    ax_p.set_title(f"physical block pool: {step.num_free_blocks} of {step.num_total_blocks} free, "
-                   f"{n_shared} shared{more}", fontsize=9)
+    _draw_tables(ax_t, step, cells, colors, xmax, label or where(step, None, None))
+    _draw_pool(ax_p, step, cells, shown, colors, columns, xmax)
     return fig

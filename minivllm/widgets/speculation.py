@@ -94,6 +94,69 @@ def _cell(token_text: str, verdict: str, color: str, strike: bool = False) -> st
             f"<code>{body}</code><br><small>{verdict}</small></td>")
 
 
+def _context_line(rnd: SpecRound, tokenizer, shown: int, prompt_token_ids: Sequence[int],
+                  context_chars: int) -> str:
+    """The text before this round, then the tokens revealed so far highlighted, to read in place."""
+    before = [*prompt_token_ids, *rnd.output_before]
+    # decode whole sequences, so word boundaries come out as the tokenizer means them
+    if tokenizer is not None:
+        context = tokenizer.decode(before)
+        so_far = tokenizer.decode(before + rnd.new_token_ids[:shown])[len(context):]
+    else:
+        context, so_far = _text(None, before), _text(None, rnd.new_token_ids[:shown])
+    if len(context) > context_chars:
+        context = "\u2026" + context[-context_chars:]
+    return (f"<div>context: <code>{html.escape(context)}</code>"
+            f'<span style="background:{ACCEPTED_COLOR}">'
+            f'<code>{html.escape(so_far)}</code></span></div>')
+
+
+def _draft_cell(rnd: SpecRound, tokenizer, shown: int, i: int, d: int) -> str:
+    """Draft i's cell, marked with its verdict once the reveals have reached it."""
+    text = _text(tokenizer, [d])
+    rejected = rnd.rejected_index
+    # a draft is judged once the token at its position is revealed; those after a rejection with it
+    judged_at = rejected if rejected is not None and i > rejected else i
+    if not (shown == rnd.num_reveals or shown > judged_at):
+        return _cell(text, "pending", PENDING_COLOR)
+    if rnd.target_token is None and i >= rnd.num_reveals:  # the request stopped (EOS, a stop token)
+        return _cell(text, "after the stop", DISCARDED_COLOR, strike=True)
+    if i < rnd.num_accepted:
+        return _cell(text, "accepted", ACCEPTED_COLOR)
+    if i == rejected:
+        fix = rnd.target_token
+        fix_text = _text(tokenizer, [fix]) if fix is not None else "?"
+        return _cell(text, f"rejected \u2192 <code>{html.escape(fix_text)}</code>",
+                     REJECTED_COLOR, strike=True)
+    return _cell(text, "discarded", DISCARDED_COLOR, strike=True)
+
+
+def _target_cells(rnd: SpecRound, tokenizer, shown: int) -> list[str]:
+    """The target's own token after the drafts: the bonus, or a plain step's only token."""
+    if rnd.outcome == "plain":
+        ids, seen, verdict = rnd.new_token_ids, shown > 0, "target"
+    elif rnd.outcome == "bonus" and rnd.target_token is not None:
+        ids, seen, verdict = [rnd.target_token], shown > len(rnd.drafted), "bonus (target)"
+    else:
+        return []
+    return [_cell(_text(tokenizer, ids) if seen else "?", verdict if seen else "pending",
+                  TARGET_COLOR if seen else PENDING_COLOR)]
+
+
+def _summary_line(rnd: SpecRound, shown: int) -> str:
+    """The round's verdict in words once fully revealed, else how far the reveals have got."""
+    if shown < rnd.num_reveals:
+        return f"<div>revealed {shown} of {rnd.num_reveals} appended tokens: press Step</div>"
+    if rnd.outcome == "correction":
+        i = rnd.rejected_index
+        return (f"<div>disagreement at draft {i + 1}: the first {i} kept, draft {i + 1} corrected "
+                f"by the target, {len(rnd.drafted) - i - 1} discarded after it</div>")
+    if rnd.outcome == "bonus":
+        return (f"<div>all {len(rnd.drafted)} drafts accepted, plus the target's bonus "
+                f"token: {len(rnd.new_token_ids)} tokens from one target pass</div>")
+    return ""
+
+
 def speculation_html(rnd: SpecRound, tokenizer=None, revealed: int | None = None,
                      position: int | None = None, total: int | None = None,
                      prompt_token_ids: Sequence[int] = (), context_chars: int = 80) -> str:
@@ -106,9 +169,8 @@ def speculation_html(rnd: SpecRound, tokenizer=None, revealed: int | None = None
     rejection), or pending.
     """
     shown = rnd.num_reveals if revealed is None else max(0, min(revealed, rnd.num_reveals))
-    where = (f"round {position + 1} of {total} (engine step {rnd.step})" if position is not None
-             and total
-             else f"engine step {rnd.step}")
+    where = (f"round {position + 1} of {total} (engine step {rnd.step})"
+             if position is not None and total else f"engine step {rnd.step}")
     if rnd.outcome == "plain":
         what = ("no drafts: the target's own token" if rnd.kind == "decode"
                 else "prefill: the first token")
@@ -116,62 +178,9 @@ def speculation_html(rnd: SpecRound, tokenizer=None, revealed: int | None = None
         what = (f"{len(rnd.drafted)} drafted, {rnd.num_accepted} accepted, "
                 f"{len(rnd.new_token_ids)} appended")
     head = f"<h4>{where}: request <b>{html.escape(rnd.request_id)}</b>, {what}</h4>"
-    before = [*prompt_token_ids, *rnd.output_before]
-    # decode whole sequences, so word boundaries come out as the tokenizer means them
-    if tokenizer is not None:
-        context = tokenizer.decode(before)
-        so_far = tokenizer.decode(before + rnd.new_token_ids[:shown])[len(context):]
-    else:
-        context, so_far = _text(None, before), _text(None, rnd.new_token_ids[:shown])
-    if len(context) > context_chars:
-        context = "\u2026" + context[-context_chars:]
-    lines = [f"<div>context: <code>{html.escape(context)}</code>"
-             f'<span style="background:{ACCEPTED_COLOR}">'
-             f'<code>{html.escape(so_far)}</code></span></div>']
-
-    cells = []
-    done = shown == rnd.num_reveals
-    rejected = rnd.rejected_index
-    for i, d in enumerate(rnd.drafted):
-        text = _text(tokenizer, [d])
-        # a draft is judged once the token at its position is revealed; those after a rejection with
-        # it
-        judged_at = rejected if rejected is not None and i > rejected else i
-        if not (done or shown > judged_at):
-            cells.append(_cell(text, "pending", PENDING_COLOR))
-        # the request stopped (EOS, a stop token) before
-        elif rnd.target_token is None and i >= rnd.num_reveals:
-            cells.append(_cell(text, "after the stop", DISCARDED_COLOR, strike=True))
-        elif i < rnd.num_accepted:
-            cells.append(_cell(text, "accepted", ACCEPTED_COLOR))
-        elif i == rejected:
-            fix = rnd.target_token
-            fix_text = _text(tokenizer, [fix]) if fix is not None else "?"
-            cells.append(_cell(text, f"rejected \u2192 <code>{html.escape(fix_text)}</code>",
-                               REJECTED_COLOR, strike=True))
-        else:
-            cells.append(_cell(text, "discarded", DISCARDED_COLOR, strike=True))
-    if rnd.outcome == "bonus" and rnd.target_token is not None:
-        verdict = "bonus (target)" if shown > len(rnd.drafted) else "pending"
-        color = TARGET_COLOR if shown > len(rnd.drafted) else PENDING_COLOR
-        cells.append(_cell(_text(tokenizer, [rnd.target_token]) if shown > len(rnd.drafted)
-                           else "?", verdict, color))
-    if rnd.outcome == "plain":
-        cells.append(_cell(_text(tokenizer, rnd.new_token_ids) if shown else "?",
-                           "target" if shown else "pending",
-                           TARGET_COLOR if shown else PENDING_COLOR))
-    lines.append(f'<table class="minivllm-spec"><tr>{"".join(cells)}</tr></table>')
-
-    if shown == rnd.num_reveals:
-        if rnd.outcome == "correction":
-            i = rnd.rejected_index
-            lines.append(f"<div>disagreement at draft {i + 1}: the first {i} kept, draft {i + 1} "
-                         f"corrected by the target, {len(rnd.drafted) - i - 1} discarded after "
-                         f"it</div>")
-        elif rnd.outcome == "bonus":
-            lines.append(f"<div>all {len(rnd.drafted)} drafts accepted, plus the target's bonus "
-                         f"token: {len(rnd.new_token_ids)} tokens from one target pass</div>")
-    else:
-        lines.append(f"<div>revealed {shown} of {rnd.num_reveals} appended tokens: "
-                     "press Step</div>")
-    return f'<div class="minivllm-speculation minivllm-page">{head}{"".join(lines)}</div>'
+    cells = [_draft_cell(rnd, tokenizer, shown, i, d) for i, d in enumerate(rnd.drafted)]
+    cells += _target_cells(rnd, tokenizer, shown)
+    return (f'<div class="minivllm-speculation minivllm-page">{head}'
+            f"{_context_line(rnd, tokenizer, shown, prompt_token_ids, context_chars)}"
+            f'<table class="minivllm-spec"><tr>{"".join(cells)}</tr></table>'
+            f"{_summary_line(rnd, shown)}</div>")
