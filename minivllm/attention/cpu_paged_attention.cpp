@@ -12,7 +12,7 @@
 
 #include <ATen/Parallel.h>
 
-#include "../cpu_vector_math.h"
+#include "../platforms/cpu_vector_math.h"
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
