@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from minivllm import envs
-from minivllm.cpu_platform import default_cpu_dtype
+from minivllm.platforms.cpu_hardware import default_cpu_dtype
 from minivllm.hooks import EngineHooks
 
 if TYPE_CHECKING:
