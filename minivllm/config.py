@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from minivllm import envs
-from minivllm.platforms.cpu_hardware import default_cpu_dtype
 from minivllm.hooks import EngineHooks
+from minivllm.platforms.cpu_hardware import default_cpu_dtype
 
 if TYPE_CHECKING:
     from minivllm.model.loader import ModelConfig

@@ -33,6 +33,10 @@ class VocabParallelEmbedding(nn.Module):
         token's row with `lookup`."""
         self.weight, self.lookup = weight, lookup
 
+    def table(self) -> torch.Tensor:
+        """This rank's [rows, hidden] table as plain rows, whichever layout holds it (for readers)."""
+        return self._rows(torch.arange(self.rows, device=self.weight.device))
+
     def _rows(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.weight) if self.lookup is None else self.lookup(ids)
 
