@@ -1,5 +1,6 @@
-"""Which platform runs where (minivllm/platforms/), what each one's op table says, that the reference uses
-no C++ op, and that every weight is held once: parameters + buffers within 1.15x of the weights' bytes."""
+"""Which platform runs where (minivllm/platforms/), what each one's op table says, that the
+reference uses no C++ op, and that every weight is held once: parameters + buffers within 1.15x of
+the weights' bytes."""
 
 import pytest
 import torch
@@ -85,9 +86,11 @@ def test_the_reference_platform_runs_no_cpp_op(llama_path, monkeypatch):
     assert "aten" in mode.seen and not mode.seen & {"minivllm_cpu", "mkldnn", "minivllm"}
 
 
-# --- each weight held once -------------------------------------------------------------------------------------
+# --- each weight held once
+# -------------------------------------------------------------------------------------
 
-# SmolLM2-135M's shapes, two layers, the vocabulary scaled with them (its embedding stays ~21% of the weights)
+# SmolLM2-135M's shapes, two layers, the vocabulary scaled with them (its embedding stays ~21% of
+# the weights)
 SMOL = ModelConfig(model_type="llama", vocab_size=3264, hidden_size=576, intermediate_size=1536, num_layers=2,
                    num_heads=9, num_kv_heads=3, head_dim=64, rms_norm_eps=1e-5, rope_theta=10000.0,
                    rope_scaling=None, max_position_embeddings=256, tie_word_embeddings=True, qkv_bias=False,

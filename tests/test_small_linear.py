@@ -1,5 +1,6 @@
-"""The CPU's tiled linear kernel (quantization/cpu_unquantized.py) against F.linear, and where the engine
-uses it: every float weight held once, in the tiled layout, for decode steps and prompts alike."""
+"""The CPU's tiled linear kernel (quantization/cpu_unquantized.py) against F.linear, and where the
+engine uses it: every float weight held once, in the tiled layout, for decode steps and prompts
+alike."""
 
 import pytest
 import torch
@@ -44,8 +45,8 @@ def test_leading_dims_and_a_non_contiguous_input(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_the_engine_holds_each_weight_once_tiled(dtype):
-    """Decode rows and prompt rows both go through the one tiled layout; the tied head lends it to the
-    embedding, which looks its rows up there."""
+    """Decode rows and prompt rows both go through the one tiled layout; the tied head lends it to
+    the embedding, which looks its rows up there."""
     model = LLM(dtype=str(dtype).removeprefix("torch."), num_kv_blocks=64).engine.runner.model
     layer = model.model.layers[0].mlp.down_proj
     assert layer.quant_method.kernel is TILED and layer.weight.dim() == 4

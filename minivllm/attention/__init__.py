@@ -1,7 +1,8 @@
-"""Attention over the paged KV cache: the metadata every backend reads, the interface, the torch reference.
+"""Attention over the paged KV cache: the metadata every backend reads, the interface, the torch
+reference.
 
-The CPU's C++ backend (cpu_attention.py) and the Triton one (triton_backend.py) sit beside the reference;
-a platform (minivllm/platforms/) chooses which one a model gets.
+The CPU's C++ backend (cpu_attention.py) and the Triton one (triton_backend.py) sit beside the
+reference; a platform (minivllm/platforms/) chooses which one a model gets.
 """
 
 from minivllm.attention.backend import AttentionBackend

@@ -1,9 +1,10 @@
-"""The decoder layer's small ops, in readable torch: RMSNorm (with the residual add), rotary, SwiGLU.
+"""The decoder layer's small ops, in readable torch: RMSNorm (with the residual add), rotary,
+SwiGLU.
 
-The model (llama.py) calls them through a `LayerOps` bundle, so that a platform (minivllm/platforms/) can
-hand it fused kernels with the same contracts instead: the CPU's C++ ops (cpu_layer_ops.py) or the Triton
-kernels (minivllm/kernels/). `REFERENCE` is what the chapters teach, and the oracle the fused ops are
-tested against.
+The model (llama.py) calls them through a `LayerOps` bundle, so that a platform
+(minivllm/platforms/) can hand it fused kernels with the same contracts instead: the CPU's C++ ops
+(cpu_layer_ops.py) or the Triton kernels (minivllm/kernels/). `REFERENCE` is what the chapters
+teach, and the oracle the fused ops are tested against.
 """
 
 from __future__ import annotations
@@ -18,15 +19,17 @@ import torch.nn.functional as F
 class LayerOps(NamedTuple):
     """One implementation of each small op a decoder layer runs."""
 
-    rms_norm: Callable  # (x, weight, eps, residual | None) -> (norm(x [+ residual]), x + residual | None)
+    # (x, weight, eps, residual | None) -> (norm(x [+ residual]), x + residual | None)
+    rms_norm: Callable
     rotary: Callable  # (positions, q, k, cos_sin table) -> (q, k) rotated
     silu_and_mul: Callable  # gate_up [T, 2I] -> silu(gate) * up [T, I]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
              residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(norm(x), None), or with `residual`: (norm(x + residual), x + residual), the add deferred from the
-    layer before. Normalised in fp32, rounded back to x's dtype before the weight multiplies it (as HF)."""
+    """(norm(x), None), or with `residual`: (norm(x + residual), x + residual), the add deferred
+    from the layer before. Normalised in fp32, rounded back to x's dtype before the weight
+    multiplies it (as HF)."""
     if residual is not None:
         x = residual = x + residual
     dtype = x.dtype
@@ -42,8 +45,8 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
            cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """q [T, heads, dim], k [T, kv_heads, dim], each token rotated by its own position's row of the fp32
-    table `cos_sin` [max_positions, 2, dim]."""
+    """q [T, heads, dim], k [T, kv_heads, dim], each token rotated by its own position's row of the
+    fp32 table `cos_sin` [max_positions, 2, dim]."""
     cos, sin = cos_sin[positions].to(q.dtype).unsqueeze(2).unbind(1)  # [T, 1, dim] each
     return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
 

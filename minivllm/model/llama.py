@@ -1,19 +1,21 @@
 """A Llama-family decoder that reads and writes a paged KV cache.
 
-One class covers Llama/TinyLlama and Mistral (plain), Qwen2 (bias on q/k/v) and Qwen3 (RMSNorm on each head
-of q and k). Unlike the Hugging Face model it sees the step's tokens as one flat list (no padding): requests
-are told apart only by the attention metadata. q/k/v and gate/up are fused into one matmul each. Every matmul
-is a linear layer from model/linear.py, whose weights a quantization method holds (float, int8, GPTQ, AWQ:
-minivllm/quantization/); embeddings and the LM head stay float, as in those formats.
+One class covers Llama/TinyLlama and Mistral (plain), Qwen2 (bias on q/k/v) and Qwen3 (RMSNorm on
+each head of q and k). Unlike the Hugging Face model it sees the step's tokens as one flat list (no
+padding): requests are told apart only by the attention metadata. q/k/v and gate/up are fused into
+one matmul each. Every matmul is a linear layer from model/linear.py, whose weights a quantization
+method holds (float, int8, GPTQ, AWQ: minivllm/quantization/); embeddings and the LM head stay
+float, as in those formats.
 
-The model names no hardware: it is built from `Implementations` (a platform, minivllm/platforms/, supplies
-them): its small ops (layer_ops.py), its attention backend and the matmul of each linear layer's format. With
-the defaults it is the readable torch code throughout.
+The model names no hardware: it is built from `Implementations` (a platform, minivllm/platforms/,
+supplies them): its small ops (layer_ops.py), its attention backend and the matmul of each linear
+layer's format. With the defaults it is the readable torch code throughout.
 
-Under tensor parallelism (`tp`) each rank builds the same model at its share: its attention heads (q/k/v
-column-parallel, split per head; KV heads replicated when fewer than the ranks), its slice of the MLP, its
-rows of the vocabulary. Two all-reduces per layer (o_proj, down_proj) and one in the embedding; the logits
-are all-gathered, so every rank holds the full logits and samples the same tokens.
+Under tensor parallelism (`tp`) each rank builds the same model at its share: its attention heads
+(q/k/v column-parallel, split per head; KV heads replicated when fewer than the ranks), its slice of
+the MLP, its rows of the vocabulary. Two all-reduces per layer (o_proj, down_proj) and one in the
+embedding; the logits are all-gathered, so every rank holds the full logits and samples the same
+tokens.
 """
 
 from __future__ import annotations
@@ -48,8 +50,8 @@ READABLE = Implementations()  # the torch code the chapters print, everywhere
 
 
 class RMSNorm(nn.Module):
-    """norm(x), or with a residual: (norm(x + residual), x + residual), the add deferred from the layer before.
-    `ops.rms_norm` computes either (layer_ops.py, or a platform's fused op)."""
+    """norm(x), or with a residual: (norm(x + residual), x + residual), the add deferred from the
+    layer before. `ops.rms_norm` computes either (layer_ops.py, or a platform's fused op)."""
 
     def __init__(self, dim: int, eps: float, ops: LayerOps = REFERENCE) -> None:
         super().__init__()
@@ -66,24 +68,30 @@ class Attention(nn.Module):
     def __init__(self, cfg, impl: Implementations = READABLE, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
         self.head_dim = hd = cfg.head_dim
-        self.num_heads, self.num_kv_heads = cfg.num_heads // tp.size, local_kv_heads(cfg.num_kv_heads, tp.size)
+        self.num_heads = cfg.num_heads // tp.size
+        self.num_kv_heads = local_kv_heads(cfg.num_kv_heads, tp.size)
         quant, kv_copies = cfg.quantization, kv_head_replicas(cfg.num_kv_heads, tp.size)
-        self.qkv_proj = ColumnLinear(cfg.hidden_size, [cfg.num_heads * hd] + [cfg.num_kv_heads * hd] * 2,
-                                     cfg.qkv_bias, quant, impl.linear, tp=tp, replicas=[1, kv_copies, kv_copies])
-        self.o_proj = RowLinear(cfg.num_heads * hd, [cfg.hidden_size], False, quant, impl.linear, tp=tp)
+        self.qkv_proj = ColumnLinear(cfg.hidden_size,
+                                     [cfg.num_heads * hd] + [cfg.num_kv_heads * hd] * 2,
+                                     cfg.qkv_bias, quant, impl.linear, tp=tp,
+                                     replicas=[1, kv_copies, kv_copies])
+        self.o_proj = RowLinear(cfg.num_heads * hd, [cfg.hidden_size], False, quant, impl.linear,
+                                tp=tp)
         self.qk_norm = cfg.qk_norm
         if cfg.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, impl.ops)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, impl.ops)
         self.scale = self.head_dim**-0.5
-        # an fp8 KV cache stores K / k_scale and V / v_scale (1.0 unless the checkpoint gives them; a float cache
-        # ignores them): see minivllm/quantization/kv_cache.py
+        # an fp8 KV cache stores K / k_scale and V / v_scale (1.0 unless the checkpoint gives them;
+        # a float cache ignores them): see minivllm/quantization/kv_cache.py
         self.k_scale = self.v_scale = 1.0
         self.backend = impl.attention
 
     def project(self, x, positions, rotary) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """This step's queries, keys and values, [T, heads, dim], q and k rotated to their positions."""
-        qkv = self.qkv_proj(x).view(-1, self.num_heads + 2 * self.num_kv_heads, self.head_dim)  # rows of heads
+        """This step's queries, keys and values, [T, heads, dim], q and k rotated to their
+        positions."""
+        heads = self.num_heads + 2 * self.num_kv_heads
+        qkv = self.qkv_proj(x).view(-1, heads, self.head_dim)  # rows of heads
         q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
@@ -91,15 +99,18 @@ class Attention(nn.Module):
         return q, k, v
 
     def attend(self, q, k, v, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
-        """Store k, v in the cache, attend every query over its request's context: [T, heads, dim]."""
-        return self.backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, self.k_scale, self.v_scale)
+        """Store k, v in the cache, attend every query over its request's context: [T, heads, dim].
+        """
+        return self.backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale,
+                                    self.k_scale, self.v_scale)
 
 
 class MLP(nn.Module):
     def __init__(self, hidden: int, intermediate: int, impl: Implementations = READABLE, quant=None,
                  tp: TensorParallel = SINGLE) -> None:
         super().__init__()
-        self.gate_up_proj = ColumnLinear(hidden, [intermediate, intermediate], False, quant, impl.linear, tp=tp)
+        self.gate_up_proj = ColumnLinear(hidden, [intermediate, intermediate], False, quant,
+                                         impl.linear, tp=tp)
         self.down_proj = RowLinear(intermediate, [hidden], False, quant, impl.linear, tp=tp)
         self.silu_and_mul = impl.ops.silu_and_mul
 
@@ -108,7 +119,8 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """x + attn(norm(x)), then + mlp(norm(...)); each residual add is left to the next norm, which fuses it."""
+    """x + attn(norm(x)), then + mlp(norm(...)); each residual add is left to the next norm, which
+    fuses it."""
 
     def __init__(self, cfg, impl: Implementations = READABLE, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
@@ -117,15 +129,17 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, impl.ops)
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, impl, cfg.quantization, tp)
 
-    def forward(self, x, residual, positions, rotary, kv_cache, meta) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x, residual, positions, rotary, kv_cache,
+                meta) -> tuple[torch.Tensor, torch.Tensor]:
         q, k, v, residual = self.before_attention(x, residual, positions, rotary)
         o = self.self_attn.attend(q, k, v, kv_cache, meta)
         return self.after_attention(o, residual)
 
-    # Attention reads and writes the paged cache; everything around it is a pure function of its inputs, which
-    # is what model/compiled.py hands to torch.compile on CPU.
+    # Attention reads and writes the paged cache; everything around it is a pure function of its
+    # inputs, which is what model/compiled.py hands to torch.compile on CPU.
     def before_attention(self, x, residual, positions, rotary):
-        """Norm (adding the residual the layer before deferred), then q, k, v: (q, k, v, residual)."""
+        """Norm (adding the residual the layer before deferred), then q, k, v: (q, k, v, residual).
+        """
         if residual is None:  # the first layer: nothing to add yet
             x, residual = self.input_layernorm(x), x
         else:
@@ -133,7 +147,8 @@ class DecoderLayer(nn.Module):
         return *self.self_attn.project(x, positions, rotary), residual
 
     def after_attention(self, o, residual) -> tuple[torch.Tensor, torch.Tensor]:
-        """Output projection, the residual add deferred into the next norm, then the MLP: (x, residual)."""
+        """Output projection, the residual add deferred into the next norm, then the MLP: (x,
+        residual)."""
         x, residual = self.post_attention_layernorm(self.self_attn.o_proj(o.flatten(1)), residual)
         return self.mlp(x), residual
 
@@ -153,28 +168,32 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config, self.tp = cfg, tp
         self.model = LlamaModel(cfg, impl, tp)
-        rows = self.model.embed_tokens.rows  # the vocab split like the embedding's, padded to N equal shards
+        # the vocab split like the embedding's, padded to N equal shards
+        rows = self.model.embed_tokens.rows
         self.lm_head = ColumnLinear(cfg.hidden_size, [rows * tp.size], False,
                                     method=UnquantizedLinearMethod(impl.linear.float), tp=tp)
         if cfg.tie_word_embeddings:
             self.lm_head.tie_to(self.model.embed_tokens)
 
     def share_tied_weight(self) -> None:
-        """After loading: a tied head whose platform replaced the plain weight by a faster layout lends that
-        layout to the embedding, which looks its rows up there, so the weight is held once."""
+        """After loading: a tied head whose platform replaced the plain weight by a faster layout
+        lends that layout to the embedding, which looks its rows up there, so the weight is held
+        once."""
         head, embedding = self.lm_head, self.model.embed_tokens
         if head.tied and head.weight is not embedding.weight:
             embedding.read_rows_from(head.weight, functools.partial(head.quant_method.rows, head))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
-        """input_ids, positions: [T]; kv_caches: [layers, 2, blocks, block_size, kv_heads, dim] -> [T, hidden]."""
+        """input_ids, positions: [T]; kv_caches: [layers, 2, blocks, block_size, kv_heads, dim] ->
+        [T, hidden]."""
         x, residual = self.model.embed_tokens(input_ids), None
         for layer, kv_cache in zip(self.model.layers, kv_caches):
             x, residual = layer(x, residual, positions, self.model.rotary_emb, kv_cache, meta)
         return self.model.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[T, vocab] float logits; under tensor parallelism every rank's vocab shard, gathered (padding cut)."""
+        """[T, vocab] float logits; under tensor parallelism every rank's vocab shard, gathered
+        (padding cut)."""
         logits = self.tp.all_gather(self.lm_head(hidden))
         return (logits if self.tp.size == 1 else logits[:, : self.config.vocab_size]).float()

@@ -1,13 +1,14 @@
-"""Platforms: every choice of implementation (attention, layer ops, matmuls, compile, graphs) made once.
+"""Platforms: every choice of implementation (attention, layer ops, matmuls, compile, graphs), made
+once.
 
-    interface.py      what a platform supplies (`Platform`) and its op table
-    reference.py      plain torch everywhere: the code the chapters teach
-    cpu.py            the C++ fast paths (cpu_extension.py builds them; cpu_hardware.py: the CPU's facts,
-                      its default dtype and thread placement)
-    cuda.py           Triton kernels and CUDA graphs
+    interface.py       what a platform supplies (`Platform`) and its op table
+    reference.py       plain torch everywhere: the code the chapters teach
+    cpu.py             the C++ fast paths, which cpu_extension.py builds
+    cpu_hardware.py    the CPU's facts: its default dtype, its threads and their placement
+    cuda.py            Triton kernels and CUDA graphs
 
-`choose_platform` picks one from the device, the dtype, `attention_backend` and MINIVLLM_PLATFORM; the runner
-calls it once and builds the model from what it returns.
+`choose_platform` picks one from the device, the dtype, `attention_backend` and MINIVLLM_PLATFORM;
+the runner calls it once and builds the model from what it returns.
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ BACKENDS = ("auto", "torch", "triton")
 
 
 def platform_name(device: str | torch.device, attention_backend: str = "auto") -> str:
-    """Which platform runs: MINIVLLM_PLATFORM if set, else "cuda" on a GPU (or wherever Triton attention is
-    asked for: on a CPU, under Triton's interpreter), "reference" for torch attention on a GPU, "cpu" on a
-    CPU, "reference" elsewhere."""
+    """Which platform runs: MINIVLLM_PLATFORM if set, else "cuda" on a GPU (or wherever Triton
+    attention is asked for: on a CPU, under Triton's interpreter), "reference" for torch attention
+    on a GPU, "cpu" on a CPU, "reference" elsewhere."""
     if attention_backend not in BACKENDS:
-        raise ValueError(f"attention_backend must be 'auto', 'torch' or 'triton', got {attention_backend!r}")
+        raise ValueError(f"attention_backend must be 'auto', 'torch' or 'triton', "
+                         f"got {attention_backend!r}")
     device, name = torch.device(device), envs.MINIVLLM_PLATFORM
     if name == "auto":
         if attention_backend == "triton":
@@ -38,7 +40,8 @@ def platform_name(device: str | torch.device, attention_backend: str = "auto") -
             return "reference" if attention_backend == "torch" else "cuda"
         return "cpu" if device.type == "cpu" else "reference"
     if (attention_backend == "triton") != (name == "cuda") and attention_backend != "auto":
-        raise ValueError(f"attention_backend={attention_backend!r} contradicts MINIVLLM_PLATFORM={name!r}")
+        raise ValueError(f"attention_backend={attention_backend!r} contradicts "
+                         f"MINIVLLM_PLATFORM={name!r}")
     return name
 
 

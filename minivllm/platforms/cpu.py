@@ -1,17 +1,20 @@
 """The cpu platform: the C++ fast paths, each registered here and nowhere else.
 
-What it replaces, and the switch (read here, once per platform) that keeps the readable code instead:
+What it replaces, and the switch (read here, once per platform) that keeps the readable code
+instead:
 
-* attention: attention/cpu_attention.py (the cache read in place); MINIVLLM_CPU_ATTENTION=reference keeps
-  the torch reference, and with it the readable layer ops;
+* attention: attention/cpu_attention.py (the cache read in place);
+  MINIVLLM_CPU_ATTENTION=reference keeps the torch reference, and with it the readable layer ops;
 * norm, rotary, SwiGLU: model/cpu_layer_ops.py (one fused op per chain); MINIVLLM_CPU_LAYER_OPS=0;
-* float matmuls: quantization/cpu_unquantized.py, each weight held once, tiled where the CPU has AVX-512
-  (MINIVLLM_CPU_SMALL_LINEAR=0 rules that out), else in oneDNN's layout where oneDNN is fast, else plain;
+* float matmuls: quantization/cpu_unquantized.py, each weight held once, tiled where the CPU has
+  AVX-512 (MINIVLLM_CPU_SMALL_LINEAR=0 rules that out), else in oneDNN's layout where oneDNN is
+  fast, else plain;
 * int8 and int4 matmuls: torch's packed-weight kernels (quantization/cpu_quantized.py);
-* the layers around attention compiled by torch.compile (model/compiled.py): opt-in, MINIVLLM_CPU_COMPILE=1.
+* the layers around attention compiled by torch.compile (model/compiled.py): opt-in,
+  MINIVLLM_CPU_COMPILE=1.
 
-The C++ sources are built once per process (platforms/cpu_extension.py); without a compiler every C++ path
-falls back to the readable one after one warning.
+The C++ sources are built once per process (platforms/cpu_extension.py); without a compiler every
+C++ path falls back to the readable one after one warning.
 """
 
 from __future__ import annotations
@@ -39,8 +42,8 @@ logger = init_logger(__name__)
 
 @functools.cache  # one build (or one failure, one warning) per process
 def extension_built() -> bool:
-    """Build the C++ ops and register their shapes for torch.compile; False (warned once) if they cannot
-    be built here."""
+    """Build the C++ ops and register their shapes for torch.compile; False (warned once) if they
+    cannot be built here."""
     reason = cpu_extension.build_failure()
     if reason is not None:  # no compiler, no headers, a failed build: the readable code still works
         logger.warning("CPU C++ fast paths unavailable, using the readable torch code: %s", reason)
@@ -54,13 +57,16 @@ def extension_built() -> bool:
 def tiled_applies(dtype: torch.dtype) -> bool:
     """The tiled kernel's instructions: AVX-512 for fp32, and AVX512-BF16 for bf16."""
     flags = cpu_flags()
-    return "avx512f" in flags and (dtype == torch.float32 or dtype == torch.bfloat16 and "avx512_bf16" in flags)
+    bf16 = dtype == torch.bfloat16 and "avx512_bf16" in flags
+    return "avx512f" in flags and (dtype == torch.float32 or bf16)
 
 
 def onednn_applies(dtype: torch.dtype) -> bool:
-    """fp32, or bf16 on a CPU with native bf16 instructions, through a torch built with oneDNN's linear."""
-    return ((dtype == torch.float32 or dtype == torch.bfloat16 and cpu_has_native_bf16())
-            and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+    """fp32, or bf16 on a CPU with native bf16 instructions, through a torch built with oneDNN's
+    linear."""
+    fast_dtype = dtype == torch.float32 or dtype == torch.bfloat16 and cpu_has_native_bf16()
+    return (fast_dtype and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
 def float_kernel(dtype: torch.dtype, tiled_wanted: bool = True) -> FloatKernel:
@@ -88,8 +94,9 @@ class CpuPlatform(Platform):
         self.compile_layers = envs.MINIVLLM_CPU_COMPILE
 
     def compile(self, model: nn.Module, enforce_eager: bool) -> CompiledLayers | None:
-        """Opt-in, MINIVLLM_CPU_COMPILE=1 (and not enforce_eager): on the machines measured so far it costs
-        more than it saves (bench/RESULTS.md), so the plain layers stay the default, notebooks included."""
+        """Opt-in, MINIVLLM_CPU_COMPILE=1 (and not enforce_eager): on the machines measured so far
+        it costs more than it saves (bench/RESULTS.md), so the plain layers stay the default,
+        notebooks included."""
         if not self.compile_layers or enforce_eager:
             return None
         return compile_decoder_layers(model)

@@ -1,11 +1,12 @@
-"""The cuda platform: Triton kernels for attention, the layer ops and the quantized matmuls; CUDA graphs.
+"""The cuda platform: Triton kernels for attention, the layer ops and the quantized matmuls; CUDA
+graphs.
 
-Attention is attention/triton_backend.py; norm, rotary and SwiGLU are minivllm/kernels/ (norm.py, rotary.py,
-activation.py); int8 and int4 weights go through kernels/int8_linear.py and int4_linear.py
-(quantization/triton_quantized.py); float weights stay with `F.linear` (cuBLAS). Decode steps are recorded
-as CUDA graphs (runner/cuda_graphs.py) unless enforce_eager. On a CPU the Triton kernels run only under
-Triton's interpreter (TRITON_INTERPRET=1 before triton is imported): tests run this platform that way,
-`attention_backend="triton"`, without graphs.
+Attention is attention/triton_backend.py; norm, rotary and SwiGLU are minivllm/kernels/ (norm.py,
+rotary.py, activation.py); int8 and int4 weights go through kernels/int8_linear.py and
+int4_linear.py (quantization/triton_quantized.py); float weights stay with `F.linear` (cuBLAS).
+Decode steps are recorded as CUDA graphs (runner/cuda_graphs.py) unless enforce_eager. On a CPU the
+Triton kernels run only under Triton's interpreter (TRITON_INTERPRET=1 before triton is imported):
+tests run this platform that way, `attention_backend="triton"`, without graphs.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ class CudaPlatform(Platform):
 
     def __init__(self, device, dtype, online_softmax_update=None) -> None:
         super().__init__(device, dtype, online_softmax_update)
-        self.attention = self._hooked(TritonAttentionBackend(self.device))  # checks the device, early
+        # the backend checks the device now, not deep inside a kernel launch
+        self.attention = self._hooked(TritonAttentionBackend(self.device))
         self.ops = TRITON_OPS
         self.linear = LinearKernels(float=FLOAT, int8=TRITON_INT8, int4=TRITON_INT4)
 

@@ -1,11 +1,12 @@
 """What a platform supplies: every choice of implementation the engine makes, made once.
 
-vLLM asks a global `current_platform` and lets each op pick `forward_cpu` or `forward_cuda` when it runs.
-Here the choice is an object the runner builds once (platforms/__init__.py: `choose_platform`) and hands
-down: the model is built from its `Implementations` (the small ops, the attention backend, one linear
-kernel per format family) and names no hardware; the runner asks it whether to compile, whether to capture
-CUDA graphs and how to size CPU threads. A platform holds no mutable global state, so two engines in one
-process may run on different platforms (a test comparing the reference with the cpu platform does).
+vLLM asks a global `current_platform` and lets each op pick `forward_cpu` or `forward_cuda` when it
+runs. Here the choice is an object the runner builds once (platforms/__init__.py: `choose_platform`)
+and hands down: the model is built from its `Implementations` (the small ops, the attention backend,
+one linear kernel per format family) and names no hardware; the runner asks it whether to compile,
+whether to capture CUDA graphs and how to size CPU threads. A platform holds no mutable global
+state, so two engines in one process may run on different platforms (a test comparing the reference
+with the cpu platform does).
 
 `op_table()` names the function behind each op, for a chapter's table and for tests.
 """
@@ -37,13 +38,16 @@ def qualified_name(obj) -> str:
 
 
 class Platform:
-    """The readable defaults; each platform replaces what it has faster (reference.py, cpu.py, cuda.py)."""
+    """The readable defaults; each platform replaces what it has faster (reference.py, cpu.py,
+    cuda.py)."""
 
     name = "reference"
 
-    def __init__(self, device: str | torch.device, dtype: torch.dtype, online_softmax_update=None) -> None:
-        """`online_softmax_update`: a learner's own (minivllm.hooks, chapter 02): decode steps are then
-        attended block by block with it (attention/online_softmax.py), whatever the platform."""
+    def __init__(self, device: str | torch.device, dtype: torch.dtype,
+                 online_softmax_update=None) -> None:
+        """`online_softmax_update`: a learner's own (minivllm.hooks, chapter 02): decode steps are
+        then attended block by block with it (attention/online_softmax.py), whatever the platform.
+        """
         self.device, self.dtype = torch.device(device), dtype
         self.ops: LayerOps = REFERENCE
         self.linear: LinearKernels = REFERENCE_KERNELS
@@ -62,11 +66,13 @@ class Platform:
         return Implementations(ops=self.ops, attention=self.attention, linear=self.linear)
 
     def compile(self, model: nn.Module, enforce_eager: bool) -> CompiledLayers | None:
-        """Compile the model's layers in place where this platform does (cpu.py, opt-in); None: eager."""
+        """Compile the model's layers in place where this platform does (cpu.py, opt-in); None:
+        eager."""
         return None
 
     def captures_graphs(self, enforce_eager: bool) -> bool:
-        """Whether decode steps are recorded as CUDA graphs (runner/cuda_graphs.py): cuda.py only."""
+        """Whether decode steps are recorded as CUDA graphs (runner/cuda_graphs.py): cuda.py only.
+        """
         return False
 
     def thread_sizer(self, fixed: int | None, ranks: int = 1) -> CpuThreadSizer | None:

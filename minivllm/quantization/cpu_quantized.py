@@ -1,13 +1,15 @@
-"""The CPU's int8 and int4 matmuls: torch's packed-weight kernels, beside the readable ones (int8.py, int4.py).
+"""The CPU's int8 and int4 matmuls: torch's packed-weight kernels, beside the readable ones
+(int8.py, int4.py).
 
-int8: `_weight_int8pack_mm` multiplies the int8 weight with x in bf16/fp16 without a converted copy, for up
-to INT8_MAX_ROWS rows (beyond, converting q and calling the float matmul is faster; in fp32 the kernel is a
-slow reference loop: bench/RESULTS.md), so other calls take the readable path.
+int8: `_weight_int8pack_mm` multiplies the int8 weight with x in bf16/fp16 without a converted copy,
+for up to INT8_MAX_ROWS rows (beyond, converting q and calling the float matmul is faster; in fp32
+the kernel is a slow reference loop: bench/RESULTS.md), so other calls take the readable path.
 
-int4: `_weight_int4pack_mm_for_cpu` reads its own layout ([N, K/2] bytes, and per group a scale and an offset:
-W = (q - 8) * s + (8 - z) * s, the same numbers regrouped), which replaces GPTQ's at load. Only for bf16/fp16
-(in fp32 it is 10-100x slower than dequantizing, measured in bench/RESULTS.md), the group sizes it takes, and
-outputs a multiple of 16; other layers keep the readable kernel.
+int4: `_weight_int4pack_mm_for_cpu` reads its own layout ([N, K/2] bytes, and per group a scale and
+an offset: W = (q - 8) * s + (8 - z) * s, the same numbers regrouped), which replaces GPTQ's at
+load. Only for bf16/fp16 (in fp32 it is 10-100x slower than dequantizing, measured in
+bench/RESULTS.md), the group sizes it takes, and outputs a multiple of 16; other layers keep the
+readable kernel.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ INT4_DTYPES = (torch.bfloat16, torch.float16)  # where it is the fast path (see 
 class CpuInt8Kernel(Int8Kernel):
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         q = layer.weight
-        # bf16 needs K % 16 == 0: otherwise torch 2.13's CPU kernel reads past the row (wrong sums or a
-        # crash: found by tests/test_quantization.py)
+        # bf16 needs K % 16 == 0: otherwise torch 2.13's CPU kernel reads past the row (wrong sums
+        # or a crash: found by tests/test_quantization.py)
         if (x.shape[0] > INT8_MAX_ROWS or x.dtype not in (torch.bfloat16, torch.float16)
                 or (x.dtype == torch.bfloat16 and q.shape[1] % 16)):
             return super().apply(layer, x, bias)
@@ -46,8 +48,8 @@ class CpuInt4Kernel(Int4Kernel):
         del layer.qweight, layer.zeros, layer.scales
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.T.contiguous(), 1)
         layer.register_buffer("qweight", packed, persistent=False)
-        layer.register_buffer("scales_and_zeros", torch.stack([s, offsets], dim=-1).to(scales.dtype),
-                              persistent=False)
+        scales_and_zeros = torch.stack([s, offsets], dim=-1).to(scales.dtype)
+        layer.register_buffer("scales_and_zeros", scales_and_zeros, persistent=False)
         layer.kernel = "cpu"
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -55,8 +57,8 @@ class CpuInt4Kernel(Int4Kernel):
             return super().apply(layer, x, bias)
         if layer.perm is not None:
             x = x[:, layer.perm]
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.contiguous(), layer.qweight, layer.group_size,
-                                                       layer.scales_and_zeros)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.contiguous(), layer.qweight,
+                                                       layer.group_size, layer.scales_and_zeros)
         return y if bias is None else y + bias
 
 

@@ -1,9 +1,10 @@
 """The GPU's int8 and int4 matmuls: Triton kernels (minivllm/kernels/), beside the readable ones.
 
 int8 (kernels/int8_linear.py) loads int8 tiles, converts them in registers and multiplies; int4
-(kernels/int4_linear.py) reads GPTQ's layout as int4.py holds it (q eight to a word down the inputs, z as
-bytes, s) and dequantizes each tile in registers, for groups of a multiple of 16 inputs (other layers keep the
-readable kernel). Triton is imported at the first call: it is an optional dependency.
+(kernels/int4_linear.py) reads GPTQ's layout as int4.py holds it (q eight to a word down the inputs,
+z as bytes, s) and dequantizes each tile in registers, for groups of a multiple of 16 inputs (other
+layers keep the readable kernel). Triton is imported at the first call: it is an optional
+dependency.
 """
 
 from __future__ import annotations

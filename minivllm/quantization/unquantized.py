@@ -1,10 +1,10 @@
 """Float weights as the checkpoint has them: y = x @ W.T + b.
 
-The method declares W [outputs, inputs]; its kernel holds and multiplies it. `FLOAT`, the readable kernel,
-keeps W as it is and calls `F.linear` (cuBLAS on a GPU, MKL or oneDNN on a CPU). The CPU's kernels
-(cpu_unquantized.py) replace W by a layout their matmul reads faster; `plain_weight` gives a reader W back
-whichever layout holds it, and `rows` lets a tied embedding look its rows up in that layout, so a weight
-shared by the embedding and the LM head is held once.
+The method declares W [outputs, inputs]; its kernel holds and multiplies it. `FLOAT`, the readable
+kernel, keeps W as it is and calls `F.linear` (cuBLAS on a GPU, MKL or oneDNN on a CPU). The CPU's
+kernels (cpu_unquantized.py) replace W by a layout their matmul reads faster; `plain_weight` gives a
+reader W back whichever layout holds it, and `rows` lets a tied embedding look its rows up in that
+layout, so a weight shared by the embedding and the LM head is held once.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ class UnquantizedLinearMethod(LinearMethod):
 
 
 def plain_weight(layer: nn.Module) -> torch.Tensor:
-    """A float layer's W [out, in] in its ordinary row-major layout, for code that reads values back (a
-    chapter's table, an exercise's checker): a fast layout is unpacked, exactly (it only moved the values)."""
+    """A float layer's W [out, in] in its ordinary row-major layout, for code that reads values back
+    (a chapter's table, an exercise's checker): a fast layout is unpacked, exactly (it only moved
+    the values)."""
     return layer.quant_method.kernel.plain(layer)
