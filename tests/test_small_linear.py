@@ -8,7 +8,13 @@ import torch.nn.functional as F
 
 from minivllm import LLM
 from minivllm.platforms.cpu import extension_built, tiled_applies
-from minivllm.quantization.cpu_unquantized import TILED, pack_tiles, tiled_linear, unpack_tiles
+from minivllm.quantization.cpu_unquantized import (
+    TILED,
+    TILED_MAX_ROWS,
+    pack_tiles,
+    tiled_linear,
+    unpack_tiles,
+)
 from minivllm.quantization.unquantized import plain_weight
 
 DTYPES = [d for d in (torch.float32, torch.bfloat16) if tiled_applies(d)] if extension_built() else []
@@ -51,7 +57,7 @@ def test_the_engine_holds_each_weight_once_tiled(dtype):
     layer = model.model.layers[0].mlp.down_proj
     assert layer.quant_method.kernel is TILED and layer.weight.dim() == 4
     w = plain_weight(layer)
-    for rows in (1, 8, 40):
+    for rows in (1, 8, 40, TILED_MAX_ROWS + 1):  # decode and prompt rows (the last unpacked per call)
         x = torch.randn(rows, w.shape[1]).to(dtype)
         torch.testing.assert_close(layer(x).float(), F.linear(x, w).float(), atol=0.05, rtol=0.02)
     head, embedding = model.lm_head, model.model.embed_tokens

@@ -83,15 +83,16 @@ class CpuPlatform(Platform):
         super().__init__(device, dtype, online_softmax_update)
         if self.device.type != "cpu":
             raise ValueError(f"the cpu platform runs on the CPU, not {self.device}")
+        # every switch read here, once (a bad value fails now, whichever paths it would touch)
         kernel_attention = envs.MINIVLLM_CPU_ATTENTION == "kernel"
+        fused_ops, tiled = envs.MINIVLLM_CPU_LAYER_OPS, envs.MINIVLLM_CPU_SMALL_LINEAR
+        self.compile_layers = envs.MINIVLLM_CPU_COMPILE
         if kernel_attention and extension_built():
             self.attention = cpu_attention.CpuAttentionBackend()
-            if envs.MINIVLLM_CPU_LAYER_OPS:
+            if fused_ops:
                 self.ops = cpu_layer_ops.OPS
         self.attention = self._hooked(self.attention)
-        self.linear = LinearKernels(float=float_kernel(dtype, envs.MINIVLLM_CPU_SMALL_LINEAR),
-                                    int8=CPU_INT8, int4=CPU_INT4)
-        self.compile_layers = envs.MINIVLLM_CPU_COMPILE
+        self.linear = LinearKernels(float=float_kernel(dtype, tiled), int8=CPU_INT8, int4=CPU_INT4)
 
     def compile(self, model: nn.Module, enforce_eager: bool) -> CompiledLayers | None:
         """Opt-in, MINIVLLM_CPU_COMPILE=1 (and not enforce_eager): on the machines measured so far

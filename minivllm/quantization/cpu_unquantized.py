@@ -5,8 +5,11 @@
 stream per tile and each 64-byte load feeds 16 outputs with the input broadcast: close to the
 machine's read bandwidth, where oneDNN reached about half (bench/RESULTS.md: the batch-1 matmuls
 1.2-1.4x faster). Larger batches go through the same layout: each tile is read once from memory and
-stays in L2 while every group of four rows multiplies it, which measured as fast as oneDNN's blocked
-GEMM at 64 rows. Needs AVX-512 (and AVX512-BF16 for bf16).
+stays in L2 while every group of four rows multiplies it, as fast as oneDNN's blocked GEMM up to a few
+hundred rows. Past TILED_MAX_ROWS (prompts) the weight is unpacked for the one call, transiently, and
+MKL's GEMM multiplies it: the copy is cheap beside M x N x K flops, and at 1024-2048 rows it measured
+1.05-1.1x oneDNN's speed where the tiles reached 0.77-0.99x (bench/RESULTS.md). Needs AVX-512 (and
+AVX512-BF16 for bf16).
 
 `ONEDNN`, elsewhere: oneDNN's blocked layout, reordered once (a plain `F.linear` on CPU re-blocks a
 bf16 weight on every call: about 1.5x slower). An LM head tied to the embedding keeps the plain
@@ -26,6 +29,7 @@ from torch import nn
 from minivllm.quantization.unquantized import FloatKernel
 
 TILE = 64  # output rows per tile (cpu_unquantized.cpp's kTile)
+TILED_MAX_ROWS = 512  # beyond, unpack and F.linear: measured crossover between 256 and 1024 rows
 
 
 def pack_tiles(weight: torch.Tensor) -> torch.Tensor:
@@ -57,6 +61,8 @@ class TiledKernel(FloatKernel):
         layer.weight = nn.Parameter(pack_tiles(layer.weight), requires_grad=False)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if x.numel() > TILED_MAX_ROWS * x.shape[-1]:  # a prompt's rows: a plain copy for this call
+            return F.linear(x, self.plain(layer), bias)
         return tiled_linear(x, layer.weight, bias, layer.output_size)
 
     def plain(self, layer: nn.Module) -> torch.Tensor:
