@@ -53,7 +53,7 @@ class EngineConfig:
     attention_backend: str = "auto"
     enforce_eager: bool = False  # True: no CUDA graphs (CUDA + Triton), no torch.compile (CPU: model/compiled.py)
     seed: int = 0
-    cpu_threads: int | None = None  # CPU only: None sizes torch's threads to the cores left free (platforms/cpu_hardware)
+    cpu_threads: int | None = None  # CPU only: None sizes torch's threads to the cores left free (cpu_hardware.py)
     max_logprobs: int = 20  # vLLM's: the most logprobs / prompt_logprobs a request may ask for (-1: no cap)
     trace_steps: int = 1000  # how many recent steps the step trace keeps (0: none)
     speculative_model: str | Path | None = None  # a draft checkpoint (or Hub id), NGRAM, or None (off)
