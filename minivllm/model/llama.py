@@ -147,8 +147,8 @@ class DecoderLayer(nn.Module):
         return *self.self_attn.project(x, positions, rotary), residual
 
     def after_attention(self, o, residual) -> tuple[torch.Tensor, torch.Tensor]:
-        """Output projection, the residual add deferred into the next norm, then the MLP: (x,
-        residual)."""
+        """Output projection, the residual add deferred into the next norm, then the MLP:
+        (x, residual)."""
         x, residual = self.post_attention_layernorm(self.self_attn.o_proj(o.flatten(1)), residual)
         return self.mlp(x), residual
 
