@@ -1,5 +1,5 @@
 """CPU attention, kernel versus reference (issue 29 item 2): the torch backend's compiled kernel that reads the paged
-cache in place (minivllm/attention/cpu_kernel.py) against the reference that gathers each request's blocks.
+cache in place (minivllm/attention/cpu_attention.py) against the reference that gathers each request's blocks.
 
 Three parts, on bench/cpu_peer.py's randomly initialised `135m` Llama shape (9 heads / 3 KV heads, head_dim 64):
   engine:  cpu_peer's minivllm child (batch-64 throughput on its workload, batch-1 ms/token), once with
@@ -70,11 +70,12 @@ def engine_part(path: Path, dtypes: list[str], modes: list[str], requests: int, 
 def micro_part(dtypes: list[str], repeats: int = 30) -> None:
     import torch
 
-    from minivllm.attention import cpu_kernel
+    from minivllm.attention import cpu_attention
     from minivllm.attention.metadata import AttentionMetadata
     from minivllm.attention.torch_backend import paged_decode_ref
+    from minivllm.platforms.cpu import extension_built
 
-    kernel = cpu_kernel.load_kernel()
+    kernel = cpu_attention.paged_attention if extension_built() else None
     rng = random.Random(0)
     seq_lens = [rng.randint(32, 500) for _ in range(64)]
     block_size, heads, kv_heads, dim = 16, 9, 3, 64
@@ -162,11 +163,11 @@ def main() -> None:
 
     import torch
 
-    from minivllm.attention import cpu_kernel
+    from minivllm.platforms.cpu import extension_built
 
     start = time.perf_counter()
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, load {load()}; kernel "
-          f"{'ready' if cpu_kernel.load_kernel() else 'UNAVAILABLE'} after {time.perf_counter() - start:.1f} s "
+          f"{'ready' if extension_built() else 'UNAVAILABLE'} after {time.perf_counter() - start:.1f} s "
           f"(a build, or torch's extension cache)", flush=True)
     parts, dtypes, modes = args.parts.split(","), args.dtypes.split(","), args.attention.split(",")
     if "micro" in parts:

@@ -30,9 +30,10 @@ from pathlib import Path
 import torch
 from torch.utils.cpp_extension import load
 
-from minivllm.attention import cpu_kernel
+from minivllm.attention import cpu_attention
 from minivllm.attention.metadata import AttentionMetadata
 from minivllm.attention.torch_backend import store_kv
+from minivllm.platforms.cpu import extension_built
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK, HEADS, KV_HEADS, DIM = 16, 9, 3, 64
@@ -82,7 +83,7 @@ def main() -> None:
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--dtypes", default="bfloat16,float32")
     args = ap.parse_args()
-    old_op, new = load_old(args.old), cpu_kernel.load_kernel()
+    old_op, new = load_old(args.old), cpu_attention.paged_attention if extension_built() else None
     torch.set_num_threads(args.threads)
     clock = time.process_time if args.threads == 1 else time.perf_counter
 

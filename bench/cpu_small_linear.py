@@ -1,4 +1,4 @@
-"""The small-batch CPU linear kernel (minivllm/model/small_linear.py) against oneDNN's packed linear, per row count.
+"""The tiled CPU linear kernel (minivllm/quantization/cpu_unquantized.py) against oneDNN's packed linear, per row count.
 
 Every linear weight of bench/cpu_peer.py's `135m` Llama shape (30 layers of q/k/v, o, gate/up and down, plus the
 tied 49152-row LM head: 134.5M weights), each multiplied by M rows of x, both layouts held, the two paths
@@ -19,8 +19,8 @@ import time
 
 import torch
 
-from minivllm.model.packed_linear import packed_linear, reorder_weight
-from minivllm.model.small_linear import pack_small, small_linear, small_linear_applies
+from minivllm.platforms.cpu import extension_built, tiled_applies
+from minivllm.quantization.cpu_unquantized import pack_tiles, packed_linear, reorder_weight, tiled_linear
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)] * 30 + [(49152, 576)]
 
@@ -39,13 +39,13 @@ def main() -> None:
     print(f"threads {torch.get_num_threads()}, clock {'CPU' if args.cpu_time else 'wall'}, "
           f"load1 {os.getloadavg()[0]:.2f}")
     for dtype in (getattr(torch, d) for d in args.dtypes.split(",")):
-        if not small_linear_applies("cpu", dtype):
+        if not (tiled_applies(dtype) and extension_built()):
             print(f"{dtype}: the small-batch kernel does not apply on this CPU")
             continue
         weights = [torch.randn(n, k).to(dtype) for n, k in SHAPES]
         nbytes = sum(w.numel() * w.element_size() for w in weights)
         onednn = [reorder_weight(w) for w in weights]
-        small = [pack_small(w) for w in weights]
+        small = [pack_tiles(w) for w in weights]
         for rows in (int(r) for r in args.rows.split(",")):
             xs = {k: torch.randn(rows, k).to(dtype) for k in (576, 1536)}
 
@@ -55,7 +55,7 @@ def main() -> None:
 
             def run_small(weights=weights, small=small, xs=xs) -> None:
                 for w, p in zip(weights, small):
-                    small_linear(xs[w.shape[1]], p, None, w.shape[0])
+                    tiled_linear(xs[w.shape[1]], p, None, w.shape[0])
 
             best = {"oneDNN": float("inf"), "small": float("inf")}
             for rnd in range(args.rounds):

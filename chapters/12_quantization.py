@@ -222,16 +222,16 @@ assert results["blocks fp8"] >= 1.9 * results["blocks auto"]
 # convert them with shifts (`minivllm/kernels/fp8.py`), which every GPU can do, a T4 included.
 #
 # Back to the weights: int8 keeps a quarter of the decoder layers' fp32 bytes and about a third of the whole model's
-# (the embedding stays float: at this size it is a tenth of the model). These are the formats' bytes; on a CPU the
-# engine also keeps float weights a second time in the layouts its matmuls read fastest (`layout_copy_bytes` counts
-# them; `minivllm/model/small_linear.py` says why). int8 changes nothing visible: per-channel scales lose at most half
-# a step of 1/127 of each row's largest weight. 4-bit is an eighth of fp32 per linear weight (plus a scale and a zero
-# point per group of 32) and costs more, though not where one might look first: the perplexity of held-out stories
-# barely moves (this model finds its stories very predictable), but greedy continuations leave the float model's at a
-# few positions (and, once they differ, go their own way). With groups of 128, as most Hub checkpoints use, agreement
-# drops further (84% against 97% when this chapter was written). Real GPTQ and AWQ checkpoints do better than our
-# plain rounding: they choose each q to minimise the layer's *output* error on calibration data (GPTQ), or rescale the
-# input channels that matter most before rounding (AWQ).
+# (the embedding stays float: at this size it is a tenth of the model). These are the formats' bytes, and what the
+# engine holds: on a CPU a float weight is held in the layout its matmul reads fastest *instead of* the checkpoint's
+# (`minivllm/quantization/cpu_unquantized.py`; `held_bytes` counts everything). int8 changes nothing visible:
+# per-channel scales lose at most half a step of 1/127 of each row's largest weight. 4-bit is an eighth of fp32 per
+# linear weight (plus a scale and a zero point per group of 32) and costs more, though not where one might look first:
+# the perplexity of held-out stories barely moves (this model finds its stories very predictable), but greedy
+# continuations leave the float model's at a few positions (and, once they differ, go their own way). With groups of
+# 128, as most Hub checkpoints use, agreement drops further (84% against 97% when this chapter was written). Real GPTQ
+# and AWQ checkpoints do better than our plain rounding: they choose each q to minimise the layer's *output* error on
+# calibration data (GPTQ), or rescale the input channels that matter most before rounding (AWQ).
 #
 # Speed is another matter. In fp32 (this chapter's setting, for an exact comparison) the quantized layers
 # convert their weights back to float on every call, so they can only be slower. On a GPU, reading half

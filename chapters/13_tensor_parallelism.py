@@ -60,7 +60,7 @@ from minivllm.model import read_model_config
 from minivllm.model.embedding import VocabParallelEmbedding
 from minivllm.model.linear import ColumnLinear, RowLinear
 from minivllm.quantization.sizing import model_weight_bytes
-from minivllm.quantization.unquantized import UnquantizedLinearMethod
+from minivllm.quantization.unquantized import UnquantizedLinearMethod, plain_weight
 
 # %% [markdown]
 # ## One rank and two
@@ -135,11 +135,11 @@ def held(name: str, rank: int, size: int = 2) -> torch.Tensor:
 
 rank0_model = two.engine.runner.model.model
 one_model = one.engine.runner.model.model
-real = {"q/k/v": lambda m: m.layers[0].self_attn.qkv_proj.weight,
-        "o_proj": lambda m: m.layers[0].self_attn.o_proj.weight,
-        "gate/up": lambda m: m.layers[0].mlp.gate_up_proj.weight,
-        "down_proj": lambda m: m.layers[0].mlp.down_proj.weight,
-        "embedding": lambda m: m.embed_tokens.weight}
+real = {"q/k/v": lambda m: plain_weight(m.layers[0].self_attn.qkv_proj),  # whatever layout the platform
+        "o_proj": lambda m: plain_weight(m.layers[0].self_attn.o_proj),  # holds them in
+        "gate/up": lambda m: plain_weight(m.layers[0].mlp.gate_up_proj),
+        "down_proj": lambda m: plain_weight(m.layers[0].mlp.down_proj),
+        "embedding": lambda m: m.embed_tokens.table()}
 maps = {name: (held(name, 0), held(name, 1)) for name in real}
 print(f"{'weight':10s} {'1 rank':>12s} {'rank 0 of 2':>12s}  split along   held by both ranks")
 for name, (r0, r1) in maps.items():

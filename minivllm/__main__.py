@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from minivllm import LLM, SamplingParams
 from minivllm.engine.arg_utils import EngineArgs
+from minivllm.engine.journey import format_journey
 from minivllm.entrypoints.arg_parser import FlexibleArgumentParser
 from minivllm.entrypoints.openai.api_server import run_server
 from minivllm.entrypoints.openai.cli_args import make_arg_parser
@@ -44,9 +46,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from minivllm import LLM, SamplingParams
-    from minivllm.engine.journey import format_journey
-
     try:
         engine_args = EngineArgs.from_cli_args(args)
         llm = LLM(**vars(engine_args))

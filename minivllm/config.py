@@ -14,11 +14,11 @@ import torch
 
 from minivllm import envs
 from minivllm.core.kv_sizing import DEFAULT_CPU_KV_CACHE_BYTES, kv_bytes_per_block
-from minivllm.cpu_platform import default_cpu_dtype
 from minivllm.distributed.parallel import check_divisible, local_kv_heads
 from minivllm.hooks import EngineHooks
 from minivllm.model import read_model_config, resolve_model_path
 from minivllm.model.loader import ModelConfig
+from minivllm.platforms.cpu_hardware import default_cpu_dtype
 from minivllm.quantization import resolve_quantization
 from minivllm.quantization.kv_cache import check_kv_cache_dtype, kv_cache_torch_dtype
 from minivllm.sampling.logits_processor import load_logits_processor_classes
@@ -65,7 +65,7 @@ class EngineConfig:
     # True: no CUDA graphs (CUDA + Triton), no torch.compile (CPU: model/compiled.py)
     enforce_eager: bool = False
     seed: int = 0
-    # CPU only: None sizes torch's threads to the cores left free (cpu_platform.py)
+    # CPU only: None sizes torch's threads to the cores left free (platforms/cpu_hardware.py)
     cpu_threads: int | None = None
     # vLLM's: the most logprobs / prompt_logprobs a request may ask for (-1: no cap)
     max_logprobs: int = 20

@@ -1,4 +1,4 @@
-"""The CPU fast path (attention/cpu_kernel.py) against the torch reference it replaces on CPU.
+"""The CPU fast path (attention/cpu_attention.py) against the torch reference it replaces on CPU.
 
 Random caches whose requests own shuffled physical blocks; contexts that cross block boundaries; GQA ratios
 1, 2, 4 and odd head counts; decode-only batches and mixes of prompts, chunks, drafts and decodes.
@@ -9,9 +9,10 @@ import logging
 import pytest
 import torch
 
-from minivllm.attention import cpu_kernel, get_attention_backend
+from minivllm.attention import cpu_attention
 from minivllm.attention.metadata import AttentionMetadata
 from minivllm.attention.torch_backend import TorchAttentionBackend, paged_attention_ref, store_kv
+from minivllm.platforms import choose_platform, cpu, cpu_extension
 
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=1.6e-2, rtol=1.6e-2),
        torch.float16: dict(atol=2e-3, rtol=2e-3)}
@@ -19,10 +20,9 @@ TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=1.6e
 
 @pytest.fixture(scope="module")
 def kernel():
-    kernel = cpu_kernel.load_kernel()
-    if kernel is None:
+    if not cpu.extension_built():
         pytest.skip("no C++ compiler: the CPU kernel cannot be built here")
-    return kernel
+    return cpu_attention.paged_attention
 
 
 def make_batch(query_lens, seq_lens, block_size, num_heads, num_kv_heads, head_dim, dtype, seed=0):
@@ -127,8 +127,8 @@ def test_store_rejects_a_slot_outside_the_cache(kernel):
 def test_backend_uses_kernel_and_falls_back(kernel):
     """The CPU backend stores then attends through the kernel; a cache in another dtype (an fp8 cache, say)
     takes the reference."""
-    backend = get_attention_backend("auto", "cpu")
-    assert backend.kernel is not None and TorchAttentionBackend().kernel is None
+    backend = choose_platform("cpu", torch.float32).attention
+    assert isinstance(backend, cpu_attention.CpuAttentionBackend)
     q, k_cache, v_cache, meta = make_batch([3, 1], [9, 21], 4, 4, 2, 64, torch.float32)
     k, v = torch.randn(4, 2, 64), torch.randn(4, 2, 64)
     meta.slot_mapping = torch.tensor([k_cache.shape[0] * 4 - 1 - i for i in range(4)])  # slots nobody reads
@@ -137,22 +137,26 @@ def test_backend_uses_kernel_and_falls_back(kernel):
     want = TorchAttentionBackend().forward(q, k, v, *caches, meta, 0.2)
     assert torch.equal(k_cache, caches[0]) and torch.equal(v_cache, caches[1])  # the kernel stored k, v too
     torch.testing.assert_close(got, want, **TOL[torch.float32])
-    assert not cpu_kernel.fits(q, k_cache.half(), meta)
-    assert not cpu_kernel.fits(q[:3], k_cache, meta)  # rows the metadata does not account for
-    assert not cpu_kernel.fits(q, k_cache, meta, k.half(), v.half())  # new keys in another dtype than the cache
+    assert not cpu_attention.fits(q, k_cache.half(), meta)
+    assert not cpu_attention.fits(q[:3], k_cache, meta)  # rows the metadata does not account for
+    assert not cpu_attention.fits(q, k_cache, meta, k.half(), v.half())  # new keys in another dtype than the cache
 
 
 def test_switch_and_missing_compiler(monkeypatch, caplog):
     monkeypatch.setenv("MINIVLLM_CPU_ATTENTION", "reference")
-    assert get_attention_backend("auto", "cpu").kernel is None
+    assert type(choose_platform("cpu", torch.float32).attention) is TorchAttentionBackend
     monkeypatch.setenv("MINIVLLM_CPU_ATTENTION", "fastest")
     with pytest.raises(ValueError, match="MINIVLLM_CPU_ATTENTION"):
-        get_attention_backend("auto", "cpu")
+        choose_platform("cpu", torch.float32)
+    monkeypatch.delenv("MINIVLLM_CPU_ATTENTION")
 
     def no_compiler(*args, **kwargs):
         raise RuntimeError("Error building extension: c++: command not found")
 
     monkeypatch.setattr("torch.utils.cpp_extension.load", no_compiler)
+    monkeypatch.setattr(cpu_extension, "build_failure", cpu_extension.build_failure.__wrapped__)
     with caplog.at_level(logging.WARNING):
-        assert cpu_kernel.load_kernel.__wrapped__() is None
-    assert "using the torch reference" in caplog.text and "command not found" in caplog.text
+        assert cpu.extension_built.__wrapped__() is False
+    assert "using the readable torch code" in caplog.text and "command not found" in caplog.text
+    monkeypatch.setattr(cpu, "extension_built", lambda: False)
+    assert type(choose_platform("cpu", torch.float32).attention) is TorchAttentionBackend

@@ -18,8 +18,10 @@ import torch
 import torch.nn.functional as F
 
 from minivllm import LLM, EngineConfig, SamplingParams
-from minivllm.cpu_platform import CpuThreadSizer, cpu_has_native_bf16, default_cpu_dtype
-from minivllm.model.packed_linear import packed_linear, packing_applies, reorder_weight
+from minivllm.platforms.cpu import onednn_applies
+from minivllm.platforms.cpu_hardware import CpuThreadSizer, cpu_has_native_bf16, default_cpu_dtype
+from minivllm.quantization.cpu_unquantized import packed_linear, reorder_weight
+from minivllm.quantization.unquantized import plain_weight
 
 LOGPROB_TOL = 0.1  # nats; measured: up to 0.078 (llama) and 0.064 (qwen3); transformers' own bf16 vs fp32: 0.22
 PROMPTS = [[1, 2, 3, 4, 5], list(range(7, 40)), [100, 3], list(range(200, 250, 3))]
@@ -44,7 +46,7 @@ def test_auto_resolves_per_cpu_and_explicit_dtypes_win(llama_path, monkeypatch):
     assert EngineConfig(model=str(llama_path), device="cpu", dtype="float32").resolve().dtype == torch.float32
 
 
-@pytest.mark.skipif(not packing_applies("cpu", torch.bfloat16), reason="no native bf16 / oneDNN on this CPU")
+@pytest.mark.skipif(not onednn_applies(torch.bfloat16), reason="no native bf16 / oneDNN on this CPU")
 def test_packed_linear_equals_f_linear():
     gen = torch.Generator().manual_seed(0)
     for bias in (False, True):
@@ -56,18 +58,21 @@ def test_packed_linear_equals_f_linear():
                                        atol=1e-2, rtol=1e-2)
 
 
-@pytest.mark.skipif(not packing_applies("cpu", torch.bfloat16), reason="no native bf16 / oneDNN on this CPU")
-def test_packing_keeps_tied_weights_and_true_parameter_counts(checkpoints):
-    """The engine's bf16 model: linears packed, the tied head still the embedding's parameter, counts true."""
+def test_tied_weights_are_held_once_and_parameter_counts_true(checkpoints):
+    """The engine's bf16 model: the tied head and the embedding share one parameter (in whatever layout the
+    platform holds it), and the parameter count is the checkpoint's."""
     from transformers import AutoModelForCausalLM
 
     path, _ = checkpoints["qwen2"]  # tied embeddings
     model = LLM(str(path), dtype="bfloat16", device="cpu", num_kv_blocks=16).engine.runner.model
     hf = AutoModelForCausalLM.from_pretrained(path)
     assert model.lm_head.tied and model.lm_head.weight is model.model.embed_tokens.weight
-    packed = [m for m in model.modules() if getattr(m, "packed", False)]
-    assert len(packed) > 2 and model.lm_head in packed
-    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in hf.parameters())
+    counted = {}  # each parameter once (the tied one is the head's and the embedding's), at its plain size
+    for m in model.modules():
+        for name, p in m.named_parameters(recurse=False):
+            linear_weight = name == "weight" and hasattr(m, "quant_method")
+            counted[id(p)] = plain_weight(m).numel() if linear_weight else p.numel()
+    assert sum(counted.values()) == sum(p.numel() for p in hf.parameters())
 
 
 def test_bf16_logprobs_track_transformers_bf16(checkpoints):

@@ -5,16 +5,14 @@ last-place difference (RMSNorm's sum of squares runs in another order, silu's ex
 rounding. Odd sizes, q/k norm on strided views, residual adds, and rotary with a llama3-scaled table.
 """
 
-import logging
-
 import pytest
 import torch
 import torch.nn.functional as F
 
-from minivllm.attention import get_attention_backend
-from minivllm.model import cpu_layer_ops
+from minivllm.model import cpu_layer_ops, layer_ops
 from minivllm.model.llama import RMSNorm
 from minivllm.model.rotary import RotaryEmbedding
+from minivllm.platforms import choose_platform, cpu
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 64, "low_freq_factor": 1.0,
@@ -23,10 +21,9 @@ LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embedding
 
 @pytest.fixture(scope="module")
 def ops():
-    kernels = cpu_layer_ops.load()
-    if kernels is None:
+    if not cpu.extension_built():
         pytest.skip("no C++ compiler: the CPU layer ops cannot be built here")
-    return kernels
+    return cpu_layer_ops.OPS
 
 
 def assert_matches(got: torch.Tensor, want: torch.Tensor) -> None:
@@ -85,8 +82,8 @@ def test_rotary_in_place(ops, head_dim, heads, kv_heads, scaling, dtype):
     positions = torch.randint(0, 300, (tokens,), generator=gen)
     q, k, v = qkv.clone().split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
     q, k = q.view(tokens, heads, head_dim), k.view(tokens, kv_heads, head_dim)
-    want_q, want_k = rope(rope.for_positions(positions, dtype), q, k)
-    got_q, got_k = ops.apply_rotary(positions, q, k, rope.cos_sin)
+    want_q, want_k = rope(positions, q, k)
+    got_q, got_k = ops.rotary(positions, q, k, rope.cos_sin)
     assert got_q is q and got_k is k
     assert_matches(got_q, want_q)
     assert_matches(got_k, want_k)
@@ -103,24 +100,19 @@ def test_silu_and_mul(ops, tokens, intermediate, dtype):
     assert_matches(ops.silu_and_mul(gate_up), F.silu(gate) * up)
 
 
-def test_the_cpu_backend_brings_them_and_the_switches_take_them_away(ops, monkeypatch):
-    assert get_attention_backend("auto", "cpu").layer_kernels == ops
+def test_the_cpu_platform_brings_them_and_the_switches_take_them_away(ops, monkeypatch):
+    assert choose_platform("cpu", torch.float32).ops == ops
     monkeypatch.setenv("MINIVLLM_CPU_LAYER_OPS", "0")
-    assert get_attention_backend("auto", "cpu").layer_kernels is None
+    assert choose_platform("cpu", torch.float32).ops == layer_ops.REFERENCE
     monkeypatch.setenv("MINIVLLM_CPU_LAYER_OPS", "1")
     monkeypatch.setenv("MINIVLLM_CPU_ATTENTION", "reference")
-    assert get_attention_backend("auto", "cpu").layer_kernels is None
+    assert choose_platform("cpu", torch.float32).ops == layer_ops.REFERENCE
     monkeypatch.setenv("MINIVLLM_CPU_ATTENTION", "kernel")
     monkeypatch.setenv("MINIVLLM_CPU_LAYER_OPS", "yes")
     with pytest.raises(ValueError, match="MINIVLLM_CPU_LAYER_OPS"):
-        get_attention_backend("auto", "cpu")
+        choose_platform("cpu", torch.float32)
 
 
-def test_missing_compiler_keeps_the_readable_ops(monkeypatch, caplog):
-    def no_compiler(*args, **kwargs):
-        raise RuntimeError("Error building extension: c++: command not found")
-
-    monkeypatch.setattr("torch.utils.cpp_extension.load", no_compiler)
-    with caplog.at_level(logging.WARNING):
-        assert cpu_layer_ops.load.__wrapped__() is None
-    assert "using the torch ops" in caplog.text and "command not found" in caplog.text
+def test_missing_compiler_keeps_the_readable_ops(monkeypatch):
+    monkeypatch.setattr(cpu, "extension_built", lambda: False)
+    assert choose_platform("cpu", torch.float32).ops == layer_ops.REFERENCE

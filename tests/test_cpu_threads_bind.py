@@ -1,4 +1,4 @@
-"""MINIVLLM_CPU_OMP_THREADS_BIND (cpu_platform.bind_cpu_threads): off by default, a CPU list pins every thread,
+"""MINIVLLM_CPU_OMP_THREADS_BIND (cpu_hardware.bind_cpu_threads): off by default, a CPU list pins every thread,
 "auto" pins only on an idle machine. Binding runs in a child process: it would pin the test runner too."""
 
 import json
@@ -8,13 +8,13 @@ import sys
 
 import pytest
 
-from minivllm.cpu_platform import bind_cpu_threads, parse_cpu_list
+from minivllm.platforms.cpu_hardware import bind_cpu_threads, parse_cpu_list
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux only")
 
 
 def in_child(setting: str, idle_load: float = 0.5) -> dict:
-    code = ("import json, os, threading, torch; from minivllm.cpu_platform import bind_cpu_threads; "
+    code = ("import json, os, threading, torch; from minivllm.platforms.cpu_hardware import bind_cpu_threads; "
             "t = threading.Thread(target=lambda: None); "
             f"cpus = bind_cpu_threads({setting!r}, {idle_load!r}); "
             "tasks = {int(n): sorted(os.sched_getaffinity(int(n))) for n in os.listdir('/proc/self/task')}; "

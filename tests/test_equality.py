@@ -21,6 +21,7 @@ def references(checkpoints):
     return {kind: [hf_greedy(model, p, MAX_NEW) for p in PROMPTS] for kind, (_, model) in checkpoints.items()}
 
 
+@pytest.mark.parametrize("platform", ["cpu", "reference"])  # the C++ fast paths, and the readable torch code
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
 @pytest.mark.parametrize("setting", [
     dict(block_size=16, num_kv_blocks=64),  # plenty of room: one prefill step, then decodes
@@ -28,8 +29,10 @@ def references(checkpoints):
     dict(block_size=4, num_kv_blocks=16, max_num_batched_tokens=32),  # too few blocks: preemption
     dict(block_size=4, num_kv_blocks=16, max_num_batched_tokens=5, max_num_seqs=3),  # both, and a seq cap
 ])
-def test_greedy_matches_transformers(checkpoints, references, kind, setting):
+def test_greedy_matches_transformers(checkpoints, references, kind, setting, platform, monkeypatch):
+    monkeypatch.setenv("MINIVLLM_PLATFORM", platform)
     tokens, engine = run(checkpoints[kind][0], **setting)
+    assert engine.runner.platform.name == platform
     assert tokens == references[kind]
     stats = engine.stats()
     assert stats["num_free_blocks"] == stats["num_total_blocks"]

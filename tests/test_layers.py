@@ -56,16 +56,10 @@ def import_graph() -> dict[str, set[str]]:
     return {m: set(graph.find_modules_directly_imported_by(m)) for m in graph.modules}
 
 
-CYCLE_LEFT = pytest.mark.xfail(strict=True, reason="quantization.base <-> unquantized and model <-> attention: "
-                               "the platform work (next commit) takes them apart")
-
-
-@CYCLE_LEFT
 def test_no_module_imports_itself_through_others(import_graph):
     assert strongly_connected(import_graph) == []
 
 
-@CYCLE_LEFT
 def test_no_two_packages_import_each_other(import_graph):
     def package(module: str) -> str:
         return ".".join(module.split(".")[:2])

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from minivllm import LLM, SamplingParams
-from minivllm.quantization import int4, weight_bytes
+from minivllm.quantization import cpu_quantized, weight_bytes
 from minivllm.quantization.awq import unpack_awq
 from minivllm.quantization.gguf import write_gguf
 from minivllm.quantization.int4 import pack_rows, unpack_cols, unpack_rows
@@ -113,9 +113,12 @@ def four_bit(tmp_path_factory):
 @pytest.mark.parametrize("kernel", ["torch", "cpu"])
 @pytest.mark.parametrize("name", ["gptq", "awq", "gptq-act-order", "awq-qwen2"])
 def test_4bit_checkpoint_matches_transformers_on_the_dequantized_weights(four_bit, name, kernel, monkeypatch):
-    """fp32 dequantizes then multiplies ("torch"); torch's int4 CPU kernel (bf16's path) is forced on too."""
+    """fp32 dequantizes then multiplies ("torch": the reference platform); torch's int4 CPU kernel (bf16's
+    path) is forced on the cpu platform too."""
+    if kernel == "torch":
+        monkeypatch.setenv("MINIVLLM_PLATFORM", "reference")
     if kernel == "cpu":
-        monkeypatch.setattr(int4, "CPU_KERNEL_DTYPES", (torch.float32,))
+        monkeypatch.setattr(cpu_quantized, "INT4_DTYPES", (torch.float32,))
     path, reference = four_bit[name]
     llm = LLM(str(path), dtype="float32", num_kv_blocks=64)
     assert greedy(llm, PROMPTS, MAX_NEW) == reference

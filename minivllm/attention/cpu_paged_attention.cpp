@@ -1,4 +1,4 @@
-// Paged attention on CPU that reads K and V straight out of the paged cache (minivllm/attention/cpu_kernel.py).
+// Paged attention on CPU that reads K and V straight out of the paged cache (minivllm/attention/cpu_attention.py).
 //
 // The torch reference copies every request's blocks into a padded tensor, then runs SDPA with a padding mask:
 // the cache is read once, written once and read again. Here each work item, one (request, KV head, tile of
@@ -12,7 +12,7 @@
 
 #include <ATen/Parallel.h>
 
-#include "../cpu_vector_math.h"
+#include "../platforms/cpu_vector_math.h"
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif

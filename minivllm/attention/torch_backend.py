@@ -1,9 +1,9 @@
 """The torch reference backend: store K/V through the slot mapping, attend through the block table.
 
 It is written for clarity, runs anywhere, and is the oracle the Triton kernels are tested against. An fp8 cache
-(kv_cache_dtype) is quantized as it is stored and upcast, times its scale, as it is read (`read_kv`). On CPU the
-backend stores and attends through a compiled kernel that reads the cache in place instead (cpu_kernel.py), where
-it can.
+(kv_cache_dtype) is quantized as it is stored and upcast, times its scale, as it is read (`read_kv`). Plain
+torch only: the CPU's C++ kernel (cpu_attention.py) and the Triton one (triton_backend.py) sit beside it, and
+a platform (minivllm/platforms/) picks one.
 """
 
 from __future__ import annotations
@@ -13,11 +13,8 @@ import itertools
 import torch
 import torch.nn.functional as F
 
-from minivllm.attention import cpu_kernel
-from minivllm.attention.backend import LayerKernels
 from minivllm.attention.metadata import AttentionMetadata
 from minivllm.core.math_utils import cdiv
-from minivllm.model import cpu_layer_ops
 from minivllm.quantization.kv_cache import as_bytes, dequantize, quantize
 
 
@@ -155,23 +152,13 @@ def _attend_group(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 
 class TorchAttentionBackend:
-    name = "torch"
-    kernel: cpu_kernel.Kernel | None = None  # the CPU fast path, when built; else the reference alone
-    layer_kernels: LayerKernels | None = None  # the CPU fast path's fused norm/rotary/SwiGLU ops, when built
+    """The reference: store through the slot mapping, gather through the block table, SDPA."""
 
-    def __init__(self, device: str = "cpu", fast: bool = False) -> None:
-        """`fast`: on CPU, attend through cpu_kernel's compiled kernel and run the layers' norms, rotary and SwiGLU
-        through fused C++ ops (model/cpu_layer_ops.py), unless MINIVLLM_CPU_ATTENTION=reference."""
-        if fast and str(device).startswith("cpu") and cpu_kernel.wanted():
-            self.kernel = cpu_kernel.load_kernel()
-            if cpu_layer_ops.wanted():
-                self.layer_kernels = cpu_layer_ops.load()
+    name = "torch"
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, meta: AttentionMetadata, scale: float, k_scale: float = 1.0,
                 v_scale: float = 1.0) -> torch.Tensor:
-        if self.kernel is not None and cpu_kernel.fits(q, k_cache, meta, k, v):  # an fp8 cache takes the reference
-            return self.kernel(q, k_cache, v_cache, meta, scale, k, v)  # stores k and v (as store_kv), then attends
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
         if meta.is_decode_only:
             return paged_decode_ref(q, k_cache, v_cache, meta, scale, k_scale, v_scale)

@@ -11,17 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from minivllm.attention.backend import LayerKernels
 from minivllm.attention.metadata import AttentionMetadata
-from minivllm.kernels import (
-    apply_rotary,
-    interpreted,
-    paged_decode_attention,
-    paged_prefill_attention,
-    rms_norm,
-    silu_and_mul,
-    store_kv,
-)
+from minivllm.kernels import interpreted, paged_decode_attention, paged_prefill_attention, store_kv
 
 
 def check_device(device: str | torch.device) -> None:
@@ -38,7 +29,6 @@ def check_device(device: str | torch.device) -> None:
 
 class TritonAttentionBackend:
     name = "triton"
-    layer_kernels = LayerKernels(rms_norm, apply_rotary, silu_and_mul)  # the layers' fused elementwise kernels
 
     def __init__(self, device: str | torch.device | None = None) -> None:
         self._checked: torch.device | None = None

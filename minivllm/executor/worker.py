@@ -21,6 +21,8 @@ import torch.distributed as dist
 
 from minivllm.config import EngineConfig
 from minivllm.distributed.parallel import connect
+from minivllm.runner.model_runner import ModelRunner
+from minivllm.spec_decode import make_proposer
 
 
 @dataclass(frozen=True)
@@ -68,9 +70,6 @@ def serve_steps(config: EngineConfig, rank: int, size: int, store: dist.Store, t
         config = replace(config, device=f"cuda:{index}")
         torch.cuda.set_device(index)
     tp = connect(rank, size, store, torch.device(config.device), timeout_s)
-    from minivllm.runner.model_runner import ModelRunner
-    from minivllm.spec_decode import make_proposer
-
     runner = ModelRunner(config, tp=tp)
     runner.proposer = make_proposer(config, runner.num_blocks, config.model_config.vocab_size)
     report(("ready", runner.num_blocks))

@@ -15,11 +15,14 @@ from collections.abc import Callable
 
 import torch
 
+from minivllm.config import DEFAULT_MODEL
 from minivllm.distributed.parallel import TensorParallel, kv_head_replicas
 from minivllm.exercises.report import ExerciseFailure, Report, run_checks
+from minivllm.model import read_model_config
 from minivllm.model.linear import ColumnLinear
-from minivllm.model.packed_linear import plain_weight
-from minivllm.quantization.unquantized import UnquantizedLinearMethod
+from minivllm.model.llama import READABLE
+from minivllm.model.loader import load_model
+from minivllm.quantization.unquantized import UnquantizedLinearMethod, plain_weight
 
 
 def engine_qkv_rows(num_heads: int, num_kv_heads: int, head_dim: int, tp_size: int,
@@ -96,17 +99,11 @@ def check_qkv_rows(rows_fn: Callable, max_ranks: int = 8) -> Report:
                 _compare(rows_fn, num_heads, num_kv_heads, head_dim, tp_size, rank)
 
     def embedded_model():
-        from minivllm.attention import get_attention_backend
-        from minivllm.config import DEFAULT_MODEL
-        from minivllm.model import read_model_config
-        from minivllm.model.loader import load_model
-
         mc = read_model_config(DEFAULT_MODEL)
-        backend = get_attention_backend("torch", "cpu", None)
 
         def qkv(tp: TensorParallel) -> torch.Tensor:
-            model = load_model(DEFAULT_MODEL, mc, backend, torch.float32, "cpu", tp)
-            return plain_weight(model.model.layers[0].self_attn.qkv_proj.weight)
+            model = load_model(DEFAULT_MODEL, mc, READABLE, torch.float32, "cpu", tp)
+            return plain_weight(model.model.layers[0].self_attn.qkv_proj)
 
         full = qkv(TensorParallel())
         for rank in range(2):

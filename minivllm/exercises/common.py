@@ -14,7 +14,8 @@ from collections.abc import Sequence
 
 import torch
 
-from minivllm.config import DEFAULT_MODEL
+from minivllm.config import DEFAULT_MODEL, EngineConfig
+from minivllm.engine.llm_engine import LLMEngine
 from minivllm.entrypoints.llm import LLM
 from minivllm.exercises.report import ExerciseFailure
 from minivllm.hooks import EngineHooks
@@ -121,9 +122,6 @@ def run_workload(hooks: EngineHooks, w: dict, observer=None, max_steps: int = 10
     """Drive the real LLMEngine.step through workload `w`; `observer(engine, record)` sees every
     step. Returns the engine, every request finished (else ExerciseFailure)."""
     import random
-
-    from minivllm.config import EngineConfig
-    from minivllm.engine.llm_engine import LLMEngine
 
     rng = random.Random(w["seed"])
     capacity = w["num_blocks"] * w["block_size"]

@@ -1,6 +1,6 @@
-"""Triton kernels for the paged KV cache: store new K/V, decode attention, prefill attention; and three
-fused elementwise kernels the Triton backend also uses: RMSNorm (with the residual add), rotary embedding
-and SwiGLU's silu(gate) * up.
+"""Triton kernels for the paged KV cache: store new K/V, decode attention, prefill attention; and three fused
+elementwise kernels the cuda platform (minivllm/platforms/cuda.py) also uses: RMSNorm (with the residual add),
+rotary embedding and SwiGLU's silu(gate) * up.
 
 Each module holds one kernel (plus its launcher) and can be read on its own; fp8.py holds the conversions the
 three KV kernels share for an fp8 cache (kv_cache_dtype="fp8"). On CPU they run only

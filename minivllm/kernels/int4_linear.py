@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from minivllm.kernels.paged_decode import device_arch
+
 
 @triton.jit
 def _int4_linear_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, bias_ptr, out_ptr, M, N, K,
@@ -62,8 +64,6 @@ def int4_linear_config(num_tokens: int, group: int, dtype: torch.dtype, arch: in
 def int4_linear(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, group: int,
                 bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K]; qweight int32 [K/8, N]; zeros uint8 and scales [K/G, N] -> x @ ((q - z) * s) + bias, [M, N]."""
-    from minivllm.kernels.paged_decode import device_arch
-
     x = x if x.stride(-1) == 1 else x.contiguous()
     m, k, n = x.shape[0], x.shape[1], qweight.shape[1]
     assert qweight.shape[0] * 8 == k and k % group == 0 and scales.shape == zeros.shape == (k // group, n)

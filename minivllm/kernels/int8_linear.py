@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from minivllm.kernels.paged_decode import device_arch
+
 
 @triton.jit
 def _int8_linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
@@ -52,8 +54,6 @@ def int8_linear_config(num_tokens: int, dtype: torch.dtype, arch: int | None = N
 def int8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
                 bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] float, q [N, K] int8, scale [N] -> x @ (q * scale[:, None]).T + bias, [M, N] in x's dtype."""
-    from minivllm.kernels.paged_decode import device_arch
-
     x = x if x.stride(-1) == 1 else x.contiguous()
     assert q.dtype == torch.int8 and q.stride(-1) == 1 and x.shape[-1] == q.shape[1]
     m, n = x.shape[0], q.shape[0]

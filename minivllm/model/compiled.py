@@ -15,8 +15,8 @@ seconds each on 2 cores) and cached on disk by inductor for the next process.
 Why it is off by default: on the 2-core AMD EPYC of bench/RESULTS.md it made decode steps 3-9% slower, not
 faster. The fused kernels save less than the 60 compiled calls a step cost: each pays dynamo's guard lookup
 (~30 us) and wrapper, where the eager ops they replace cost 1-2 us each. Paying off needs one compiled call per
-step (the whole model with attention as an opaque op), not one per piece. MINIVLLM_CPU_COMPILE=1 turns it on
-(never with enforce_eager=True).
+step (the whole model with attention as an opaque op), not one per piece. The cpu platform
+(minivllm/platforms/cpu.py) applies it where MINIVLLM_CPU_COMPILE=1 (never with enforce_eager=True).
 
 Only for float weights (the unquantized method) without tensor parallelism: quantized layers keep their own
 kernels, and collectives stay out of the graph. If compiling fails (no C++ compiler, an unsupported op), the
@@ -30,22 +30,15 @@ import warnings
 import torch
 from torch import nn
 
-from minivllm import envs
 from minivllm.quantization.unquantized import UnquantizedLinearMethod
 
 PIECES = ("before_attention", "after_attention")
 
 
-def compile_wanted(enforce_eager: bool) -> bool:
-    """Opt-in, MINIVLLM_CPU_COMPILE=1 (and not enforce_eager): on the machines measured so far it costs more
-    than it saves (bench/RESULTS.md), so the plain layers stay the default, notebooks included."""
-    return envs.MINIVLLM_CPU_COMPILE and not enforce_eager
-
-
-def compile_decoder_layers(model: nn.Module, enforce_eager: bool = False) -> CompiledLayers | None:
+def compile_decoder_layers(model: nn.Module) -> CompiledLayers | None:
     """Compile every decoder layer's before/after-attention parts in place; None where that does not apply."""
     linears = [m for m in model.modules() if hasattr(m, "quant_method")]
-    if (not compile_wanted(enforce_eager) or getattr(model, "tp", None) is None or model.tp.size > 1
+    if (getattr(model, "tp", None) is None or model.tp.size > 1
             or not all(isinstance(m.quant_method, UnquantizedLinearMethod) for m in linears)):
         return None
     return CompiledLayers(list(model.model.layers))

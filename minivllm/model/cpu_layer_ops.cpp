@@ -13,7 +13,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-#include "../cpu_vector_math.h"
+#include "../platforms/cpu_vector_math.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-"""The CPU fast path's fused layer ops: cpu_layer_ops.cpp, built with the attention kernel (minivllm/cpu_extension.py).
+"""The CPU fast path's fused layer ops: cpu_layer_ops.cpp (built by platforms/cpu_extension.py).
 
 Why: a batch-1 bf16 decode step of a 135M Llama spent ~10 of its ~24 ms outside the matmuls, in ~100 small aten
 ops per layer (RMSNorm is seven, rotary a dozen, SwiGLU's activation three) and their dispatch. Here each chain
@@ -7,46 +7,27 @@ is one op. They stand in for the same functions the Triton backend brings (miniv
 readable model rounds, so bf16 results equal its results (fp32 ones within ~1 ulp). Measured on a 2-core AMD
 EPYC: ~50 dispatched ops a layer become 21, and that batch-1 step went from 25 to 19 ms (bench/RESULTS.md).
 
-The torch backend brings them on CPU with its compiled attention kernel; MINIVLLM_CPU_ATTENTION=reference keeps
-the readable torch ops as well as the reference attention, and MINIVLLM_CPU_LAYER_OPS=0 the readable ops alone.
-If the extension cannot be built, the readable ops stay, after one warning.
+The cpu platform (minivllm/platforms/cpu.py) builds them and hands the model `OPS` in place of the readable
+ones (layer_ops.py), unless MINIVLLM_CPU_ATTENTION=reference or MINIVLLM_CPU_LAYER_OPS=0; if the extension
+cannot be built, the readable ops stay, after one warning.
 """
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
-from minivllm import envs
-from minivllm.attention.backend import LayerKernels
-from minivllm.logger import init_logger
-
-logger = init_logger(__name__)
+from minivllm.model.layer_ops import LayerOps
 
 
-def wanted() -> bool:
-    """On unless MINIVLLM_CPU_LAYER_OPS=0."""
-    return envs.MINIVLLM_CPU_LAYER_OPS
-
-
-@functools.cache  # one build (or one failure, one warning) per process
-def load() -> LayerKernels | None:
-    """The ops as the model calls them, or None (with a warning) if the extension cannot be built here."""
-    from minivllm import cpu_extension
-
-    reason = cpu_extension.build_failure()
-    if reason is not None:  # no compiler, a failed build: the readable ops still work
-        logger.warning("CPU fused layer ops unavailable, using the torch ops: %s", reason)
-        return None
-    # output shapes, for torch.compile (model/compiled.py traces the layers through these ops)
+def register_fakes() -> None:
+    """The ops' output shapes, for torch.compile (model/compiled.py traces the layers through these ops);
+    called once the extension is built."""
     torch.library.register_fake("minivllm_cpu::rms_norm")(lambda x, weight, eps: x.new_empty(x.shape))
     torch.library.register_fake("minivllm_cpu::add_rms_norm")(
         lambda x, residual, weight, eps: (x.new_empty(x.shape), x.new_empty(x.shape)))
     torch.library.register_fake("minivllm_cpu::rotary_embedding")(lambda positions, q, k, cos_sin: None)
     torch.library.register_fake("minivllm_cpu::silu_and_mul")(
         lambda gate_up: gate_up.new_empty(gate_up.shape[0], gate_up.shape[1] // 2))
-    return LayerKernels(rms_norm=rms_norm, apply_rotary=apply_rotary, silu_and_mul=silu_and_mul)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
@@ -70,3 +51,5 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """gate_up [T, 2 * I] (gate first) -> silu(gate) * up, [T, I]."""
     return torch.ops.minivllm_cpu.silu_and_mul.default(gate_up)
 
+
+OPS = LayerOps(rms_norm=rms_norm, rotary=apply_rotary, silu_and_mul=silu_and_mul)

@@ -3,9 +3,13 @@
 Rank r holds rows [r * V', (r + 1) * V') with V' = ceil(vocab / N) (the last rank's tail is zero padding). A
 token outside a rank's rows looks up zeros there; one all-reduce adds the ranks' rows, so every rank ends with
 the full hidden state. The LM head, tied to this weight or not, is split the same way (its logits gathered).
+A tied head whose kernel held the weight in a faster layout lends the embedding that layout and a `lookup` of
+rows in it (`read_rows_from`): the weight is held once.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -22,13 +26,26 @@ class VocabParallelEmbedding(nn.Module):
         self.rows = cdiv(vocab_size, tp.size)  # per rank
         self.start = tp.rank * self.rows
         self.weight = nn.Parameter(torch.empty(self.rows, hidden_size), requires_grad=False)
+        self.lookup: Callable[[torch.Tensor], torch.Tensor] | None = None  # rows of a tied head's layout
+
+    def read_rows_from(self, weight: nn.Parameter, lookup: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Hold `weight` (a tied LM head's, in its kernel's layout) instead of the plain table, and find each
+        token's row with `lookup`."""
+        self.weight, self.lookup = weight, lookup
+
+    def table(self) -> torch.Tensor:
+        """This rank's [rows, hidden] table as plain rows, whichever layout holds it (for readers)."""
+        return self._rows(torch.arange(self.rows, device=self.weight.device))
+
+    def _rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.weight) if self.lookup is None else self.lookup(ids)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
-            return F.embedding(input_ids, self.weight)
+            return self._rows(input_ids)
         local = input_ids - self.start
         outside = (local < 0) | (local >= self.rows)
-        x = F.embedding(local.masked_fill(outside, 0), self.weight)
+        x = self._rows(local.masked_fill(outside, 0))
         return self.tp.all_reduce(x.masked_fill_(outside[:, None], 0))
 
     def weight_loader(self, loaded: torch.Tensor, where: str = "") -> None:

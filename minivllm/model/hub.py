@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 from minivllm import envs
+from minivllm.quantization.gguf import is_gguf
 
 # What the engine reads: the config, safetensors weights (sharded or not) and the tokenizer. Nothing
 # else (no *.bin / *.pt / *.gguf duplicates of the weights, no README or images) is downloaded.
@@ -37,8 +38,6 @@ def resolve_model_path(name_or_path: str | os.PathLike, revision: str | None = N
     if path.is_dir():
         return path
     if path.exists():
-        from minivllm.quantization.gguf import is_gguf
-
         if is_gguf(path) and what != "draft model":  # one file holds config, tokenizer and weights
             return path
         raise ValueError(f"{what} path {path} is a file, not a directory (nor a GGUF model file)")

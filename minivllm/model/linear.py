@@ -4,7 +4,8 @@ The layer owns what does not depend on the format: its sizes, its bias, the list
 concatenates along its outputs (q/k/v, gate/up), and `shard_dim`, the dimension of W that tensor parallelism
 splits across GPUs: 0 for a column layer (each GPU computes some outputs: q/k/v, gate/up), 1 for a row layer
 (each GPU holds some inputs and the partial sums are added up: o_proj, down_proj). The method
-(minivllm/quantization/) owns the weight tensors themselves: which ones, their dtype, and the matmul.
+(minivllm/quantization/) owns the weight tensors themselves: which ones, their dtype, and, through the kernel
+the platform handed it (`kernels`, the readable ones by default), their layout and the matmul.
 
 Loading goes through `weight_loader`: a checkpoint tensor for one shard lands in its slice of each
 parameter along that parameter's output dim (scaled down where that dim packs several values per element).
@@ -22,23 +23,27 @@ import torch
 from torch import nn
 
 from minivllm.distributed.parallel import SINGLE, TensorParallel, shard_of
-from minivllm.quantization.base import Layout, LinearMethod, QuantizationConfig, add_weight
+from minivllm.quantization import REFERENCE_KERNELS
+from minivllm.quantization.base import Layout, LinearKernels, LinearMethod, QuantizationConfig, add_weight
+from minivllm.quantization.unquantized import UnquantizedLinearMethod
 
 
 class LinearBase(nn.Module):
     shard_dim: int  # the dim of W [outputs, inputs] tensor parallelism splits
 
     def __init__(self, input_size: int, output_sizes: list[int], bias: bool, quant: QuantizationConfig | None = None,
-                 triton: bool = False, method: LinearMethod | None = None, tp: TensorParallel = SINGLE,
-                 replicas: list[int] | None = None) -> None:
-        """Sizes are the whole layer's; `replicas[i]`: how many ranks hold the same slice of fused shard i."""
+                 kernels: LinearKernels = REFERENCE_KERNELS, method: LinearMethod | None = None,
+                 tp: TensorParallel = SINGLE, replicas: list[int] | None = None) -> None:
+        """Sizes are the whole layer's; `replicas[i]`: how many ranks hold the same slice of fused shard i.
+        `method` (else `quant`'s, else float weights') runs the kernel `kernels` has for its family."""
         super().__init__()
         self.tp, self.replicas = tp, list(replicas or [1] * len(output_sizes))
         self.input_size, self.output_sizes = self.local_sizes(input_size, list(output_sizes))
         self.output_size = sum(self.output_sizes)
         self.tied = False  # the weight is the embedding's (see tie_to)
         self.layouts: dict[str, Layout] = {}  # each parameter's dims, as create_weights declared them
-        self.quant_method = method or (quant or QuantizationConfig()).linear_method(triton)
+        self.quant_method = method or (quant.linear_method(kernels) if quant is not None
+                                       else UnquantizedLinearMethod(kernels.float))
         self.quant_method.create_weights(self)
         if bias:
             add_weight(self, "bias", (self.output_size,), torch.float32, Layout(output_dim=0, input_dim=None))

@@ -19,7 +19,7 @@ from safetensors import safe_open
 from minivllm.distributed.parallel import SINGLE, TensorParallel
 from minivllm.model.embedding import VocabParallelEmbedding
 from minivllm.model.linear import LinearBase
-from minivllm.model.llama import LlamaForCausalLM
+from minivllm.model.llama import Implementations, LlamaForCausalLM
 from minivllm.quantization import QuantizationConfig, checkpoint_quantization
 from minivllm.quantization.gguf import gguf_tensors, is_gguf, read_gguf_hf_config
 
@@ -115,17 +115,18 @@ def read_generation_config(path: str | Path) -> dict:
         raise ValueError(f"malformed generation_config.json in {path}: {e}") from e
 
 
-def load_model(path: str | Path, cfg: ModelConfig, backend, dtype: torch.dtype, device: str,
+def load_model(path: str | Path, cfg: ModelConfig, impl: Implementations, dtype: torch.dtype, device: str,
                tp: TensorParallel = SINGLE) -> LlamaForCausalLM:
     """Build the model without initialising weights, then copy every checkpoint tensor into place.
 
     A linear layer's tensors go through its `weight_loader` (model/linear.py), whatever the format; once all
     are in, each layer's quantization method prepares them for its kernels (`process_weights_after_loading`).
+    `impl`: the ops, attention and linear kernels the model runs (a platform's, minivllm/platforms/).
     Under tensor parallelism (`tp`) every rank reads the whole checkpoint and keeps its slices.
     """
     path = Path(path)
     with torch.device("meta"):
-        model = LlamaForCausalLM(cfg, backend, tp)
+        model = LlamaForCausalLM(cfg, impl, tp)
     model = model.to_empty(device=device).to(dtype)
     if cfg.tie_word_embeddings:
         model.lm_head.tie_to(model.model.embed_tokens)
@@ -170,6 +171,7 @@ def load_model(path: str | Path, cfg: ModelConfig, backend, dtype: torch.dtype, 
                          + (" ..." if len(missing) > 5 else ""))
     for layer in linears.values():
         layer.process_weights_after_loading()
+    model.share_tied_weight()
     model.model.rotary_emb.build()
     return model.eval()
 

@@ -1,4 +1,8 @@
-"""Rotary position embedding (RoPE), with the llama3 frequency scaling some checkpoints use."""
+"""Rotary position embedding (RoPE), with the llama3 frequency scaling some checkpoints use.
+
+The module owns the cos/sin table; the rotation itself is `rotate`, from the model's LayerOps (layer_ops.py:
+the readable torch one, or a platform's fused kernel reading the table and the positions itself).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,8 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
+
+from minivllm.model.layer_ops import rotary
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> torch.Tensor:
@@ -24,20 +30,14 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> t
     return inv_freq
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
 class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict | None,
-                 kernel: Callable | None = None) -> None:
-        """`kernel`: the backend's fused rotation of q and k, `kernel(positions, q, k, cos_sin)`
-        (minivllm/kernels/rotary.py, model/cpu_layer_ops.py); None rotates with the torch ops below."""
+                 rotate: Callable = rotary) -> None:
+        """`rotate(positions, q, k, cos_sin)`: the rotation of q and k (LayerOps.rotary)."""
         super().__init__()
         self.head_dim, self.max_positions, self.theta, self.scaling = head_dim, max_positions, theta, scaling
         self.register_buffer("cos_sin", torch.empty(max_positions, 2, head_dim), persistent=False)
-        self.kernel = kernel
+        self.rotate = rotate
 
     def build(self) -> None:
         """Fill the cos/sin table (after the module lands on its device)."""
@@ -47,19 +47,6 @@ class RotaryEmbedding(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos_sin = torch.stack((emb.cos(), emb.sin()), dim=1)
 
-    def for_positions(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """What every layer needs to rotate this step's tokens, looked up once per step rather than per layer:
-        each token's cos and sin rows [T, 1, dim] (the fused kernel reads the positions and the table itself)."""
-        if self.kernel is not None:
-            return positions, self.cos_sin
-        cos, sin = self.cos_sin[positions].to(dtype).unsqueeze(2).unbind(1)
-        return cos, sin
-
-    def forward(self, rope: tuple[torch.Tensor, torch.Tensor], q: torch.Tensor, k: torch.Tensor):
-        """q: [T, heads, dim], k: [T, kv_heads, dim]; each token rotated by its own position (`rope` from
-        for_positions)."""
-        if self.kernel is not None:
-            positions, table = rope
-            return self.kernel(positions, q, k, table)
-        cos, sin = rope
-        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        """q: [T, heads, dim], k: [T, kv_heads, dim]; each token rotated by its own position."""
+        return self.rotate(positions, q, k, self.cos_sin)

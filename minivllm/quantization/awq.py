@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from minivllm.quantization.base import Layout, LinearMethod, QuantizationConfig, add_weight
+from minivllm.quantization.base import Layout, LinearKernels, LinearMethod, QuantizationConfig, add_weight
 from minivllm.quantization.int4 import Int4LinearMethod, unpack_cols
 
 ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble i holds output ORDER[i] of its group of eight
@@ -71,6 +71,6 @@ class AWQConfig(QuantizationConfig):
                              "and embeddings stay float here)")
         return cls(group)
 
-    def linear_method(self, triton: bool) -> LinearMethod:
-        return AWQLinearMethod(self.group_size, triton)
+    def linear_method(self, kernels: LinearKernels) -> LinearMethod:
+        return AWQLinearMethod(self.group_size, kernels.int4)
 

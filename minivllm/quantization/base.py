@@ -7,14 +7,20 @@ would split; it holds its weights through a *method*, which says three things, a
   `scales`, ...), registered as parameters with their shapes and which of their dims run along the layer's
   outputs and inputs (and how many values one stored element packs), so that the layer's loader can copy a
   fused layer's shards (q/k/v, gate/up) into place whatever the format;
-* `process_weights_after_loading(layer)`: turn what was loaded into what the kernels want (quantize a
-  float weight to int8, unpack 4-bit words into torch's int4 layout, reorder for oneDNN);
-* `apply(layer, x, bias)`: y = x @ W.T + bias.
+* `process_weights_after_loading(layer)`: turn what was loaded into the format's plain form (quantize a
+  float weight to int8, unpack 4-bit words), then hand it to its kernel's `layout` step;
+* `apply(layer, x, bias)`: y = x @ W.T + bias, through its kernel.
+
+The *kernel* (a `LinearKernel`) is the part that depends on the hardware: the layout the weights are held in
+and the matmul that reads it. Each format family has a readable torch kernel beside it (unquantized.py,
+int8.py, int4.py); a platform (minivllm/platforms/) hands the model its own `LinearKernels`, one per family.
+A fast layout replaces the plain one: every weight is held once.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -42,27 +48,44 @@ def add_weight(layer: nn.Module, name: str, shape: tuple[int, ...], dtype: torch
     layer.layouts[name] = layout
 
 
+class LinearKernel:
+    """How one format family's weights are laid out and multiplied: `layout` once after loading (it may
+    replace the layer's tensors by another layout of the same values, never add a copy), `apply` per call."""
+
+    def layout(self, layer: nn.Module) -> None:
+        """Replace the plain tensors by the ones `apply` reads; the readable kernels keep them as they are."""
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class LinearKernels(NamedTuple):
+    """One kernel per format family: what a platform hands the linear layers."""
+
+    float: LinearKernel  # unquantized.py: W [N, K] as the checkpoint has it
+    int8: LinearKernel  # int8.py: q [N, K] int8 and one scale per output
+    int4: LinearKernel  # int4.py: GPTQ and AWQ, 4-bit groups
+
+
 class LinearMethod:
     """The interface every format implements (unquantized.py is the plainest)."""
 
-    # buffers holding the same weight again in another layout, for speed (unquantized.py on a CPU): memory the
-    # engine spends, but not part of the format, so weight_bytes leaves them out and layout_copy_bytes counts them
-    layout_copies: tuple[str, ...] = ()
+    def __init__(self, kernel: LinearKernel) -> None:
+        self.kernel = kernel
 
     def create_weights(self, layer: nn.Module) -> None:
         raise NotImplementedError
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Called once every checkpoint tensor is in place (and the layer is on its device)."""
+        self.kernel.layout(layer)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        raise NotImplementedError
+        return self.kernel.apply(layer, x, bias)
 
     def weight_bytes(self, layer: nn.Module) -> int:
-        """Bytes the layer's weights take once processed (bias and layout copies excluded): what the chapter's
-        table counts."""
-        return sum(t.numel() * t.element_size() for name, t in _tensors(layer)
-                   if name != "bias" and name not in self.layout_copies)
+        """Bytes the layer's weights take once processed (bias excluded): what the chapter's table counts."""
+        return sum(t.numel() * t.element_size() for name, t in _tensors(layer) if name != "bias")
 
 
 def _tensors(layer: nn.Module):
@@ -72,14 +95,11 @@ def _tensors(layer: nn.Module):
 
 @dataclass(frozen=True)
 class QuantizationConfig:
-    """A format's settings, from config.json's `quantization_config` or from `quantization=`; this base is
-    float weights."""
+    """A quantized format's settings, from config.json's `quantization_config` or from `quantization=`
+    (float weights have none: None)."""
 
     name = "none"
 
-    def linear_method(self, triton: bool) -> LinearMethod:
-        """The method for one linear layer; `triton`: launch Triton kernels (the model's Triton backend)
-        rather than torch's own ops."""
-        from minivllm.quantization.unquantized import UnquantizedLinearMethod
-
-        return UnquantizedLinearMethod(triton)
+    def linear_method(self, kernels: LinearKernels) -> LinearMethod:
+        """The method for one linear layer, running the platform's kernel for this format's family."""
+        raise NotImplementedError

@@ -23,15 +23,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from minivllm.quantization.base import Layout, LinearMethod, QuantizationConfig, add_weight
-from minivllm.quantization.int4 import Int4LinearMethod, unpack_cols, unpack_rows
+from minivllm.quantization.base import Layout, LinearKernel, LinearKernels, LinearMethod, QuantizationConfig, add_weight
+from minivllm.quantization.int4 import INT4, Int4LinearMethod, unpack_cols, unpack_rows
 
 FORMATS = ("gptq", "gptq_v2")  # checkpoint_format values with this layout (v1 stores zero points minus one)
 
 
 class GPTQLinearMethod(Int4LinearMethod):
-    def __init__(self, group_size: int, zeros_minus_one: bool, triton: bool = False) -> None:
-        super().__init__(group_size, triton)
+    def __init__(self, group_size: int, zeros_minus_one: bool, kernel: LinearKernel = INT4) -> None:
+        super().__init__(group_size, kernel)
         self.zeros_minus_one = zeros_minus_one
 
     def create_weights(self, layer: nn.Module) -> None:
@@ -80,6 +80,6 @@ class GPTQConfig(QuantizationConfig):
             raise ValueError(f"{where}: GPTQ 'dynamic' per-module settings are not supported")
         return cls(group, bool(qc.get("desc_act", False)), fmt)
 
-    def linear_method(self, triton: bool) -> LinearMethod:
-        return GPTQLinearMethod(self.group_size, self.checkpoint_format == "gptq", triton)
+    def linear_method(self, kernels: LinearKernels) -> LinearMethod:
+        return GPTQLinearMethod(self.group_size, self.checkpoint_format == "gptq", kernels.int4)
 

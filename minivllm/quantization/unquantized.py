@@ -1,11 +1,10 @@
 """Float weights as the checkpoint has them: y = x @ W.T + b.
 
-On a CPU (fp32, or bf16 where the CPU has native bf16) the weights are reordered once, after loading, into
-oneDNN's blocked layout and multiplied by its linear primitive (minivllm/model/packed_linear.py: about 1.5x
-faster than `F.linear`, which re-blocks the weight on every call). With AVX-512 each weight is also laid out for
-the small-batch kernel (minivllm/model/small_linear.py), which serves calls of up to SMALL_ROWS rows: decode
-steps. A weight tied to the embedding keeps the embedding's parameter and the packed copy is held beside it;
-`plain_weight` reads a packed weight back.
+The method declares W [outputs, inputs]; its kernel holds and multiplies it. `FLOAT`, the readable
+kernel, keeps W as it is and calls `F.linear` (cuBLAS on a GPU, MKL or oneDNN on a CPU). The CPU's
+kernels (cpu_unquantized.py) replace W by a layout their matmul reads faster; `plain_weight` gives a
+reader W back whichever layout holds it, and `rows` lets a tied embedding look its rows up in that
+layout, so a weight shared by the embedding and the LM head is held once.
 """
 
 from __future__ import annotations
@@ -14,39 +13,43 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minivllm.model.packed_linear import packed_linear, packing_applies, reorder_weight
-from minivllm.model.small_linear import SMALL_ROWS, pack_small, small_linear, small_linear_applies
-from minivllm.quantization.base import Layout, LinearMethod, add_weight
+from minivllm.quantization.base import Layout, LinearKernel, LinearMethod, add_weight
+
+
+class FloatKernel(LinearKernel):
+    """The readable kernel: W [N, K] as loaded, `F.linear`."""
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return F.linear(x, layer.weight, bias)
+
+    def plain(self, layer: nn.Module) -> torch.Tensor:
+        """W [N, K], row-major, as the checkpoint had it."""
+        return layer.weight
+
+    def rows(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` of W: what an embedding tied to this layer looks up."""
+        return F.embedding(ids, self.plain(layer))
+
+
+FLOAT = FloatKernel()
 
 
 class UnquantizedLinearMethod(LinearMethod):
-    layout_copies = ("packed_weight", "small_weight")
+    kernel: FloatKernel
 
-    def __init__(self, triton: bool = False) -> None:
-        self.triton = triton  # nothing to launch: cuBLAS (through F.linear) is the float GEMM on a GPU
+    def __init__(self, kernel: FloatKernel = FLOAT) -> None:
+        super().__init__(kernel)
 
     def create_weights(self, layer: nn.Module) -> None:
         shape = (layer.output_size, layer.input_size)
         add_weight(layer, "weight", shape, torch.float32, Layout(output_dim=0, input_dim=1))
-        layer.packed = False
-        layer.register_buffer("small_weight", None, persistent=False)  # set by process_weights_after_loading
 
-    def process_weights_after_loading(self, layer: nn.Module) -> None:
-        weight = layer.weight
-        layer.packed = packing_applies(weight.device, weight.dtype)
-        if not layer.packed:
-            return
-        if small_linear_applies(weight.device, weight.dtype):
-            layer.register_buffer("small_weight", pack_small(weight), persistent=False)
-        packed = reorder_weight(weight)
-        if layer.tied:  # the embedding still reads the plain weight
-            layer.register_buffer("packed_weight", packed, persistent=False)
-        else:
-            layer.weight = nn.Parameter(packed, requires_grad=False)
+    def rows(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        return self.kernel.rows(layer, ids)
 
-    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if not layer.packed:
-            return F.linear(x, layer.weight, bias)
-        if layer.small_weight is not None and x.shape[0] <= SMALL_ROWS and not torch.compiler.is_compiling():
-            return small_linear(x, layer.small_weight, bias, layer.output_size)
-        return packed_linear(x, getattr(layer, "packed_weight", layer.weight), bias)
+
+def plain_weight(layer: nn.Module) -> torch.Tensor:
+    """A float layer's W [out, in] in its ordinary row-major layout, for code that reads values back
+    (a chapter's table, an exercise's checker): a fast layout is unpacked, exactly (it only moved
+    the values)."""
+    return layer.quant_method.kernel.plain(layer)

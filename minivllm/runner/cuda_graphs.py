@@ -34,15 +34,13 @@ def capture_sizes(max_num_seqs: int, largest: int = 512) -> list[int]:
     return sizes if sizes[-1] == top else sizes + [top]
 
 
-def build_decode_graphs(model, kv_cache: torch.Tensor, config: EngineConfig, backend_name: str,
-                        device: torch.device) -> DecodeGraphs | None:
-    """Recorded decode steps, where they can run (CUDA, Triton backend, not enforce_eager); else None.
+def build_decode_graphs(model, kv_cache: torch.Tensor, config: EngineConfig,
+                        device: torch.device) -> DecodeGraphs:
+    """Recorded decode steps, where the platform captures them (platforms/cuda.py: a GPU, not enforce_eager).
 
     A graph replays the launches it recorded, so the decode kernel's split-K count is fixed per size: chosen
     for the longest context (slices of shorter contexts just end early; an empty slice is cheap).
     """
-    if device.type != "cuda" or backend_name != "triton" or config.enforce_eager:
-        return None
     from minivllm.kernels.paged_decode import choose_num_splits, num_sms  # needs Triton: only imported here
 
     sms, kv_heads = num_sms(device), config.model_config.num_kv_heads

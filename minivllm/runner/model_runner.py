@@ -15,14 +15,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from minivllm.attention import get_attention_backend
 from minivllm.config import EngineConfig
 from minivllm.core.kv_sizing import kv_bytes_per_block
 from minivllm.core.step_io import RunnerOutput, SchedulerOutput
-from minivllm.cpu_platform import CpuThreadSizer, torch_default_threads
 from minivllm.distributed.parallel import SINGLE, TensorParallel, local_kv_heads
 from minivllm.model import load_model
-from minivllm.model.compiled import compile_decoder_layers
+from minivllm.platforms import choose_platform
 from minivllm.runner.cuda_graphs import build_decode_graphs
 from minivllm.runner.logprobs import raw_logprobs, sampled_logprobs
 from minivllm.runner.memory import BlockCopier, host_kv_cache, kv_cache_shape, num_kv_blocks, profile_run
@@ -52,15 +50,13 @@ class ModelRunner:
             self.device = torch.device("cuda", torch.cuda.current_device())  # device checks would never match
         self.model_config = mc = config.model_config
         self.dtype = config.dtype
-        # CPU: torch's threads follow the cores other processes leave free, unless cpu_threads fixes them
-        self.thread_sizer = (CpuThreadSizer(fixed=config.cpu_threads,  # ranks share the cores
-                                            max_threads=max(1, torch_default_threads() // tp.size))
-                             if self.device.type == "cpu" else None)
-        self.backend = get_attention_backend(config.attention_backend, config.device,
-                                             config.hooks.online_softmax_update)
-        self.model = load_model(config.model, mc, self.backend, self.dtype, config.device, tp)
-        # CPU: the layers' work around attention compiled by inductor, lazily at first use (model/compiled.py)
-        self.compiled = compile_decoder_layers(self.model, config.enforce_eager) if self.device.type == "cpu" else None
+        # every implementation choice, made once (minivllm/platforms/): attention, layer ops, matmuls, ...
+        self.platform = choose_platform(self.device, self.dtype, config.attention_backend,
+                                        config.hooks.online_softmax_update)
+        self.thread_sizer = self.platform.thread_sizer(config.cpu_threads, tp.size)  # CPU: follow free cores
+        self.backend = self.platform.attention
+        self.model = load_model(config.model, mc, self.platform.implementations, self.dtype, config.device, tp)
+        self.compiled = self.platform.compile(self.model, config.enforce_eager)  # opt-in, CPU: lazily
         self.sampler = Sampler(config.seed, config.hooks.top_p)
         self.logits_processors = PersistentBatch(config, self.device)  # vLLM v1 logits processors, if any
         self.sequences: dict[str, SequenceState] = {}
@@ -81,8 +77,10 @@ class ModelRunner:
         self.block_copier = BlockCopier(self.kv_cache, host_kv_cache(config, self.cache_dtype, self.bytes_per_block,
                                                                      pin=self.device.type == "cuda"),
                                         self.bytes_per_block)
-        self.graphs = (build_decode_graphs(self.model, self.kv_cache, config, self.backend.name, self.device)
-                       if tp.size == 1 else None)  # (collectives are not captured: eager under tensor parallelism)
+        # decode steps replayed as CUDA graphs where the platform records them (collectives are not: eager
+        # under tensor parallelism)
+        self.graphs = (build_decode_graphs(self.model, self.kv_cache, config, self.device)
+                       if tp.size == 1 and self.platform.captures_graphs(config.enforce_eager) else None)
 
     def profile_run(self) -> int:
         """The activation peak of the largest possible step, in bytes (memory.py; 0 off CUDA)."""

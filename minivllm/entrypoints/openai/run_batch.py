@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from minivllm.engine.arg_utils import AsyncEngineArgs
 from minivllm.engine.llm_engine import LLMEngine
 
 URLS = ("/v1/completions", "/v1/chat/completions")
@@ -101,8 +102,6 @@ async def run_batch(engine: LLMEngine, lines: Sequence[str], model_name: str | N
 
 def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The batch runner's flags, then the engine's (vLLM's names, from AsyncEngineArgs)."""
-    from minivllm.engine.arg_utils import AsyncEngineArgs
-
     parser.add_argument("-i", "--input-file", required=True,
                         help="the requests, one JSON object per line")
     parser.add_argument("-o", "--output-file", required=True,
@@ -113,8 +112,6 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from minivllm.engine.arg_utils import AsyncEngineArgs
-
     parser = make_arg_parser(argparse.ArgumentParser(prog="python -m "
                                                      "minivllm.entrypoints.openai.run_batch",
                                                      description="Run a file of OpenAI requests "

@@ -1,4 +1,4 @@
-// Math shared by the CPU fast path's C++ sources (minivllm/cpu_extension.py builds them together).
+// Math shared by the CPU fast path's C++ sources (minivllm/platforms/cpu_extension.py builds them together).
 #pragma once
 
 #include <algorithm>

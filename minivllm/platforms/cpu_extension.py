@@ -4,21 +4,24 @@ torch's cpp_extension compiles them at first use (10-25 s, `-O3 -march=native`) 
 (TORCH_EXTENSIONS_DIR, by default ~/.cache/torch_extensions) and rebuilds when a source changes. The module's
 name carries a hash of the CPU's flags and the sources' paths, so a cache shared by different machines (or
 checkouts) never hands one another's build.
-Each source registers its ops under torch.ops.minivllm_cpu: the paged-attention kernel (attention/cpu_kernel.py),
-the fused layer ops (model/cpu_layer_ops.py) and the small-batch linear kernel (model/small_linear.py).
+Each source registers its ops under torch.ops.minivllm_cpu: the paged-attention kernel
+(attention/cpu_attention.py), the fused layer ops (model/cpu_layer_ops.py) and the tiled linear kernel
+(quantization/cpu_unquantized.py). Only the cpu platform (platforms/cpu.py) builds it, once per process.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from pathlib import Path
 
-from minivllm.cpu_platform import cpu_flags
+from minivllm.platforms.cpu_hardware import cpu_flags
 
+PACKAGE = Path(__file__).parent.parent
 SOURCES = (
-    Path(__file__).parent / "attention" / "cpu_paged_attention.cpp",
-    Path(__file__).parent / "model" / "cpu_layer_ops.cpp",
-    Path(__file__).parent / "model" / "cpu_small_linear.cpp",
+    PACKAGE / "attention" / "cpu_paged_attention.cpp",
+    PACKAGE / "model" / "cpu_layer_ops.cpp",
+    PACKAGE / "quantization" / "cpu_unquantized.cpp",
 )
 HEADERS = (Path(__file__).parent / "cpu_vector_math.h",)  # what the sources share (the vectorisable exp)
 
@@ -31,7 +34,7 @@ def _fingerprint() -> str:
 def build() -> None:
     """Build the extension (or find it built) and load it, registering its ops; raises the build's error.
 
-    Callers cache what they get (a build takes seconds, a cached one ~10 ms, one already loaded less than 1 ms).
+    A build takes seconds, a cached one ~10 ms, one already loaded less than 1 ms; `build_failure` caches it.
     """
     from torch.utils.cpp_extension import load
 
@@ -42,9 +45,10 @@ def build() -> None:
          extra_ldflags=["-fopenmp"], is_python_module=False)
 
 
+@functools.cache  # one build (or one failure) per process
 def build_failure() -> str | None:
     """`build()`; None once the ops are registered, else why not, in one line (no compiler, no headers, a failed
-    build): what each caller's warning says before it falls back to the readable torch path."""
+    build): what the cpu platform's warning says before it keeps the readable torch path."""
     try:
         build()
     except Exception as err:  # noqa: BLE001 -- every failure means the same to the callers: fall back

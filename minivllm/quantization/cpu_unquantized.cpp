@@ -1,4 +1,4 @@
-// Small-batch linear layers on CPU: y = x @ W.T (+ b) for a few rows of x (minivllm/model/small_linear.py).
+// Tiled linear layers on CPU: y = x @ W.T (+ b), W held in tiles of 64 outputs (quantization/cpu_unquantized.py).
 //
 // Decoding one token per request multiplies each weight by a handful of rows, so a step reads every weight byte
 // once and does two flops per byte: the time is the time to stream the weights from memory. oneDNN's batch-1

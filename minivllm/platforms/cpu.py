@@ -1,0 +1,108 @@
+"""The cpu platform: the C++ fast paths, each registered here and nowhere else.
+
+What it replaces, and the switch (read here, once per platform) that keeps the readable code
+instead:
+
+* attention: attention/cpu_attention.py (the cache read in place);
+  MINIVLLM_CPU_ATTENTION=reference keeps the torch reference, and with it the readable layer ops;
+* norm, rotary, SwiGLU: model/cpu_layer_ops.py (one fused op per chain); MINIVLLM_CPU_LAYER_OPS=0;
+* float matmuls: quantization/cpu_unquantized.py, each weight held once, tiled where the CPU has
+  AVX-512 (MINIVLLM_CPU_SMALL_LINEAR=0 rules that out), else in oneDNN's layout where oneDNN is
+  fast, else plain;
+* int8 and int4 matmuls: torch's packed-weight kernels (quantization/cpu_quantized.py);
+* the layers around attention compiled by torch.compile (model/compiled.py): opt-in,
+  MINIVLLM_CPU_COMPILE=1.
+
+The C++ sources are built once per process (platforms/cpu_extension.py); without a compiler every
+C++ path falls back to the readable one after one warning.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+
+from minivllm import envs
+from minivllm.attention import cpu_attention
+from minivllm.logger import init_logger
+from minivllm.model import cpu_layer_ops
+from minivllm.model.compiled import CompiledLayers, compile_decoder_layers
+from minivllm.platforms import cpu_extension
+from minivllm.platforms.cpu_hardware import cpu_flags, cpu_has_native_bf16
+from minivllm.platforms.interface import Platform, qualified_name
+from minivllm.quantization import cpu_unquantized
+from minivllm.quantization.base import LinearKernels
+from minivllm.quantization.cpu_quantized import CPU_INT4, CPU_INT8
+from minivllm.quantization.unquantized import FLOAT, FloatKernel
+
+logger = init_logger(__name__)
+
+
+@functools.cache  # one build (or one failure, one warning) per process
+def extension_built() -> bool:
+    """Build the C++ ops and register their shapes for torch.compile; False (warned once) if they
+    cannot be built here."""
+    reason = cpu_extension.build_failure()
+    if reason is not None:  # no compiler, no headers, a failed build: the readable code still works
+        logger.warning("CPU C++ fast paths unavailable, using the readable torch code: %s", reason)
+        return False
+    cpu_attention.register_fake()
+    cpu_layer_ops.register_fakes()
+    cpu_unquantized.register_fake()
+    return True
+
+
+def tiled_applies(dtype: torch.dtype) -> bool:
+    """The tiled kernel's instructions: AVX-512 for fp32, and AVX512-BF16 for bf16."""
+    flags = cpu_flags()
+    bf16 = dtype == torch.bfloat16 and "avx512_bf16" in flags
+    return "avx512f" in flags and (dtype == torch.float32 or bf16)
+
+
+def onednn_applies(dtype: torch.dtype) -> bool:
+    """fp32, or bf16 on a CPU with native bf16 instructions, through a torch built with oneDNN's
+    linear."""
+    fast_dtype = dtype == torch.float32 or dtype == torch.bfloat16 and cpu_has_native_bf16()
+    return (fast_dtype and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
+def float_kernel(dtype: torch.dtype, tiled_wanted: bool = True) -> FloatKernel:
+    """The one layout float weights are held in for `dtype`: tiled, oneDNN's, or plain."""
+    if tiled_wanted and tiled_applies(dtype) and extension_built():
+        return cpu_unquantized.TILED
+    return cpu_unquantized.ONEDNN if onednn_applies(dtype) else FLOAT
+
+
+class CpuPlatform(Platform):
+    name = "cpu"
+
+    def __init__(self, device, dtype, online_softmax_update=None) -> None:
+        super().__init__(device, dtype, online_softmax_update)
+        if self.device.type != "cpu":
+            raise ValueError(f"the cpu platform runs on the CPU, not {self.device}")
+        # every switch read here, once (a bad value fails now, whichever paths it would touch)
+        kernel_attention = envs.MINIVLLM_CPU_ATTENTION == "kernel"
+        fused_ops, tiled = envs.MINIVLLM_CPU_LAYER_OPS, envs.MINIVLLM_CPU_SMALL_LINEAR
+        self.compile_layers = envs.MINIVLLM_CPU_COMPILE
+        if kernel_attention and extension_built():
+            self.attention = cpu_attention.CpuAttentionBackend()
+            if fused_ops:
+                self.ops = cpu_layer_ops.OPS
+        self.attention = self._hooked(self.attention)
+        self.linear = LinearKernels(float=float_kernel(dtype, tiled), int8=CPU_INT8, int4=CPU_INT4)
+
+    def compile(self, model: nn.Module, enforce_eager: bool) -> CompiledLayers | None:
+        """Opt-in, MINIVLLM_CPU_COMPILE=1 (and not enforce_eager): on the machines measured so far
+        it costs more than it saves (bench/RESULTS.md), so the plain layers stay the default,
+        notebooks included."""
+        if not self.compile_layers or enforce_eager:
+            return None
+        return compile_decoder_layers(model)
+
+    def compiler_name(self) -> str:
+        return qualified_name(compile_decoder_layers) if self.compile_layers else "none"
+
+

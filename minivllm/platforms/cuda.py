@@ -1,0 +1,37 @@
+"""The cuda platform: Triton kernels for attention, the layer ops and the quantized matmuls; CUDA
+graphs.
+
+Attention is attention/triton_backend.py; norm, rotary and SwiGLU are minivllm/kernels/ (norm.py,
+rotary.py, activation.py); int8 and int4 weights go through kernels/int8_linear.py and
+int4_linear.py (kernels/quantized_linear.py); float weights stay with `F.linear` (cuBLAS).
+Decode steps are recorded as CUDA graphs (runner/cuda_graphs.py) unless enforce_eager. On a CPU the
+Triton kernels run only under Triton's interpreter (TRITON_INTERPRET=1 before triton is imported):
+tests run this platform that way, `attention_backend="triton"`, without graphs.
+"""
+
+from __future__ import annotations
+
+from minivllm.attention.triton_backend import TritonAttentionBackend
+from minivllm.kernels import apply_rotary, rms_norm, silu_and_mul
+from minivllm.kernels.quantized_linear import TRITON_INT4, TRITON_INT8
+from minivllm.model.layer_ops import LayerOps
+from minivllm.platforms.interface import Platform
+from minivllm.quantization.base import LinearKernels
+from minivllm.quantization.unquantized import FLOAT
+
+TRITON_OPS = LayerOps(rms_norm=rms_norm, rotary=apply_rotary, silu_and_mul=silu_and_mul)
+
+
+class CudaPlatform(Platform):
+    name = "cuda"
+
+    def __init__(self, device, dtype, online_softmax_update=None) -> None:
+        super().__init__(device, dtype, online_softmax_update)
+        # the backend checks the device now, not deep inside a kernel launch
+        self.attention = self._hooked(TritonAttentionBackend(self.device))
+        self.ops = TRITON_OPS
+        self.linear = LinearKernels(float=FLOAT, int8=TRITON_INT8, int4=TRITON_INT4)
+
+    def captures_graphs(self, enforce_eager: bool) -> bool:
+        """Recorded decode steps need a real GPU (not the interpreter), and not enforce_eager."""
+        return self.device.type == "cuda" and not enforce_eager

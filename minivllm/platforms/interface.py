@@ -1,0 +1,104 @@
+"""What a platform supplies: every choice of implementation the engine makes, made once.
+
+vLLM asks a global `current_platform` and lets each op pick `forward_cpu` or `forward_cuda` when it
+runs. Here the choice is an object the runner builds once (platforms/__init__.py: `choose_platform`)
+and hands down: the model is built from its `Implementations` (the small ops, the attention backend,
+one linear kernel per format family) and names no hardware; the runner asks it whether to compile,
+whether to capture CUDA graphs and how to size CPU threads. A platform holds no mutable global
+state, so two engines in one process may run on different platforms (a test comparing the reference
+with the cpu platform does).
+
+`op_table()` names the function behind each op, for a chapter's table and for tests.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from minivllm.attention.backend import AttentionBackend
+from minivllm.attention.online_softmax import OnlineSoftmaxBackend
+from minivllm.attention.torch_backend import TorchAttentionBackend
+from minivllm.model.layer_ops import REFERENCE, LayerOps
+from minivllm.model.llama import Implementations
+from minivllm.platforms.cpu_hardware import CpuThreadSizer, torch_default_threads
+from minivllm.quantization import REFERENCE_KERNELS, LinearKernels
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from minivllm.model.compiled import CompiledLayers
+
+
+def qualified_name(obj) -> str:
+    """`module.qualname` of a function, or of an object's class."""
+    obj = obj if callable(obj) and hasattr(obj, "__qualname__") else type(obj)
+    return f"{obj.__module__}.{obj.__qualname__}"
+
+
+class Platform:
+    """The readable defaults; each platform replaces what it has faster (reference.py, cpu.py,
+    cuda.py)."""
+
+    name = "reference"
+
+    def __init__(self, device: str | torch.device, dtype: torch.dtype,
+                 online_softmax_update=None) -> None:
+        """`online_softmax_update`: a learner's own (minivllm.hooks, chapter 02): decode steps are
+        then attended block by block with it (attention/online_softmax.py), whatever the platform.
+        """
+        self.device, self.dtype = torch.device(device), dtype
+        self.ops: LayerOps = REFERENCE
+        self.linear: LinearKernels = REFERENCE_KERNELS
+        self.attention: AttentionBackend = TorchAttentionBackend()
+        self.online_softmax_update = online_softmax_update
+
+    def _hooked(self, attention: AttentionBackend) -> AttentionBackend:
+        """`attention`, unless the learner's online-softmax update replaces it."""
+        if self.online_softmax_update is None:
+            return attention
+        return OnlineSoftmaxBackend(self.online_softmax_update)
+
+    @property
+    def implementations(self) -> Implementations:
+        """What the model is built from (model/llama.py)."""
+        return Implementations(ops=self.ops, attention=self.attention, linear=self.linear)
+
+    def compile(self, model: nn.Module, enforce_eager: bool) -> CompiledLayers | None:
+        """Compile the model's layers in place where this platform does (cpu.py, opt-in); None:
+        eager."""
+        return None
+
+    def captures_graphs(self, enforce_eager: bool) -> bool:
+        """Whether decode steps are recorded as CUDA graphs (runner/cuda_graphs.py): cuda.py only.
+        """
+        return False
+
+    def thread_sizer(self, fixed: int | None, ranks: int = 1) -> CpuThreadSizer | None:
+        """On a CPU, torch's threads follow the cores other processes leave free (ranks share them),
+        unless `fixed` (EngineConfig.cpu_threads) sets them; None elsewhere."""
+        if self.device.type != "cpu":
+            return None
+        return CpuThreadSizer(fixed=fixed, max_threads=max(1, torch_default_threads() // ranks))
+
+    def op_table(self) -> dict[str, str]:
+        """Each op -> the qualified name of the function (or class) that implements it here."""
+        table = {"attention": qualified_name(self.attention),
+                 "rms_norm": qualified_name(self.ops.rms_norm),
+                 "rotary": qualified_name(self.ops.rotary),
+                 "silu_and_mul": qualified_name(self.ops.silu_and_mul)}
+        for family, kernel in self.linear._asdict().items():
+            table[f"linear[{family}]"] = qualified_name(type(kernel).apply)
+            table[f"linear[{family}].layout"] = qualified_name(type(kernel).layout)
+        table["compile"] = self.compiler_name()
+        table["cuda_graphs"] = ("minivllm.runner.cuda_graphs.DecodeGraphs"
+                                if self.captures_graphs(enforce_eager=False) else "none")
+        return table
+
+    def compiler_name(self) -> str:
+        """What `compile` runs, for op_table: "none" unless a platform compiles."""
+        return "none"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(device={self.device}, dtype={self.dtype})"
