@@ -18,9 +18,10 @@
 # against, but it copies the whole context every step. The Triton kernels in `minivllm/kernels/` read the
 # paged cache where it lies, walking the block table inside the kernel, and fuse scores, softmax and the
 # weighted sum into one pass. This chapter reads the decode kernel, checks it against the reference, and,
-# on a GPU, measures how close it gets to the memory bandwidth that bounds decode. (On CPU the torch backend
-# does the same in place reading through a small C++ kernel, `minivllm/attention/cpu_paged_attention.cpp`,
-# compiled at first use; `MINIVLLM_CPU_ATTENTION=reference` keeps the gathering reference.)
+# on a GPU, measures how close it gets to the memory bandwidth that bounds decode. (On CPU the cpu
+# platform does the same in-place reading through a small C++ kernel, `minivllm/attention/cpu_attention.py`
+# over `cpu_paged_attention.cpp`, compiled at first use; `MINIVLLM_PLATFORM=reference` keeps the gathering
+# reference. The last sections show which platform runs which code.)
 #
 # Without a CUDA GPU, Triton can still run the kernels through its **interpreter** (numpy, one program
 # at a time): slow, but the same code and exact in fp32. The interpreter is chosen when a kernel is
@@ -50,6 +51,7 @@ import inspect
 import math
 import time
 
+from IPython.display import HTML, display
 from matplotlib.figure import Figure
 
 from minivllm import LLM, SamplingParams, widgets
@@ -301,8 +303,45 @@ for backend in ("torch", "triton"):
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     results[backend] = [o.outputs[0].token_ids for o in outs]
-    print(f"{backend:6s} ({time.perf_counter() - t0:5.2f} s): {[o.outputs[0].text for o in outs]}")
+    platform = llm.llm_engine.runner.platform.name
+    print(f"{backend:6s} on the {platform} platform ({time.perf_counter() - t0:5.2f} s): "
+          f"{[o.outputs[0].text for o in outs]}")
 assert results["triton"] == results["torch"], "the kernels change where attention runs, not what it computes"
+
+# %% [markdown]
+# ## Platforms: which code serves each op
+#
+# Those two runs differ in one argument, yet nothing in the model's code changed between them. Every
+# choice of implementation is made once, when the engine is built: `choose_platform`
+# (`minivllm/platforms/__init__.py`) picks a **platform** from the device, the dtype,
+# `attention_backend` and the `MINIVLLM_PLATFORM` variable, and the model is built from what it
+# supplies. `minivllm/model/llama.py` names no hardware. There are three:
+#
+# * `reference`: plain torch everywhere, the code the chapters print, and the oracle;
+# * `cpu`: C++ ops compiled at first use: attention reading the paged cache in place, fused norm,
+#   rotary and SwiGLU, float weights held once in a tiled layout that decode steps stream;
+# * `cuda`: this chapter's Triton kernels, and CUDA graphs on a real GPU.
+#
+# The table below is read from the platform objects themselves (`Platform.op_table()`), and each
+# fast path names the test that runs it against the reference (`Platform.tested_by`).
+
+# %%
+from minivllm.platforms import ReferencePlatform, choose_platform
+from minivllm.platforms.cuda import CudaPlatform
+
+dtype = torch.float32
+platforms = [ReferencePlatform(DEVICE, dtype), CudaPlatform(DEVICE, dtype)]
+if not GPU:  # the C++ platform is the CPU's
+    platforms.insert(1, choose_platform("cpu", dtype))
+tables = [p.op_table() for p in platforms]
+rows = "".join(
+    f"<tr><td><b>{op}</b></td>" + "".join(
+        f"<td>{t[op].removeprefix('minivllm.')}"
+        + (f"<br><i>{p.tested_by.get(op, '')}</i>" if t[op] != tables[0][op] else "") + "</td>"
+        for p, t in zip(platforms, tables)) + "</tr>"
+    for op in tables[0] if not op.endswith(".layout"))
+head = "".join(f"<th>{p.name}</th>" for p in platforms)
+display(HTML(f"<table><tr><th>op</th>{head}</tr>{rows}</table>"))
 
 # %% [markdown]
 # ## CUDA graphs: one launch per decode step
@@ -320,8 +359,6 @@ assert results["triton"] == results["torch"], "the kernels change where attentio
 # * the same launch parameters: the decode kernel's split-K count is fixed per size.
 
 # %%
-from IPython.display import HTML, display
-
 from minivllm.runner.cuda_graphs import DecodeGraphs, capture_sizes
 
 print("graphs are captured for decode batches of", capture_sizes(256))

@@ -2,6 +2,8 @@
 reference uses no C++ op, and that every weight is held once: parameters + buffers within 1.15x of
 the weights' bytes."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -40,6 +42,18 @@ def test_contradictions_and_bad_values_are_refused(monkeypatch):
         platform_name("cpu", "flash")
     with pytest.raises(ValueError, match="runs on the CPU"):
         CpuPlatform("cuda", torch.float32)
+
+
+def test_every_fast_path_names_the_test_that_ties_it_to_the_reference():
+    from minivllm.platforms.cuda import CudaPlatform  # Triton: interpreted here (tests/conftest.py)
+
+    root = Path(__file__).resolve().parent.parent
+    reference = ReferencePlatform("cpu", torch.float32).op_table()
+    for platform in (choose_platform("cpu", torch.float32), CudaPlatform("cpu", torch.float32)):
+        table = platform.op_table()
+        fast = {op for op, impl in table.items() if impl != reference[op] and not op.endswith(".layout")}
+        assert fast - {"compile"} <= set(platform.tested_by), platform.name  # compile is opt-in
+        assert all((root / path).is_file() for path in platform.tested_by.values())
 
 
 def test_op_tables():

@@ -78,6 +78,12 @@ def float_kernel(dtype: torch.dtype, tiled_wanted: bool = True) -> FloatKernel:
 
 class CpuPlatform(Platform):
     name = "cpu"
+    tested_by = {"attention": "tests/test_cpu_attention.py",
+                 "rms_norm": "tests/test_cpu_layer_ops.py", "rotary": "tests/test_cpu_layer_ops.py",
+                 "silu_and_mul": "tests/test_cpu_layer_ops.py",
+                 "linear[float]": "tests/test_small_linear.py",
+                 "linear[int8]": "tests/test_quantization.py",
+                 "linear[int4]": "tests/test_quantization.py", "compile": "tests/test_compiled.py"}
 
     def __init__(self, device, dtype, online_softmax_update=None) -> None:
         super().__init__(device, dtype, online_softmax_update)

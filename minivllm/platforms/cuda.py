@@ -24,6 +24,11 @@ TRITON_OPS = LayerOps(rms_norm=rms_norm, rotary=apply_rotary, silu_and_mul=silu_
 
 class CudaPlatform(Platform):
     name = "cuda"
+    tested_by = {"attention": "tests/test_kernels.py", "rms_norm": "tests/test_kernels.py",
+                 "rotary": "tests/test_kernels.py", "silu_and_mul": "tests/test_kernels.py",
+                 "linear[int8]": "tests/test_quantization.py",
+                 "linear[int4]": "tests/test_quantization.py",
+                 "cuda_graphs": "tests/test_cuda_graphs.py"}
 
     def __init__(self, device, dtype, online_softmax_update=None) -> None:
         super().__init__(device, dtype, online_softmax_update)

@@ -42,6 +42,9 @@ class Platform:
     cuda.py)."""
 
     name = "reference"
+    # op (as op_table names it) -> the test that runs this platform's implementation against the
+    # reference one; the reference itself is held to transformers (tests/test_equality.py)
+    tested_by: dict[str, str] = {}
 
     def __init__(self, device: str | torch.device, dtype: torch.dtype,
                  online_softmax_update=None) -> None:
