@@ -1,12 +1,15 @@
-"""Decode attention one block at a time, with an online softmax: how the Triton decode kernel works, in torch.
+"""Decode attention one block at a time, with an online softmax: how the Triton decode kernel works,
+in torch.
 
-A decoding query attends over its whole context, which lies in blocks scattered over the cache. Instead of
-gathering the context and taking one softmax over it, walk the block table and keep three running values per
-head: the largest score so far `m`, the sum of exp(score - m) `l`, and the sum of exp(score - m) * value `acc`,
-rescaled by exp(m_old - m_new) whenever a block raises the maximum. At the end acc / l equals softmax(q K) V
-exactly, and no row of scores longer than one block ever exists: FlashAttention's trick, and what each program
-of kernels/paged_decode.py does. The engine runs this path only when a learner plugs in their own update
-(EngineHooks.online_softmax_update, chapter 02); its default decode path is torch_backend's batched SDPA.
+A decoding query attends over its whole context, which lies in blocks scattered over the cache.
+Instead of gathering the context and taking one softmax over it, walk the block table and keep three
+running values per head: the largest score so far `m`, the sum of exp(score - m) `l`, and the sum of
+exp(score - m) * value `acc`, rescaled by exp(m_old - m_new) whenever a block raises the maximum. At
+the end acc / l equals softmax(q K) V
+exactly, and no row of scores longer than one block ever exists: FlashAttention's trick, and what
+each program of kernels/paged_decode.py does. The engine runs this path only when a learner plugs in
+their own update (EngineHooks.online_softmax_update, chapter 02); its default decode path is
+torch_backend's batched SDPA.
 """
 
 from __future__ import annotations
@@ -23,21 +26,25 @@ from minivllm.quantization.kv_cache import dequantize
 State = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
-def online_softmax_update(m: torch.Tensor, l: torch.Tensor, acc: torch.Tensor, scores: torch.Tensor,  # noqa: E741
-                          v: torch.Tensor) -> State:
-    """Fold one block into the running state. m, l: [H]; acc: [H, D]; scores: [H, n] (already scaled);
-    v: [H, n, D]. Starts from m = -inf, l = 0, acc = 0."""
+def online_softmax_update(m: torch.Tensor, l: torch.Tensor,  # noqa: E741
+                          acc: torch.Tensor, scores: torch.Tensor, v: torch.Tensor) -> State:
+    """Fold one block into the running state. m, l: [H]; acc: [H, D]; scores: [H, n] (already
+    scaled); v: [H, n, D]. Starts from m = -inf, l = 0, acc = 0."""
     m_new = torch.maximum(m, scores.amax(dim=-1))
-    correction = torch.exp(m - m_new)  # how much the old sums shrink under the new maximum (0 at the start)
+    # how much the old sums shrink under the new maximum (0 at the start)
+    correction = torch.exp(m - m_new)
     p = torch.exp(scores - m_new[:, None])
-    return m_new, l * correction + p.sum(dim=-1), acc * correction[:, None] + torch.einsum("hn,hnd->hd", p, v)
+    acc = acc * correction[:, None] + torch.einsum("hn,hnd->hd", p, v)
+    return m_new, l * correction + p.sum(dim=-1), acc
 
 
-def blockwise_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-                     scale: float, update: Callable[..., State] = online_softmax_update, k_scale: float = 1.0,
+def blockwise_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     meta: AttentionMetadata,
+                     scale: float, update: Callable[..., State] = online_softmax_update,
+                     k_scale: float = 1.0,
                      v_scale: float = 1.0) -> torch.Tensor:
-    """q [B, heads, dim] -> [B, heads, dim]: each request's context read block by block through its table
-    (an fp8 cache's blocks upcast times their scales)."""
+    """q [B, heads, dim] -> [B, heads, dim]: each request's context read block by block through its
+    table (an fp8 cache's blocks upcast times their scales)."""
     num_heads, block_size = q.shape[1], k_cache.shape[1]
     group = num_heads // k_cache.shape[2]  # query heads per KV head (GQA)
     tables = meta.block_tables.tolist()

@@ -1,10 +1,12 @@
-"""The Triton backend: the same contract as TorchAttentionBackend, done by the kernels in minivllm.kernels.
+"""The Triton backend: the same contract as TorchAttentionBackend, done by the kernels in
+minivllm.kernels.
 
-Store the step's K/V, then one kernel launch per layer: the decode kernel when every request brings a
-single token (the common steady state, memory bound), the prefill kernel otherwise (prompts, chunks,
-mixed batches). An fp8 cache is converted by bit manipulation inside the kernels (kernels/fp8.py), so it
-runs on every GPU, a T4 included. On CPU the kernels run only under Triton's interpreter, which is slow but
-exact: tests use it to run the engine with this backend on machines without a GPU.
+Store the step's K/V, then one kernel launch per layer: the decode kernel when every request brings
+a single token (the common steady state, memory bound), the prefill kernel otherwise (prompts,
+chunks, mixed batches). An fp8 cache is converted by bit manipulation inside the kernels
+(kernels/fp8.py), so it runs on every GPU, a T4 included. On CPU the kernels run only under Triton's
+interpreter, which is slow but exact: tests use it to run the engine with this backend on machines
+without a GPU.
 """
 
 from __future__ import annotations
@@ -16,13 +18,15 @@ from minivllm.kernels import interpreted, paged_decode_attention, paged_prefill_
 
 
 def check_device(device: str | torch.device) -> None:
-    """Fail early and clearly where the kernels cannot run, instead of deep inside a Triton launch."""
+    """Fail early and clearly where the kernels cannot run, instead of deep inside a Triton
+    launch."""
     device = torch.device(device)
     if device.type == "cuda" or (device.type == "cpu" and interpreted()):
         return
     if device.type == "cpu":
         raise ValueError("the Triton attention backend needs a CUDA device; on CPU use "
-                         "attention_backend='torch', or set TRITON_INTERPRET=1 before triton is first "
+                         "attention_backend='torch', or set TRITON_INTERPRET=1 before triton is "
+                         "first "
                          "imported (slow: for testing)")
     raise ValueError(f"the Triton attention backend does not support device {device}; use 'torch'")
 
@@ -39,13 +43,16 @@ class TritonAttentionBackend:
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, meta: AttentionMetadata, scale: float, k_scale: float = 1.0,
                 v_scale: float = 1.0) -> torch.Tensor:
-        if self._checked is None or q.device.type != self._checked.type:  # once, not once per layer call
+        # once, not once per layer call
+        if self._checked is None or q.device.type != self._checked.type:
             check_device(q.device)
             self._checked = q.device
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
         if meta.is_decode_only:
-            return paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale,
+            return paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
+                                          scale,
                                           max_seq_len=meta.max_seq_len, num_splits=meta.num_splits,
                                           k_scale=k_scale, v_scale=v_scale)
         return paged_prefill_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc,
-                                       meta.seq_lens, scale, meta.max_query_len, k_scale=k_scale, v_scale=v_scale)
+                                       meta.seq_lens, scale, meta.max_query_len, k_scale=k_scale,
+                                       v_scale=v_scale)

@@ -1,11 +1,11 @@
-"""Triton kernels for the paged KV cache: store new K/V, decode attention, prefill attention; and three fused
-elementwise kernels the cuda platform (minivllm/platforms/cuda.py) also uses: RMSNorm (with the residual add),
-rotary embedding and SwiGLU's silu(gate) * up.
+"""Triton kernels for the paged KV cache: store new K/V, decode attention, prefill attention; and
+three fused elementwise kernels the cuda platform (minivllm/platforms/cuda.py) also uses: RMSNorm
+(with the residual add), rotary embedding and SwiGLU's silu(gate) * up.
 
-Each module holds one kernel (plus its launcher) and can be read on its own; fp8.py holds the conversions the
-three KV kernels share for an fp8 cache (kv_cache_dtype="fp8"). On CPU they run only
-through Triton's interpreter, which is chosen when a kernel is defined: TRITON_INTERPRET=1 must be set
-before triton is first imported.
+Each module holds one kernel (plus its launcher) and can be read on its own; fp8.py holds the
+conversions the three KV kernels share for an fp8 cache (kv_cache_dtype="fp8"). On CPU they run only
+through Triton's interpreter, which is chosen when a kernel is defined: TRITON_INTERPRET=1 must be
+set before triton is first imported.
 """
 
 from minivllm.kernels.activation import silu_and_mul
@@ -15,12 +15,14 @@ from minivllm.kernels.paged_prefill import paged_prefill_attention
 from minivllm.kernels.rotary import apply_rotary
 from minivllm.kernels.store_kv import _store_kv_kernel, store_kv
 
-__all__ = ["apply_rotary", "choose_num_splits", "interpreted", "paged_decode_attention", "paged_prefill_attention",
+__all__ = ["apply_rotary", "choose_num_splits", "interpreted", "paged_decode_attention",
+           "paged_prefill_attention",
            "rms_norm", "silu_and_mul", "store_kv"]
 
 
 def interpreted() -> bool:
-    """True when the kernels were built for the CPU interpreter (TRITON_INTERPRET=1 at definition time)."""
+    """True when the kernels were built for the CPU interpreter (TRITON_INTERPRET=1 at definition
+    time)."""
     from triton.runtime.interpreter import InterpretedFunction
 
     return isinstance(_store_kv_kernel, InterpretedFunction)

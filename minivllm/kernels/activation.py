@@ -1,7 +1,8 @@
 """SwiGLU's activation in one pass: silu(gate) * up, reading the fused gate/up projection once.
 
-In torch it is a SiLU kernel and a multiply, each reading and writing [T, intermediate] activations. Here
-one program per (token, column tile) loads both halves of that token's gate_up row and writes the product.
+In torch it is a SiLU kernel and a multiply, each reading and writing [T, intermediate] activations.
+Here one program per (token, column tile) loads both halves of that token's gate_up row and writes
+the product.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import triton.language as tl
 
 
 @triton.jit
-def _silu_and_mul_kernel(gate_up_ptr, out_ptr, stride_gt, stride_ot, intermediate, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(gate_up_ptr, out_ptr, stride_gt, stride_ot, intermediate,
+                         BLOCK: tl.constexpr):
     t = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < intermediate
@@ -20,16 +22,19 @@ def _silu_and_mul_kernel(gate_up_ptr, out_ptr, stride_gt, stride_ot, intermediat
     gate = tl.load(row + cols, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(row + intermediate + cols, mask=mask, other=0.0).to(tl.float32)
     silu = gate / (1.0 + tl.exp(-gate))
-    tl.store(out_ptr + t.to(tl.int64) * stride_ot + cols, (silu * up).to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + t.to(tl.int64) * stride_ot + cols, (silu * up).to(out_ptr.dtype.element_ty),
+             mask=mask)
 
 
 def silu_and_mul_config(intermediate: int, block: int = 1024) -> dict:
-    """The kernel's constexprs, shared with the ahead-of-time compile test (tests/test_aot_compile.py)."""
+    """The kernel's constexprs, shared with the ahead-of-time compile test
+    (tests/test_aot_compile.py)."""
     return dict(BLOCK=min(block, triton.next_power_of_2(intermediate)))
 
 
 def silu_and_mul(gate_up: torch.Tensor, block: int = 1024) -> torch.Tensor:
-    """gate_up [T, 2 * I] (gate first, as the fused projection lays it out) -> silu(gate) * up, [T, I]."""
+    """gate_up [T, 2 * I] (gate first, as the fused projection lays it out) -> silu(gate) * up, [T,
+    I]."""
     assert gate_up.stride(-1) == 1 and gate_up.shape[-1] % 2 == 0
     num_tokens, intermediate = gate_up.shape[0], gate_up.shape[-1] // 2
     out = torch.empty(num_tokens, intermediate, dtype=gate_up.dtype, device=gate_up.device)

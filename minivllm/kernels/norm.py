@@ -1,13 +1,16 @@
-"""RMSNorm, optionally fused with the residual add before it: one pass over each row instead of about seven.
+"""RMSNorm, optionally fused with the residual add before it: one pass over each row instead of
+about seven.
 
-In torch, `norm(x + residual)` is an add, a cast to fp32, a square, a mean, an rsqrt, two multiplies and a
-cast back: each a kernel that reads and writes the whole activation. For a decode batch those are tiny
-kernels whose cost is mostly their launch, a dozen times per layer. Here one program normalises one row:
+In torch, `norm(x + residual)` is an add, a cast to fp32, a square, a mean, an rsqrt, two multiplies
+and a cast back: each a kernel that reads and writes the whole activation. For a decode batch those
+are tiny kernels whose cost is mostly their launch, a dozen times per layer. Here one program
+normalises one row:
 
     residual_out = x + residual          (rounded to the model's dtype, as the unfused model does)
     out          = weight * (residual_out / sqrt(mean(residual_out^2) + eps))
 
-The same kernel normalises each head of q and k (Qwen3's q_norm / k_norm): rows are then (token, head).
+The same kernel normalises each head of q and k (Qwen3's q_norm / k_norm): rows are then (token,
+head).
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ def _rms_norm_kernel(
 
 
 def rms_norm_config(dim: int, has_residual: bool) -> dict:
-    """The kernel's constexprs, shared with the ahead-of-time compile test (tests/test_aot_compile.py)."""
+    """The kernel's constexprs, shared with the ahead-of-time compile test
+    (tests/test_aot_compile.py)."""
     return dict(HAS_RESIDUAL=has_residual, BLOCK_D=triton.next_power_of_2(dim))
 
 
@@ -50,7 +54,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
              residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """x [T, dim] or [T, heads, dim] (last dim contiguous) -> (normalised x, x + residual or None).
 
-    With `residual` ([T, dim]), the sum is returned as the new residual and it is the sum that is normalised.
+    With `residual` ([T, dim]), the sum is returned as the new residual and it is the sum that is
+    normalised.
     """
     assert x.stride(-1) == 1 and x.shape[-1] == weight.shape[0]
     x3 = x if x.dim() == 3 else x.unsqueeze(1)

@@ -1,8 +1,9 @@
 """store_kv: copy each new token's K and V into its slot of the paged cache.
 
-The torch reference does this with index_copy_; here one Triton program moves one token (all its kv heads)
-so the write is a single coalesced pass, and padding rows (slot -1) cost one load and an early exit. An fp8 cache
-(kv_cache_dtype) is written as bytes: K / k_scale and V / v_scale, rounded to fp8 in the kernel (fp8.py).
+The torch reference does this with index_copy_; here one Triton program moves one token (all its kv
+heads) so the write is a single coalesced pass, and padding rows (slot -1) cost one load and an
+early exit. An fp8 cache (kv_cache_dtype) is written as bytes: K / k_scale and V / v_scale, rounded
+to fp8 in the kernel (fp8.py).
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ def _store_kv_kernel(
     key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
     k_scale, v_scale,  # an fp8 cache stores K / k_scale, V / v_scale (ignored by a float cache)
     stride_kt, stride_kh, stride_vt, stride_vh,  # new K/V: [T, kv_heads, head_dim], last stride 1
-    stride_cb, stride_cs, stride_ch,  # cache: [num_blocks, block_size, kv_heads, head_dim], last stride 1
+    # cache: [num_blocks, block_size, kv_heads, head_dim], last stride 1
+    stride_cb, stride_cs, stride_ch,
     num_kv_heads, head_dim,
     KV_BLOCK_SIZE: tl.constexpr,  # tokens per cache block (constexpr: // and % become shifts)
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,  # kv_heads and head_dim padded to powers of two
-    KV_FP8: tl.constexpr = 0,  # 0: the cache has the model's dtype; 1: fp8 e4m3, 2: fp8 e5m2 (as bytes)
+    # 0: the cache has the model's dtype; 1: fp8 e4m3, 2: fp8 e5m2 (as bytes)
+    KV_FP8: tl.constexpr = 0,
 ):
     t = tl.program_id(0)
     slot = tl.load(slot_mapping_ptr + t).to(tl.int64)  # block_id * block_size + offset
@@ -33,7 +36,8 @@ def _store_kv_kernel(
     block, offset = slot // KV_BLOCK_SIZE, slot % KV_BLOCK_SIZE
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
-    mask = (offs_h[:, None] < num_kv_heads) & (offs_d[None, :] < head_dim)  # padding lanes do nothing
+    # padding lanes do nothing
+    mask = (offs_h[:, None] < num_kv_heads) & (offs_d[None, :] < head_dim)
 
     src = offs_h[:, None] * stride_kh + offs_d[None, :]
     k = tl.load(key_ptr + t.to(tl.int64) * stride_kt + src, mask=mask)
@@ -49,7 +53,8 @@ def _store_kv_kernel(
 
 
 def store_kv_config(num_kv_heads: int, head_dim: int, block_size: int, kv_fp8: int = 0) -> dict:
-    """The kernel's constexprs, shared with the ahead-of-time compile test (tests/test_aot_compile.py)."""
+    """The kernel's constexprs, shared with the ahead-of-time compile test
+    (tests/test_aot_compile.py)."""
     return dict(KV_BLOCK_SIZE=block_size, BLOCK_H=triton.next_power_of_2(num_kv_heads),
                 BLOCK_D=triton.next_power_of_2(head_dim), KV_FP8=kv_fp8)
 
@@ -61,10 +66,11 @@ def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
 
 def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
-    """Write key/value [T, kv_heads, head_dim] into caches [num_blocks, block_size, kv_heads, head_dim].
+    """Write key/value [T, kv_heads, head_dim] into caches [num_blocks, block_size, kv_heads,
+    head_dim].
 
-    slot_mapping [T] (int64) gives each token's slot; -1 marks a padding row that is skipped. An fp8 cache
-    gets K / k_scale and V / v_scale.
+    slot_mapping [T] (int64) gives each token's slot; -1 marks a padding row that is skipped. An fp8
+    cache gets K / k_scale and V / v_scale.
     """
     num_tokens, num_kv_heads, head_dim = key.shape
     if num_tokens == 0:

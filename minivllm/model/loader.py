@@ -1,9 +1,11 @@
-"""Load a Hugging Face checkpoint directory (config.json + *.safetensors), or a GGUF file, into our decoder.
+"""Load a Hugging Face checkpoint directory (config.json + *.safetensors), or a GGUF file, into our
+decoder.
 
-The config is parsed by transformers' AutoConfig and the tensors are read with safetensors, shard by shard,
-straight into the (possibly fused) parameters, so nothing is held twice in memory. A quantized checkpoint
-(config.json's `quantization_config`) is recognised when the config is read, and refused there if it is of
-a format we do not run; its linear layers then hold the format's own tensors (minivllm/quantization/).
+The config is parsed by transformers' AutoConfig and the tensors are read with safetensors, shard by
+shard, straight into the (possibly fused) parameters, so nothing is held twice in memory. A
+quantized checkpoint (config.json's `quantization_config`) is recognised when the config is read,
+and refused there if it is of a format we do not run; its linear layers then hold the format's own
+tensors (minivllm/quantization/).
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ PACKED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_
 
 @dataclass
 class ModelConfig:
-    """The handful of numbers the engine needs, normalised across model families and transformers versions."""
+    """The handful of numbers the engine needs, normalised across model families and transformers
+    versions."""
 
     model_type: str
     vocab_size: int
@@ -51,13 +54,16 @@ class ModelConfig:
     torch_dtype: torch.dtype | None
     eos_token_id: int | list[int] | None
     hf_config: object = None
-    sliding_window: int | None = None  # tokens a query may look back, where the model limits it (Mistral v0.1)
-    quantization: QuantizationConfig | None = None  # what the linear layers hold (None: float weights)
+    # tokens a query may look back, where the model limits it (Mistral v0.1)
+    sliding_window: int | None = None
+    # what the linear layers hold (None: float weights)
+    quantization: QuantizationConfig | None = None
     gguf: bool = False  # the checkpoint is one GGUF file (dequantized at load)
 
 
 def read_model_config(path: str | Path) -> ModelConfig:
-    """Parse config.json with transformers; raise ValueError naming the path when it isn't usable."""
+    """Parse config.json with transformers; raise ValueError naming the path when it isn't
+    usable."""
     from transformers import AutoConfig
 
     path = Path(path)
@@ -74,7 +80,8 @@ def read_model_config(path: str | Path) -> ModelConfig:
         except Exception as e:  # transformers raises many kinds; we only promise a ValueError
             raise ValueError(f"malformed config.json in {path}: {e}") from e
     if hf.model_type not in SUPPORTED:
-        raise ValueError(f"{path}: model_type {hf.model_type!r} is not supported (supported: {SUPPORTED})")
+        raise ValueError(f"{path}: model_type {hf.model_type!r} is not supported (supported: "
+                         f"{SUPPORTED})")
     heads = hf.num_attention_heads
     rope = dict(getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {})
     theta = rope.get("rope_theta", getattr(hf, "rope_theta", 10000.0))
@@ -86,7 +93,8 @@ def read_model_config(path: str | Path) -> ModelConfig:
         num_kv_heads=getattr(hf, "num_key_value_heads", None) or heads,
         head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // heads,
         rms_norm_eps=hf.rms_norm_eps, rope_theta=float(theta),
-        rope_scaling=rope if rope.get("rope_type", rope.get("type", "default")) != "default" else None,
+        rope_scaling=rope if rope.get("rope_type", rope.get("type", "default")) != "default"
+        else None,
         max_position_embeddings=hf.max_position_embeddings,
         tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
         qkv_bias=hf.model_type == "qwen2" or bool(getattr(hf, "attention_bias", False)),
@@ -94,8 +102,10 @@ def read_model_config(path: str | Path) -> ModelConfig:
         torch_dtype=getattr(torch, dtype) if isinstance(dtype, str) else dtype,
         eos_token_id=hf.eos_token_id, hf_config=hf,
         # Qwen2/3 configs carry a window that is off unless use_sliding_window says otherwise
-        sliding_window=getattr(hf, "sliding_window", None) if getattr(hf, "use_sliding_window", True) else None,
-        quantization=checkpoint_quantization(_as_dict(getattr(hf, "quantization_config", None)), str(path)),
+        sliding_window=getattr(hf, "sliding_window", None)
+        if getattr(hf, "use_sliding_window", True) else None,
+        quantization=checkpoint_quantization(_as_dict(getattr(hf, "quantization_config", None)),
+                                             str(path)),
         gguf=gguf,
     )
 
@@ -105,8 +115,10 @@ def _as_dict(qc) -> dict | None:
 
 
 def read_generation_config(path: str | Path) -> dict:
-    """generation_config.json as a dict ({} when the checkpoint has none): EOS ids and sampling defaults."""
-    file = Path(path) / "generation_config.json"  # (a GGUF file has none: the path is not a directory)
+    """generation_config.json as a dict ({} when the checkpoint has none): EOS ids and sampling
+    defaults."""
+    # (a GGUF file has none: the path is not a directory)
+    file = Path(path) / "generation_config.json"
     if not file.is_file():
         return {}
     try:
@@ -115,14 +127,16 @@ def read_generation_config(path: str | Path) -> dict:
         raise ValueError(f"malformed generation_config.json in {path}: {e}") from e
 
 
-def load_model(path: str | Path, cfg: ModelConfig, impl: Implementations, dtype: torch.dtype, device: str,
+def load_model(path: str | Path, cfg: ModelConfig, impl: Implementations, dtype: torch.dtype,
+               device: str,
                tp: TensorParallel = SINGLE) -> LlamaForCausalLM:
     """Build the model without initialising weights, then copy every checkpoint tensor into place.
 
-    A linear layer's tensors go through its `weight_loader` (model/linear.py), whatever the format; once all
-    are in, each layer's quantization method prepares them for its kernels (`process_weights_after_loading`).
-    `impl`: the ops, attention and linear kernels the model runs (a platform's, minivllm/platforms/).
-    Under tensor parallelism (`tp`) every rank reads the whole checkpoint and keeps its slices.
+    A linear layer's tensors go through its `weight_loader` (model/linear.py), whatever the format;
+    once all are in, each layer's quantization method prepares them for its kernels
+    (`process_weights_after_loading`). `impl`: the ops, attention and linear kernels the model runs
+    (a platform's, minivllm/platforms/). Under tensor parallelism (`tp`) every rank reads the whole
+    checkpoint and keeps its slices.
     """
     path = Path(path)
     with torch.device("meta"):
@@ -131,7 +145,8 @@ def load_model(path: str | Path, cfg: ModelConfig, impl: Implementations, dtype:
     if cfg.tie_word_embeddings:
         model.lm_head.tie_to(model.model.embed_tokens)
     linears = {name: m for name, m in model.named_modules() if isinstance(m, LinearBase)}
-    params = {name: p for name, p in model.named_parameters() if name.rpartition(".")[0] not in linears}
+    params = {name: p for name, p in model.named_parameters()
+              if name.rpartition(".")[0] not in linears}
     loaded: set[str] = set()
     for where, name, tensor in _checkpoint_tensors(path, cfg):
         if "rotary_emb" in name or (cfg.tie_word_embeddings and name == "lm_head.weight"):
@@ -150,8 +165,10 @@ def load_model(path: str | Path, cfg: ModelConfig, impl: Implementations, dtype:
         if layer is not None and param_name == "bias" and not tensor().any():
             continue  # some GPTQ exporters save all-zero biases for layers that have none
         if target not in params:
-            hint = "" if cfg.quantization else " (a quantized checkpoint whose config.json lacks quantization_config?)"
-            raise ValueError(f"{where}: unexpected tensor {name!r} for a {cfg.model_type} model{hint}")
+            hint = ("" if cfg.quantization else
+                    " (a quantized checkpoint whose config.json lacks quantization_config?)")
+            raise ValueError(f"{where}: unexpected tensor {name!r} for a {cfg.model_type} "
+                             f"model{hint}")
         param, value = params[target], tensor()
         owner = model.get_submodule(target.rpartition(".")[0])
         if isinstance(owner, VocabParallelEmbedding):  # this rank's vocab rows
@@ -159,7 +176,8 @@ def load_model(path: str | Path, cfg: ModelConfig, impl: Implementations, dtype:
             loaded.add(target)
             continue
         if param.shape != value.shape:
-            raise ValueError(f"{where}: {name} has shape {tuple(value.shape)}, expected {tuple(param.shape)}")
+            raise ValueError(f"{where}: {name} has shape {tuple(value.shape)}, expected "
+                             f"{tuple(param.shape)}")
         with torch.no_grad():
             param.copy_(value)
         loaded.add(target)
@@ -177,13 +195,17 @@ def load_model(path: str | Path, cfg: ModelConfig, impl: Implementations, dtype:
 
 
 def _load_kv_scale(model: LlamaForCausalLM, name: str, tensor) -> bool:
-    """vLLM's convention for fp8 KV scales: `model.layers.N.self_attn[.k_proj|.v_proj|.attn].k_scale` (or
-    `.v_scale`; an older `.kv_scale` serves both). True when `name` was one, now on layer N's attention."""
-    match = re.fullmatch(r"model\.layers\.(\d+)\.self_attn\.(?:[kv]_proj\.|attn\.)?(k|v|kv)_scale", name)
+    """vLLM's convention for fp8 KV scales:
+    `model.layers.N.self_attn[.k_proj|.v_proj|.attn].k_scale` (or `.v_scale`; an older `.kv_scale`
+    serves both). True when `name` was one, now on layer N's
+    attention."""
+    match = re.fullmatch(r"model\.layers\.(\d+)\.self_attn\.(?:[kv]_proj\.|attn\.)?(k|v|kv)_scale",
+                         name)
     if match is None:
         return False
     attn = model.model.layers[int(match.group(1))].self_attn
-    scale = float(tensor().float().reshape(-1)[0])  # per tensor: one value (some exporters store shape [1])
+    # per tensor: one value (some exporters store shape [1])
+    scale = float(tensor().float().reshape(-1)[0])
     if not scale > 0:
         raise ValueError(f"{name} must be a positive scale, got {scale}")
     for which in ("k", "v") if match.group(2) == "kv" else (match.group(2),):
@@ -208,16 +230,20 @@ def _checkpoint_tensors(path: Path, cfg: ModelConfig):
 
 def generation_defaults(path: str | Path, eos_token_id: int | list[int] | None,
                         use_generation_config: bool = True) -> tuple[tuple[int, ...], dict]:
-    """Every id that ends a sequence, and the sampling defaults `generate` uses without SamplingParams.
+    """Every id that ends a sequence, and the sampling defaults `generate` uses without
+    SamplingParams.
 
-    The ids: `eos_token_id` (the tokenizer's, or config.json's without one) plus generation_config.json's list
-    (Llama 3 and Qwen name several: end of text, end of turn). The defaults: its temperature, top_p, top_k,
-    min_p, repetition_penalty and max_new_tokens, in SamplingParams' names (vLLM's generation_config="auto").
+    The ids: `eos_token_id` (the tokenizer's, or config.json's without one) plus
+    generation_config.json's list (Llama 3 and Qwen name several: end of text, end of turn). The
+    defaults: its temperature, top_p, top_k,
+    min_p, repetition_penalty and max_new_tokens, in SamplingParams' names (vLLM's
+    generation_config="auto").
     """
     generation = read_generation_config(path) if use_generation_config else {}
     eos: list = []
     for ids in (eos_token_id, generation.get("eos_token_id")):
         eos += ids if isinstance(ids, list) else [ids]
     sampling = {{"max_new_tokens": "max_tokens"}.get(k, k): v for k, v in generation.items()
-                if k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens")}
+                if k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+                         "max_new_tokens")}
     return tuple(dict.fromkeys(i for i in eos if i is not None)), sampling

@@ -1,7 +1,8 @@
 """Rotary position embedding (RoPE), with the llama3 frequency scaling some checkpoints use.
 
-The module owns the cos/sin table; the rotation itself is `rotate`, from the model's LayerOps (layer_ops.py:
-the readable torch one, or a platform's fused kernel reading the table and the positions itself).
+The module owns the cos/sin table; the rotation itself is `rotate`, from the model's LayerOps
+(layer_ops.py: the readable torch one, or a platform's fused kernel reading the table and the
+positions itself).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from minivllm.model.layer_ops import rotary
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> torch.Tensor:
-    """One rotation frequency per pair of dimensions; llama3 scaling slows the low frequencies down."""
+    """One rotation frequency per pair of dimensions; llama3 scaling slows the low frequencies
+    down."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     if scaling and scaling.get("rope_type", scaling.get("type")) == "llama3":
         factor, old_len = scaling["factor"], scaling["original_max_position_embeddings"]
@@ -35,7 +37,8 @@ class RotaryEmbedding(nn.Module):
                  rotate: Callable = rotary) -> None:
         """`rotate(positions, q, k, cos_sin)`: the rotation of q and k (LayerOps.rotary)."""
         super().__init__()
-        self.head_dim, self.max_positions, self.theta, self.scaling = head_dim, max_positions, theta, scaling
+        self.head_dim, self.max_positions = head_dim, max_positions
+        self.theta, self.scaling = theta, scaling
         self.register_buffer("cos_sin", torch.empty(max_positions, 2, head_dim), persistent=False)
         self.rotate = rotate
 

@@ -2,12 +2,12 @@
 
     base.py         the interfaces: a config, a linear method, and the kernel a platform hands it
     unquantized.py  float weights (cpu_unquantized.py: the CPU's layouts for them)
-    int8.py         weight-only int8, quantized at load from any float checkpoint (`quantization="int8"`)
+    int8.py         weight-only int8, quantized as a float checkpoint loads (`quantization="int8"`)
     int4.py         what GPTQ and AWQ share: 4-bit groups and their readable matmul
     cpu_quantized.py, kernels/quantized_linear.py   the CPU's and the GPU's int8 and int4 matmuls
     gptq.py, awq.py the two published 4-bit checkpoint layouts, detected from config.json
     gguf.py         llama.cpp's GGUF files, read by path and dequantized at load
-    packing.py      our own round-to-nearest quantizer writing GPTQ / AWQ checkpoints (tests, chapter 12)
+    packing.py      our round-to-nearest quantizer writing GPTQ / AWQ checkpoints (tests, ch. 12)
 
 Every refusal happens here, when the config is read: before any weight is.
 """
@@ -52,8 +52,9 @@ def checkpoint_quantization(qc: dict | None, where: str) -> QuantizationConfig |
         return GPTQConfig.from_hf(qc, where)
     if method == "awq":
         return AWQConfig.from_hf(qc, where)
-    raise ValueError(f"{where}: the checkpoint is quantized with {method or 'an unnamed method'!r}, which "
-                     f"minivllm does not run; {SUPPORTED_TEXT}")
+    named = method or "an unnamed method"
+    raise ValueError(f"{where}: the checkpoint is quantized with {named!r}, which minivllm does "
+                     f"not run; {SUPPORTED_TEXT}")
 
 
 def resolve_quantization(requested: str | None, checkpoint: QuantizationConfig | None,

@@ -1,20 +1,24 @@
-"""What every quantization format provides: a config (parsed before any weight is read) and a linear method.
+"""What every quantization format provides: a config (parsed before any weight is read) and a linear
+method.
 
-A linear layer (minivllm/model/linear.py) owns its shape, its bias and which dimension tensor parallelism
-would split; it holds its weights through a *method*, which says three things, as in vLLM:
+A linear layer (minivllm/model/linear.py) owns its shape, its bias and which dimension tensor
+parallelism would split; it holds its weights through a *method*, which says three things, as in
+vLLM:
 
-* `create_weights(layer)`: which tensors the checkpoint gives for this layer (`weight`, or `qweight`,
-  `scales`, ...), registered as parameters with their shapes and which of their dims run along the layer's
-  outputs and inputs (and how many values one stored element packs), so that the layer's loader can copy a
-  fused layer's shards (q/k/v, gate/up) into place whatever the format;
-* `process_weights_after_loading(layer)`: turn what was loaded into the format's plain form (quantize a
+* `create_weights(layer)`: which tensors the checkpoint gives for this layer (`weight`, or
+`qweight`,
+  `scales`, ...), registered as parameters with their shapes and which of their dims run along the
+  layer's outputs and inputs (and how many values one stored element packs), so that the layer's
+  loader can copy a fused layer's shards (q/k/v, gate/up) into place whatever the format;
+* `process_weights_after_loading(layer)`: turn what was loaded into the format's plain form
+(quantize a
   float weight to int8, unpack 4-bit words), then hand it to its kernel's `layout` step;
 * `apply(layer, x, bias)`: y = x @ W.T + bias, through its kernel.
 
-The *kernel* (a `LinearKernel`) is the part that depends on the hardware: the layout the weights are held in
-and the matmul that reads it. Each format family has a readable torch kernel beside it (unquantized.py,
-int8.py, int4.py); a platform (minivllm/platforms/) hands the model its own `LinearKernels`, one per family.
-A fast layout replaces the plain one: every weight is held once.
+The *kernel* (a `LinearKernel`) is the part that depends on the hardware: the layout the weights are
+held in and the matmul that reads it. Each format family has a readable torch kernel beside it
+(unquantized.py, int8.py, int4.py); a platform (minivllm/platforms/) hands the model its own
+`LinearKernels`, one per family. A fast layout replaces the plain one: every weight is held once.
 """
 
 from __future__ import annotations
@@ -30,8 +34,8 @@ from torch import nn
 class Layout:
     """How a stored tensor's dims map to the layer's [outputs, inputs] (None: not along that one).
 
-    packed_dim/pack_factor: that dim stores `pack_factor` values per element (eight 4-bit values per int32).
-    optional: a checkpoint may leave it out (GPTQ's g_idx): the method fills in a default.
+    packed_dim/pack_factor: that dim stores `pack_factor` values per element (eight 4-bit values per
+    int32). optional: a checkpoint may leave it out (GPTQ's g_idx): the method fills in a default.
     """
 
     output_dim: int | None
@@ -41,19 +45,24 @@ class Layout:
     optional: bool = False
 
 
-def add_weight(layer: nn.Module, name: str, shape: tuple[int, ...], dtype: torch.dtype, layout: Layout) -> None:
-    """Register an empty parameter `name` on `layer`, with its layout kept by the layer (module.to() and
-    to_empty() replace parameter objects, so attributes set on a parameter would not survive them)."""
-    layer.register_parameter(name, nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False))
+def add_weight(layer: nn.Module, name: str, shape: tuple[int, ...], dtype: torch.dtype,
+               layout: Layout) -> None:
+    """Register an empty parameter `name` on `layer`, with its layout kept by the layer (module.to()
+    and to_empty() replace parameter objects, so attributes set on a parameter would not survive
+    them)."""
+    layer.register_parameter(name,
+                             nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False))
     layer.layouts[name] = layout
 
 
 class LinearKernel:
-    """How one format family's weights are laid out and multiplied: `layout` once after loading (it may
-    replace the layer's tensors by another layout of the same values, never add a copy), `apply` per call."""
+    """How one format family's weights are laid out and multiplied: `layout` once after loading (it
+    may replace the layer's tensors by another layout of the same values, never add a copy), `apply`
+    per call."""
 
     def layout(self, layer: nn.Module) -> None:
-        """Replace the plain tensors by the ones `apply` reads; the readable kernels keep them as they are."""
+        """Replace the plain tensors by the ones `apply` reads; the readable kernels keep them as
+        they are."""
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         raise NotImplementedError
@@ -84,7 +93,8 @@ class LinearMethod:
         return self.kernel.apply(layer, x, bias)
 
     def weight_bytes(self, layer: nn.Module) -> int:
-        """Bytes the layer's weights take once processed (bias excluded): what the chapter's table counts."""
+        """Bytes the layer's weights take once processed (bias excluded): what the chapter's table
+        counts."""
         return sum(t.numel() * t.element_size() for name, t in _tensors(layer) if name != "bias")
 
 
@@ -95,11 +105,12 @@ def _tensors(layer: nn.Module):
 
 @dataclass(frozen=True)
 class QuantizationConfig:
-    """A quantized format's settings, from config.json's `quantization_config` or from `quantization=`
-    (float weights have none: None)."""
+    """A quantized format's settings, from config.json's `quantization_config` or from
+    `quantization=` (float weights have none: None)."""
 
     name = "none"
 
     def linear_method(self, kernels: LinearKernels) -> LinearMethod:
-        """The method for one linear layer, running the platform's kernel for this format's family."""
+        """The method for one linear layer, running the platform's kernel for this format's
+        family."""
         raise NotImplementedError

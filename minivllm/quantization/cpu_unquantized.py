@@ -5,11 +5,11 @@
 stream per tile and each 64-byte load feeds 16 outputs with the input broadcast: close to the
 machine's read bandwidth, where oneDNN reached about half (bench/RESULTS.md: the batch-1 matmuls
 1.2-1.4x faster). Larger batches go through the same layout: each tile is read once from memory and
-stays in L2 while every group of four rows multiplies it, as fast as oneDNN's blocked GEMM up to a few
-hundred rows. Past TILED_MAX_ROWS (prompts) the weight is unpacked for the one call, transiently, and
-MKL's GEMM multiplies it: the copy is cheap beside M x N x K flops, and at 1024-2048 rows it measured
-1.05-1.1x oneDNN's speed where the tiles reached 0.77-0.99x (bench/RESULTS.md). Needs AVX-512 (and
-AVX512-BF16 for bf16).
+stays in L2 while every group of four rows multiplies it, as fast as oneDNN's blocked GEMM up to a
+few hundred rows. Past TILED_MAX_ROWS (prompts) the weight is unpacked for the one call,
+transiently, and MKL's GEMM multiplies it: the copy is cheap beside M x N x K flops, and at
+1024-2048 rows it measured 1.05-1.1x oneDNN's speed where the tiles reached 0.77-0.99x
+(bench/RESULTS.md). Needs AVX-512 (and AVX512-BF16 for bf16).
 
 `ONEDNN`, elsewhere: oneDNN's blocked layout, reordered once (a plain `F.linear` on CPU re-blocks a
 bf16 weight on every call: about 1.5x slower). An LM head tied to the embedding keeps the plain

@@ -1,19 +1,20 @@
-"""GPTQ 4-bit checkpoints (config.json: `quantization_config.quant_method == "gptq"`), AutoGPTQ's layout.
+"""GPTQ 4-bit checkpoints (config.json: `quantization_config.quant_method == "gptq"`), AutoGPTQ's
+layout.
 
 For a linear layer with K inputs, N outputs and groups of G inputs, the checkpoint holds:
 
-    qweight  int32 [K/8, N]    eight 4-bit q per word, packed *down the inputs*: q[k, n] is nibble k % 8
-                               of qweight[k // 8, n]
-    qzeros   int32 [K/G, N/8]  eight 4-bit zero points per word, packed *across the outputs*; the original
-                               ("gptq", v1) format stores z - 1, "gptq_v2" stores z
+    qweight  int32 [K/8, N]    eight 4-bit q per word, packed *down the inputs*: q[k, n] is
+                               nibble k % 8 of qweight[k // 8, n]
+    qzeros   int32 [K/G, N/8]  eight 4-bit zero points per word, packed *across the outputs*; the
+                               original ("gptq", v1) format stores z - 1, "gptq_v2" stores z
     scales   fp16  [K/G, N]
-    g_idx    int32 [K]         the group of each input: k // G, unless the checkpoint was quantized in
-                               act-order (desc_act=True), where inputs were taken by decreasing importance
+    g_idx    int32 [K]         the group of each input: k // G, unless the checkpoint was quantized
+                               in act-order (desc_act=True), inputs taken by decreasing importance
 
     W[n, k] = (q[k, n] - z[g_idx[k], n]) * s[g_idx[k], n]
 
-Act-order is honoured: sorting the inputs by g_idx makes each group contiguous again, so the weight is
-stored in that order and each activation row is permuted the same way before the matmul.
+Act-order is honoured: sorting the inputs by g_idx makes each group contiguous again, so the weight
+is stored in that order and each activation row is permuted the same way before the matmul.
 """
 
 from __future__ import annotations
@@ -23,10 +24,18 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from minivllm.quantization.base import Layout, LinearKernel, LinearKernels, LinearMethod, QuantizationConfig, add_weight
+from minivllm.quantization.base import (
+    Layout,
+    LinearKernel,
+    LinearKernels,
+    LinearMethod,
+    QuantizationConfig,
+    add_weight,
+)
 from minivllm.quantization.int4 import INT4, Int4LinearMethod, unpack_cols, unpack_rows
 
-FORMATS = ("gptq", "gptq_v2")  # checkpoint_format values with this layout (v1 stores zero points minus one)
+# checkpoint_format values with this layout (v1 stores zero points minus one)
+FORMATS = ("gptq", "gptq_v2")
 
 
 class GPTQLinearMethod(Int4LinearMethod):
@@ -37,24 +46,30 @@ class GPTQLinearMethod(Int4LinearMethod):
     def create_weights(self, layer: nn.Module) -> None:
         k, n, g = layer.input_size, layer.output_size, self.group(layer)
         if k % 8 or n % 8 or k % g:
-            raise ValueError(f"GPTQ: a {k} -> {n} linear layer does not fit 8-value words and {g}-input groups")
-        add_weight(layer, "qweight", (k // 8, n), torch.int32, Layout(output_dim=1, input_dim=0, packed_dim=0,
+            raise ValueError(f"GPTQ: a {k} -> {n} linear layer does not fit 8-value words and "
+                             f"{g}-input groups")
+        add_weight(layer, "qweight", (k // 8, n), torch.int32,
+                   Layout(output_dim=1, input_dim=0, packed_dim=0,
                                                                        pack_factor=8))
-        add_weight(layer, "qzeros", (k // g, n // 8), torch.int32, Layout(output_dim=1, input_dim=0, packed_dim=1,
+        add_weight(layer, "qzeros", (k // g, n // 8), torch.int32,
+                   Layout(output_dim=1, input_dim=0, packed_dim=1,
                                                                            pack_factor=8))
         add_weight(layer, "scales", (k // g, n), torch.float32, Layout(output_dim=1, input_dim=0))
-        add_weight(layer, "g_idx", (k,), torch.int32, Layout(output_dim=None, input_dim=0, optional=True))
+        add_weight(layer, "g_idx", (k,), torch.int32,
+                   Layout(output_dim=None, input_dim=0, optional=True))
 
     def unpack(self, layer: nn.Module):
         q = unpack_rows(layer.qweight.data)
         zeros = unpack_cols(layer.qzeros.data) + (1 if self.zeros_minus_one else 0)
         default = torch.arange(layer.input_size, device=q.device) // self.group(layer)
-        g_idx = layer.g_idx.data.long() if any(name == "g_idx" for name, _ in layer.loaded) else default
+        g_idx = layer.g_idx.data.long() if any(name == "g_idx" for name,
+                                               _ in layer.loaded) else default
         if torch.equal(g_idx, default):
             return q, zeros, layer.scales.data, None
         perm = torch.argsort(g_idx, stable=True)  # act-order: put each group's inputs back together
         if not torch.equal(g_idx[perm], default):
-            raise ValueError(f"GPTQ: g_idx does not put exactly {self.group(layer)} inputs in each group")
+            raise ValueError(f"GPTQ: g_idx does not put exactly {self.group(layer)} inputs in each "
+                             f"group")
         return q[perm], zeros, layer.scales.data, perm
 
 
@@ -70,12 +85,15 @@ class GPTQConfig(QuantizationConfig):
         bits, group = qc.get("bits", 4), qc.get("group_size", 128)
         fmt = qc.get("checkpoint_format") or "gptq"
         if bits != 4:
-            raise ValueError(f"{where}: {bits}-bit GPTQ is not supported (minivllm runs 4-bit GPTQ)")
+            raise ValueError(f"{where}: {bits}-bit GPTQ is not supported (minivllm runs 4-bit "
+                             "GPTQ)")
         if fmt not in FORMATS:
-            raise ValueError(f"{where}: GPTQ checkpoint_format {fmt!r} is not supported (supported: {FORMATS}); "
+            raise ValueError(f"{where}: GPTQ checkpoint_format {fmt!r} is not supported "
+                             f"(supported: {FORMATS}); "
                              "marlin- and bitblas-repacked checkpoints have another layout")
         if group != -1 and (group < 8 or group % 8):
-            raise ValueError(f"{where}: GPTQ group_size {group} is not supported (-1 or a multiple of 8)")
+            raise ValueError(f"{where}: GPTQ group_size {group} is not supported (-1 or a multiple "
+                             f"of 8)")
         if qc.get("dynamic"):
             raise ValueError(f"{where}: GPTQ 'dynamic' per-module settings are not supported")
         return cls(group, bool(qc.get("desc_act", False)), fmt)

@@ -1,12 +1,12 @@
 """Weight-only int8 (`quantization="int8"`): any float checkpoint, quantized as it loads.
 
-Each output channel n (a row of W [N, K]) gets one scale, s[n] = max_k |W[n, k]| / 127, and the weight is
-kept as q = round(W / s[:, None]) in [-127, 127]: one byte per weight instead of two (bf16) or four
-(fp32). Activations stay in float; since s depends only on n, y = x @ (q * s[:, None]).T = (x @ q.T)
-* s, so the matmul runs on q converted to the activations' dtype (exact: every int8 fits fp16 and
-bf16) and the scale is applied once per output: `INT8`, the readable kernel, does just that. The
-CPU's kernel (cpu_quantized.py: torch's `_weight_int8pack_mm`) and the GPU's
-(kernels/quantized_linear.py) do it without the converted copy.
+Each output channel n (a row of W [N, K]) gets one scale, s[n] = max_k |W[n, k]| / 127, and the
+weight is kept as q = round(W / s[:, None]) in [-127, 127]: one byte per weight instead of two
+(bf16) or four (fp32). Activations stay in float; since s depends only on n,
+y = x @ (q * s[:, None]).T = (x @ q.T) * s, so the matmul runs on q converted to the activations'
+dtype (exact: every int8 fits fp16 and bf16) and the scale is applied once per output: `INT8`, the
+readable kernel, does just that. The CPU's kernel (cpu_quantized.py: torch's
+`_weight_int8pack_mm`) and the GPU's (kernels/quantized_linear.py) do it without the converted copy.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ def quantize_per_channel(weight: torch.Tensor, scale_dtype: torch.dtype,
     channel.
 
     The scale is rounded to scale_dtype first, so q is computed against the scale the kernel will
-    use. `absmax`: each row's max |w| when W is only part of the row (a row-parallel rank's slice of the inputs).
+    use. `absmax`: each row's max |w| when W is only part of the row (a row-parallel rank's slice
+    of the inputs).
     """
     w = weight.float()
     absmax = w.abs().amax(dim=1) if absmax is None else absmax.float()

@@ -1,19 +1,22 @@
 """CUDA graphs for decode steps: launch a whole forward pass with one call instead of hundreds.
 
-A decode step of a small model is launch bound: each layer is a dozen kernels that finish in microseconds,
-and the host spends longer issuing them than the GPU spends running them. A CUDA graph records the
-launches once and replays them as one unit. The price is that a replay repeats the recording exactly:
+A decode step of a small model is launch bound: each layer is a dozen kernels that finish in
+microseconds, and the host spends longer issuing them than the GPU spends running them. A CUDA graph
+records the launches once and replays them as one unit. The price is that a replay repeats the
+recording exactly:
 
-* the same tensors: inputs are copied into static buffers the graph was recorded with, and the output
+* the same tensors: inputs are copied into static buffers the graph was recorded with, and the
+output
   is read from the buffer it wrote;
-* the same shapes: one graph per batch size in `capture_sizes`; a batch is padded up to the next size,
-  the padding rows writing nothing to the cache (slot -1) and reading one token; above the largest size
-  (and for prefill or mixed steps, whose shapes vary every step) the model runs eagerly;
+* the same shapes: one graph per batch size in `capture_sizes`; a batch is padded up to the next
+size,
+  the padding rows writing nothing to the cache (slot -1) and reading one token; above the largest
+  size (and for prefill or mixed steps, whose shapes vary every step) the model runs eagerly;
 * the same launch parameters: the decode kernel's split-K count cannot follow the context length, so
   it is fixed per size (`num_splits`).
 
-`capture=False` runs the very same padded static-buffer batches without recording a graph. That is how
-CPU tests check everything here except the recording itself, which only CUDA can do.
+`capture=False` runs the very same padded static-buffer batches without recording a graph. That is
+how CPU tests check everything here except the recording itself, which only CUDA can do.
 """
 
 from __future__ import annotations
@@ -36,12 +39,15 @@ def capture_sizes(max_num_seqs: int, largest: int = 512) -> list[int]:
 
 def build_decode_graphs(model, kv_cache: torch.Tensor, config: EngineConfig,
                         device: torch.device) -> DecodeGraphs:
-    """Recorded decode steps, where the platform captures them (platforms/cuda.py: a GPU, not enforce_eager).
+    """Recorded decode steps, where the platform captures them (platforms/cuda.py: a GPU, not
+    enforce_eager).
 
-    A graph replays the launches it recorded, so the decode kernel's split-K count is fixed per size: chosen
-    for the longest context (slices of shorter contexts just end early; an empty slice is cheap).
+    A graph replays the launches it recorded, so the decode kernel's split-K count is fixed per
+    size: chosen for the longest context (slices of shorter contexts just end early; an empty slice
+    is cheap).
     """
-    from minivllm.kernels.paged_decode import choose_num_splits, num_sms  # needs Triton: only imported here
+    # needs Triton: only imported here
+    from minivllm.kernels.paged_decode import choose_num_splits, num_sms
 
     sms, kv_heads = num_sms(device), config.model_config.num_kv_heads
     graphs = DecodeGraphs(model, kv_cache, capture_sizes(config.max_num_seqs),
@@ -52,10 +58,12 @@ def build_decode_graphs(model, kv_cache: torch.Tensor, config: EngineConfig,
 
 
 class DecodeGraphs:
-    """One recorded decode step per batch size for one model and KV cache, and the buffers they read."""
+    """One recorded decode step per batch size for one model and KV cache, and the buffers they
+    read."""
 
     def __init__(self, model, kv_cache: torch.Tensor, sizes: list[int], max_blocks_per_seq: int,
-                 device: torch.device, num_splits: Callable[[int], int], capture: bool = True) -> None:
+                 device: torch.device, num_splits: Callable[[int], int],
+                 capture: bool = True) -> None:
         self.model, self.kv_cache, self.sizes = model, kv_cache, sorted(sizes)
         self.use_graphs = capture
         self.num_splits = num_splits
@@ -65,27 +73,35 @@ class DecodeGraphs:
         self.positions = torch.zeros(largest, dtype=torch.long, device=device)
         self.slot_mapping = torch.full((largest,), -1, dtype=torch.long, device=device)
         self.seq_lens = torch.ones(largest, dtype=torch.int32, device=device)
-        self.block_tables = torch.zeros(largest, max_blocks_per_seq, dtype=torch.int32, device=device)
+        self.block_tables = torch.zeros(largest, max_blocks_per_seq, dtype=torch.int32,
+                                        device=device)
         self.query_start_loc = torch.arange(largest + 1, dtype=torch.int32, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}  # each graph's hidden states, written by every replay
-        self.last_replay: tuple[int, int] | None = None  # (requests, graph size) of the latest step: to inspect
+        # each graph's hidden states, written by every replay
+        self.outputs: dict[int, torch.Tensor] = {}
+        # (requests, graph size) of the latest step: to inspect
+        self.last_replay: tuple[int, int] | None = None
         self.num_replays = 0  # decode steps served so far
 
     def _metadata(self, size: int) -> AttentionMetadata:
-        """Metadata over the static buffers. Host-side fields are what the kernels see at record time."""
+        """Metadata over the static buffers. Host-side fields are what the kernels see at record
+        time."""
         longest = self.block_tables.shape[1] * self.kv_cache.shape[3]
-        return AttentionMetadata(self.slot_mapping[:size], self.block_tables[:size], self.seq_lens[:size],
-                                 self.query_start_loc[: size + 1], max_query_len=1, max_seq_len=longest,
+        return AttentionMetadata(self.slot_mapping[:size], self.block_tables[:size],
+                                 self.seq_lens[:size],
+                                 self.query_start_loc[: size + 1], max_query_len=1,
+                                 max_seq_len=longest,
                                  query_lens_cpu=[1] * size, seq_lens_cpu=[longest] * size,
                                  num_splits=self.num_splits(size))
 
     def _forward(self, size: int) -> torch.Tensor:
-        return self.model(self.input_ids[:size], self.positions[:size], self.kv_cache, self._metadata(size))
+        return self.model(self.input_ids[:size], self.positions[:size], self.kv_cache,
+                          self._metadata(size))
 
     @torch.inference_mode()
     def capture(self) -> None:
-        """Record one graph per size, largest first, all sharing one memory pool (only one runs at a time)."""
+        """Record one graph per size, largest first, all sharing one memory pool (only one runs at a
+        time)."""
         if not self.use_graphs:
             return
         pool = None
@@ -104,7 +120,8 @@ class DecodeGraphs:
         return len(inputs.query_lens) <= self.sizes[-1] and max(inputs.query_lens) == 1
 
     def run(self, inputs) -> torch.Tensor:
-        """Copy the step's inputs into the static buffers, pad to the next size, replay: [B, hidden]."""
+        """Copy the step's inputs into the static buffers, pad to the next size, replay: [B,
+        hidden]."""
         n = len(inputs.query_lens)
         size = next(s for s in self.sizes if s >= n)
         width = inputs.block_tables.shape[1]
@@ -112,7 +129,8 @@ class DecodeGraphs:
         self.positions[:n].copy_(torch.from_numpy(inputs.positions), non_blocking=True)
         self.slot_mapping[:n].copy_(torch.from_numpy(inputs.slot_mapping), non_blocking=True)
         self.seq_lens[:n].copy_(torch.tensor(inputs.seq_lens, dtype=torch.int32), non_blocking=True)
-        self.block_tables[:n, :width].copy_(torch.from_numpy(inputs.block_tables), non_blocking=True)
+        self.block_tables[:n, :width].copy_(torch.from_numpy(inputs.block_tables),
+                                            non_blocking=True)
         self.slot_mapping[n:size].fill_(-1)  # padding rows: store nothing ...
         self.seq_lens[n:size].fill_(1)  # ... and attend to a single (harmless) position
         self.last_replay = (n, size)

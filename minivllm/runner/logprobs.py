@@ -1,7 +1,9 @@
-"""Logprobs as vLLM reports them: from the model's raw logits (before grammar, penalties or temperature).
+"""Logprobs as vLLM reports them: from the model's raw logits (before grammar, penalties or
+temperature).
 
-Only the sequences that asked pay: one log-softmax over just their rows. Prompt positions go straight into the
-step's output; sample rows wait on their `StepRow` for the tokens about to be chosen.
+Only the sequences that asked pay: one log-softmax over just their rows. Prompt positions go
+straight into the step's output; sample rows wait on their `StepRow` for the tokens about to be
+chosen.
 """
 
 from __future__ import annotations
@@ -13,20 +15,25 @@ from minivllm.runner.step_batch import StepRow
 
 
 def raw_logprobs(rows: list[StepRow], logits: torch.Tensor, out: RunnerOutput) -> None:
-    """Log-softmax of each asking row's logits: prompt logprobs into `out`, sample rows onto the row."""
+    """Log-softmax of each asking row's logits: prompt logprobs into `out`, sample rows onto the
+    row."""
     for row in rows:
         st = row.state
         wants_sample = st.params.logprobs is not None and row.samples
         if not (wants_sample or row.all_logits):
             continue
-        logprobs = torch.log_softmax(logits[row.logit_rows.start : row.logit_rows.stop].float(), dim=-1)
+        logprobs = torch.log_softmax(logits[row.logit_rows.start : row.logit_rows.stop].float(),
+                                     dim=-1)
         if wants_sample:
             row.raw_logprobs = logprobs[row.sample_rows.start - row.logit_rows.start :]
-        if row.all_logits:  # row j sits at position num_computed + j and predicts the next prompt token
+        # row j sits at position num_computed + j and predicts the next prompt token
+        if row.all_logits:
             start, done = row.num_computed, st.num_prompt_logprobs_done
-            targets = range(max(start + 1, done), min(start + row.num_new + 1, st.num_prompt_tokens))
+            targets = range(max(start + 1, done),
+                            min(start + row.num_new + 1, st.num_prompt_tokens))
             out.prompt_logprobs[st.request_id] = [
-                token_logprobs(logprobs[t - 1 - start], st.token_ids[t], st.params.prompt_logprobs) for t in targets]
+                token_logprobs(logprobs[t - 1 - start], st.token_ids[t], st.params.prompt_logprobs)
+                for t in targets]
             st.num_prompt_logprobs_done = max(done, targets.stop)
 
 
@@ -34,15 +41,18 @@ def sampled_logprobs(row: StepRow) -> list[TokenLogprobs] | None:
     """Logprobs of the tokens a row sampled (accepted drafts and the new one), if it asked."""
     if row.raw_logprobs is None:
         return None
-    return [token_logprobs(row.raw_logprobs[j], tok, row.state.params.logprobs) for j, tok in enumerate(row.sampled)]
+    return [token_logprobs(row.raw_logprobs[j], tok,
+                           row.state.params.logprobs) for j, tok in enumerate(row.sampled)]
 
 
 def token_logprobs(row: torch.Tensor, token: int, k: int | None) -> TokenLogprobs:
-    """One position's logprobs from its log-softmax row: the token that is there, then the top k (-1: all)."""
+    """One position's logprobs from its log-softmax row: the token that is there, then the top k
+    (-1: all)."""
     k = row.shape[-1] if k is None or k < 0 else k
     top = row.topk(k) if k else None
     chosen = float(row[token])
     rank = int((row > row[token]).sum()) + 1
-    ids, values = ([token] + top.indices.tolist(), [chosen] + top.values.tolist()) if top is not None else \
+    ids, values = ([token] + top.indices.tolist(),
+                   [chosen] + top.values.tolist()) if top is not None else \
         ([token], [chosen])
     return TokenLogprobs(ids, values, [rank] + list(range(1, k + 1)))

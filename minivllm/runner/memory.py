@@ -1,9 +1,12 @@
-"""The runner's side of KV memory: how many blocks, the tensors that hold them, and moving blocks between them.
+"""The runner's side of KV memory: how many blocks, the tensors that hold them, and moving blocks
+between them.
 
-On a GPU the cache gets what is left of `gpu_memory_utilization` after the weights and the activation peak of
-the largest possible step, which a profiling run measures; on a CPU a fixed budget. Either way no more blocks
-than the sequences could ever fill. Swap preemption adds a host cache of `swap_space` GiB. The scheduler picks
-every block to move by id (core/swap.py, copy-on-write); `BlockCopier` only copies them.
+On a GPU the cache gets what is left of `gpu_memory_utilization` after the weights and the
+activation peak of the largest possible step, which a profiling run measures; on a CPU a fixed
+budget. Either way no more blocks
+than the sequences could ever fill. Swap preemption adds a host cache of `swap_space` GiB. The
+scheduler picks every block to move by id (core/swap.py, copy-on-write); `BlockCopier` only copies
+them.
 """
 
 from __future__ import annotations
@@ -15,7 +18,12 @@ import numpy as np
 import torch
 
 from minivllm.config import EngineConfig
-from minivllm.core.kv_sizing import DEFAULT_CPU_KV_CACHE_BYTES, gpu_kv_budget, max_useful_blocks, num_blocks_for_budget
+from minivllm.core.kv_sizing import (
+    DEFAULT_CPU_KV_CACHE_BYTES,
+    gpu_kv_budget,
+    max_useful_blocks,
+    num_blocks_for_budget,
+)
 from minivllm.core.math_utils import cdiv
 from minivllm.core.step_io import SchedulerOutput
 from minivllm.distributed.parallel import local_kv_heads
@@ -24,19 +32,21 @@ from minivllm.runner.step_batch import StepInputs, attention_metadata, to_device
 
 
 def kv_cache_shape(config: EngineConfig, num_blocks: int) -> tuple[int, ...]:
-    """[layers, K/V, blocks, block_size, kv_heads, head_dim]: a block id names the same slots in every layer
-    (and on every tensor-parallel rank, each of which caches only its own KV heads)."""
+    """[layers, K/V, blocks, block_size, kv_heads, head_dim]: a block id names the same slots in
+    every layer (and on every tensor-parallel rank, each of which caches only its own KV heads)."""
     mc = config.model_config
     kv_heads = local_kv_heads(mc.num_kv_heads, config.tensor_parallel_size)
     return mc.num_layers, 2, num_blocks, config.block_size, kv_heads, mc.head_dim
 
 
-def num_kv_blocks(config: EngineConfig, device: torch.device, bytes_per_block: int, profile: Callable[[], int],
+def num_kv_blocks(config: EngineConfig, device: torch.device, bytes_per_block: int,
+                  profile: Callable[[], int],
                   reserved_bytes: int = 0, companion_bytes_per_block: int = 0) -> int:
-    """`num_kv_blocks` if set; else as many as the budget holds, but no more than the sequences could ever fill.
+    """`num_kv_blocks` if set; else as many as the budget holds, but no more than the sequences
+    could ever fill.
 
-    `reserved_bytes` and `companion_bytes_per_block`: what a draft model loaded after us will need (its weights,
-    and a block of its own for each of ours), so that both fit the GPU.
+    `reserved_bytes` and `companion_bytes_per_block`: what a draft model loaded after us will need
+    (its weights, and a block of its own for each of ours), so that both fit the GPU.
     """
     if config.num_kv_blocks:
         return config.num_kv_blocks
@@ -48,14 +58,17 @@ def num_kv_blocks(config: EngineConfig, device: torch.device, bytes_per_block: i
         peak_extra = profile()
         free, total = torch.cuda.mem_get_info()
         budget = gpu_kv_budget(total, config.gpu_memory_utilization, total - free + peak_extra)
-        in_budget = num_blocks_for_budget(budget - reserved_bytes, bytes_per_block + companion_bytes_per_block)
-    return min(in_budget, max_useful_blocks(config.max_num_seqs, config.max_model_len, config.block_size))
+        in_budget = num_blocks_for_budget(budget - reserved_bytes, bytes_per_block
+                                          + companion_bytes_per_block)
+    return min(in_budget,
+               max_useful_blocks(config.max_num_seqs, config.max_model_len, config.block_size))
 
 
-def host_kv_cache(config: EngineConfig, dtype: torch.dtype, bytes_per_block: int, pin: bool) -> torch.Tensor | None:
-    """The host blocks for preemption by swap: `swap_space` GiB (pinned on CUDA, so copies use DMA), capped at the
-    blocks the sequences could ever fill; `dtype` is the device cache's (fp8 blocks swap as they are). `empty`:
-    pages are only touched when blocks land there."""
+def host_kv_cache(config: EngineConfig, dtype: torch.dtype, bytes_per_block: int,
+                  pin: bool) -> torch.Tensor | None:
+    """The host blocks for preemption by swap: `swap_space` GiB (pinned on CUDA, so copies use DMA),
+    capped at the blocks the sequences could ever fill; `dtype` is the device cache's (fp8 blocks
+    swap as they are). `empty`: pages are only touched when blocks land there."""
     if config.preemption_mode != "swap":
         return None
     num = min(num_blocks_for_budget(int(config.swap_space * 2**30), bytes_per_block),
@@ -65,8 +78,8 @@ def host_kv_cache(config: EngineConfig, dtype: torch.dtype, bytes_per_block: int
 
 @torch.inference_mode()
 def profile_run(model, config: EngineConfig, cache_dtype: torch.dtype, device: torch.device) -> int:
-    """One forward pass at the largest step size, over a cache of `cache_dtype`; returns its activation peak in
-    bytes (0 off CUDA).
+    """One forward pass at the largest step size, over a cache of `cache_dtype`; returns its
+    activation peak in bytes (0 off CUDA).
 
     The KV cache gets what is left after weights and this peak, so a full step can never run out.
     """
@@ -76,9 +89,11 @@ def profile_run(model, config: EngineConfig, cache_dtype: torch.dtype, device: t
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-    cache = torch.zeros(kv_cache_shape(config, cdiv(n, config.block_size)), dtype=cache_dtype, device=device)
+    cache = torch.zeros(kv_cache_shape(config, cdiv(n, config.block_size)), dtype=cache_dtype,
+                        device=device)
     table = np.arange(cache.shape[2], dtype=np.int32)[None]  # one sequence spanning the whole cache
-    inputs = StepInputs(np.zeros(n, np.int64), np.arange(n) % mc.max_position_embeddings, np.arange(n), table,
+    inputs = StepInputs(np.zeros(n, np.int64), np.arange(n) % mc.max_position_embeddings,
+                        np.arange(n), table,
                         [n], [n], list(range(n - min(n, config.max_num_seqs), n)))
     hidden = model(to_device(inputs.input_ids, device), to_device(inputs.positions, device), cache,
                    attention_metadata(inputs, device))
@@ -88,9 +103,12 @@ def profile_run(model, config: EngineConfig, cache_dtype: torch.dtype, device: t
 
 
 class BlockCopier:
-    def __init__(self, kv_cache: torch.Tensor, host_kv_cache: torch.Tensor | None, bytes_per_block: int) -> None:
-        self.kv_cache, self.host_kv_cache, self.bytes_per_block = kv_cache, host_kv_cache, bytes_per_block
-        self.swap_bytes = 0  # KV bytes copied between the device cache and the host cache, each way summed
+    def __init__(self, kv_cache: torch.Tensor, host_kv_cache: torch.Tensor | None,
+                 bytes_per_block: int) -> None:
+        self.kv_cache, self.host_kv_cache = kv_cache, host_kv_cache
+        self.bytes_per_block = bytes_per_block
+        # KV bytes copied between the device cache and the host cache, each way summed
+        self.swap_bytes = 0
         self.swap_seconds = 0.0
 
     @property
@@ -98,19 +116,23 @@ class BlockCopier:
         return 0 if self.host_kv_cache is None else self.host_kv_cache.shape[2]
 
     def run(self, sched: SchedulerOutput) -> None:
-        """Swap-outs to the host first (their device blocks may be handed to someone else in this very step),
-        then copy-on-write copies, then swap-ins back from the host."""
+        """Swap-outs to the host first (their device blocks may be handed to someone else in this
+        very step), then copy-on-write copies, then swap-ins back from the host."""
         if not (sched.blocks_to_swap_out or sched.blocks_to_copy or sched.blocks_to_swap_in):
             return
         start = time.perf_counter()
-        for pairs, src_cache, dst_cache in ((sched.blocks_to_swap_out, self.kv_cache, self.host_kv_cache),
+        for pairs, src_cache, dst_cache in ((sched.blocks_to_swap_out, self.kv_cache,
+                                             self.host_kv_cache),
                                             (sched.blocks_to_copy, self.kv_cache, self.kv_cache),
-                                            (sched.blocks_to_swap_in, self.host_kv_cache, self.kv_cache)):
+                                            (sched.blocks_to_swap_in, self.host_kv_cache,
+                                             self.kv_cache)):
             if pairs:
                 src = torch.tensor([a for a, _ in pairs], device=src_cache.device)
                 dst = torch.tensor([b for _, b in pairs], device=dst_cache.device)
                 # fp8 blocks move as bytes: torch has no index_copy_ for fp8 on CPU
-                as_bytes(dst_cache).index_copy_(2, dst, as_bytes(src_cache).index_select(2, src).to(dst_cache.device))
+                as_bytes(dst_cache).index_copy_(2, dst,
+                                                as_bytes(src_cache).index_select(2,
+                                                                                 src).to(dst_cache.device))
                 if src_cache is not dst_cache:
                     self.swap_bytes += len(pairs) * self.bytes_per_block
         if self.kv_cache.device.type == "cuda":

@@ -1,10 +1,11 @@
-"""ModelRunner: owns the weights, the KV cache tensor, the sampler and the drafter; executes one scheduled step.
+"""ModelRunner: owns the weights, the KV cache tensor, the sampler and the drafter; executes one
+scheduled step.
 
 It sees the step only as `SchedulerOutput` (plain data) and keeps what it needs between steps in a
-`SequenceState` per sequence id. `execute` is a fixed list of phases over one `StepRow` per scheduled
-sequence (step_batch.py): each phase reads the rows, does one thing, and writes its result onto them.
-Beside it: how many blocks to allocate (memory.py), moving blocks (block_copy.py), logprobs (logprobs.py)
-and, on a GPU, decode steps replayed as CUDA graphs (cuda_graphs.py).
+`SequenceState` per sequence id. `execute` is a fixed list of phases over one `StepRow` per
+scheduled sequence (step_batch.py): each phase reads the rows, does one thing, and writes its result
+onto them. Beside it: how many blocks to allocate (memory.py), moving blocks (block_copy.py),
+logprobs (logprobs.py) and, on a GPU, decode steps replayed as CUDA graphs (cuda_graphs.py).
 """
 
 from __future__ import annotations
@@ -23,16 +24,25 @@ from minivllm.model import load_model
 from minivllm.platforms import choose_platform
 from minivllm.runner.cuda_graphs import build_decode_graphs
 from minivllm.runner.logprobs import raw_logprobs, sampled_logprobs
-from minivllm.runner.memory import BlockCopier, host_kv_cache, kv_cache_shape, num_kv_blocks, profile_run
+from minivllm.runner.memory import (
+    BlockCopier,
+    host_kv_cache,
+    kv_cache_shape,
+    num_kv_blocks,
+    profile_run,
+)
 from minivllm.runner.sequence_state import SequenceState
 from minivllm.runner.step_batch import StepRow, attention_metadata, prepare_inputs, to_device
 from minivllm.sampling import Sampler, SamplingBatch
-from minivllm.sampling.persistent_batch import PersistentBatch  # [issue 27] custom logits processors
+
+# [issue 27] custom logits processors
+from minivllm.sampling.persistent_batch import PersistentBatch
 from minivllm.sampling.rejection_sampler import verify_greedy, verify_sampled
 from minivllm.sampling.sampler import apply_logits_processors, processed_probs
 from minivllm.structured_output import apply_grammar_bitmask
 
-if TYPE_CHECKING:  # spec_decode builds its draft model on a ModelRunner: the runner only needs the interface
+# spec_decode builds its draft model on a ModelRunner: the runner only needs the interface
+if TYPE_CHECKING:
     from minivllm.spec_decode.proposer import Proposer
 
 LogitsObserver = Callable[[list[str], torch.Tensor], None]
@@ -41,59 +51,74 @@ LogitsObserver = Callable[[list[str], torch.Tensor], None]
 class ModelRunner:
     def __init__(self, config: EngineConfig, draft_reserve: tuple[int, int] = (0, 0),
                  tp: TensorParallel = SINGLE) -> None:
-        """`config` must be resolved (EngineConfig.resolve): its model config, dtype and max_model_len are final.
-        `draft_reserve`: (bytes, bytes per block) a draft model loaded after us will take (spec_decode).
-        `tp`: this rank's share of a tensor-parallel model (distributed/): its weights, its KV heads."""
+        """`config` must be resolved (EngineConfig.resolve): its model config, dtype and
+        max_model_len are final. `draft_reserve`: (bytes, bytes per block) a draft model loaded
+        after us will take (spec_decode). `tp`: this rank's share of a tensor-parallel model
+        (distributed/): its weights, its KV heads."""
         self.config = config
         self.device = torch.device(config.device)
-        if self.device.type == "cuda" and self.device.index is None:  # tensors say cuda:0: so must we, or
-            self.device = torch.device("cuda", torch.cuda.current_device())  # device checks would never match
+        # tensors say cuda:0, so must we, or device checks would never match
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.model_config = mc = config.model_config
         self.dtype = config.dtype
-        # every implementation choice, made once (minivllm/platforms/): attention, layer ops, matmuls, ...
+        # every implementation choice, made once (minivllm/platforms/): attention, layer ops,
+        # matmuls, ...
         self.platform = choose_platform(self.device, self.dtype, config.attention_backend,
                                         config.hooks.online_softmax_update)
-        self.thread_sizer = self.platform.thread_sizer(config.cpu_threads, tp.size)  # CPU: follow free cores
+        # CPU: follow free cores
+        self.thread_sizer = self.platform.thread_sizer(config.cpu_threads, tp.size)
         self.backend = self.platform.attention
-        self.model = load_model(config.model, mc, self.platform.implementations, self.dtype, config.device, tp)
-        self.compiled = self.platform.compile(self.model, config.enforce_eager)  # opt-in, CPU: lazily
+        self.model = load_model(config.model, mc, self.platform.implementations, self.dtype,
+                                config.device, tp)
+        # opt-in, CPU: lazily
+        self.compiled = self.platform.compile(self.model, config.enforce_eager)
         self.sampler = Sampler(config.seed, config.hooks.top_p)
-        self.logits_processors = PersistentBatch(config, self.device)  # vLLM v1 logits processors, if any
+        # vLLM v1 logits processors, if any
+        self.logits_processors = PersistentBatch(config, self.device)
         self.sequences: dict[str, SequenceState] = {}
         self.logits_observers: list[LogitsObserver] = []
-        self.proposer: Proposer | None = None  # the engine hands us a drafter once our cache is sized
-        self.cache_dtype = config.cache_dtype  # the model's dtype, or fp8 (kv_cache_dtype): half the bytes
+        # the engine hands us a drafter once our cache is sized
+        self.proposer: Proposer | None = None
+        # the model's dtype, or fp8 (kv_cache_dtype): half the bytes
+        self.cache_dtype = config.cache_dtype
         self.bytes_per_block = kv_bytes_per_block(mc.num_layers, config.block_size,
-                                                  local_kv_heads(mc.num_kv_heads, tp.size), mc.head_dim,
+                                                  local_kv_heads(mc.num_kv_heads, tp.size),
+                                                  mc.head_dim,
                                                   self.cache_dtype.itemsize)
         # every rank must have every block id the scheduler hands out
-        self.num_blocks = tp.min_int(num_kv_blocks(config, self.device, self.bytes_per_block, self.profile_run,
+        self.num_blocks = tp.min_int(num_kv_blocks(config, self.device, self.bytes_per_block,
+                                                   self.profile_run,
                                                    *draft_reserve))
         if self.num_blocks < 1:
-            raise ValueError("no memory left for the KV cache: lower the model size or raise the budget")
+            raise ValueError("no memory left for the KV cache: lower the model size or raise the "
+                             "budget")
         # zeros so unused slots are never NaN
         self.kv_cache = torch.zeros(kv_cache_shape(config, self.num_blocks), dtype=self.cache_dtype,
                                     device=self.device)
-        self.block_copier = BlockCopier(self.kv_cache, host_kv_cache(config, self.cache_dtype, self.bytes_per_block,
-                                                                     pin=self.device.type == "cuda"),
-                                        self.bytes_per_block)
-        # decode steps replayed as CUDA graphs where the platform records them (collectives are not: eager
-        # under tensor parallelism)
+        host = host_kv_cache(config, self.cache_dtype, self.bytes_per_block,
+                             pin=self.device.type == "cuda")
+        self.block_copier = BlockCopier(self.kv_cache, host, self.bytes_per_block)
+        # decode steps replayed as CUDA graphs where the platform records them (collectives are not:
+        # eager under tensor parallelism)
         self.graphs = (build_decode_graphs(self.model, self.kv_cache, config, self.device)
-                       if tp.size == 1 and self.platform.captures_graphs(config.enforce_eager) else None)
+                       if tp.size == 1 and self.platform.captures_graphs(config.enforce_eager)
+                       else None)
 
     def profile_run(self) -> int:
         """The activation peak of the largest possible step, in bytes (memory.py; 0 off CUDA)."""
         return profile_run(self.model, self.config, self.cache_dtype, self.device)
 
-    # ---- one step, phase by phase ------------------------------------------------------------------
+    # ---- one step, phase by phase ----------------------------------------------------------------
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
-        """Run one step: the tokens each sequence gets (accepted drafts + 1; none for a prefill chunk), their
-        logprobs where asked, and, with a drafter, the drafts the next step will verify."""
+        """Run one step: the tokens each sequence gets (accepted drafts + 1; none for a prefill
+        chunk), their logprobs where asked, and, with a drafter, the drafts the next step will
+        verify."""
         self.update_states(sched)
         self.block_copier.run(sched)
-        if not sched.scheduled:  # nothing to compute: only finished sequences to forget, or blocks to move
+        # nothing to compute: only finished sequences to forget, or blocks to move
+        if not sched.scheduled:
             return RunnerOutput()
         rows = self.step_rows(sched)
         start = time.perf_counter()
@@ -108,12 +133,14 @@ class ModelRunner:
         return out
 
     def update_states(self, sched: SchedulerOutput) -> None:
-        """Forget finished sequences, meet new ones (or rebuild preempted ones), extend the others' tables."""
+        """Forget finished sequences, meet new ones (or rebuild preempted ones), extend the others'
+        tables."""
         if self.thread_sizer is not None:
             self.thread_sizer.update()
         for rid in sched.finished:
             self.sequences.pop(rid, None)
-        for rid in [*sched.finished, *sched.preempted]:  # a preempted sequence is recomputed: its drafts go too
+        # a preempted sequence is recomputed: its drafts go too
+        for rid in [*sched.finished, *sched.preempted]:
             self.logits_processors.remove_request(rid)
             if self.proposer is not None:
                 self.proposer.free(rid)
@@ -121,49 +148,63 @@ class ModelRunner:
             if s.new is None:
                 self.sequences[s.request_id].block_table.extend(s.new_block_ids)
                 continue
-            old, new = self.sequences.get(s.request_id), s.new  # back after a preemption: keep its random stream
+            # back after a preemption: keep its random stream
+            old, new = self.sequences.get(s.request_id), s.new
             self.sequences[s.request_id] = SequenceState(
-                s.request_id, list(new.token_ids), new.num_prompt_tokens, new.params, list(s.new_block_ids),
+                s.request_id, list(new.token_ids), new.num_prompt_tokens, new.params,
+                list(s.new_block_ids),
                 new.max_total_tokens, new.eos_token_ids,
                 num_prompt_logprobs_done=old.num_prompt_logprobs_done if old is not None else 1,
-                generator=old.generator if old is not None else  # a seeded sequence draws from its own stream
-                None if new.seed is None else torch.Generator(device=self.device).manual_seed(new.seed))
-            self.logits_processors.add_request(s.request_id, new.params, self.sequences[s.request_id].token_ids,
+                # a seeded sequence draws from its own stream
+                generator=old.generator if old is not None else
+                None if new.seed is None
+                else torch.Generator(device=self.device).manual_seed(new.seed))
+            self.logits_processors.add_request(s.request_id, new.params,
+                                               self.sequences[s.request_id].token_ids,
                                                new.num_prompt_tokens)
 
     def step_rows(self, sched: SchedulerOutput) -> list[StepRow]:
-        """One record per scheduled sequence, in batch order: what to compute, as the scheduler decided it."""
+        """One record per scheduled sequence, in batch order: what to compute, as the scheduler
+        decided it."""
         rows = []
         for s in sched.scheduled:
             st = self.sequences[s.request_id]
-            prompt_logits = st.params.prompt_logprobs is not None and s.num_computed_before < st.num_prompt_tokens - 1
-            rows.append(StepRow(st.token_ids, st.block_table, s.num_computed_before, s.num_new_tokens,
+            prompt_logits = (st.params.prompt_logprobs is not None
+                             and s.num_computed_before < st.num_prompt_tokens - 1)
+            rows.append(StepRow(st.token_ids, st.block_table, s.num_computed_before,
+                                s.num_new_tokens,
                                 s.spec_token_ids, s.samples, prompt_logits, st))
         return rows
 
     def forward(self, rows: list[StepRow]) -> torch.Tensor:
-        """One forward pass over the step's flat batch (replayed from a CUDA graph when it is a decode batch).
+        """One forward pass over the step's flat batch (replayed from a CUDA graph when it is a
+        decode batch).
 
-        Returns logits for the rows that matter (each `StepRow.logit_rows` says which are its own): 1 for the
-        last token of a sequence, 1 + k when k drafts are verified, 0 for an unfinished prefill chunk.
+        Returns logits for the rows that matter (each `StepRow.logit_rows` says which are its own):
+        1 for the last token of a sequence, 1 + k when k drafts are verified, 0 for an unfinished
+        prefill chunk.
         """
         inputs = prepare_inputs(rows, self.config.block_size)
         if self.graphs is not None and self.graphs.can_run(inputs):
             hidden = self.graphs.run(inputs)
         else:
-            hidden = self.model(to_device(inputs.input_ids, self.device), to_device(inputs.positions, self.device),
+            hidden = self.model(to_device(inputs.input_ids, self.device),
+                                to_device(inputs.positions, self.device),
                                 self.kv_cache, attention_metadata(inputs, self.device))
         wanted = inputs.logit_rows
         return self.model.compute_logits(hidden if len(wanted) == len(hidden) else hidden[wanted])
 
-    def mask_grammar(self, rows: list[StepRow], logits: torch.Tensor, sched: SchedulerOutput) -> None:
-        """Structured output: continuations the grammar forbids become -inf (the scheduler built the masks)."""
+    def mask_grammar(self, rows: list[StepRow], logits: torch.Tensor,
+                     sched: SchedulerOutput) -> None:
+        """Structured output: continuations the grammar forbids become -inf (the scheduler built the
+        masks)."""
         if sched.grammar_bitmask is None:
             return
         by_id = {r.state.request_id: r for r in rows}
         for rid, first in sched.grammar_rows.items():
             span = by_id[rid].sample_rows
-            apply_grammar_bitmask(logits[span.start : span.stop], sched.grammar_bitmask[first : first + len(span)])
+            apply_grammar_bitmask(logits[span.start : span.stop],
+                                  sched.grammar_bitmask[first : first + len(span)])
 
     def sample(self, rows: list[StepRow], logits: torch.Tensor) -> None:
         """Every row that samples without drafts draws its next token: one batched sampler call."""
@@ -181,15 +222,18 @@ class ModelRunner:
             row.sampled = [token]
 
     def verify_drafts(self, rows: list[StepRow], logits: torch.Tensor, out: RunnerOutput) -> None:
-        """Every row with drafts keeps the accepted ones plus one token of its own (rejection_sampler.py)."""
+        """Every row with drafts keeps the accepted ones plus one token of its own
+        (rejection_sampler.py)."""
         for row in rows:
             if row.spec_token_ids and row.samples:
                 span = row.sample_rows
-                row.sampled = self.verify(logits[span.start : span.stop], row.state, row.spec_token_ids)
+                row.sampled = self.verify(logits[span.start : span.stop], row.state,
+                                          row.spec_token_ids)
                 out.num_accepted[row.state.request_id] = len(row.sampled) - 1
 
     def commit(self, rows: list[StepRow], out: RunnerOutput) -> None:
-        """Report each row's tokens (and their logprobs) and remember them: they are the next step's inputs."""
+        """Report each row's tokens (and their logprobs) and remember them: they are the next step's
+        inputs."""
         for row in rows:
             st = row.state
             st.spec_probs = None
@@ -201,12 +245,14 @@ class ModelRunner:
                 st.token_ids.extend(row.sampled)
 
     def propose(self, rows: list[StepRow], out: RunnerOutput) -> None:
-        """Drafts for every sequence that just sampled, never past its max_tokens (see spec_decode)."""
+        """Drafts for every sequence that just sampled, never past its max_tokens (see
+        spec_decode)."""
         if self.proposer is None:
             return
         states = [r.state for r in rows if r.sampled]
         k = self.config.num_speculative_tokens
-        budget = [0 if st.params.position_dependent else  # e.g. a penalty would differ per draft position
+        # e.g. a penalty would differ per draft position
+        budget = [0 if st.params.position_dependent else
                   max(min(k, st.max_total_tokens - len(st.token_ids) - 1), 0) for st in states]
         start = time.perf_counter()
         for st, (drafts, probs) in zip(states, self.proposer.propose(states, budget)):
@@ -215,15 +261,18 @@ class ModelRunner:
                 out.spec_token_ids[st.request_id] = drafts
         out.propose_seconds = time.perf_counter() - start
 
-    # ---- helpers -----------------------------------------------------------------------------------
+    # ---- helpers ---------------------------------------------------------------------------------
     def sampling_batch(self, states: list[SequenceState]) -> SamplingBatch:
         """The sampling parameters of these sequences, one row each."""
-        return SamplingBatch.build([st.params for st in states], [st.token_ids for st in states], self.device,
-                                   [st.generator for st in states], [st.num_prompt_tokens for st in states],
+        return SamplingBatch.build([st.params for st in states], [st.token_ids for st in states],
+                                   self.device,
+                                   [st.generator for st in states],
+                                   [st.num_prompt_tokens for st in states],
                                    [st.eos_token_ids for st in states])
 
     def verify(self, logits: torch.Tensor, state: SequenceState, drafts: list[int]) -> list[int]:
-        """Check one sequence's drafts against the target's k+1 predictions (see rejection_sampler)."""
+        """Check one sequence's drafts against the target's k+1 predictions (see
+        rejection_sampler)."""
         params = state.params
         batch = None if params.greedy and not (params.logit_bias or params.allowed_token_ids) else \
             self.sampling_batch([state] * len(logits))
@@ -232,6 +281,8 @@ class ModelRunner:
         if params.greedy:
             return verify_greedy(logits, drafts)
         probs = processed_probs(logits, batch, self.sampler.top_p_filter)
-        draft_probs = None if state.spec_probs is None else state.spec_probs[: len(drafts)]  # budget may cut
+        # budget may cut
+        draft_probs = None if state.spec_probs is None else state.spec_probs[: len(drafts)]
         generator = state.generator or self.sampler.generator_for(self.device)
-        return (self.config.hooks.verify_sampled or verify_sampled)(probs, drafts, draft_probs, generator)
+        return (self.config.hooks.verify_sampled or verify_sampled)(probs, drafts, draft_probs,
+                                                                    generator)

@@ -1,6 +1,7 @@
-"""One step's batch: a `StepRow` per scheduled sequence (what to compute, where its logits land, what came out:
-every phase of `ModelRunner.execute` reads and writes these), and the flat host arrays the model reads, with
-no padding: per token its id, position and cache slot; per sequence its block table and context length.
+"""One step's batch: a `StepRow` per scheduled sequence (what to compute, where its logits land,
+what came out: every phase of `ModelRunner.execute` reads and writes these), and the flat host
+arrays the model reads, with no padding: per token its id, position and cache slot; per sequence its
+block table and context length.
 """
 
 from __future__ import annotations
@@ -26,10 +27,13 @@ class StepRow:
     num_new: int  # tokens to compute now, drafts included
     spec_token_ids: list[int] = field(default_factory=list)
     samples: bool = True  # the scheduler's word: this pass reaches the end of the known tokens
-    all_logits: bool = False  # logits for every new token, not only the sampled ones (prompt logprobs)
-    state: SequenceState | None = None  # the runner's memory of it (None for a drafter's private rows)
+    # logits for every new token, not only the sampled ones (prompt logprobs)
+    all_logits: bool = False
+    # the runner's memory of it (None for a drafter's private rows)
+    state: SequenceState | None = None
     logit_rows: range = range(0)  # its rows of the step's logits (set by prepare_inputs)
-    raw_logprobs: torch.Tensor | None = None  # log-softmax of its sample rows, before any processing, if asked
+    # log-softmax of its sample rows, before any processing, if asked
+    raw_logprobs: torch.Tensor | None = None
     sampled: list[int] = field(default_factory=list)  # accepted drafts + 1 new token
     logprobs: list[TokenLogprobs] | None = None  # one per sampled token, if asked
 
@@ -49,7 +53,8 @@ class StepRow:
 
 @dataclass
 class StepInputs:
-    """One step's flat batch as host arrays: what gets copied to the device (or into a graph's buffers)."""
+    """One step's flat batch as host arrays: what gets copied to the device (or into a graph's
+    buffers)."""
 
     input_ids: np.ndarray  # [T] int64
     positions: np.ndarray  # [T] int64
@@ -61,9 +66,11 @@ class StepInputs:
 
 
 def prepare_inputs(rows: Sequence[StepRow], block_size: int) -> StepInputs:
-    """Flatten the step on the host: each token's id, position and cache slot; each sequence's table."""
+    """Flatten the step on the host: each token's id, position and cache slot; each sequence's
+    table."""
     n = sum(r.num_new for r in rows)
-    input_ids, positions, slots = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
+    input_ids, positions, slots = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n,
+                                                                                         np.int64)
     tables = np.zeros((len(rows), max(len(r.block_table) for r in rows)), dtype=np.int32)
     query_lens, seq_lens, logit_rows = [], [], []
     t = 0  # where this sequence's tokens start in the flat batch
@@ -75,9 +82,11 @@ def prepare_inputs(rows: Sequence[StepRow], block_size: int) -> StepInputs:
             slots[t] = table[start // block_size] * block_size + start % block_size
         else:
             pos = np.arange(start, start + q)
-            input_ids[t : t + q] = r.token_ids[start : start + q - len(r.spec_token_ids)] + r.spec_token_ids
+            known = r.token_ids[start : start + q - len(r.spec_token_ids)]
+            input_ids[t : t + q] = known + r.spec_token_ids
             positions[t : t + q] = pos
-            slots[t : t + q] = tables[i, pos // block_size].astype(np.int64) * block_size + pos % block_size
+            blocks = tables[i, pos // block_size].astype(np.int64)
+            slots[t : t + q] = blocks * block_size + pos % block_size
         t += q
         query_lens.append(q)
         seq_lens.append(start + q)
