@@ -46,14 +46,17 @@ from minivllm.engine.journey import format_journey
 #
 # `LLM()` with no argument loads the embedded model. Loading also sizes the KV cache: the engine works
 # out how many bytes one block of 16 tokens costs and how many blocks fit its memory budget
-# (chapter 02 does that arithmetic by hand).
+# (chapter 02 does that arithmetic by hand). It also picks its **platform** once: which code runs
+# each op. `cpu` uses small C++ kernels, `cuda` Triton kernels, and `reference` the plain torch code
+# the chapters print (set `MINIVLLM_PLATFORM=reference` before starting Python to run exactly that;
+# chapter 08 tabulates all three).
 
 # %%
 llm = LLM()
 runner = llm.engine.runner
 print(f"model:     {llm.engine.config.model.name} ({runner.model_config.model_type}, "
       f"{sum(p.numel() for p in runner.model.parameters()):,} parameters)")
-print(f"device:    {runner.device}, dtype {runner.dtype}")
+print(f"device:    {runner.device}, dtype {runner.dtype}, platform {runner.platform.name}")
 print(f"KV cache:  {runner.num_blocks:,} blocks of {llm.engine.config.block_size} tokens")
 
 # %% [markdown]
