@@ -46,7 +46,7 @@ test: $(STAMP) $(JUPYTER_CONFIG) lint
 	$(MAKE) --no-print-directory chapters-learner
 
 chapters-learner: $(STAMP)
-	@env -u MINIVLLM_CPU_DTYPE $(PYTHON) -c "from minivllm.cpu_platform import default_cpu_dtype as d; \
+	@env -u MINIVLLM_CPU_DTYPE $(PYTHON) -c "from minivllm.platforms.cpu_hardware import default_cpu_dtype as d; \
 		print('the chapters in the learner\'s dtype:', d())"
 	env -u MINIVLLM_CPU_DTYPE HF_HUB_OFFLINE=1 $(PYTHON) -m pytest $(wildcard chapters/*.ipynb) --nbval-lax \
 		--nbval-current-env -p no:cacheprovider -q
