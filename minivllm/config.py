@@ -16,7 +16,8 @@ from minivllm import envs
 from minivllm.core.kv_sizing import DEFAULT_CPU_KV_CACHE_BYTES, kv_bytes_per_block
 from minivllm.distributed.parallel import check_divisible, local_kv_heads
 from minivllm.hooks import EngineHooks
-from minivllm.model import read_model_config, resolve_model_path
+from minivllm.hub import resolve_model_path
+from minivllm.model import read_model_config
 from minivllm.model.loader import ModelConfig
 from minivllm.platforms.cpu_hardware import default_cpu_dtype
 from minivllm.quantization import resolve_quantization

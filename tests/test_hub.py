@@ -19,8 +19,8 @@ from huggingface_hub.utils import (
     RevisionNotFoundError,
 )
 
+from minivllm.hub import resolve_model_path
 from minivllm.model import read_model_config
-from minivllm.model.hub import resolve_model_path
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

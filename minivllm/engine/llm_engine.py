@@ -24,9 +24,7 @@ from minivllm.core.sequence import FinishReason
 from minivllm.core.swap import SwapSpace
 from minivllm.engine.input_processor import EngineRequest, InputProcessor, PromptType
 from minivllm.engine.metrics import ServerMetrics
-from minivllm.engine.metrics_reader import Metric, read_metrics
 from minivllm.engine.output_processor import OutputProcessor
-from minivllm.engine.profiler import EngineProfiler
 from minivllm.engine.stats import StepCounters
 from minivllm.engine.trace import StepRecord, TraceRecorder
 from minivllm.executor.driver import TensorParallelRunner
@@ -84,9 +82,8 @@ class LLMEngine:
         self.trace_recorder = TraceRecorder(config.trace_steps or 0)
         self.observers: list[StepObserver] = [self.counters, self.trace_recorder]
         self._pending: list[RequestOutput] = []  # aborted requests, reported by the next step
-        # what get_metrics() reads (vLLM's names)
+        # what LLM.get_metrics() and a server's /metrics read (vLLM's names)
         self.metrics = ServerMetrics(config.served_model_name)
-        self.profiler = EngineProfiler()
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs, usage_context: Any = None,
@@ -219,27 +216,12 @@ class LLMEngine:
         for observe in self.observers:
             observe(self, record)
 
-    # ---- numbers, cache, profiling ---------------------------------------------------------------
-    def get_metrics(self) -> list[Metric]:
-        """vLLM's metric objects (Counter, Gauge, Histogram, Vector), from the counters `/metrics`
-        serves."""
-        self.metrics.set_gauges(self.stats())
-        return read_metrics(self.metrics.registry)
-
+    # ---- numbers and the cache -------------------------------------------------------------------
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         """Forget every cached prefix (benchmarks, or after changing weights). Returns False and
         keeps the cache while requests hold blocks, unless `reset_running_requests` (see
         KVCacheManager.reset_prefix_cache)."""
         return self.kv.reset_prefix_cache(reset_running_requests)
-
-    def start_profile(self, profile_prefix: str | None = None) -> None:
-        """Record every step with torch.profiler until stop_profile() (needs
-        MINIVLLM_TORCH_PROFILER_DIR or VLLM_TORCH_PROFILER_DIR: see profiler.py)."""
-        self.profiler.start(profile_prefix)
-
-    def stop_profile(self) -> Path:
-        """Write the trace; returns its path."""
-        return self.profiler.stop()
 
     def stats(self) -> dict:
         kv = self.kv

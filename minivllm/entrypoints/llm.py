@@ -13,10 +13,11 @@ from tqdm.auto import tqdm
 from minivllm.engine.arg_utils import engine_config_from_kwargs
 from minivllm.engine.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from minivllm.engine.llm_engine import LLMEngine, PromptType
-from minivllm.engine.metrics_reader import Metric
 from minivllm.engine.step_driver import StepDriver
+from minivllm.entrypoints.profiler import EngineProfiler
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
+from minivllm.v1.metrics.reader import Metric, read_metrics
 
 
 class LLM:
@@ -33,6 +34,7 @@ class LLM:
         # request ids; next() on a count is atomic, so threads may share it
         self._ids = itertools.count()
         self._driver = StepDriver(self.engine)  # lets threads share the engine (step_driver.py)
+        self._profiler = EngineProfiler()
 
     def shutdown(self) -> None:
         """Stop the worker processes of tensor_parallel_size > 1 (also on `with LLM(...)` exit, `del
@@ -164,7 +166,8 @@ class LLM:
         """Counter, Gauge, Histogram and Vector objects (vllm.v1.metrics.reader's), from the
         counters a server over this engine would serve at /metrics: tokens, requests by finish
         reason, latencies, KV usage."""
-        return self.engine.get_metrics()
+        self.engine.metrics.set_gauges(self.engine.stats())
+        return read_metrics(self.engine.metrics.registry)
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         """Forget every cached prefix; False while requests hold blocks (unless
@@ -175,11 +178,11 @@ class LLM:
         """Record the engine's steps with torch.profiler into the directory named by
         MINIVLLM_TORCH_PROFILER_DIR (or vLLM's VLLM_TORCH_PROFILER_DIR); stop_profile() writes the
         trace."""
-        self.engine.start_profile(profile_prefix)
+        self._profiler.start(profile_prefix)
 
     def stop_profile(self) -> Path:
         """Stop recording; returns the Chrome-trace JSON file written."""
-        return self.engine.stop_profile()
+        return self._profiler.stop()
 
     def _speed(self, before: dict, t0: float) -> str:
         now, dt = self.engine.counters.as_dict(), max(time.perf_counter() - t0, 1e-9)
