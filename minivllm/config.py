@@ -25,8 +25,7 @@ from minivllm.quantization.kv_cache import check_kv_cache_dtype, kv_cache_torch_
 from minivllm.sampling.logits_processor import load_logits_processor_classes
 
 DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "data" / "models" / "minivllm-tiny"
-# its speculative-decoding partner
-DEFAULT_DRAFT_MODEL = DEFAULT_MODEL.parent / "minivllm-tiny-draft"
+DEFAULT_DRAFT_MODEL = DEFAULT_MODEL.parent / "minivllm-tiny-draft"  # its speculative partner
 # speculative_model's name for n-gram (prompt lookup) drafting: no draft model at all
 NGRAM = "[ngram]"
 
@@ -38,8 +37,7 @@ class EngineConfig:
     tokenizer: str | Path | None = None  # None: the model's own
     revision: str | None = None  # of a Hub model: branch, tag or commit
     tokenizer_revision: str | None = None
-    # where Hub downloads go (default: the Hugging Face cache)
-    download_dir: str | Path | None = None
+    download_dir: str | Path | None = None  # where Hub downloads go (default: the HF cache)
     # "auto": the checkpoint's EOS ids and sampling defaults; "vllm": ignore them
     generation_config: str = "auto"
     # the name the server answers to (default: `model` exactly as given)
@@ -49,8 +47,7 @@ class EngineConfig:
     # load (see minivllm/quantization/__init__.py for every accepted spelling)
     quantization: str | None = None
     # the KV cache's elements: "auto" (the model's dtype), or "fp8" (= "fp8_e4m3") / "fp8_e5m2" with
-    # a per-tensor scale per layer: twice the blocks for the same bytes
-    # (minivllm/quantization/kv_cache.py)
+    # a per-tensor scale per layer: twice the blocks for the same bytes (quantization/kv_cache.py)
     kv_cache_dtype: str = "auto"
     device: str = "auto"
     block_size: int = 16
@@ -71,25 +68,19 @@ class EngineConfig:
     # vLLM's: the most logprobs / prompt_logprobs a request may ask for (-1: no cap)
     max_logprobs: int = 20
     trace_steps: int = 1000  # how many recent steps the step trace keeps (0: none)
-    # a draft checkpoint (or Hub id), NGRAM, or None (off)
-    speculative_model: str | Path | None = None
+    speculative_model: str | Path | None = None  # a draft checkpoint (or Hub id), NGRAM, or None
     num_speculative_tokens: int = 0
     prompt_lookup_max: int = 4  # n-gram drafting: the longest and shortest suffix looked up
     prompt_lookup_min: int = 1
-    # "fcfs", or "priority": lower value first, ties by arrival (as vLLM)
-    scheduling_policy: str = "fcfs"
-    # what a preempted request loses: "recompute" (its blocks) or "swap"
-    preemption_mode: str = "recompute"
+    scheduling_policy: str = "fcfs"  # or "priority": lower value first, ties by arrival (as vLLM)
+    preemption_mode: str = "recompute"  # what a preempted request loses: its blocks, or "swap"
     # GiB of host memory for swapped-out blocks (vLLM's name and default); used by "swap"
     swap_space: float = 4
     # vLLM v1 logits processors: LogitsProcessor subclasses or "module:Class" names
-    # (sampling/logits_processor.py)
     logits_processors: list | None = None
-    # ranks the model is split over (distributed/): this process is rank 0, N - 1 worker processes
-    # the others
+    # ranks the model is split over: this process is rank 0, N - 1 worker processes the others
     tensor_parallel_size: int = 1
-    hooks: EngineHooks = field(default_factory=EngineHooks,
-                               repr=False)  # a learner's own engine parts (exercises)
+    hooks: EngineHooks = field(default_factory=EngineHooks, repr=False)  # a learner's own parts
     model_config: ModelConfig | None = field(default=None, repr=False)  # set by resolve()
 
     def __post_init__(self) -> None:
@@ -104,11 +95,9 @@ class EngineConfig:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
         for name in ("num_kv_blocks", "cpu_threads"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
-                                      or value < 1):
+            if value is not None and (type(value) is not int or value < 1):
                 raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
-        if not isinstance(self.max_logprobs, int) or isinstance(self.max_logprobs,
-                                                                bool) or self.max_logprobs < -1:
+        if type(self.max_logprobs) is not int or self.max_logprobs < -1:
             raise ValueError(f"max_logprobs must be -1 (no cap) or an integer >= 0, got "
                              f"{self.max_logprobs!r}")
         if not 0 < self.gpu_memory_utilization <= 1:
@@ -125,8 +114,7 @@ class EngineConfig:
         if not isinstance(self.swap_space, (int, float)) or self.swap_space < 0:
             raise ValueError(f"swap_space must be a non-negative number of GiB, got "
                              f"{self.swap_space!r}")
-        if self.logits_processors:
-            # a bad entry fails here, naming itself
+        if self.logits_processors:  # a bad entry fails here, naming itself
             load_logits_processor_classes(self.logits_processors)
         if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be a positive integer, got "
@@ -172,9 +160,8 @@ class EngineConfig:
         (InputProcessor).
         """
         model = resolve_model_path(self.model, self.revision, self.download_dir)
-        tokenizer = (model if self.tokenizer is None else
-                     resolve_model_path(self.tokenizer, self.tokenizer_revision, self.download_dir,
-                                        "tokenizer"))
+        tokenizer = model if self.tokenizer is None else resolve_model_path(
+            self.tokenizer, self.tokenizer_revision, self.download_dir, "tokenizer")
         draft = self.speculative_model
         if draft not in (None, NGRAM):
             draft = resolve_model_path(draft, None, self.download_dir, "draft model")
@@ -185,8 +172,7 @@ class EngineConfig:
             quantization = replace(quantization, quantize=learner_int8)  # a learner's (chapter 12)
         mc = replace(mc, quantization=quantization)
         tp = self.tensor_parallel_size
-        # (torchrun: ranks span nodes)
-        if tp > 1 and self.device.startswith("cuda") and envs.RANK is None:
+        if tp > 1 and self.device.startswith("cuda") and envs.RANK is None:  # (torchrun: any nodes)
             gpus = torch.cuda.device_count()
             if gpus < tp:
                 raise ValueError(f"tensor_parallel_size={tp} needs {tp} GPUs on this machine (one "
@@ -195,7 +181,6 @@ class EngineConfig:
         dtype = self.resolve_dtype(mc.torch_dtype)
         if tp > 1:
             check_divisible(mc, tp)
-            # packed 4-bit groups
             if mc.quantization is not None and mc.quantization.name in ("gptq", "awq"):
                 raise ValueError(f"tensor_parallel_size={tp} with a {mc.quantization.name.upper()} "
                                  f"checkpoint is not supported (float checkpoints, GGUF files and "
@@ -206,13 +191,11 @@ class EngineConfig:
                              f"than max_model_len ({max_len}): without chunked prefill a long "
                              f"prompt could never be scheduled. Raise max_num_batched_tokens, "
                              f"lower max_model_len, or enable chunked prefill")
-        # vLLM's rule: the server answers to the model exactly as given; the embedded default to its
-        # name
+        # vLLM's rule: the server answers to the model as given; the embedded default to its name
         name = self.served_model_name or (DEFAULT_MODEL.name if self.model is DEFAULT_MODEL
                                           else str(self.model))
         return replace(self, model=model, tokenizer=tokenizer, served_model_name=name,
-                       speculative_model=draft,
-                       model_config=mc, dtype=dtype, max_model_len=max_len)
+                       speculative_model=draft, model_config=mc, dtype=dtype, max_model_len=max_len)
 
     def _max_model_len(self, mc: ModelConfig, dtype: torch.dtype) -> int:
         """The asked max_model_len, checked against the model's window; by default the window,
@@ -220,7 +203,6 @@ class EngineConfig:
         byte budget)."""
         max_len = self.max_model_len
         limit, why = mc.max_position_embeddings, "max_position_embeddings"
-        # not implemented: stay inside it
         if mc.sliding_window is not None and mc.sliding_window < limit:
             limit = mc.sliding_window
             why = "sliding_window (sliding-window attention is not implemented)"
@@ -231,9 +213,9 @@ class EngineConfig:
         blocks = self.num_kv_blocks
         if blocks is None and (self.kv_cache_memory_bytes or not self.device.startswith("cuda")):
             kv_heads = local_kv_heads(mc.num_kv_heads, self.tensor_parallel_size)
+            itemsize = kv_cache_torch_dtype(self.kv_cache_dtype, dtype).itemsize
             per_block = kv_bytes_per_block(mc.num_layers, self.block_size, kv_heads, mc.head_dim,
-                                           kv_cache_torch_dtype(self.kv_cache_dtype,
-                                                                dtype).itemsize)
+                                           itemsize)
             blocks = (self.kv_cache_memory_bytes or DEFAULT_CPU_KV_CACHE_BYTES) // per_block
         return limit if blocks is None else min(limit, blocks * self.block_size)
 
@@ -253,8 +235,8 @@ class EngineConfig:
             return self.dtype
         if self.dtype != "auto":
             names = {"float32": torch.float32, "float16": torch.float16, "half": torch.float16,
-                     "bfloat16": torch.bfloat16, "float": torch.float32,
-                     "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+                     "bfloat16": torch.bfloat16, "float": torch.float32, "fp32": torch.float32,
+                     "fp16": torch.float16, "bf16": torch.bfloat16}
             if self.dtype not in names:
                 raise ValueError(f"dtype must be 'auto' or one of {sorted(names)}, got "
                                  f"{self.dtype!r}")

@@ -54,17 +54,15 @@ class EngineArgs:
     the bad one)."""
 
     # ---- minivllm's knobs (EngineConfig's fields, its defaults) ----
-    model: str | None = arg(None, "checkpoint directory or Hub repo id (default: the embedded "
-                            "minivllm-tiny)")
+    model: str | None = arg(None, "checkpoint directory or Hub repo id (default: minivllm-tiny)")
     served_model_name: str | list[str] | None = arg(
         None, "the name the server answers to (default: --model exactly as given)")
     tokenizer: str | None = arg(None, "tokenizer directory or Hub id (default: the model's)")
     revision: str | None = arg(None, "branch, tag or commit of a Hub model")
     tokenizer_revision: str | None = arg(None)
     download_dir: str | None = arg(None, "where Hub downloads go (default: the Hugging Face cache)")
-    generation_config: str = arg(EngineConfig.generation_config,
-                                 "'auto': the checkpoint's EOS ids and sampling defaults; 'vllm': "
-                                 "ignore them",
+    generation_config: str = arg(EngineConfig.generation_config, "'auto': the checkpoint's EOS ids "
+                                 "and sampling defaults; 'vllm': ignore them",
                                  choices=("auto", "vllm"))
     dtype: str | torch.dtype = arg(EngineConfig.dtype, "weights and activations dtype",
                                    choices=("auto", "half", "float16", "bfloat16", "float",
@@ -75,30 +73,22 @@ class EngineArgs:
                               choices=ACCEPTED_KV_CACHE_DTYPES)
     device: str = arg(EngineConfig.device, '"auto", "cpu", "cuda" or "cuda:N"')
     block_size: int = arg(EngineConfig.block_size, "tokens per KV cache block")
-    num_kv_blocks: int | None = arg(EngineConfig.num_kv_blocks,
-                                    "KV cache blocks (default: sized from memory)")
-    kv_cache_memory_bytes: int | None = arg(EngineConfig.kv_cache_memory_bytes,
-                                            "KV cache size in bytes")
+    num_kv_blocks: int | None = arg(None, "KV cache blocks (default: sized from memory)")
+    kv_cache_memory_bytes: int | None = arg(None, "KV cache size in bytes")
     gpu_memory_utilization: float = arg(EngineConfig.gpu_memory_utilization,
-                                        "share of GPU memory for weights, activations and the KV "
-                                        "cache")
+                                        "share of GPU memory for weights, activations and KV cache")
     max_num_seqs: int = arg(EngineConfig.max_num_seqs, "most sequences in one batch")
-    max_num_batched_tokens: int = arg(EngineConfig.max_num_batched_tokens,
-                                      "most tokens in one step")
-    max_model_len: int | None = arg(EngineConfig.max_model_len,
-                                    "context length (default: the model's)")
+    max_num_batched_tokens: int = arg(EngineConfig.max_num_batched_tokens, "most tokens a step")
+    max_model_len: int | None = arg(None, "context length (default: the model's)")
     enable_chunked_prefill: bool = arg(EngineConfig.enable_chunked_prefill)
     enable_prefix_caching: bool = arg(EngineConfig.enable_prefix_caching)
-    attention_backend: str = arg(EngineConfig.attention_backend,
-                                 choices=("auto", "torch", "triton"))
+    attention_backend: str = arg("auto", choices=("auto", "torch", "triton"))
     enforce_eager: bool = arg(EngineConfig.enforce_eager,
                               "no CUDA graphs for decode steps, no torch.compile on CPU")
     seed: int = arg(EngineConfig.seed)
-    cpu_threads: int | None = arg(EngineConfig.cpu_threads,
-                                  "torch threads on CPU (default: the free cores)")
+    cpu_threads: int | None = arg(None, "torch threads on CPU (default: the free cores)")
     max_logprobs: int = arg(EngineConfig.max_logprobs,
-                            "the most logprobs / prompt_logprobs a request may ask for "
-                                                       "(-1: no cap)")
+                            "most logprobs / prompt_logprobs a request may ask for (-1: no cap)")
     trace_steps: int = arg(EngineConfig.trace_steps, "recent steps the trace keeps (0: none)",
                            cli=False)
     speculative_model: str | None = arg(None, 'draft checkpoint directory, or "[ngram]"')
@@ -113,13 +103,11 @@ class EngineArgs:
                                    "int8 (weight-only, from a float checkpoint), or gptq/awq/gguf "
                                    "to insist on the checkpoint's own format (default: as it is)",
                                    short="-q")
-    tensor_parallel_size: int = arg(EngineConfig.tensor_parallel_size,
-                                    "split the model over this many processes "
-                                    "(gloo on CPU, NCCL on GPUs)", short="-tp")
+    tensor_parallel_size: int = arg(EngineConfig.tensor_parallel_size, "split the model over this "
+                                    "many processes (gloo on CPU, NCCL on GPUs)", short="-tp")
     swap_space: float = arg(EngineConfig.swap_space, "GiB of host memory for swapped-out KV blocks")
-    logits_processors: list | None = arg(EngineConfig.logits_processors,
-                                         "vLLM v1 LogitsProcessor classes or "
-                                         "'module:Class' names", cli=False)
+    logits_processors: list | None = arg(None, "vLLM v1 LogitsProcessor classes or 'module:Class' "
+                                         "names", cli=False)
     hooks: EngineHooks | None = arg(None, cli=False)
 
     # ---- vLLM arguments that ask for nothing here when left at these values ----
@@ -150,8 +138,7 @@ class EngineArgs:
     enable_prompt_embeds: bool = vllm_arg(False, (False,))
     logprobs_mode: str = vllm_arg("raw_logprobs", ("raw_logprobs",))
     cpu_offload_gb: float = vllm_arg(0, (0,))
-    num_gpu_blocks_override: int | None = (vllm_arg(None, (None,),
-                                                    "minivllm's name: --num-kv-blocks"))
+    num_gpu_blocks_override: int | None = vllm_arg(None, (None,), "ours: --num-kv-blocks")
     enable_lora: bool = vllm_arg(False, (False,))
     enable_sleep_mode: bool = vllm_arg(False, (False,))
     async_scheduling: bool = vllm_arg(False, (False,))
@@ -184,8 +171,7 @@ class EngineArgs:
             if not _is_instance(value, hints[f.name]):
                 raise ValueError(f"{f.name} must be {_type_name(hints[f.name])}, got {value!r}")
             accepts = f.metadata.get("accepts")
-            if accepts is not None and accepts is not ANY and not any(same_value(value, a)
-                                                                      for a in accepts):
+            if accepts not in (None, ANY) and not any(same_value(value, a) for a in accepts):
                 raise ValueError(f"{f.name}={value!r} is not supported by minivllm (it accepts "
                                  f"only {', '.join(repr(a) for a in accepts)})")
 
@@ -297,9 +283,8 @@ def _is_instance(value: Any, hint: Any) -> bool:
 
 
 def _type_name(hint: Any) -> str:
-    return " or ".join("None" if o is type(None) else getattr(typing.get_origin(o) or o, "__name__",
-                                                              str(o))
-                       for o in _options(hint))
+    names = [getattr(typing.get_origin(o) or o, "__name__", str(o)) for o in _options(hint)]
+    return " or ".join("None" if name == "NoneType" else name for name in names)
 
 
 def _has_flag(parser: argparse.ArgumentParser, dest: str) -> bool:
@@ -311,8 +296,8 @@ def _cli_kwargs(f, hint: Any) -> dict[str, Any]:
     options = [o for o in _options(hint) if o is not type(None)]
     help_text = f.metadata.get("help") or ""
     if f.metadata.get("accepts") not in (None, ANY):
-        help_text = (help_text + " " if help_text else "") + \
-            f"(minivllm accepts only {', '.join(map(str, f.metadata['accepts']))})"
+        accepted = ", ".join(map(str, f.metadata["accepts"]))
+        help_text = f"{help_text} (minivllm accepts only {accepted})".strip()
     kw: dict[str, Any] = {"help": help_text or None}
     if bool in options:
         kw["action"] = argparse.BooleanOptionalAction

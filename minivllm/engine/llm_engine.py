@@ -67,8 +67,7 @@ class LLMEngine:
         structured = (StructuredOutputManager(self.tokenizer.hf, mc.vocab_size, self.eos_token_ids)
                       if self.tokenizer else None)
         self.input_processor = InputProcessor(config, self.tokenizer, self.eos_token_ids,
-                                              self.runner.num_blocks,
-                                              structured)
+                                              self.runner.num_blocks, structured)
         self.kv = KVCacheManager(self.runner.num_blocks, config.block_size,
                                  config.enable_prefix_caching, config.hooks)
         # empty unless preemption_mode="swap"
@@ -89,9 +88,8 @@ class LLMEngine:
     def from_engine_args(cls, engine_args: EngineArgs, usage_context: Any = None,
                          stat_loggers: Any = None,
                          enable_multiprocessing: bool = False) -> LLMEngine:
-        """vLLM's constructor from EngineArgs (engine/arg_utils.py). `usage_context` is accepted and
-        ignored; custom stat loggers and a separate engine process are not implemented
-        (add_step_observer is the hook here)."""
+        """vLLM's constructor from EngineArgs. `usage_context` is accepted and ignored; stat
+        loggers and a separate engine process are not implemented (add_step_observer is ours)."""
         if stat_loggers is not None:
             raise ValueError("stat_loggers is not supported by minivllm: use "
                              "engine.add_step_observer(fn)")
@@ -102,8 +100,7 @@ class LLMEngine:
 
     @property
     def trace(self):
-        """The recent steps as StepTraces (oldest first), for the widgets and the journey
-        printout."""
+        """The recent steps as StepTraces (oldest first), for the widgets and the journey."""
         return self.trace_recorder.steps
 
     @property
@@ -116,8 +113,7 @@ class LLMEngine:
         return self.eos_token_ids[0] if self.eos_token_ids else None
 
     def add_step_observer(self, observer: StepObserver) -> None:
-        """Call `observer(engine, record)` after every step that ran the model (see
-        trace.StepRecord)."""
+        """Call `observer(engine, record)` after every step that ran the model (trace.py)."""
         self.observers.append(observer)
 
     def remove_step_observer(self, observer: StepObserver) -> None:
@@ -156,8 +152,7 @@ class LLMEngine:
 
     # ---- one step --------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Schedule, run the model once, and turn new tokens into outputs for every request
-        touched."""
+        """Schedule, run the model once, and turn new tokens into outputs for every request."""
         outputs, self._pending = self._pending, []
         record = self.core_step()
         if record is not None:
@@ -184,29 +179,24 @@ class LLMEngine:
         scheduled_at = time.perf_counter()
         runner_output = self.runner.execute(scheduler_output)
         ran_at = time.perf_counter()
-        # only finished sequences to forget
         if not (scheduler_output.scheduled or scheduler_output.preempted):
-            return None
+            return None  # the step only forgot finished sequences
         core_outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         end = time.perf_counter()
-        finished = {c.request_id: c.finish_reason for c in core_outputs
-                    if c.finish_reason is not None}
+        finished = {c.request_id: c.finish_reason for c in core_outputs if c.finish_reason}
+        phases = {"schedule": scheduled_at - start, "run": ran_at - scheduled_at,
+                  "update": end - ran_at}
         return StepRecord(self.num_steps, end - start, scheduler_output, runner_output,
-                          core_outputs, finished,
-                          self.kv.drain_events(), {"schedule": scheduled_at - start, "run": ran_at
-                                                   - scheduled_at,
-                                                   "update": end - ran_at})
+                          core_outputs, finished, self.kv.drain_events(), phases)
 
     def check_health(self) -> None:
-        """Raise if the engine cannot run a step: a tensor-parallel worker died (as vLLM's
-        check_health)."""
+        """Raise if a tensor-parallel worker died (vLLM's check_health)."""
         if isinstance(self.runner, TensorParallelRunner):
             self.runner.workers.check()
 
     def shutdown(self) -> None:
-        """Stop the tensor-parallel workers, if any (idempotent; also done at exit or garbage
-        collection)."""
-        # (no module globals: this may run from __del__ at exit)
+        """Stop the tensor-parallel workers, if any (idempotent; also at exit or garbage
+        collection, so no module globals: this may run from __del__)."""
         stop = getattr(self.runner, "shutdown", None)
         if stop is not None:
             stop()
@@ -218,9 +208,8 @@ class LLMEngine:
 
     # ---- numbers and the cache -------------------------------------------------------------------
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
-        """Forget every cached prefix (benchmarks, or after changing weights). Returns False and
-        keeps the cache while requests hold blocks, unless `reset_running_requests` (see
-        KVCacheManager.reset_prefix_cache)."""
+        """Forget every cached prefix (benchmarks, or after changing weights); False, keeping the
+        cache, while requests hold blocks, unless `reset_running_requests`."""
         return self.kv.reset_prefix_cache(reset_running_requests)
 
     def stats(self) -> dict:
