@@ -14,6 +14,7 @@ import torch
 
 from minivllm import envs
 from minivllm.core.kv_sizing import DEFAULT_CPU_KV_CACHE_BYTES, kv_bytes_per_block
+from minivllm.core.scheduling_policy import POLICIES
 from minivllm.distributed.parallel import check_divisible, local_kv_heads
 from minivllm.hooks import EngineHooks
 from minivllm.hub import resolve_model_path
@@ -72,7 +73,10 @@ class EngineConfig:
     num_speculative_tokens: int = 0
     prompt_lookup_max: int = 4  # n-gram drafting: the longest and shortest suffix looked up
     prompt_lookup_min: int = 1
-    scheduling_policy: str = "fcfs"  # or "priority": lower value first, ties by arrival (as vLLM)
+    # "fcfs", "priority" (vLLM's: lower value first), "sjf" or "round_robin" (scheduling_policy.py)
+    scheduling_policy: str = "fcfs"
+    round_robin_quantum: int = 16  # "round_robin": tokens a request makes before it yields its slot
+    sjf_aging_steps: int = 256  # "sjf": steps of waiting after which a request goes ahead of others
     preemption_mode: str = "recompute"  # what a preempted request loses: its blocks, or "swap"
     # GiB of host memory for swapped-out blocks (vLLM's name and default); used by "swap"
     swap_space: float = 4
@@ -90,7 +94,8 @@ class EngineConfig:
         if self.generation_config not in ("auto", "vllm"):
             raise ValueError(f"generation_config must be 'auto' or 'vllm', got "
                              f"{self.generation_config!r}")
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "round_robin_quantum",
+                     "sjf_aging_steps"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
         for name in ("num_kv_blocks", "cpu_threads"):
@@ -105,8 +110,8 @@ class EngineConfig:
                              f"{self.gpu_memory_utilization}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
-        if self.scheduling_policy not in ("fcfs", "priority"):
-            raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got "
+        if self.scheduling_policy not in POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {', '.join(POLICIES)}, got "
                              f"{self.scheduling_policy!r}")
         if self.preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got "

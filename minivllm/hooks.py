@@ -16,12 +16,15 @@ from typing import Any
 
 @dataclass(frozen=True)
 class EngineHooks:
-    # core/scheduler.py, `fcfs_enqueue`: put a new or preempted request into the waiting queue
-    # (deque)
+    # core/scheduling_policy.py, `SchedulingPolicy.enqueue`: put a new or preempted request into
+    # the waiting queue (a deque)
     enqueue: Callable[[Any, Any, bool], None] | None = None
     # core/scheduler.py, `prefill_chunk`: how many of a waiting request's tokens fit in what is left
     # of the budget
     prefill_chunk: Callable[[int, int, bool], int] | None = None
+    # core/scheduling_policy.py, `OutputLengthEstimator`: a sequence -> how many output tokens it
+    # will have in all, the prediction behind scheduling_policy="sjf"
+    predict_output_tokens: Callable[[Any], int] | None = None
     # core/block_pool.py, `BlockPool`: the class of the GPU block pool (allocate / free with
     # reference counts)
     block_pool_cls: type | None = None

@@ -5,16 +5,17 @@ mean for them.
 its next chunk), so streams already under way stay smooth; then waiting requests are admitted in
 queue order, their prompts cut into chunks that fit what is left of `max_num_batched_tokens`.
 
-The queue order is the policy. "fcfs": first come, first served. "priority" (vLLM's meaning): lower
-`priority` first, ties by arrival; a waiting request whose blocks do not fit may preempt running
-requests of lower priority (larger (priority, arrival)), as vLLM does, so urgent work overtakes.
+The queue order is the policy (scheduling_policy.py): "fcfs", "priority" (vLLM's: lower `priority`
+first, and an urgent waiting request may preempt running work of lower priority), "sjf" (least
+predicted work first, with aging) or "round_robin" (a running request yields its slot after a
+quantum of tokens when others wait).
 
-When the KV cache runs out of blocks, a running request is preempted: the newest under "fcfs", the
-one with the largest (priority, arrival) under "priority". By *recompute* its blocks are freed and
-it goes back to the waiting queue (its head under "fcfs") to be prefilled again later (prompt plus
-what it already wrote). By *swap* (swap.py), its computed blocks are first copied to host memory and
-copied back when it resumes, so it keeps its `num_computed_tokens`. Either way a request preempted
-in a step is not readmitted in that step.
+When the KV cache runs out of blocks, a running request is preempted (the policy says which: the
+newest under "fcfs"). By *recompute* its blocks are freed and it goes back to the waiting queue
+(its head under "fcfs") to be prefilled again later (prompt plus what it already wrote). By *swap*
+(swap.py), its computed blocks are first copied to host memory and copied back when it resumes, so
+it keeps its `num_computed_tokens`. Either way a request preempted in a step is not readmitted in
+that step.
 
 `update_from_output()`: the runner's sampled tokens are appended, rejected drafts are not counted as
 computed, and the token-level stop conditions (EOS, stop token ids, length) finish requests and free
@@ -29,6 +30,7 @@ from collections import deque
 
 from minivllm.core.grammar import Grammars
 from minivllm.core.kv_cache_manager import KVCacheManager
+from minivllm.core.scheduling_policy import SchedulingPolicy, make_policy
 from minivllm.core.sequence import FinishReason, Sequence, SequenceStatus
 from minivllm.core.step_io import (
     EngineCoreOutput,
@@ -39,24 +41,6 @@ from minivllm.core.step_io import (
 )
 from minivllm.core.swap import SwapSpace
 from minivllm.hooks import EngineHooks
-
-
-def fcfs_enqueue(waiting: deque[Sequence], seq: Sequence, preempted: bool) -> None:
-    """First come, first served: a new sequence joins the tail; a preempted one goes back to the
-    head, since it is older than everyone still waiting (so it is not overtaken by requests that
-    arrived after it)."""
-    if preempted:
-        waiting.appendleft(seq)
-    else:
-        waiting.append(seq)
-
-
-def priority_enqueue(waiting: deque[Sequence], seq: Sequence, preempted: bool) -> None:
-    """"priority": keep the queue sorted by (priority, arrival), a preempted sequence included."""
-    key = seq.priority_key
-    waiting.insert(next((i for i, r in enumerate(waiting) if r.priority_key > key), len(waiting)),
-                   seq)
-
 
 # A prompt that asks for prompt_logprobs costs a log-softmax over the vocabulary and a top-k per
 # position: with chunked prefill it is computed at most this many positions a step, so one such
@@ -77,16 +61,16 @@ def prefill_chunk(num_remaining: int, budget: int, enable_chunked_prefill: bool)
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 2048,
-                 enable_chunked_prefill: bool = True, policy: str = "fcfs",
+                 enable_chunked_prefill: bool = True, policy: str | SchedulingPolicy = "fcfs",
                  swap: SwapSpace | None = None,
                  structured: Grammars | None = None, hooks: EngineHooks | None = None) -> None:
-        """`policy`: "fcfs" or "priority"; `swap`: where preempted blocks go (None: preemption by
-        recompute); `structured`: the grammars of requests with structured outputs (None without a
-        tokenizer); `hooks`: a learner's own queue rule or prefill chunking (minivllm.hooks), None:
-        the engine's."""
+        """`policy`: a SchedulingPolicy or its name (scheduling_policy.py); `swap`: where preempted
+        blocks go (None: preemption by recompute); `structured`: the grammars of requests with
+        structured outputs (None without a tokenizer); `hooks`: a learner's own queue rule or
+        prefill chunking (minivllm.hooks), None: the engine's."""
         hooks = hooks or EngineHooks()
-        self.enqueue_into = hooks.enqueue or (priority_enqueue if policy == "priority"
-                                              else fcfs_enqueue)
+        self.policy = make_policy(policy) if isinstance(policy, str) else policy
+        self.enqueue_into = hooks.enqueue or self.policy.enqueue
         self.prefill_chunk = hooks.prefill_chunk or prefill_chunk
         self.kv = kv
         # grammars of requests with structured outputs (needs a tokenizer)
@@ -94,12 +78,13 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.enable_chunked_prefill = enable_chunked_prefill
-        self.policy = policy
         self.swap = swap
         self.waiting: deque[Sequence] = deque()  # in policy order: the head is admitted next
         self.running: list[Sequence] = []
         self.sequences: dict[str, Sequence] = {}  # every unfinished sequence, by id
         self.num_preemptions = 0
+        self.num_steps = 0  # schedule() calls: the clock "sjf" ages waiting sequences by
+        self._left_waiting = False  # the last admission left runnable sequences in the queue
         # finished since the runner last heard: it drops their state
         self._finished_ids: list[str] = []
 
@@ -112,8 +97,8 @@ class Scheduler:
         self._enqueue(seq)
 
     def _enqueue(self, seq: Sequence, preempted: bool = False) -> None:
-        """Into the waiting queue at its place, by the policy's rule (fcfs_enqueue,
-        priority_enqueue)."""
+        """Into the waiting queue at its place, by the policy's rule (SchedulingPolicy.enqueue)."""
+        seq.enqueued_step = self.num_steps
         self.enqueue_into(self.waiting, seq, preempted)
 
     def has_unfinished(self) -> bool:
@@ -122,9 +107,16 @@ class Scheduler:
     # ---- 1. what to compute ----------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
+        self.num_steps += 1
+        if self._left_waiting:  # "round_robin": who used up their quantum makes room
+            for seq in [s for s in self.running if self.policy.yields(s)]:
+                self._preempt(seq, out)
+        yielded = len(out.preempted)
         budget = self._schedule_running(out, self.max_num_batched_tokens)
-        if not out.preempted:  # running sequences had to preempt in this step: admit nobody new
+        if len(out.preempted) == yielded:  # running sequences preempted for blocks: admit nobody
+            self.policy.order(self.waiting, self.num_steps)
             self._admit_waiting(out, budget)
+        self._left_waiting = bool(self.waiting)
         out.blocks_to_copy = self.kv.drain_copies()
         out.finished, self._finished_ids = self._finished_ids, []
         # any constrained sequence at all
@@ -191,6 +183,7 @@ class Scheduler:
                 seq.first_scheduled_time = time.monotonic()
                 self.kv.record_prefix_lookup(seq.num_prompt_tokens, num_done)
             seq.num_computed_tokens = num_done
+            seq.outputs_at_admission = len(seq.output_token_ids)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             out.scheduled.append(self._entry(seq, n, [], 0))
@@ -248,17 +241,10 @@ class Scheduler:
         return entry
 
     def _victim(self, outranked_by: Sequence | None = None) -> Sequence | None:
-        """Whom to preempt when blocks run out: the newest running sequence ("fcfs"), or the one
-        with the largest (priority, arrival) ("priority"). For a waiting seq (`outranked_by`), only
-        a strictly lower-priority one under "priority", and none under "fcfs" (it waits)."""
-        if outranked_by is None:
-            if self.policy != "priority":
-                return self.running[-1]
-            return max(self.running, key=lambda r: r.priority_key)
-        if self.policy != "priority" or not self.running:
-            return None
-        victim = max(self.running, key=lambda r: r.priority_key)
-        return victim if victim.priority_key > outranked_by.priority_key else None
+        """Whom to preempt when blocks run out, by the policy: for a running sequence, someone
+        always (maybe itself); for a waiting one (`outranked_by`), only whom the policy says it
+        outranks ("priority"), else None: it waits."""
+        return self.policy.victim(self.running, outranked_by)
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> int:
         """Take a running sequence's blocks back, by swap when the host has room, else by recompute.
@@ -376,6 +362,7 @@ class Scheduler:
         self._finished_ids.append(seq.request_id)
         if self.structured is not None:
             self.structured.free(seq.request_id)
+        self.policy.finished(seq)
 
     def finish_requests(self, request_ids: list[str], reason: FinishReason,
                         stop_reasons: dict[str, int | str] | None = None) -> None:

@@ -68,6 +68,8 @@ class Sequence:
     num_spec_proposed: int = 0
     num_spec_accepted: int = 0
     priority: int = 0  # with scheduling_policy="priority": lower runs first (vLLM's meaning)
+    enqueued_step: int = 0  # the scheduler step it last joined the waiting queue ("sjf" ages it)
+    outputs_at_admission: int = 0  # its output tokens when last admitted ("round_robin"'s quantum)
     # names of its full blocks (block_hash.py)
     block_hashes: list[BlockHash] = field(default_factory=list)
     # beam search chooses this sequence's next token itself: a step computes its logits, appends

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from minivllm.config import NGRAM, EngineConfig
+from minivllm.core.scheduling_policy import POLICIES
 from minivllm.hooks import EngineHooks
 from minivllm.keyword_args import ANY, refuse_unknown_kwargs, same_value
 from minivllm.quantization.kv_cache import ACCEPTED_KV_CACHE_DTYPES
@@ -97,7 +98,11 @@ class EngineArgs:
     prompt_lookup_min: int = arg(EngineConfig.prompt_lookup_min)
     speculative_config: dict | None = arg(None, 'vLLM\'s form, JSON: {"model": DIR or "method": '
                                           '"ngram", "num_speculative_tokens": K}')
-    scheduling_policy: str = arg(EngineConfig.scheduling_policy, choices=("fcfs", "priority"))
+    scheduling_policy: str = arg(EngineConfig.scheduling_policy, choices=POLICIES)
+    round_robin_quantum: int = arg(EngineConfig.round_robin_quantum, "round_robin: tokens a "
+                                   "request makes before it yields its slot to a waiting one")
+    sjf_aging_steps: int = arg(EngineConfig.sjf_aging_steps, "sjf: steps a request waits before "
+                               "it goes ahead of every younger one")
     preemption_mode: str = arg(EngineConfig.preemption_mode, choices=("recompute", "swap"))
     quantization: str | None = arg(EngineConfig.quantization,
                                    "int8 (weight-only, from a float checkpoint), or gptq/awq/gguf "

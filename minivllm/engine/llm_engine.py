@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from minivllm.config import EngineConfig
 from minivllm.core.kv_cache_manager import KVCacheManager
 from minivllm.core.scheduler import Scheduler
+from minivllm.core.scheduling_policy import make_policy
 from minivllm.core.sequence import FinishReason
 from minivllm.core.swap import SwapSpace
 from minivllm.engine.input_processor import EngineRequest, InputProcessor, PromptType
@@ -72,8 +73,10 @@ class LLMEngine:
                                  config.enable_prefix_caching, config.hooks)
         # empty unless preemption_mode="swap"
         self.swap = SwapSpace(self.runner.block_copier.num_host_blocks)
+        policy = make_policy(config.scheduling_policy, config.round_robin_quantum,
+                             config.sjf_aging_steps, config.hooks.predict_output_tokens)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
-                                   config.enable_chunked_prefill, config.scheduling_policy,
+                                   config.enable_chunked_prefill, policy,
                                    self.swap if config.preemption_mode == "swap" else None,
                                    structured, config.hooks)
         self.output_processor = OutputProcessor(self.tokenizer)
