@@ -24,8 +24,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class StepRecord:
-    """Everything one step produced, handed to each step observer (trace, counters, a chapter's
-    own)."""
+    """Everything one step produced, for each step observer (trace, counters, a chapter's own)."""
 
     step: int
     duration_s: float
@@ -68,16 +67,13 @@ class StepTrace:
     num_free_blocks: int
     num_total_blocks: int
     block_size: int = 16
-    # live request -> tokens in its blocks
-    num_computed_tokens: dict[str, int] = field(default_factory=dict)
+    num_computed_tokens: dict[str, int] = field(default_factory=dict)  # live request -> tokens
     shared_blocks: dict[int, int] = field(default_factory=dict)  # block id -> ref count, where > 1
-    # request id -> GPU blocks copied to the host
+    # request id -> GPU blocks copied to the host, GPU blocks filled from the host, the blocks a new
+    # sequence shares with its parent (forked), its copy-on-write blocks (the copies)
     swapped_out: dict[str, list[int]] = field(default_factory=dict)
-    # request id -> GPU blocks filled from the host
     swapped_in: dict[str, list[int]] = field(default_factory=dict)
-    # new sequence -> the blocks it shares with its parent
     forked: dict[str, list[int]] = field(default_factory=dict)
-    # request id -> its copy-on-write blocks (the copies)
     copied: dict[str, list[int]] = field(default_factory=dict)
     num_swap_bytes: int = 0  # KV bytes this step moved between GPU and host, both ways
     num_free_host_blocks: int = 0
@@ -123,13 +119,11 @@ def scheduled_entries(record: StepRecord) -> list[ScheduledEntry]:
 
 
 class TraceRecorder:
-    """The step observer behind `LLMEngine.trace`: keeps the last `max_steps` steps as
-    StepTraces."""
+    """The step observer behind `LLMEngine.trace`: the last `max_steps` steps, as StepTraces."""
 
     def __init__(self, max_steps: int) -> None:
         self.steps: deque[StepTrace] = deque(maxlen=max_steps)
-        # request id -> (live table, trace copy)
-        self._snapshots: dict[str, tuple[list[int], list[int]]] = {}
+        self._snapshots: dict[str, tuple[list[int], list[int]]] = {}  # id -> (live table, copy)
 
     def __call__(self, engine: LLMEngine, record: StepRecord) -> None:
         if self.steps.maxlen == 0:
