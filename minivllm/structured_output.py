@@ -17,6 +17,7 @@ Python dependencies that runs on any CPU (xgrammar needs tvm-ffi, pydantic and t
 
 from __future__ import annotations
 
+import functools
 import json
 
 import numpy as np
@@ -49,19 +50,16 @@ class StructuredOutputManager:
     def __init__(self, hf_tokenizer, vocab_size: int, eos_token_ids: tuple[int, ...] = ()) -> None:
         self.hf_tokenizer, self.vocab_size = hf_tokenizer, vocab_size
         self.eos_token_ids = list(eos_token_ids)
-        self._ll_tokenizer = None  # built on first use: it walks the whole vocabulary
         self.matchers: dict = {}
 
-    @property
+    @functools.cached_property
     def ll_tokenizer(self):
-        if self._ll_tokenizer is None:
-            import llguidance.hf
+        """Built on first use: it walks the whole vocabulary. Every id that ends a sequence is an
+        end for the grammar too, so none of them can slip into the text."""
+        import llguidance.hf
 
-            # every id that ends a sequence is an end for the grammar too, so none of them can slip
-            # into the text
-            self._ll_tokenizer = llguidance.hf.from_tokenizer(
-                self.hf_tokenizer, n_vocab=self.vocab_size, eos_token=self.eos_token_ids or None)
-        return self._ll_tokenizer
+        return llguidance.hf.from_tokenizer(self.hf_tokenizer, n_vocab=self.vocab_size,
+                                            eos_token=self.eos_token_ids or None)
 
     def validate(self, spec: StructuredOutputsParams) -> str:
         """The grammar for `spec`, or a ValueError saying why it cannot be used, before any work."""

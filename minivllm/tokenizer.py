@@ -1,5 +1,4 @@
-"""Tokenizer: text <-> token ids through transformers' AutoTokenizer, plus incremental
-detokenization.
+"""Tokenizer: text <-> token ids through transformers' AutoTokenizer, and incremental detokenizing.
 
 Decoding one token at a time is wrong for byte-level BPE and SentencePiece: a character may span
 several tokens, and spaces depend on the token before. So each step decodes a small window of recent

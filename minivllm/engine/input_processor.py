@@ -1,5 +1,4 @@
-"""InputProcessor: a prompt and its SamplingParams become validated, tokenized scheduler Sequences
-(n of them).
+"""InputProcessor: a prompt and its SamplingParams become n validated, tokenized Sequences.
 
 Everything that can be wrong with a request is found here, before it is queued: a bad prompt fails
 alone with a ValueError naming the problem, and the engine never starts work it cannot finish.

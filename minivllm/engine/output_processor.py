@@ -1,10 +1,9 @@
 """OutputProcessor: token ids from the scheduler become text and RequestOutputs for the caller.
 
 It keeps its own state per sequence (token ids, text, the incremental detokenizer) and per user
-request (its n sequences), fed only by the plain `EngineCoreOutput`s each step produces. It owns
-everything that needs text: incremental detokenization, stop strings (which the scheduler cannot
-see: it deals in ids), holding back text that may still become a stop string, and assembling the
-outputs.
+request (its n sequences), fed only by the plain `EngineCoreOutput`s each step produces. It owns all
+that needs text: incremental detokenization, stop strings (the scheduler deals in ids), holding back
+text that may still become a stop string, and assembling the outputs.
 """
 
 from __future__ import annotations
@@ -61,22 +60,17 @@ class RequestGroup:
 
 def streams_text(params: SamplingParams) -> bool:
     """Text is built token by token only if someone reads it before the end: a stream, or stop
-    strings.
-
-    Otherwise (FINAL_ONLY, as in LLM.generate) it is decoded once when the request finishes:
-    per-token detokenization took about 11 us a token on the 2-core test machine, 2.8 ms a step at a
-    batch of 256.
-    """
+    strings. Otherwise (FINAL_ONLY, as in LLM.generate) it is decoded once when the request ends:
+    per-token detokenization took about 11 us a token on the 2-core test machine (2.8 ms a step at a
+    batch of 256)."""
     return params.detokenize and (params.output_kind is not RequestOutputKind.FINAL_ONLY
                                   or bool(params.stop_strings))
 
 
 def visible_text(seq: SequenceText, params: SamplingParams) -> str:
-    """The text so far, minus a tail that might still turn out to start a stop string.
-
-    A stop string is cut from the output when it completes, so without this hold-back a stream could
-    already have shown its first characters. Held back, the text a caller sees only ever grows.
-    """
+    """The text so far, minus a tail that might still turn out to start a stop string. A stop
+    string is cut from the output when it completes, so without this hold-back a stream could
+    already have shown its first characters. Held back, the text a caller sees only ever grows."""
     if seq.finish_reason is not None or not params.stop_strings:
         return seq.text
     hold = max(len(s) for s in params.stop_strings) - 1

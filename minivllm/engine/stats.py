@@ -1,5 +1,4 @@
-"""StepCounters: the engine's running totals, kept by a step observer (what `LLMEngine.stats()`
-reports)."""
+"""StepCounters: the engine's running totals, kept by a step observer, for `LLMEngine.stats()`."""
 
 from __future__ import annotations
 

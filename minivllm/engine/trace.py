@@ -1,5 +1,4 @@
-"""StepTrace: what one engine step did, recorded so notebooks and widgets can replay real engine
-state.
+"""StepTrace: what one engine step did, recorded so notebooks and widgets replay real engine state.
 
 `TraceRecorder` is a step observer: after every step the engine hands it a `StepRecord` (the step's
 plain data) and it keeps the most recent `trace_steps` as StepTraces in `LLMEngine.trace`. Each is
