@@ -1,5 +1,4 @@
-"""SamplingParams: how one request turns logits into tokens, with vLLM's field names and
-defaults."""
+"""SamplingParams: how one request turns logits into tokens, with vLLM's names and defaults."""
 
 from __future__ import annotations
 
@@ -21,10 +20,8 @@ FLOAT32_TINY = 1.1754943508222875e-38
 
 class RequestOutputKind(enum.Enum):
     """Which steps report a request: every step that advanced it (streaming), or only its last one.
-
     `LLM.generate` asks for FINAL_ONLY, as vLLM's does: building a cumulative output for every
-    running request on every step costs more than the step itself at large batch sizes.
-    """
+    running request on every step costs more than the step itself at large batch sizes."""
 
     CUMULATIVE = "cumulative"  # the whole text and token ids so far, every step
     DELTA = "delta"  # only what is new since the request's last output
@@ -122,8 +119,7 @@ class SamplingParams:
         self._check_numbers()
         self._check_stops_and_tokens()
         self._check_structured_and_extras()
-        if self.top_k == -1:
-            self.top_k = 0
+        self.top_k = max(self.top_k, 0)  # -1 disables it, as 0 does
         if self.temperature < SAMPLING_EPS:
             self.temperature = 0.0
 

@@ -129,9 +129,8 @@ class OutputProcessor:
 
     def process(self, core_outputs: list[EngineCoreOutput]) -> tuple[list[RequestOutput],
                                                                      dict[str, str]]:
-        """Turn one step's new tokens into outputs; also returns {sequence id: stop string} for the
-        sequences a stop string ended, which the scheduler must now finish (it does not read
-        text)."""
+        """Turn one step's new tokens into outputs; also {sequence id: stop string} for the
+        sequences a stop string ended, which the scheduler must now finish (it reads no text)."""
         now = time.monotonic()
         touched: dict[str, RequestGroup] = {}
         stopped: dict[str, str] = {}
