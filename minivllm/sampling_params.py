@@ -240,14 +240,12 @@ class SamplingParams:
                 or self.frequency_penalty != 0.0 or bool(self.bad_words) or self.min_tokens > 0)
 
 
-# vLLM's SamplingParams fields minivllm lacks: accepted at values that ask for nothing, else a
-# ValueError naming them
+# vLLM's fields that minivllm lacks: accepted at values that ask for nothing, else a ValueError
 VLLM_ONLY_FIELDS = {
-    "best_of": (None, 1), "extra_args": (None, {}), "flat_logprobs": (False,),
+    "flat_logprobs": (False,), "repetition_detection": (None,), "thinking_token_budget": (None,),
     "logits_processors": (None, []),  # per-request processors are gone in vLLM v1 too
     "skip_clone": ANY, "output_text_buffer_length": ANY,  # a copy-avoiding hint; an internal field
-    "skip_reading_prefix_cache": (None, False), "thinking_token_budget": (None,),
-    "repetition_detection": (None,),
+    "skip_reading_prefix_cache": (None, False),
 }
 refuse_unknown_kwargs(SamplingParams, VLLM_ONLY_FIELDS)
 refuse_unknown_kwargs(StructuredOutputsParams)

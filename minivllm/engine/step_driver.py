@@ -112,9 +112,8 @@ class StepDriver:
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[LLMEngine]:
-        """Hold the engine alone (waiting for the current driver to hand it over), for work that is
-        not a batch of requests: beam search, resetting the prefix cache. Queued aborts are applied
-        first."""
+        """Hold the engine alone (once the current driver hands it over), for work that is not a
+        batch of requests: beam search, resetting the prefix cache. Queued aborts go first."""
         with self._cond:
             while self._driving:
                 self._cond.wait()
@@ -187,9 +186,8 @@ class StepDriver:
         with self._cond:
             calls = {id(c): c for c, _ in self._owner.values()} | {id(c): c for c in self._adds}
             calls[id(driver_call)] = driver_call
-            in_engine = list(self._owner)
+            in_engine, self._adds = list(self._owner), []
             self._owner.clear()
-            self._adds = []
             for c in calls.values():
                 if c.error is not None or not c.remaining:
                     continue

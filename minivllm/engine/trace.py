@@ -33,8 +33,7 @@ class StepRecord:
     finished: dict[str, FinishReason]  # sequence id -> why it ended (token stops and stop strings)
     kv_events: list[KVEvent]
     # wall seconds of each part of the step: schedule, run (the runner; its forward pass is in
-    # runner_output), update (scheduler bookkeeping), output (detokenize, stop strings,
-    # RequestOutputs)
+    # runner_output), update (scheduler bookkeeping), output (detokenize, stops, RequestOutputs)
     phase_seconds: dict[str, float] = field(default_factory=dict)
 
 
@@ -106,9 +105,9 @@ def scheduled_entries(record: StepRecord) -> list[ScheduledEntry]:
     appended = {c.request_id: c.new_token_ids for c in record.core_outputs}
     entries = []
     for s in record.scheduler_output.scheduled:
-        entry = ScheduledEntry(s.request_id, s.num_new_tokens,
-                               "prefill" if s.is_prefill else "decode",
-                               s.num_computed_before, spec_token_ids=list(s.spec_token_ids))
+        kind = "prefill" if s.is_prefill else "decode"
+        entry = ScheduledEntry(s.request_id, s.num_new_tokens, kind, s.num_computed_before,
+                               spec_token_ids=list(s.spec_token_ids))
         tokens = appended.get(s.request_id)
         if tokens:
             entry.new_token_ids, entry.sampled_token = list(tokens), tokens[-1]
