@@ -74,8 +74,7 @@ class InputProcessor:
             seq_params = replace(params, logprobs=0)
         sequences = [Sequence(request_id if num == 1 else f"{request_id}#{i}", list(ids),
                               seq_params, self.eos_token_ids, max_len, arrival,
-                              parent_id=request_id, index=i, priority=priority)
-                     for i in range(num)]
+                              parent_id=request_id, index=i, priority=priority) for i in range(num)]
         need = cdiv(sequences[0].max_total_tokens, self.config.block_size)
         if need > self.num_kv_blocks:
             raise ValueError(f"request needs up to {need} KV blocks but the cache has only "
