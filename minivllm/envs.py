@@ -2,9 +2,8 @@
 
 No other module reads `os.environ`: they ask here (`envs.MINIVLLM_CPU_DTYPE`), so a reader finds
 every switch in one place, and a bad value fails with a message that names the variable. A value is
-read when it is asked for, not at import: a notebook cell that sets a variable after `import
-minivllm` still counts, and so does a test's monkeypatch. (vLLM's `vllm/envs.py` works the same
-way.)
+read when asked for, not at import: a notebook cell that sets a variable after `import minivllm`
+still counts, and so does a test's monkeypatch. (vLLM's `vllm/envs.py` works the same way.)
 """
 
 from __future__ import annotations
@@ -44,38 +43,30 @@ def _hub_flag(text: str) -> bool:
 
 VARIABLES: dict[str, EnvVar] = {
     # --- which implementation runs (minivllm/platforms/) ---
-    "MINIVLLM_PLATFORM": EnvVar(
-        _choice("auto", "reference", "cpu", "cuda"), "auto",
+    "MINIVLLM_PLATFORM": EnvVar(_choice("auto", "reference", "cpu", "cuda"), "auto",
         "the platform the engine runs on: 'auto' (cuda on a GPU, cpu elsewhere), or 'reference' "
         "for the readable torch code the chapters print, everywhere"),
-    "MINIVLLM_CPU_ATTENTION": EnvVar(
-        _choice("kernel", "reference"), "kernel",
+    "MINIVLLM_CPU_ATTENTION": EnvVar(_choice("kernel", "reference"), "kernel",
         "cpu platform: 'reference' attends with the torch reference instead of the C++ kernel"),
-    "MINIVLLM_CPU_LAYER_OPS": EnvVar(
-        _flag, True,
+    "MINIVLLM_CPU_LAYER_OPS": EnvVar(_flag, True,
         "cpu platform: 0 keeps the readable norm, rotary and SwiGLU instead of the C++ ops"),
-    "MINIVLLM_CPU_SMALL_LINEAR": EnvVar(
-        _flag, True,
+    "MINIVLLM_CPU_SMALL_LINEAR": EnvVar(_flag, True,
         "cpu platform: 0 serves every linear call with oneDNN, none with the small-batch kernel"),
-    "MINIVLLM_CPU_COMPILE": EnvVar(
-        _flag, False,
+    "MINIVLLM_CPU_COMPILE": EnvVar(_flag, False,
         "cpu platform: 1 compiles the layers around attention with torch.compile (opt-in)"),
     # --- dtypes and threads ---
-    "MINIVLLM_CPU_DTYPE": EnvVar(
-        _choice("float32", "bfloat16", "float16"), None,
+    "MINIVLLM_CPU_DTYPE": EnvVar(_choice("float32", "bfloat16", "float16"), None,
         "dtype='auto' on CPU for a whole run (the test suite pins float32); unset: bf16 where "
         "native"),
-    "MINIVLLM_CUDA_DTYPE": EnvVar(
-        _choice("float32", "bfloat16", "float16"), None,
+    "MINIVLLM_CUDA_DTYPE": EnvVar(_choice("float32", "bfloat16", "float16"), None,
         "dtype='auto' on a GPU for a whole run (bench/gpu_check.sh: float16, as on a T4)"),
-    "MINIVLLM_CPU_OMP_THREADS_BIND": EnvVar(
-        str.strip, "off",
+    "MINIVLLM_CPU_OMP_THREADS_BIND": EnvVar(str.strip, "off",
         "pin torch's threads: 'off', 'auto' (the free cores, when idle) or a list like 0-7"),
     # --- profiling and serving (vLLM's names are read too) ---
-    "MINIVLLM_TORCH_PROFILER_DIR": EnvVar(
-        os.path.expanduser, None, "LLM.start_profile() writes its trace here"),
-    "VLLM_TORCH_PROFILER_DIR": EnvVar(
-        os.path.expanduser, None, "vLLM's name for MINIVLLM_TORCH_PROFILER_DIR (ours wins)"),
+    "MINIVLLM_TORCH_PROFILER_DIR": EnvVar(os.path.expanduser, None,
+                                          "LLM.start_profile() writes its trace here"),
+    "VLLM_TORCH_PROFILER_DIR": EnvVar(os.path.expanduser, None,
+                                      "vLLM's name for MINIVLLM_TORCH_PROFILER_DIR (ours wins)"),
     "VLLM_API_KEY": EnvVar(str, None, "the server's API key when --api-key is not given"),
     # --- the Hugging Face Hub (read now, where huggingface_hub read them at its import) ---
     "HF_HUB_OFFLINE": EnvVar(_hub_flag, False,
@@ -88,8 +79,8 @@ VARIABLES: dict[str, EnvVar] = {
     "LOCAL_RANK": EnvVar(int, None, "this process's rank on its machine (its GPU index)"),
     "MASTER_ADDR": EnvVar(str, None, "the rendezvous host"),
     "MASTER_PORT": EnvVar(int, None, "the rendezvous port"),
-    "TORCHELASTIC_USE_AGENT_STORE": EnvVar(
-        lambda text: text == "True", False, "torchrun's agent hosts the store (not rank 0)"),
+    "TORCHELASTIC_USE_AGENT_STORE": EnvVar(lambda text: text == "True", False,
+                                           "torchrun's agent hosts the store (not rank 0)"),
 }
 
 

@@ -1,10 +1,8 @@
-"""EngineHooks: the pieces of the engine a learner may replace with their own, passed in as
-`LLM(hooks=...)`.
+"""EngineHooks: the pieces of the engine a learner may replace with their own, as `LLM(hooks=...)`.
 
 The chapters' exercises (minivllm.exercises) have the learner write a real piece of the engine and
 run the engine's own correctness checks against it. They plug it in here, never by patching modules:
-each field is read once, where the engine builds the part it belongs to, and None (the default)
-means the engine's own.
+each field is read once, where the engine builds its part; None (the default): the engine's own.
 """
 
 from __future__ import annotations
@@ -16,22 +14,18 @@ from typing import Any
 
 @dataclass(frozen=True)
 class EngineHooks:
-    # core/scheduling_policy.py, `SchedulingPolicy.enqueue`: put a new or preempted request into
-    # the waiting queue (a deque)
+    # core/scheduling_policy.py, `SchedulingPolicy.enqueue`: a new or preempted request -> the queue
     enqueue: Callable[[Any, Any, bool], None] | None = None
-    # core/scheduler.py, `prefill_chunk`: how many of a waiting request's tokens fit in what is left
-    # of the budget
+    # core/scheduler.py, `prefill_chunk`: how many of a waiting request's tokens fit the budget left
     prefill_chunk: Callable[[int, int, bool], int] | None = None
     # core/scheduling_policy.py, `OutputLengthEstimator`: a sequence -> how many output tokens it
     # will have in all, the prediction behind scheduling_policy="sjf"
     predict_output_tokens: Callable[[Any], int] | None = None
-    # core/block_pool.py, `BlockPool`: the class of the GPU block pool (allocate / free with
-    # reference counts)
+    # core/block_pool.py, `BlockPool`: the GPU block pool's class (allocate / free, ref counts)
     block_pool_cls: type | None = None
     # core/block_hash.py, `hash_block`: the name of a full block, chained to its parent's
     hash_block: Callable[[bytes | None, Any], bytes] | None = None
-    # sampling/sampler.py, `apply_top_p`: logits [B, V] and top_p [B] -> logits with the tail set to
-    # -inf
+    # sampling/sampler.py, `apply_top_p`: logits [B, V], top_p [B] -> logits, the tail set to -inf
     top_p: Callable[[Any, Any], Any] | None = None
     # attention/online_softmax.py, `online_softmax_update`: one block's step of decode attention
     online_softmax_update: Callable[..., Any] | None = None

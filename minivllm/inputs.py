@@ -1,5 +1,4 @@
-"""vLLM's `vllm.inputs` prompt types: typed dicts that `LLM.generate` and `AsyncLLM.generate` accept
-as prompts.
+"""vLLM's `vllm.inputs` prompt types: typed dicts that `LLM.generate` and `AsyncLLM.generate` take.
 
 They are plain dicts at run time (`TokensPrompt(prompt_token_ids=[...])` is `{"prompt_token_ids":
 [...]}`), which is what the engine's input processor reads.

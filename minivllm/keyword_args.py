@@ -18,8 +18,7 @@ ANY = ("any value",)  # every value of this argument is harmless
 
 
 def refuse_unknown_kwargs(cls: type, harmless: Mapping[str, tuple] | None = None) -> type:
-    """Wrap `cls.__init__` (a dataclass's) so unknown keyword names are ValueErrors; returns
-    `cls`."""
+    """Wrap `cls.__init__` (a dataclass's) so unknown keyword names are ValueErrors; returns cls."""
     init, known = cls.__init__, {f.name for f in fields(cls) if f.init}
     ignorable = {k: v for k, v in (harmless or {}).items() if k not in known}  # a real field wins
 

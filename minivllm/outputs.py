@@ -7,8 +7,7 @@ from dataclasses import dataclass, field
 
 @dataclass
 class Logprob:
-    """One token's log-probability at one position, its rank there (1 = most likely) and its
-    text."""
+    """One token's log-probability at one position, its rank there (1 = most likely), its text."""
 
     logprob: float
     rank: int | None = None
@@ -27,8 +26,7 @@ class CompletionOutput:
     finish_reason: str | None = None  # "stop", "length" or "abort"
     stop_reason: int | str | None = None  # the stop string or stop token id that ended it
     logprobs: SampleLogprobs | None = None  # when SamplingParams.logprobs is set
-    # the sum of the chosen tokens' logprobs (same condition)
-    cumulative_logprob: float | None = None
+    cumulative_logprob: float | None = None  # their sum (same condition)
 
     @property
     def finished(self) -> bool:
@@ -60,5 +58,4 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     num_preemptions: int = 0
     extra: dict = field(default_factory=dict)
-    # when SamplingParams.prompt_logprobs is set
-    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # if prompt_logprobs is set

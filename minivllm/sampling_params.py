@@ -1,5 +1,4 @@
-"""SamplingParams: how one request turns logits into tokens, with vLLM's field names and
-defaults."""
+"""SamplingParams: how one request turns logits into tokens, with vLLM's names and defaults."""
 
 from __future__ import annotations
 
@@ -11,8 +10,6 @@ from minivllm.keyword_args import ANY, refuse_unknown_kwargs
 
 # Temperatures below this are greedy, as in vLLM: dividing logits by ~1e-39 overflows to inf/NaN.
 SAMPLING_EPS = 1e-5
-# vLLM's default max_logprobs: the engine's cap on logprobs and prompt_logprobs (input_processor)
-MAX_LOGPROBS = 20
 # OpenAI's documented range is [-100, 100]: beyond it a token is already certain or banned
 MAX_LOGIT_BIAS = 100.0
 # a logit is divided or multiplied by it: keep float32 far from overflow
@@ -23,10 +20,8 @@ FLOAT32_TINY = 1.1754943508222875e-38
 
 class RequestOutputKind(enum.Enum):
     """Which steps report a request: every step that advanced it (streaming), or only its last one.
-
     `LLM.generate` asks for FINAL_ONLY, as vLLM's does: building a cumulative output for every
-    running request on every step costs more than the step itself at large batch sizes.
-    """
+    running request on every step costs more than the step itself at large batch sizes."""
 
     CUMULATIVE = "cumulative"  # the whole text and token ids so far, every step
     DELTA = "delta"  # only what is new since the request's last output
@@ -88,8 +83,7 @@ class SamplingParams:
     n: int = 1
     presence_penalty: float = 0.0  # subtracted once from every token already in the output
     frequency_penalty: float = 0.0  # subtracted once per occurrence in the output
-    # divides (multiplies, if negative) tokens in the prompt or output
-    repetition_penalty: float = 1.0
+    repetition_penalty: float = 1.0  # divides (multiplies, if negative) prompt and output tokens
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
@@ -97,10 +91,8 @@ class SamplingParams:
     seed: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
-    # words never to produce (as tokens, with and without a leading space)
-    bad_words: list[str] | None = None
-    # keep the stop string (or stop token's text) at the end of the text
-    include_stop_str_in_output: bool = False
+    bad_words: list[str] | None = None  # never produced (as tokens, with or without a space)
+    include_stop_str_in_output: bool = False  # keep the stop string/token's text at the end
     ignore_eos: bool = False
     max_tokens: int | None = 16
     min_tokens: int = 0  # EOS and stop_token_ids are masked until this many tokens are out
@@ -113,11 +105,9 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None  # only these may be sampled
     truncate_prompt_tokens: int | None = None  # keep only the last k prompt tokens
     structured_outputs: StructuredOutputsParams | None = None
-    # vLLM's older name for structured_outputs
-    guided_decoding: StructuredOutputsParams | None = None
+    guided_decoding: StructuredOutputsParams | None = None  # structured_outputs' older name
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
-    # free-form per-request arguments, read by custom logits processors (vLLM's)
-    extra_args: dict | None = None
+    extra_args: dict | None = None  # free-form, for custom logits processors (vLLM's)
     # vLLM V0's best_of: sample best_of sequences, return the n with the highest cumulative logprob
     # (the request is then reported only when it finishes: which n win is known only at the end)
     best_of: int | None = None
@@ -129,8 +119,7 @@ class SamplingParams:
         self._check_numbers()
         self._check_stops_and_tokens()
         self._check_structured_and_extras()
-        if self.top_k == -1:
-            self.top_k = 0
+        self.top_k = max(self.top_k, 0)  # -1 disables it, as 0 does
         if self.temperature < SAMPLING_EPS:
             self.temperature = 0.0
 
@@ -165,9 +154,8 @@ class SamplingParams:
             self._fail("min_tokens", "must be an integer in [0, max_tokens]")
         if self.seed is not None and not _integer(self.seed):
             self._fail("seed", "must be an integer or None")
-        for name in ("logprobs", "prompt_logprobs"):
+        for name in ("logprobs", "prompt_logprobs"):  # the engine's max_logprobs caps them
             value = getattr(self, name)
-            # the engine's max_logprobs caps it
             if value is not None and (not _integer(value) or value < -1):
                 self._fail(name, "must be None, -1 (the whole vocabulary) or an integer >= 0")
         if self.truncate_prompt_tokens is not None and (
@@ -201,10 +189,10 @@ class SamplingParams:
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, dict) or not all(
                     _integer(int(k) if isinstance(k, str) and k.lstrip("-").isdigit() else k)
-                    and _number(v)
-                    and abs(v) <= MAX_LOGIT_BIAS for k, v in self.logit_bias.items()):
+                    and _number(v) and abs(v) <= MAX_LOGIT_BIAS
+                    for k, v in self.logit_bias.items()):
                 self._fail("logit_bias", f"must map token ids to numbers in [-{MAX_LOGIT_BIAS:g}, "
-                     f"{MAX_LOGIT_BIAS:g}]")
+                                         f"{MAX_LOGIT_BIAS:g}]")
             self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
         if self.bad_words is not None and (not isinstance(self.bad_words, (list, tuple)) or
                                            not all(isinstance(w, str) and w.strip()
@@ -212,8 +200,7 @@ class SamplingParams:
             self._fail("bad_words", "must be a list of non-empty strings")
 
     def _check_structured_and_extras(self) -> None:
-        """Structured outputs (taking guided_decoding, vLLM's older name), output_kind, extra_args,
-        best_of."""
+        """Structured outputs (guided_decoding: the old name), output_kind, extra_args, best_of."""
         if self.guided_decoding is not None:
             if not isinstance(self.guided_decoding, StructuredOutputsParams):
                 self._fail("guided_decoding", "must be a StructuredOutputsParams")
@@ -238,8 +225,7 @@ class SamplingParams:
 
     @property
     def ranks_by_logprob(self) -> bool:
-        """best_of > n: the engine samples more sequences than it returns, and keeps the likeliest
-        n."""
+        """best_of > n: the engine samples more sequences than it returns, keeps the likeliest n."""
         return self.num_sequences > self.n
 
     @property
@@ -249,23 +235,17 @@ class SamplingParams:
     @property
     def position_dependent(self) -> bool:
         """Processing that depends on the tokens before each position (penalties, bad words,
-        min_tokens): a draft's k positions cannot share one set of logits adjustments, so such
-        requests are not drafted for."""
+        min_tokens): a draft's k positions cannot share one logits adjustment, so no drafts."""
         return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
-                or self.frequency_penalty != 0.0
-                or bool(self.bad_words) or self.min_tokens > 0)
+                or self.frequency_penalty != 0.0 or bool(self.bad_words) or self.min_tokens > 0)
 
 
-# vLLM's SamplingParams fields minivllm lacks: accepted at values that ask for nothing, else a
-# ValueError naming them
+# vLLM's fields that minivllm lacks: accepted at values that ask for nothing, else a ValueError
 VLLM_ONLY_FIELDS = {
-    "best_of": (None, 1), "extra_args": (None, {}), "flat_logprobs": (False,),
-    # per-request processors are gone in vLLM v1 too: LLM(logits_processors=...)
-    "logits_processors": (None, []),
+    "flat_logprobs": (False,), "repetition_detection": (None,), "thinking_token_budget": (None,),
+    "logits_processors": (None, []),  # per-request processors are gone in vLLM v1 too
     "skip_clone": ANY, "output_text_buffer_length": ANY,  # a copy-avoiding hint; an internal field
-    "skip_reading_prefix_cache": (None, False), "thinking_token_budget": (None,),
-    "repetition_detection": (None,),
+    "skip_reading_prefix_cache": (None, False),
 }
-# SamplingParams(foo=1): a ValueError naming foo
 refuse_unknown_kwargs(SamplingParams, VLLM_ONLY_FIELDS)
 refuse_unknown_kwargs(StructuredOutputsParams)

@@ -1,5 +1,4 @@
-"""Structured output: keep the output inside a grammar (JSON schema, regex, a choice list, a Lark
-grammar).
+"""Structured output: keep the output inside a grammar (JSON schema, regex, choice list, Lark).
 
 Each step, before sampling, every constrained request gets a token bitmask from its grammar's
 matcher: one bit per vocabulary entry, set where that token can continue a valid output. The runner
@@ -13,12 +12,12 @@ back; only the tokens the verifier accepts are consumed for good, so rejected dr
 in the grammar state.
 
 The grammar engine is llguidance (Microsoft's Rust library, used by vLLM too): a 3 MB wheel with no
-Python dependencies that runs on any CPU, against xgrammar's tvm-ffi, pydantic and triton
-requirements.
+Python dependencies that runs on any CPU (xgrammar needs tvm-ffi, pydantic and triton).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 
 import numpy as np
@@ -35,15 +34,13 @@ def grammar_text(spec: StructuredOutputsParams) -> str:
     if spec.json is not None or spec.json_object:
         schema = {"type": "object"} if spec.json_object else spec.json
         schema = json.loads(schema) if isinstance(schema, str) else dict(schema)
-        # JSON with fixed separators and no free whitespace: a model cannot wander off into endless
-        # newlines
-        return (LLMatcher.grammar_from_json_schema({**schema,
-                                                    "x-guidance": {"whitespace_flexible": False}}))
+        # fixed separators and no free whitespace: a model cannot wander off into endless newlines
+        rigid = {"x-guidance": {"whitespace_flexible": False}}
+        return LLMatcher.grammar_from_json_schema({**schema, **rigid})
     if spec.regex is not None:
         return LLMatcher.grammar_from_regex(spec.regex)
     if spec.choice is not None:
-        return (LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c)
-                                                                   for c in spec.choice)))
+        return LLMatcher.grammar_from_lark("start: " + " | ".join(map(json.dumps, spec.choice)))
     return LLMatcher.grammar_from_lark(any_to_lark(spec.grammar))  # Lark as is; GBNF converted
 
 
@@ -53,29 +50,24 @@ class StructuredOutputManager:
     def __init__(self, hf_tokenizer, vocab_size: int, eos_token_ids: tuple[int, ...] = ()) -> None:
         self.hf_tokenizer, self.vocab_size = hf_tokenizer, vocab_size
         self.eos_token_ids = list(eos_token_ids)
-        self._ll_tokenizer = None  # built on first use: it walks the whole vocabulary
         self.matchers: dict = {}
 
-    @property
+    @functools.cached_property
     def ll_tokenizer(self):
-        if self._ll_tokenizer is None:
-            import llguidance.hf
+        """Built on first use: it walks the whole vocabulary. Every id that ends a sequence is an
+        end for the grammar too, so none of them can slip into the text."""
+        import llguidance.hf
 
-            # every id that ends a sequence is an end for the grammar too, so none of them can slip
-            # into the text
-            self._ll_tokenizer = llguidance.hf.from_tokenizer(
-                self.hf_tokenizer, n_vocab=self.vocab_size, eos_token=self.eos_token_ids or None)
-        return self._ll_tokenizer
+        return llguidance.hf.from_tokenizer(self.hf_tokenizer, n_vocab=self.vocab_size,
+                                            eos_token=self.eos_token_ids or None)
 
     def validate(self, spec: StructuredOutputsParams) -> str:
-        """The grammar for `spec`, or a ValueError saying why it cannot be used (before any work
-        starts)."""
+        """The grammar for `spec`, or a ValueError saying why it cannot be used, before any work."""
         from llguidance import LLMatcher
 
         try:
             grammar = grammar_text(spec)
-        # bad JSON, a schema or regex llguidance rejects: all one kind of error here
-        except Exception as e:
+        except Exception as e:  # bad JSON, a schema or regex llguidance rejects: all one error here
             raise ValueError(f"structured outputs: {e}") from e
         error = LLMatcher.validate_grammar(grammar, self.ll_tokenizer)
         if error:
@@ -122,8 +114,7 @@ class StructuredOutputManager:
         return self.matchers[request_id].is_accepting()
 
     def accept(self, request_id: str, token: int) -> bool:
-        """Advance the grammar over a token the request produced; True once the grammar is
-        complete."""
+        """Advance the grammar over a token the request produced; True once it is complete."""
         matcher = self.matchers[request_id]
         matcher.consume_token(token)
         return matcher.is_stopped() or matcher.is_error()

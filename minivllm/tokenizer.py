@@ -1,5 +1,4 @@
-"""Tokenizer: text <-> token ids through transformers' AutoTokenizer, plus incremental
-detokenization.
+"""Tokenizer: text <-> token ids through transformers' AutoTokenizer, and incremental detokenizing.
 
 Decoding one token at a time is wrong for byte-level BPE and SentencePiece: a character may span
 several tokens, and spaces depend on the token before. So each step decodes a small window of recent
@@ -9,6 +8,7 @@ ends in the replacement character U+FFFD (an unfinished multi-byte character).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,15 +27,12 @@ class Tokenizer:
 
         path = Path(path)
         # a GGUF file: transformers builds the tokenizer from the file's own metadata
-        if path.is_file():
-            self.hf = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name,
-                                                    local_files_only=True)
-        else:
-            self.hf = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        gguf = {"gguf_file": path.name} if path.is_file() else {}
+        self.hf = AutoTokenizer.from_pretrained(path.parent if gguf else path, **gguf,
+                                                local_files_only=True)
         self.eos_token_id: int | None = self.hf.eos_token_id
         self.vocab_size = len(self.hf)
-        # a property that rebuilds a list: read it once
-        self.special_tokens = set(self.hf.all_special_tokens)
+        self.special_tokens = set(self.hf.all_special_tokens)  # a property that rebuilds a list
 
     def encode(self, text: str) -> list[int]:
         return self.hf(text).input_ids
@@ -44,27 +41,23 @@ class Tokenizer:
         return self.hf.decode(token_ids, skip_special_tokens=True)
 
     def apply_chat_template(self, messages: list[dict], **kwargs) -> tuple[str, list[int]]:
-        """The conversation rendered by the chat template (kwargs: transformers' own), as text and
-        as ids."""
+        """The conversation rendered by the chat template (kwargs: transformers' own): text, ids."""
         kwargs.setdefault("add_generation_prompt", True)
         text = self.hf.apply_chat_template(messages, tokenize=False, **kwargs)
         return text, self.hf(text, add_special_tokens=False).input_ids
 
     def start_detokenizer(self, num_prompt_tokens: int, skip_special_tokens: bool = True,
                           spaces_between_special_tokens: bool = True) -> DetokenizerState:
-        """The window starts a few prompt tokens back, so the first output token gets its leading
-        space."""
+        """The window starts 5 prompt tokens back: the first output token gets its leading space."""
         return DetokenizerState(max(num_prompt_tokens - 5, 0), num_prompt_tokens,
                                 skip_special_tokens, spaces_between_special_tokens)
 
     def token_text(self, token_id: int) -> str:
-        """One token alone as text (a logprob's decoded_token): "" for an id the tokenizer does not
-        have."""
+        """One token alone as text (a logprob's decoded_token); "" for an id beyond the vocab."""
         return self._join(self.hf.convert_ids_to_tokens([token_id]), skip_special_tokens=False)
 
     def detokenize_step(self, all_token_ids: list[int], state: DetokenizerState) -> str:
-        """Text contributed by the tokens after `state.read_offset` (may be empty while a char is
-        split)."""
+        """Text of the tokens after `state.read_offset` ("" while a character is still split)."""
         prefix_text, full_text = self._window(all_token_ids, state)
         if len(full_text) > len(prefix_text) and not full_text.endswith("\ufffd"):
             state.prefix_offset, state.read_offset = state.read_offset, len(all_token_ids)
@@ -72,13 +65,10 @@ class Tokenizer:
         return ""
 
     def detokenize_rest(self, all_token_ids: list[int], state: DetokenizerState) -> str:
-        """All the text after `state.read_offset` in one decode: what detokenize_step would emit
-        token by token.
-
-        For a request whose text nobody reads until it finishes. Only if the text ends inside an
-        unfinished character (which the step-by-step path holds back, with everything since its last
-        emission) is that path replayed, so the result is the same either way.
-        """
+        """All the text after `state.read_offset` in one decode: what detokenize_step emits token by
+        token, for a request whose text nobody reads until it finishes. Only if the text ends inside
+        an unfinished character (which the step-by-step path holds back, with everything since its
+        last emission) is that path replayed, so the result is the same either way."""
         prefix_text, full_text = self._window(all_token_ids, state)
         if not full_text.endswith("\ufffd"):
             state.prefix_offset, state.read_offset = state.read_offset, len(all_token_ids)
@@ -87,12 +77,11 @@ class Tokenizer:
                        for end in range(state.read_offset + 1, len(all_token_ids) + 1))
 
     def _window(self, all_token_ids: list[int], state: DetokenizerState) -> tuple[str, str]:
-        """The text of the window before the unread tokens, and of the whole window including
-        them."""
+        """The text of the window without the unread tokens, and with them."""
         tokens = self.hf.convert_ids_to_tokens(all_token_ids[state.prefix_offset :])
+        prefix = tokens[: state.read_offset - state.prefix_offset]
         options = (state.skip_special_tokens, state.spaces_between_special_tokens)
-        return self._join(tokens[: state.read_offset - state.prefix_offset],
-                          *options), self._join(tokens, *options)
+        return self._join(prefix, *options), self._join(tokens, *options)
 
     def _join(self, tokens: list[str | None], skip_special_tokens: bool = True,
               spaces_between_special_tokens: bool = True) -> str:
@@ -101,20 +90,12 @@ class Tokenizer:
         tokens), and a model can sample such an id. Like vLLM, it decodes to nothing. Special tokens
         are left out, or kept (set apart by spaces, as transformers' slow tokenizers do, if
         spaces_between_special_tokens)."""
-        tokens = [t for t in tokens if t is not None]
-        if skip_special_tokens:
-            return (self.hf.convert_tokens_to_string([t for t in tokens
-                                                      if t not in self.special_tokens]))
-        parts, run = [], []
-        for t in tokens + [None]:
-            if t is None or t in self.special_tokens:
-                if run:
-                    parts.append(self.hf.convert_tokens_to_string(run))
-                    run = []
-                if t is not None:
-                    parts.append(t)
-            else:
-                run.append(t)
+        special = self.special_tokens
+        tokens = [t for t in tokens if t is not None and not (skip_special_tokens and t in special)]
+        parts = []  # each special token alone, each run of other tokens as one string
+        for is_special, group in itertools.groupby(tokens, key=special.__contains__):
+            run = list(group)
+            parts += run if is_special else [self.hf.convert_tokens_to_string(run)]
         return (" " if spaces_between_special_tokens else "").join(parts)
 
 

@@ -1,11 +1,10 @@
-"""Beam search on copy-on-write blocks: `LLM.beam_search(prompts, BeamSearchParams(...))`, with
-vLLM's result shape.
+"""Beam search on copy-on-write blocks: `LLM.beam_search(prompts, BeamSearchParams(...))`.
 
 Every beam is a scheduler sequence whose next token the search picks itself (`external_sampling`).
 Each round drives the engine's own `core_step` until every live beam's last token is computed (one
-decode each), reading its log-probabilities through the runner's logits observer.
-Each beam proposes its 2 * beam_width best next tokens; candidates ending in EOS are set aside as
-finished, and the beam_width best of the rest (by vLLM's score) become the next round's beams.
+decode each), reading its log-probabilities through the runner's logits observer. Each beam proposes
+its 2 * beam_width best next tokens; candidates ending in EOS are set aside as finished, and the
+beam_width best of the rest (by vLLM's score) become the next round's beams.
 
 A chosen candidate is a *fork* of its beam (`Scheduler.fork`): a new request that shares every block
 of its parent by reference count, the partly filled last block included. The first write into that
@@ -15,9 +14,8 @@ costs at most one block copy instead of a copy of the whole table: `stats()` cou
 go back to the pool. A parent that lost its blocks to preemption has none to share: its forks are
 computed afresh (from the prefix cache, if it can).
 
-vLLM V1 runs the same algorithm on top of its engine (each beam a request asking for logprobs,
-sharing by prefix caching); forking block tables here makes the sharing explicit, and works without
-prefix caching.
+vLLM V1 runs the same algorithm on its engine (each beam a request asking for logprobs, sharing by
+prefix caching); forking block tables makes the sharing explicit, and needs no prefix caching.
 """
 
 from __future__ import annotations
@@ -37,8 +35,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class BeamSearchParams:
-    """vLLM's BeamSearchParams. `temperature` > 0 divides the logits before the log-softmax; 0 uses
-    them as is."""
+    """vLLM's. `temperature` > 0 divides the logits before the log-softmax; 0 uses them as is."""
 
     beam_width: int
     max_tokens: int
@@ -58,12 +55,10 @@ class BeamSearchParams:
 
 @dataclass
 class BeamSearchSequence:
-    """One finished beam, as vLLM returns it: `tokens` are prompt + generated, `text` their
-    decoding."""
+    """One finished beam, as vLLM returns it: `tokens` (prompt + generated) and their `text`."""
 
     tokens: list[int]
-    # per generated token: candidate -> logprob
-    logprobs: list[dict[int, float]] = field(default_factory=list)
+    logprobs: list[dict[int, float]] = field(default_factory=list)  # per token: id -> logprob
     cum_logprob: float = 0.0
     text: str | None = None
     finish_reason: FinishReason | None = None  # STOP (EOS) or LENGTH
@@ -88,14 +83,12 @@ def get_beam_search_score(tokens: list[int], cumulative_logprob: float, eos_toke
 class _Instance:
     """One prompt's search: live beams (each with the request computing it) and finished ones."""
 
-    prompt_token_ids: list[int]
     beams: list[tuple[Sequence, BeamSearchSequence]]
     completed: list[BeamSearchSequence] = field(default_factory=list)
 
 
 class BeamSearch:
-    """Runs beam searches on an engine with no other requests in flight (it drives the scheduler
-    itself)."""
+    """Runs beam searches on an engine with no other requests in flight: it drives the scheduler."""
 
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
@@ -104,19 +97,15 @@ class BeamSearch:
     def _add_requests(self, prompts: list[PromptType], params: BeamSearchParams) -> list[_Instance]:
         """One engine request per prompt, its first beam: the engine computes, the search picks."""
         eng = self.engine
-        # the requests only carry tokens and blocks: the search decides every token and every stop
-        # itself
-        request_params = SamplingParams(temperature=0, max_tokens=params.max_tokens,
-                                        ignore_eos=True)
+        # the requests only carry tokens and blocks: the search decides every token and stop itself
+        plain = SamplingParams(temperature=0, max_tokens=params.max_tokens, ignore_eos=True)
         instances = []
         for prompt in prompts:
-            request = eng.process_request(f"beam-{next(self._ids)}", prompt,
-                                          request_params).sequences[0]
-            # the engine computes its logits; the search picks its tokens
-            request.external_sampling = True
+            request = eng.process_request(f"beam-{next(self._ids)}", prompt, plain).sequences[0]
+            request.external_sampling = True  # the engine computes its logits, the search picks
             eng.scheduler.add(request)
-            tokens = list(request.prompt_token_ids)
-            instances.append(_Instance(tokens, [(request, BeamSearchSequence(tokens))]))
+            first = BeamSearchSequence(list(request.prompt_token_ids))
+            instances.append(_Instance([(request, first)]))
         return instances
 
     def _extend(self, inst: _Instance, logprobs: dict[str, torch.Tensor], k: int, stops: set[int],
@@ -131,15 +120,14 @@ class BeamSearch:
                 new = BeamSearchSequence(seq.tokens + [token], seq.logprobs + [step],
                                          seq.cum_logprob + lp)
                 if token in stops:
-                    new.finish_reason, new.stop_reason = FinishReason.STOP, None
+                    new.finish_reason = FinishReason.STOP
                     inst.completed.append(new)
                 else:
                     candidates.append((new, request, token))
         chosen = sorted(candidates, key=lambda c: score(c[0]), reverse=True)[:k]
         parents = [request for request, _ in inst.beams]
-        inst.beams = [(eng.scheduler.fork(
-            parent, f"{parent.parent_id}.{next(self._ids)}", token), new)
-                      for new, parent, token in chosen]
+        inst.beams = [(eng.scheduler.fork(parent, f"{parent.parent_id}.{next(self._ids)}", token),
+                       new) for new, parent, token in chosen]
         # forks hold on
         eng.scheduler.finish_requests([p.request_id for p in parents], FinishReason.ABORT)
 
@@ -164,9 +152,8 @@ class BeamSearch:
                 for inst in instances:
                     self._extend(inst, logprobs, k, stops, score)
         finally:
-            eng.scheduler.finish_requests([r.request_id for inst in instances for r,
-                                           _ in inst.beams],
-                                          FinishReason.ABORT)
+            ids = [r.request_id for inst in instances for r, _ in inst.beams]
+            eng.scheduler.finish_requests(ids, FinishReason.ABORT)
             eng.core_step()  # the runner forgets the finished beams now
         outputs = []
         for inst in instances:
@@ -184,11 +171,10 @@ class BeamSearch:
 
         Usually one step; more when a long prompt is prefilled in chunks or a small pool preempts
         beams. Under pressure, beams that are done give their blocks up (they finish early): their
-        forks are then computed afresh, helped by the prefix cache, rather than sharing blocks.
-        Every step is handed to the engine's step observers, so the trace shows the forks and
-        copies.
+        forks are then computed afresh, helped by the prefix cache, rather than sharing blocks. Each
+        step goes to the engine's step observers, so the trace shows the forks and copies.
         """
-        eng = self.engine
+        eng, seqs = self.engine, self.engine.scheduler.sequences
         wanted, got = {r.request_id for r in live}, {}
         vocab = eng.config.model_config.vocab_size
 
@@ -205,18 +191,15 @@ class BeamSearch:
                 record = eng.core_step()
                 # nothing could run: beams that are done hold the blocks, so let them go
                 if record is None:
-                    done = [rid for rid in got if rid in eng.scheduler.sequences]
+                    done = [rid for rid in got if rid in seqs]
                     if not done:
                         raise RuntimeError("beam search cannot make progress: the KV cache is too "
                                            "small")
                     eng.scheduler.finish_requests(done, FinishReason.ABORT)
                     continue
-                # a beam that is done but was preempted meanwhile need not come back: its forks
-                # start afresh
-                eng.scheduler.finish_requests([rid for rid in got if rid in eng.scheduler.sequences
-                                               and eng.scheduler.sequences[rid].status
-                                               is not SequenceStatus.RUNNING],
-                                              FinishReason.ABORT)
+                # a beam done but since preempted need not come back: its forks start afresh
+                eng.scheduler.finish_requests([r for r in got if r in seqs and seqs[r].status
+                                               is not SequenceStatus.RUNNING], FinishReason.ABORT)
                 eng.notify(record)
         finally:
             eng.runner.logits_observers.remove(observe)

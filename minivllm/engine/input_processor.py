@@ -1,5 +1,4 @@
-"""InputProcessor: a prompt and its SamplingParams become validated, tokenized scheduler Sequences
-(n of them).
+"""InputProcessor: a prompt and its SamplingParams become n validated, tokenized Sequences.
 
 Everything that can be wrong with a request is found here, before it is queued: a bad prompt fails
 alone with a ValueError naming the problem, and the engine never starts work it cannot finish.
@@ -35,20 +34,16 @@ class EngineRequest:
 
 class InputProcessor:
     def __init__(self, config: EngineConfig, tokenizer: Tokenizer | None,
-                 eos_token_ids: tuple[int, ...],
-                 num_kv_blocks: int, structured: StructuredOutputManager | None = None) -> None:
-        self.config = config
-        self.tokenizer = tokenizer
-        self.structured = structured
+                 eos_token_ids: tuple[int, ...], num_kv_blocks: int,
+                 structured: StructuredOutputManager | None = None) -> None:
+        self.config, self.tokenizer, self.structured = config, tokenizer, structured
         self.vocab_size = config.model_config.vocab_size
-        self.eos_token_ids = eos_token_ids
-        self.num_kv_blocks = num_kv_blocks
+        self.eos_token_ids, self.num_kv_blocks = eos_token_ids, num_kv_blocks
         self.logits_processor_classes = load_logits_processor_classes(config.logits_processors)
 
     def process(self, request_id: str, prompt: PromptType, params: SamplingParams | None = None,
                 arrival_time: float | None = None, priority: int = 0) -> EngineRequest:
-        """Validate and tokenize one request (n sequences), without queueing it: errors come before
-        work."""
+        """Validate and tokenize one request (n sequences), not queueing it: errors before work."""
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling params must be a SamplingParams, got "
@@ -74,15 +69,13 @@ class InputProcessor:
                              f"which leaves no room for output")
         arrival = time.monotonic() if arrival_time is None else arrival_time
         num, seq_params = params.num_sequences, params
-        # best_of ranks by logprob: the runner must
         if params.ranks_by_logprob and params.logprobs is None:
-            seq_params = replace(params, logprobs=0)  # report each chosen token's (0 alternatives)
+            # best_of ranks by logprob: the runner must report each chosen token's (0 alternatives)
+            seq_params = replace(params, logprobs=0)
         sequences = [Sequence(request_id if num == 1 else f"{request_id}#{i}", list(ids),
                               seq_params, self.eos_token_ids, max_len, arrival,
-                              parent_id=request_id, index=i, priority=priority)
-                     for i in range(num)]
-        block_size = self.config.block_size
-        need = cdiv(sequences[0].max_total_tokens, block_size)
+                              parent_id=request_id, index=i, priority=priority) for i in range(num)]
+        need = cdiv(sequences[0].max_total_tokens, self.config.block_size)
         if need > self.num_kv_blocks:
             raise ValueError(f"request needs up to {need} KV blocks but the cache has only "
                              f"{self.num_kv_blocks}: lower max_tokens or add blocks")
@@ -100,20 +93,14 @@ class InputProcessor:
                 raise ValueError(f"SamplingParams.{name}: requested "
                                  f"{'all' if asked == -1 else asked} logprobs, more than this "
                                  f"engine's max_logprobs of {cap}")
-        for name in ("stop_token_ids", "allowed_token_ids"):
-            bad = [t for t in getattr(params, name) or [] if t >= self.vocab_size]
+        for name in ("stop_token_ids", "allowed_token_ids", "logit_bias"):  # logit_bias: its keys
+            bad = [t for t in getattr(params, name) or [] if not 0 <= t < self.vocab_size]
             if bad:
                 raise ValueError(f"SamplingParams.{name} outside the vocabulary [0, "
                                  f"{self.vocab_size}): {bad[:5]}")
-        bad = [t for t in params.logit_bias or {} if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"SamplingParams.logit_bias ids outside the vocabulary [0, "
-                             f"{self.vocab_size}): {bad[:5]}")
-        needs_tokenizer = [name for name in ("bad_words", "structured_outputs")
-                           if getattr(params, name)]
-        if needs_tokenizer and self.tokenizer is None:
-            raise ValueError(f"{needs_tokenizer[0]} needs a tokenizer, and {self.config.model} has "
-                             f"none")
+        needs = [name for name in ("bad_words", "structured_outputs") if getattr(params, name)]
+        if needs and self.tokenizer is None:
+            raise ValueError(f"{needs[0]} needs a tokenizer, and {self.config.model} has none")
         if params.bad_words and not params.bad_words_token_ids:
             words = {tuple(self.tokenizer.hf(prefix + w.strip(),
                                              add_special_tokens=False).input_ids)
@@ -128,10 +115,9 @@ class InputProcessor:
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
                 return prompt.get("prompt"), list(prompt["prompt_token_ids"])
-            if "prompt" in prompt:
-                prompt = prompt["prompt"]
-            else:
+            if "prompt" not in prompt:
                 raise ValueError("a dict prompt needs 'prompt' or 'prompt_token_ids'")
+            prompt = prompt["prompt"]
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt is empty")

@@ -1,5 +1,4 @@
-"""A plain-text view of the step trace: one line per engine step (used by the CLI and `make
-demo`)."""
+"""A plain-text view of the step trace: one line per engine step (for the CLI and `make demo`)."""
 
 from __future__ import annotations
 

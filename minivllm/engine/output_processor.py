@@ -1,10 +1,9 @@
 """OutputProcessor: token ids from the scheduler become text and RequestOutputs for the caller.
 
 It keeps its own state per sequence (token ids, text, the incremental detokenizer) and per user
-request (its n sequences), fed only by the plain `EngineCoreOutput`s each step produces. It owns
-everything that needs text: incremental detokenization, stop strings (which the scheduler cannot
-see: it deals in ids), holding back text that may still become a stop string, and assembling the
-outputs.
+request (its n sequences), fed only by the plain `EngineCoreOutput`s each step produces. It owns all
+that needs text: incremental detokenization, stop strings (the scheduler deals in ids), holding back
+text that may still become a stop string, and assembling the outputs.
 """
 
 from __future__ import annotations
@@ -33,8 +32,7 @@ class SequenceText:
     stop_reason: int | str | None = None
     first_token_time: float | None = None
     finish_time: float | None = None
-    # the scheduler's latest counters for it (cache hits, drafts, ...)
-    core: EngineCoreOutput | None = None
+    core: EngineCoreOutput | None = None  # the scheduler's latest counters (cache hits, drafts)
     # output tokens and characters already reported (RequestOutputKind.DELTA)
     num_sent_tokens: int = 0
     num_sent_chars: int = 0
@@ -52,10 +50,8 @@ class RequestGroup:
     """One user request and its n sequences."""
 
     request: EngineRequest
-    # scheduler request id -> its text
-    sequences: dict[str, SequenceText] = field(default_factory=dict)
-    # from its first sequence, when asked
-    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    sequences: dict[str, SequenceText] = field(default_factory=dict)  # by scheduler request id
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # its first sequence's, if asked
 
     @property
     def finished(self) -> bool:
@@ -64,22 +60,17 @@ class RequestGroup:
 
 def streams_text(params: SamplingParams) -> bool:
     """Text is built token by token only if someone reads it before the end: a stream, or stop
-    strings.
-
-    Otherwise (FINAL_ONLY, as in LLM.generate) it is decoded once when the request finishes:
-    per-token detokenization took about 11 us a token on the 2-core test machine, 2.8 ms a step at a
-    batch of 256.
-    """
+    strings. Otherwise (FINAL_ONLY, as in LLM.generate) it is decoded once when the request ends:
+    per-token detokenization took about 11 us a token on the 2-core test machine (2.8 ms a step at a
+    batch of 256)."""
     return params.detokenize and (params.output_kind is not RequestOutputKind.FINAL_ONLY
                                   or bool(params.stop_strings))
 
 
 def visible_text(seq: SequenceText, params: SamplingParams) -> str:
-    """The text so far, minus a tail that might still turn out to start a stop string.
-
-    A stop string is cut from the output when it completes, so without this hold-back a stream could
-    already have shown its first characters. Held back, the text a caller sees only ever grows.
-    """
+    """The text so far, minus a tail that might still turn out to start a stop string. A stop
+    string is cut from the output when it completes, so without this hold-back a stream could
+    already have shown its first characters. Held back, the text a caller sees only ever grows."""
     if seq.finish_reason is not None or not params.stop_strings:
         return seq.text
     hold = max(len(s) for s in params.stop_strings) - 1
@@ -114,10 +105,8 @@ class OutputProcessor:
     def _append_tokens(self, seq: SequenceText, core: EngineCoreOutput, params: SamplingParams,
                        eos_token_ids) -> str | None:
         """Append one step's tokens, text and logprobs as far as they are kept; any stop string."""
-        num_before = len(seq.output_token_ids)
-        hit = None
-        # a stop token's text (EOS, stop_token_ids) is left out, as a stop string is, unless
-        # asked for
+        num_before, hit = len(seq.output_token_ids), None
+        # a stop token's text (EOS, stop_token_ids) is left out, as a stop string is, unless asked
         last = core.new_token_ids[-1]
         silent_last = (core.finish_reason is FinishReason.STOP
                        and not params.include_stop_str_in_output and
@@ -131,9 +120,8 @@ class OutputProcessor:
             if hit is not None:
                 seq.finish_reason, seq.stop_reason = FinishReason.STOP, hit
                 break
-        # as far as the tokens kept
         if seq.cumulative_logprob is not None and core.logprobs is not None:
-            kept = core.logprobs[: len(seq.output_token_ids) - num_before]
+            kept = core.logprobs[: len(seq.output_token_ids) - num_before]  # the tokens kept
             if seq.logprobs is not None:
                 seq.logprobs += [self._logprob_dict(p, params) for p in kept]
             seq.cumulative_logprob += sum(p.logprobs[0] for p in kept)
@@ -141,9 +129,8 @@ class OutputProcessor:
 
     def process(self, core_outputs: list[EngineCoreOutput]) -> tuple[list[RequestOutput],
                                                                      dict[str, str]]:
-        """Turn one step's new tokens into outputs; also returns {sequence id: stop string} for the
-        sequences a stop string ended, which the scheduler must now finish (it does not read
-        text)."""
+        """Turn one step's new tokens into outputs; also {sequence id: stop string} for the
+        sequences a stop string ended, which the scheduler must now finish (it reads no text)."""
         now = time.monotonic()
         touched: dict[str, RequestGroup] = {}
         stopped: dict[str, str] = {}
@@ -158,8 +145,7 @@ class OutputProcessor:
                 continue
             if seq.first_token_time is None:
                 seq.first_token_time = now
-            hit = self._append_tokens(seq, core, params,
-                                      group.request.sequences[0].eos_token_ids)
+            hit = self._append_tokens(seq, core, params, group.request.sequences[0].eos_token_ids)
             if hit is not None:
                 stopped[core.request_id] = hit
             if seq.finish_reason is None and core.finish_reason is not None:
@@ -173,8 +159,7 @@ class OutputProcessor:
         return outputs, stopped
 
     def abort(self, request_id: str) -> tuple[list[str], RequestOutput | None]:
-        """End a user request: its unfinished sequences' ids (for the scheduler), and its final
-        output."""
+        """End a user request: its unfinished sequence ids (to abort) and its final output."""
         group = self.groups.get(request_id)
         if group is None:
             return [], None
@@ -250,8 +235,7 @@ class OutputProcessor:
             del self.groups[req.request_id]
             for rid in group.sequences:
                 self.parent_of.pop(rid, None)
-        # of its n samples, the one the prefix cache served best (the first computes what the others
-        # reuse)
+        # the n samples' best prefix-cache hit (the first computes what the others reuse)
         num_cached = max((c.num_cached_tokens for c in cores), default=0)
         return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, completions,
                              finished, num_cached, metrics, sum(c.num_preemptions for c in cores),

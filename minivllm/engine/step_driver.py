@@ -1,14 +1,14 @@
 """StepDriver: many threads share one LLMEngine, and whichever thread is waiting drives it.
 
-LLMEngine is not thread-safe (add, abort and step all touch the scheduler and the block pool), and
-two threads stepping it at once corrupt it: that is how ten threads sharing one `LLM` used to hang.
-So the engine has one driver at a time. A thread that calls `run` queues its requests and waits;
-when nobody is driving, it becomes the driver: it adds everything queued since the last step (its
-own requests and other threads'), takes one step, hands each finished output to the thread that
-asked for it, and repeats until its own requests are done, then hands the role to a thread still
-waiting. Requests queued while a step runs go in right before the next one, so concurrent calls
-share one running batch: continuous batching across threads. (vLLM's own `LLM` is not thread-safe;
-the server's AsyncEngine solves the same problem for HTTP clients with one asyncio task as driver.)
+LLMEngine is not thread-safe (add, abort and step all touch the scheduler and the block pool): two
+threads stepping it at once corrupt it (ten threads sharing one `LLM` used to hang). So the engine
+has one driver at a time. A thread that calls `run` queues its requests and waits; when nobody is
+driving, it becomes the driver: it adds everything queued since the last step (its own requests and
+other threads'), takes one step, hands each finished output to the thread that asked for it, and
+repeats until its own requests are done, then hands the role on. Requests queued while a step runs
+go in right before the next one, so concurrent calls share one running batch: continuous batching
+across threads. (vLLM's `LLM` is not thread-safe; its server's AsyncEngine has one asyncio task
+drive.)
 
 Failures reach everyone who waits: an exception from a step fails every call in flight (the driver's
 caller gets it, the others a RuntimeError chained to it) and their requests are aborted; a call
@@ -46,8 +46,7 @@ class _Call:
     withdrawn: bool = False
 
     def __post_init__(self) -> None:
-        self.results = [None] * len(self.request_ids)
-        self.remaining = len(self.request_ids)
+        self.results, self.remaining = [None] * len(self.request_ids), len(self.request_ids)
 
     @property
     def done(self) -> bool:
@@ -63,8 +62,7 @@ class StepDriver:
         self._driving = False
         self._adds: list[_Call] = []  # queued, not yet in the engine
         self._aborts: list[str] = []
-        # request id in the engine -> its call and index there
-        self._owner: dict[str, tuple[_Call, int]] = {}
+        self._owner: dict[str, tuple[_Call, int]] = {}  # request id -> its call and index there
 
     def run(self, request_ids: Sequence[str], prompts: Sequence[PromptType],
             params: Sequence[SamplingParams], priorities: Sequence[int],
@@ -91,8 +89,7 @@ class StepDriver:
                     self._drive(call, progress)
                 finally:
                     self._release()
-        # interrupted here (KeyboardInterrupt): nobody will collect these outputs
-        except BaseException:
+        except BaseException:  # interrupted here (KeyboardInterrupt): nobody will collect them
             self._withdraw(call)
             raise
         if call.error is not None:
@@ -101,8 +98,7 @@ class StepDriver:
 
     def abort(self, request_ids: Sequence[str]) -> None:
         """Abort requests from any thread: before the next step if one is being driven, else right
-        away. Their callers get them back finished with finish_reason "abort", as
-        LLMEngine.abort_request gives them."""
+        away. Their callers get them back finished with finish_reason "abort"."""
         with self._cond:
             self._aborts.extend(request_ids)
             if self._driving:
@@ -116,9 +112,8 @@ class StepDriver:
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[LLMEngine]:
-        """Hold the engine alone (waiting for the current driver to hand it over), for work that is
-        not a batch of requests: beam search, resetting the prefix cache. Queued aborts are applied
-        first."""
+        """Hold the engine alone (once the current driver hands it over), for work that is not a
+        batch of requests: beam search, resetting the prefix cache. Queued aborts go first."""
         with self._cond:
             while self._driving:
                 self._cond.wait()
@@ -139,17 +134,15 @@ class StepDriver:
                                        "waiting for outputs (were its requests aborted directly on "
                                        "llm.engine?)")
                 outputs = self.engine.step()
-            # the engine's state is unknown: fail everyone rather than hang them
-            except Exception as e:
+            except Exception as e:  # the engine's state is unknown: fail everyone, not hang them
                 self._fail_all(e, call)
                 return
             with self._cond:
                 for out in outputs:
-                    owner = self._owner.get(out.request_id)
-                    if owner is not None and out.finished:
-                        del self._owner[out.request_id]
-                        owner[0].results[owner[1]] = out
-                        owner[0].remaining -= 1
+                    if out.finished and out.request_id in self._owner:
+                        owner, index = self._owner.pop(out.request_id)
+                        owner.results[index] = out
+                        owner.remaining -= 1
                 self._cond.notify_all()
             if progress is not None:
                 progress(len(call.request_ids) - call.remaining)
@@ -193,9 +186,8 @@ class StepDriver:
         with self._cond:
             calls = {id(c): c for c, _ in self._owner.values()} | {id(c): c for c in self._adds}
             calls[id(driver_call)] = driver_call
-            in_engine = list(self._owner)
+            in_engine, self._adds = list(self._owner), []
             self._owner.clear()
-            self._adds = []
             for c in calls.values():
                 if c.error is not None or not c.remaining:
                     continue

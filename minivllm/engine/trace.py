@@ -1,5 +1,4 @@
-"""StepTrace: what one engine step did, recorded so notebooks and widgets can replay real engine
-state.
+"""StepTrace: what one engine step did, recorded so notebooks and widgets replay real engine state.
 
 `TraceRecorder` is a step observer: after every step the engine hands it a `StepRecord` (the step's
 plain data) and it keeps the most recent `trace_steps` as StepTraces in `LLMEngine.trace`. Each is
@@ -24,8 +23,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class StepRecord:
-    """Everything one step produced, handed to each step observer (trace, counters, a chapter's
-    own)."""
+    """Everything one step produced, for each step observer (trace, counters, a chapter's own)."""
 
     step: int
     duration_s: float
@@ -35,8 +33,7 @@ class StepRecord:
     finished: dict[str, FinishReason]  # sequence id -> why it ended (token stops and stop strings)
     kv_events: list[KVEvent]
     # wall seconds of each part of the step: schedule, run (the runner; its forward pass is in
-    # runner_output), update (scheduler bookkeeping), output (detokenize, stop strings,
-    # RequestOutputs)
+    # runner_output), update (scheduler bookkeeping), output (detokenize, stops, RequestOutputs)
     phase_seconds: dict[str, float] = field(default_factory=dict)
 
 
@@ -68,16 +65,13 @@ class StepTrace:
     num_free_blocks: int
     num_total_blocks: int
     block_size: int = 16
-    # live request -> tokens in its blocks
-    num_computed_tokens: dict[str, int] = field(default_factory=dict)
+    num_computed_tokens: dict[str, int] = field(default_factory=dict)  # live request -> tokens
     shared_blocks: dict[int, int] = field(default_factory=dict)  # block id -> ref count, where > 1
-    # request id -> GPU blocks copied to the host
+    # request id -> GPU blocks copied to the host, GPU blocks filled from the host, the blocks a new
+    # sequence shares with its parent (forked), its copy-on-write blocks (the copies)
     swapped_out: dict[str, list[int]] = field(default_factory=dict)
-    # request id -> GPU blocks filled from the host
     swapped_in: dict[str, list[int]] = field(default_factory=dict)
-    # new sequence -> the blocks it shares with its parent
     forked: dict[str, list[int]] = field(default_factory=dict)
-    # request id -> its copy-on-write blocks (the copies)
     copied: dict[str, list[int]] = field(default_factory=dict)
     num_swap_bytes: int = 0  # KV bytes this step moved between GPU and host, both ways
     num_free_host_blocks: int = 0
@@ -111,9 +105,9 @@ def scheduled_entries(record: StepRecord) -> list[ScheduledEntry]:
     appended = {c.request_id: c.new_token_ids for c in record.core_outputs}
     entries = []
     for s in record.scheduler_output.scheduled:
-        entry = ScheduledEntry(s.request_id, s.num_new_tokens,
-                               "prefill" if s.is_prefill else "decode",
-                               s.num_computed_before, spec_token_ids=list(s.spec_token_ids))
+        kind = "prefill" if s.is_prefill else "decode"
+        entry = ScheduledEntry(s.request_id, s.num_new_tokens, kind, s.num_computed_before,
+                               spec_token_ids=list(s.spec_token_ids))
         tokens = appended.get(s.request_id)
         if tokens:
             entry.new_token_ids, entry.sampled_token = list(tokens), tokens[-1]
@@ -123,13 +117,11 @@ def scheduled_entries(record: StepRecord) -> list[ScheduledEntry]:
 
 
 class TraceRecorder:
-    """The step observer behind `LLMEngine.trace`: keeps the last `max_steps` steps as
-    StepTraces."""
+    """The step observer behind `LLMEngine.trace`: the last `max_steps` steps, as StepTraces."""
 
     def __init__(self, max_steps: int) -> None:
         self.steps: deque[StepTrace] = deque(maxlen=max_steps)
-        # request id -> (live table, trace copy)
-        self._snapshots: dict[str, tuple[list[int], list[int]]] = {}
+        self._snapshots: dict[str, tuple[list[int], list[int]]] = {}  # id -> (live table, copy)
 
     def __call__(self, engine: LLMEngine, record: StepRecord) -> None:
         if self.steps.maxlen == 0:
