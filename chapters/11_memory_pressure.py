@@ -21,7 +21,8 @@
 # * **recompute or swap**: throw the victim's blocks away and prefill it again later (FLOPs), or copy them to
 #   host memory and back (bytes over PCIe). vLLM's own log on an H100 shows both pools side by side:
 #   `# GPU blocks: 32350, # CPU blocks: 11915` (the CPU ones are `swap_space=4` GiB of pinned memory);
-# * **first come first served, or priority**: who waits, and who is pushed out;
+# * **first come first served, priority, shortest job first or round-robin**: who waits, and who is pushed
+#   out;
 # * **beam search**, where several sequences share their prompt's blocks by reference count and copy only
 #   the partly filled block they write into (copy-on-write).
 
@@ -202,6 +203,107 @@ widgets.show(fig)
 # vLLM.
 
 # %% [markdown]
+# ## Four policies, one workload: who should go next?
+#
+# When more requests want to run than fit, the queue's order decides who waits. minivllm has four
+# `scheduling_policy` values; the rule of each is a few lines of `minivllm/core/scheduling_policy.py`:
+#
+# * `"fcfs"`: arrival order;
+# * `"priority"`: the caller says who matters (here: short requests get priority 0, long ones 1);
+# * `"sjf"`, shortest job first: the least *predicted* work first. The prediction is each request's
+#   `max_tokens`, lowered by a running average of how long similar requests (prompts of about the same
+#   length) really ran; `EngineHooks(predict_output_tokens=...)` replaces it. A request that has waited
+#   `sjf_aging_steps` steps goes ahead of every younger one, so a long job cannot starve;
+# * `"round_robin"`: once requests are left waiting, a running request that has produced
+#   `round_robin_quantum` tokens since it was admitted yields its slot and rejoins the back of the queue
+#   (preempted, by recompute or swap as configured): everyone makes progress, at the price of recomputing.
+#
+# The workload: 24 short requests (4 to 8 tokens) and 3 long ones (96 tokens), arriving over 40 steps, with
+# room for 4 at a time. Time is counted in engine steps, which makes the comparison exact: the steps do not
+# depend on how busy this machine is (the wall-clock seconds printed beside them do).
+
+# %%
+def mixed_workload() -> dict[int, list[tuple[str, list[int], int, int]]]:
+    """{arrival step: [(id, prompt, max_tokens, priority)]}: mostly short requests, three long ones."""
+    arrivals: dict[int, list] = {}
+    for i in range(27):
+        long = i % 9 == 0
+        arrivals.setdefault(i * 3 // 2, []).append(
+            (f"{'long' if long else 'short'}-{i}", PROMPTS[i % 8][: 8 + i % 5], 96 if long else 4 + i % 5,
+             1 if long else 0))
+    return arrivals
+
+
+def policy_run(policy: str) -> dict:
+    llm = LLM(num_kv_blocks=64, max_num_seqs=4, scheduling_policy=policy, round_robin_quantum=8,
+              sjf_aging_steps=64)
+    engine, arrivals = llm.engine, mixed_workload()
+    arrived, first, done, step, start = {}, {}, {}, 0, time.perf_counter()
+    while step <= max(arrivals) or engine.has_unfinished_requests():
+        for rid, prompt, n, priority in arrivals.get(step, []):
+            engine.add_request(rid, prompt, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True),
+                               priority=priority if policy == "priority" else 0)
+            arrived[rid] = step
+        for out in engine.step():
+            if out.outputs[0].token_ids:
+                first.setdefault(out.request_id, step)
+            if out.finished:
+                done[out.request_id] = step
+        step += 1
+    latency = {r: done[r] - arrived[r] + 1 for r in done}
+    ordered = sorted(latency.values())
+    short = [v for r, v in latency.items() if r.startswith("short")]
+    long = [v for r, v in latency.items() if r.startswith("long")]
+    return {"mean latency": sum(ordered) / len(ordered), "p99 latency": ordered[int(0.99 * (len(ordered) - 1))],
+            "short mean": sum(short) / len(short), "long mean": sum(long) / len(long),
+            "longest wait": max(first[r] - arrived[r] for r in done), "steps": step,
+            "preemptions": engine.scheduler.num_preemptions,
+            "prompt tokens": engine.stats()["num_prefill_tokens_computed"], "seconds": time.perf_counter() - start}
+
+
+POLICY_NAMES = ("fcfs", "priority", "sjf", "round_robin")
+results = {policy: policy_run(policy) for policy in POLICY_NAMES}
+print("latency and waits in engine steps; 'prompt tokens': prefill tokens computed, recomputation included")
+print(f"{'policy':12s} {'mean':>6s} {'p99':>5s} {'short':>6s} {'long':>6s} {'longest wait':>12s} {'steps':>5s} "
+      f"{'preempted':>9s} {'prompt tokens':>13s}")
+for policy, r in results.items():
+    print(f"{policy:12s} {r['mean latency']:6.1f} {r['p99 latency']:5d} {r['short mean']:6.1f} {r['long mean']:6.1f} "
+          f"{r['longest wait']:12d} {r['steps']:5d} {r['preemptions']:9d} {r['prompt tokens']:13d}"
+          f"   ({r['seconds']:.1f} s)")
+
+fig = Figure(figsize=(10, 3.2))
+axes = fig.subplots(1, 3)
+for ax, metric in zip(axes, ("short mean", "long mean", "longest wait")):
+    ax.bar(POLICY_NAMES, [results[p][metric] for p in POLICY_NAMES], color=["#888", "#c84", "#48c", "#4a4"])
+    ax.set_title({"short mean": "short requests: mean latency", "long mean": "long requests: mean latency",
+                  "longest wait": "longest wait for a first token"}[metric] + " (steps)", fontsize=9)
+    ax.tick_params(axis="x", labelsize=8)
+fig.tight_layout()
+widgets.show(fig)
+
+# %%
+fcfs, sjf, rr = results["fcfs"], results["sjf"], results["round_robin"]
+longer = sjf["long mean"] - fcfs["long mean"]
+print(f"SJF: short requests finish {fcfs['short mean'] / sjf['short mean']:.1f}x sooner than under FCFS "
+      f"({sjf['short mean']:.1f} vs {fcfs['short mean']:.1f} steps); the long ones "
+      + (f"take {longer:.1f} steps longer ({sjf['long mean']:.1f} vs {fcfs['long mean']:.1f})." if longer > 0 else
+         f"lose nothing here ({sjf['long mean']:.1f} vs {fcfs['long mean']:.1f} steps)."))
+print(f"Round-robin: nobody waits more than {rr['longest wait']} steps for a first token (FCFS: "
+      f"{fcfs['longest wait']}), bought with {rr['preemptions']} preemptions: {rr['prompt tokens']} prompt tokens "
+      f"computed against FCFS's {fcfs['prompt tokens']}.")
+
+# %% [markdown]
+# The trade-off, read from the table: shortest-job-first gives the short requests, which are most
+# requests, the lowest latency, because nobody waits behind a long job; the long jobs wait longer, up to
+# the aging bound. Priority does the same when the caller knows who is short; SJF has to guess, and guesses
+# better as it sees more requests finish. Round-robin bounds how long anyone waits for a first token
+# (streams start sooner), but every yield is a preemption: with recompute its prompt and tokens are
+# computed again, so the same work takes more steps. FCFS is the simplest and the fairest in arrival order,
+# and the worst for short requests stuck behind long ones. The tests hold each policy to its promise on the
+# real step: `tests/test_scheduling_policies.py` (same greedy tokens under every policy, short jobs first,
+# the aging bound, shared slots) and the leak property test in `tests/test_block_pool_properties.py`.
+
+# %% [markdown]
 # ## Beam search on copy-on-write blocks
 #
 # `LLM.beam_search(prompts, BeamSearchParams(beam_width, max_tokens))` keeps the `beam_width` best
@@ -233,6 +335,8 @@ print(f"forks shared {stats['num_forked_blocks']} blocks by reference; "
 # | `preemption_mode="recompute"` | FLOPs: prefill all the victim had | short contexts, idle compute, cached prefix |
 # | `preemption_mode="swap"` | host memory, link bandwidth both ways | long contexts, a fast link next to the FLOPs |
 # | `scheduling_policy="priority"` | the low-priority work it pushes out | some requests must not wait |
+# | `scheduling_policy="sjf"` | long requests wait (up to the aging bound) | most requests are short |
+# | `scheduling_policy="round_robin"` | recomputing each yielded request | streams must start soon |
 # | beam search with copy-on-write | one block copy per fork | always, next to copying whole tables |
 
 # %% [markdown]
