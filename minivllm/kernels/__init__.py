@@ -16,13 +16,11 @@ from minivllm.kernels.rotary import apply_rotary
 from minivllm.kernels.store_kv import _store_kv_kernel, store_kv
 
 __all__ = ["apply_rotary", "choose_num_splits", "interpreted", "paged_decode_attention",
-           "paged_prefill_attention",
-           "rms_norm", "silu_and_mul", "store_kv"]
+           "paged_prefill_attention", "rms_norm", "silu_and_mul", "store_kv"]
 
 
 def interpreted() -> bool:
-    """True when the kernels were built for the CPU interpreter (TRITON_INTERPRET=1 at definition
-    time)."""
+    """True when the kernels were built for the CPU interpreter (TRITON_INTERPRET=1 at import)."""
     from triton.runtime.interpreter import InterpretedFunction
 
     return isinstance(_store_kv_kernel, InterpretedFunction)

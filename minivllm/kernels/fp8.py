@@ -33,8 +33,7 @@ def kv_format(cache_dtype: torch.dtype) -> int:
 
 
 def dequant_factor(fmt: int, scale: float) -> float:
-    """What an element decoded by `fp8_to_half` is multiplied by: its scale (times 256 for e4m3, see
-    above)."""
+    """What `fp8_to_half`'s result is multiplied by: the scale (times 256 for e4m3, see above)."""
     return scale * (256.0 if fmt == KV_E4M3 else 1.0)
 
 
@@ -67,8 +66,7 @@ def _round_to_fp8(x, BIAS: tl.constexpr, MANTISSA: tl.constexpr, LARGEST: tl.con
     bits = x.to(tl.uint32, bitcast=True)
     sign = (bits >> 24) & 0x80
     magnitude = bits & 0x7FFFFFFF
-    # normal: drop 23 - MANTISSA mantissa bits, rounding half to even, then move the exponent to the
-    # fp8 bias
+    # normal: drop 23 - MANTISSA mantissa bits, rounding half to even, then rebias the exponent
     drop: tl.constexpr = 23 - MANTISSA
     rounded = (magnitude + ((1 << (drop - 1)) - 1) + ((magnitude >> drop) & 1)) >> drop
     normal = rounded - ((127 - BIAS) << MANTISSA)
