@@ -2,10 +2,9 @@
 three fused elementwise kernels the cuda platform (minivllm/platforms/cuda.py) also uses: RMSNorm
 (with the residual add), rotary embedding and SwiGLU's silu(gate) * up.
 
-Each module holds one kernel (plus its launcher) and can be read on its own; fp8.py holds the
-conversions the three KV kernels share for an fp8 cache (kv_cache_dtype="fp8"). On CPU they run only
-through Triton's interpreter, which is chosen when a kernel is defined: TRITON_INTERPRET=1 must be
-set before triton is first imported.
+Each module holds one kernel and its launcher, readable on its own; fp8.py holds the conversions
+the three KV kernels share for an fp8 cache (kv_cache_dtype="fp8"). On CPU they run only through
+Triton's interpreter, chosen as kernels are defined: set TRITON_INTERPRET=1 before importing triton.
 """
 
 from minivllm.kernels.activation import silu_and_mul

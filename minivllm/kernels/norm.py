@@ -1,9 +1,8 @@
 """RMSNorm, optionally fused with the residual add before it: one pass per row, not about seven.
 
 In torch, `norm(x + residual)` is an add, a cast to fp32, a square, a mean, an rsqrt, two multiplies
-and a cast back: each a kernel that reads and writes the whole activation. For a decode batch those
-are tiny kernels whose cost is mostly their launch, a dozen times per layer. Here one program
-normalises one row:
+and a cast back: each a kernel that reads and writes the whole activation, for a decode batch tiny
+kernels whose cost is mostly their launch, a dozen times per layer. Here one program per row:
 
     residual_out = x + residual          (rounded to the model's dtype, as the unfused model does)
     out          = weight * (residual_out / sqrt(mean(residual_out^2) + eps))
@@ -48,10 +47,8 @@ def rms_norm_config(dim: int, has_residual: bool) -> dict:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
              residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """x [T, dim] or [T, heads, dim] (last dim contiguous) -> (normalised x, x + residual or None).
-
-    With `residual` ([T, dim]), the sum is normalised and returned as the new residual.
-    """
+    """x [T, dim] or [T, heads, dim] (last dim contiguous) -> (normalised x, x + residual or None):
+    with `residual` ([T, dim]), the sum is normalised and returned as the new residual."""
     assert x.stride(-1) == 1 and x.shape[-1] == weight.shape[0]
     x3 = x if x.dim() == 3 else x.unsqueeze(1)
     num_tokens, num_heads, dim = x3.shape

@@ -143,11 +143,9 @@ def _split_reduce_kernel(
 
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
-    """How many slices to cut each context into so that the grid fills the GPU about twice over.
-
-    Enough (request, kv head) programs already fill it: no split. Otherwise split, but never into
-    slices shorter than MIN_TOKENS_PER_SPLIT tokens, nor into more than MAX_SPLITS.
-    """
+    """How many slices to cut each context into so that the grid fills the GPU about twice over:
+    none if (request, kv head) programs already fill it, and never slices shorter than
+    MIN_TOKENS_PER_SPLIT tokens, nor more than MAX_SPLITS."""
     programs = num_seqs * num_kv_heads
     if programs >= num_sms:
         return 1
@@ -162,14 +160,12 @@ def decode_launch_config(head_dim: int, group: int, block_size: int, num_splits:
     """The decode kernel's constexprs and launch options: one pure function, so that the launcher
     and the ahead-of-time compile test (tests/test_aot_compile.py) see the very same variants.
 
-    arch is the GPU's compute capability as an int (75 for a T4), None off CUDA. Compiled ahead of
-    time (bench/kernel_report.py), 64-position tiles need more than the 255 registers a thread may
-    have and spill on sm_75 and in fp32: there the default tile is 32 positions.
-
-    An fp8 cache (kv_fp8, see fp8.py) is converted in registers, so the software pipeline
-    (num_stages=2) would keep the next tile's bytes there too: fp8 launches default to one stage
-    (with two, 64-wide tiles spill on sm_80 and sm_90), and in fp32 to 16-position tiles (32 still
-    spills on sm_90).
+    arch: compute capability as an int (75 for a T4), None off CUDA. 64-position tiles need more
+    than a thread's 255 registers and spill on sm_75 and in fp32 (bench/kernel_report.py): there
+    the default tile is 32 positions. An fp8 cache (kv_fp8, fp8.py) is converted in registers, where
+    the software pipeline (num_stages=2) would also keep the next tile's bytes: fp8 defaults to one
+    stage (with two, 64-wide tiles spill on sm_80 and sm_90), and in fp32 to 16-position tiles (32
+    still spills on sm_90).
     """
     if block_n is None:
         block_n = 16 if kv_fp8 and arch is not None and dtype == torch.float32 else \
@@ -222,10 +218,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     caches: [num_blocks, block_size, kv_heads, D]; block_tables [B, max_blocks] int32; seq_lens [B]
     int32 (context length including the token being decoded). max_seq_len (a host int, so no device
     sync) drives the automatic split-K choice; num_splits forces it (1 = no split). block_n (None:
-    the choice of `decode_launch_config` for this GPU), num_warps and num_stages are the tuning
-    knobs `bench/gpu_kernels.py --sweep` explores on a GPU. An fp8 cache holds K / k_scale and V /
-    v_scale.
-    """
+    `decode_launch_config`'s choice), num_warps and num_stages are the knobs that
+    `bench/gpu_kernels.py --sweep` tunes. An fp8 cache holds K / k_scale and V / v_scale."""
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     assert num_heads % num_kv_heads == 0 and k_cache.stride() == v_cache.stride()

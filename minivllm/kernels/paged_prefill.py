@@ -1,17 +1,16 @@
 """Paged prefill attention: many new queries per request, causal, over a partly cached context.
 
-This is FlashAttention over a paged cache. A program owns one request's kv head and a tile of
-BLOCK_M rows: consecutive new queries, each repeated for every query head that shares the kv head
-(GQA), so each K/V tile is loaded once for the whole group. It walks the keys in tiles of BLOCK_N
-positions, looking up each position's physical block in the block table (the new tokens' K/V were
-stored into the cache first, so cached prefix and new tokens are read the same way). Online softmax
-keeps one pass over K/V and no [q, k] matrix in memory.
+FlashAttention over a paged cache. A program owns one request's kv head and a tile of BLOCK_M rows:
+consecutive new queries, each repeated for every query head sharing the kv head (GQA), so each K/V
+tile is loaded once for the group. It walks the keys in tiles of BLOCK_N positions through the block
+table (the new tokens' K/V are stored first, so cached prefix and new tokens read alike). Online
+softmax: one pass over K/V and no [q, k] matrix in memory.
 
 Query i of a request with q_len new tokens and seq_len context tokens sits at position
 seq_len - q_len + i and sees keys 0..that position. That one rule covers a fresh prompt (q_len ==
 seq_len), a chunked-prefill chunk or a prompt after a prefix-cache hit (q_len < seq_len), a decode
-row in a mixed batch (q_len == 1) and the draft tokens of speculative verification. An fp8 cache is
-decoded in registers, its scales folded into the score scale and the output, as in decode.
+row in a mixed batch (q_len == 1) and speculative draft tokens. An fp8 cache is decoded in
+registers, its scales folded into the score scale and the output, as in decode.
 """
 
 from __future__ import annotations
@@ -111,10 +110,9 @@ def prefill_launch_config(head_dim: int, group: int, block_size: int, max_query_
     """The prefill kernel's constexprs and launch options, shared by the launcher and the
     ahead-of-time compile test (tests/test_aot_compile.py) so that both see the same variants.
 
-    block_m None: tiles no taller than the batch needs (decode-heavy batches need no 64-row tiles;
-    tl.dot wants >= 16 rows). Where 64-wide tiles spill (sm_75, fp32: see `small_tiles`), tiles are
-    at most 32 rows by 16 key positions (32 still spills at head_dim 128). arch: compute capability,
-    None off CUDA.
+    block_m None: tiles no taller than the batch needs (tl.dot wants >= 16 rows). Where 64-wide
+    tiles spill (sm_75, fp32: `small_tiles`), tiles are at most 32 rows by 16 key positions (32
+    still spills at head_dim 128). arch: compute capability, None off CUDA.
     """
     small = small_tiles(arch, dtype)
     if block_m is None:
@@ -142,9 +140,8 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
 
     caches: [num_blocks, block_size, kv_heads, D]; block_tables [B, max_blocks] int32;
     query_start_loc [B + 1] int32 (where each request's queries start in q); seq_lens [B] int32
-    (context length including the new tokens, whose K/V must already be in the cache); max_query_len
-    sizes the grid (host int). An fp8 cache holds K / k_scale and V / v_scale.
-    """
+    (context length with the new tokens, whose K/V must already be cached); max_query_len (host
+    int) sizes the grid. An fp8 cache holds K / k_scale and V / v_scale."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     assert num_heads % num_kv_heads == 0 and k_cache.stride() == v_cache.stride()

@@ -2,8 +2,7 @@
 
 The torch version indexes the cos/sin table, casts it, slices each head into halves, negates,
 concatenates, multiplies and adds: around a dozen kernels for q and k. Here one program per token
-loads that token's cos/sin row once and rotates every head of q and k, each pair (x1, x2) of
-half-dimensions by its angle:
+loads its cos/sin row once and rotates each pair (x1, x2) of half-dimensions of every head:
 
     x1' = x1 * cos - x2 * sin
     x2' = x2 * cos + x1 * sin

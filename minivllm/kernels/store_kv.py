@@ -57,11 +57,8 @@ def store_kv_config(num_kv_heads: int, head_dim: int, block_size: int, kv_fp8: i
 
 def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
-    """Write key/value [T, kv_heads, head_dim] into caches [num_blocks, block_size, kv_heads, D].
-
-    slot_mapping [T] (int64) gives each token's slot; -1 marks a padding row that is skipped. An fp8
-    cache gets K / k_scale and V / v_scale.
-    """
+    """Write key/value [T, kv_heads, head_dim] into caches [num_blocks, block_size, kv_heads, D] at
+    slot_mapping [T] (int64; -1: a padding row, skipped). An fp8 cache gets K/k_scale, V/v_scale."""
     num_tokens, num_kv_heads, head_dim = key.shape
     if num_tokens == 0:
         return

@@ -1,8 +1,7 @@
 """What every quantization format provides: a config (read before any weight) and a linear method.
 
 A linear layer (minivllm/model/linear.py) owns its shape, its bias and which dimension tensor
-parallelism would split; it holds its weights through a *method*, which says three things, as in
-vLLM:
+parallelism splits; it holds its weights through a *method*, which says three things, as in vLLM:
 
 * `create_weights(layer)`: which tensors the checkpoint gives for this layer (`weight`, or
   `qweight`, `scales`, ...), registered as parameters with their shapes and which of their dims run
@@ -52,9 +51,8 @@ def add_weight(layer: nn.Module, name: str, shape: tuple[int, ...], dtype: torch
 
 
 class LinearKernel:
-    """How one format family's weights are laid out and multiplied: `layout` once after loading (it
-    may replace the layer's tensors by another layout of the same values, never add a copy), `apply`
-    per call."""
+    """How one format family's weights are laid out and multiplied: `layout` once after loading
+    (it may swap in another layout of the same values, never add a copy), `apply` per call."""
 
     def layout(self, layer: nn.Module) -> None:
         """Replace the plain tensors by the ones `apply` reads; the readable kernels keep them."""

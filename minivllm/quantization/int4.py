@@ -1,8 +1,7 @@
 """What GPTQ and AWQ share: 4-bit weights with a scale and a zero point per group of G inputs.
 
-Both formats store, for W [N outputs, K inputs] (transposed here to [K, N], as their kernels read
-it), a 4-bit q in 0..15, and per group of G consecutive inputs and per output a zero point z and a
-scale s:
+Both store, for W [N outputs, K inputs] (here [K, N], as their kernels read it), a 4-bit q in
+0..15, and per group of G consecutive inputs and per output a zero point z and a scale s:
 
     W[n, k] = (q[k, n] - z[k // G, n]) * s[k // G, n]
 

@@ -1,5 +1,4 @@
-"""The KV cache's element type: the model's float type ("auto"), or fp8 with one scale per tensor
-(vLLM's `kv_cache_dtype="fp8"`).
+"""The KV cache's element type: the model's ("auto"), or fp8 with a scale per tensor (vLLM's "fp8").
 
 An fp8 cache holds twice the tokens of a 16-bit one in the same bytes. Each layer's K and V have a
 scale (`k_scale`, `v_scale`: 1.0 unless the checkpoint gives one): a value is stored as
@@ -20,7 +19,6 @@ import torch
 KV_CACHE_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn,
                    "fp8_e5m2": torch.float8_e5m2}
 ACCEPTED_KV_CACHE_DTYPES = ("auto", *KV_CACHE_DTYPES)
-FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def check_kv_cache_dtype(name: object) -> None:
@@ -37,7 +35,7 @@ def kv_cache_torch_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
 
 
 def is_fp8(dtype: torch.dtype) -> bool:
-    return dtype in FP8_DTYPES
+    return dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def as_bytes(cache: torch.Tensor) -> torch.Tensor:

@@ -1,8 +1,7 @@
 """How many bytes a model's weights take in each format: the arithmetic chapter 12 tabulates.
 
-Linear layers hold almost all the weights; embeddings, the LM head and the norms stay in the compute
-dtype in every format here (as GPTQ and AWQ checkpoints keep them). Per linear layer with K inputs,
-N outputs:
+Linear layers hold almost all the weights; embeddings, LM head and norms stay in the compute dtype
+in every format here (as GPTQ and AWQ checkpoints keep them). Per linear layer, K inputs, N outputs:
 
     float            N * K * dtype bytes
     int8             N * K + N * dtype bytes              (one scale per output channel)
