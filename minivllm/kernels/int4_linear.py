@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minivllm.kernels.paged_decode import device_arch
+from minivllm.kernels.paged_decode import device_arch, small_tiles
 
 
 @triton.jit
@@ -52,11 +52,10 @@ def int4_linear_config(num_tokens: int, group: int, dtype: torch.dtype,
     """Constexprs and launch options, shared with tests/test_aot_compile.py's compiles.
 
     BLOCK_K divides the group (so each step needs one row of zero points and scales) and is >= 16
-    (tl.dot): the group must be a multiple of 16. fp32 (twice the registers per value) and sm_75
-    take 32-wide tiles: 64 spill there.
+    (tl.dot): the group must be a multiple of 16. Tiles are 32 wide where 64 spill (`small_tiles`).
     """
     assert group % 16 == 0, "the Triton 4-bit kernel needs groups of a multiple of 16 inputs"
-    small = arch is not None and (arch < 80 or dtype == torch.float32)
+    small = small_tiles(arch, dtype)
     tile = 32 if small else 64
     block_k = 64 if group % 64 == 0 and not small else 32 if group % 32 == 0 else 16
     return dict(GROUP=group, BLOCK_M=min(tile, max(16, triton.next_power_of_2(num_tokens))),
@@ -67,7 +66,7 @@ def int4_linear_config(num_tokens: int, group: int, dtype: torch.dtype,
 
 def int4_linear(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor,
                 group: int, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [M, K]; qweight int32 [K/8, N]; zeros uint8, scales [K/G, N] -> x @ ((q - z) * s) + bias"""
+    """x [M, K]; qweight int32 [K/8, N]; zeros uint8, scales [K/G, N] -> x @ ((q - z) * s) + b."""
     x = x if x.stride(-1) == 1 else x.contiguous()
     m, k, n = x.shape[0], x.shape[1], qweight.shape[1]
     assert qweight.shape[0] * 8 == k and k % group == 0

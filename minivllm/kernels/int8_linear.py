@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minivllm.kernels.paged_decode import device_arch
+from minivllm.kernels.paged_decode import device_arch, small_tiles
 
 
 @triton.jit
@@ -44,9 +44,9 @@ def int8_linear_config(num_tokens: int, dtype: torch.dtype, arch: int | None = N
     """Constexprs and launch options, shared with tests/test_aot_compile.py's compiles.
 
     Tiles no taller than the batch (tl.dot wants >= 16 rows): decode batches read each weight tile
-    once for 16 rows. fp32 (twice the registers per value) and sm_75 take 32-wide tiles: 64 spill.
+    once for 16 rows. Tiles are 32 wide where 64 spill (`small_tiles`: sm_75, fp32).
     """
-    small = arch is not None and (arch < 80 or dtype == torch.float32)
+    small = small_tiles(arch, dtype)
     tile = 32 if small else 64
     return dict(BLOCK_M=min(tile, max(16, triton.next_power_of_2(num_tokens))), BLOCK_N=tile,
                 BLOCK_K=tile, DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",

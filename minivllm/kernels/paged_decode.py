@@ -229,8 +229,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if num_seqs == 0:
         return out
     if num_splits is None:
-        if max_seq_len is None:
-            max_seq_len = int(seq_lens.max())
+        max_seq_len = int(seq_lens.max()) if max_seq_len is None else max_seq_len
         num_splits = choose_num_splits(num_seqs, num_kv_heads, max_seq_len, num_sms(q.device))
     fmt = kv_format(k_cache.dtype)
     config = decode_launch_config(head_dim, num_heads // num_kv_heads, k_cache.shape[1], num_splits,

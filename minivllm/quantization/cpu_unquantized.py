@@ -69,8 +69,7 @@ class TiledKernel(FloatKernel):
     def rows(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
         """Row n lies in tile n // 64, at lane n % 64 of every step: gathered without unpacking the
         rest."""
-        tiled = layer.weight
-        rows = tiled[ids // TILE, :, ids % TILE, :]  # [T, K / pack, pack]
+        rows = layer.weight[ids // TILE, :, ids % TILE, :]  # [T, K / pack, pack]
         return rows.reshape(*ids.shape, -1)[..., : layer.input_size]
 
 
