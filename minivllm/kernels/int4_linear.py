@@ -49,11 +49,9 @@ def _int4_linear_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, bias_ptr, out
 
 def int4_linear_config(num_tokens: int, group: int, dtype: torch.dtype,
                        arch: int | None = None) -> dict:
-    """Constexprs and launch options, shared with tests/test_aot_compile.py's compiles.
-
-    BLOCK_K divides the group (so each step needs one row of zero points and scales) and is >= 16
-    (tl.dot): the group must be a multiple of 16. Tiles are 32 wide where 64 spill (`small_tiles`).
-    """
+    """Constexprs and launch options, also compiled by tests/test_aot_compile.py. BLOCK_K divides
+    the group (each step needs one row of zero points and scales) and is >= 16 (tl.dot): the group
+    must be a multiple of 16. Tiles are 32 wide where 64 spill (`small_tiles`)."""
     assert group % 16 == 0, "the Triton 4-bit kernel needs groups of a multiple of 16 inputs"
     small = small_tiles(arch, dtype)
     tile = 32 if small else 64

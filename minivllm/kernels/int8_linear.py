@@ -41,11 +41,9 @@ def _int8_linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, M, N, K, str
 
 
 def int8_linear_config(num_tokens: int, dtype: torch.dtype, arch: int | None = None) -> dict:
-    """Constexprs and launch options, shared with tests/test_aot_compile.py's compiles.
-
-    Tiles no taller than the batch (tl.dot wants >= 16 rows): decode batches read each weight tile
-    once for 16 rows. Tiles are 32 wide where 64 spill (`small_tiles`: sm_75, fp32).
-    """
+    """Constexprs and launch options, also compiled by tests/test_aot_compile.py. Tiles no taller
+    than the batch (tl.dot wants >= 16 rows): decode batches read each weight tile once for 16 rows.
+    Tiles are 32 wide where 64 spill (`small_tiles`: sm_75, fp32)."""
     small = small_tiles(arch, dtype)
     tile = 32 if small else 64
     return dict(BLOCK_M=min(tile, max(16, triton.next_power_of_2(num_tokens))), BLOCK_N=tile,

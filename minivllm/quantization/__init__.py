@@ -54,11 +54,9 @@ def checkpoint_quantization(qc: dict | None, where: str) -> QuantizationConfig |
 
 def resolve_quantization(requested: str | None, checkpoint: QuantizationConfig | None,
                          is_gguf: bool, where: str) -> QuantizationConfig | None:
-    """What the linear layers will hold, from `quantization=` and what the checkpoint is.
-
-    None follows the checkpoint. A checkpoint format must match the checkpoint; "int8" needs float
-    weights (a float checkpoint or a GGUF file, which is dequantized at load).
-    """
+    """What the linear layers will hold, from `quantization=` and the checkpoint. None follows the
+    checkpoint; a checkpoint format must match it; "int8" needs float weights (a float checkpoint,
+    or a GGUF file, which is dequantized at load)."""
     if requested is None or requested == "none":
         return checkpoint
     if not isinstance(requested, str) or requested.lower() not in ACCEPTED:

@@ -29,10 +29,8 @@ from torch import nn
 @dataclass(frozen=True)
 class Layout:
     """How a stored tensor's dims map to the layer's [outputs, inputs] (None: not along that one).
-
     packed_dim/pack_factor: that dim stores `pack_factor` values per element (eight 4-bit values per
-    int32). optional: a checkpoint may leave it out (GPTQ's g_idx): the method fills in a default.
-    """
+    int32). optional: a checkpoint may leave it out (GPTQ's g_idx): the method fills a default."""
 
     output_dim: int | None
     input_dim: int | None
@@ -93,8 +91,7 @@ class LinearMethod:
 
 @dataclass(frozen=True)
 class QuantizationConfig:
-    """A quantized format's settings, from config.json's `quantization_config` or `quantization=`
-    (float weights have none: None)."""
+    """A quantized format's settings, from config.json or `quantization=` (float weights: None)."""
 
     name = "none"
 

@@ -67,8 +67,7 @@ class TiledKernel(FloatKernel):
         return unpack_tiles(layer.weight, layer.output_size, layer.input_size)
 
     def rows(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
-        """Row n lies in tile n // 64, at lane n % 64 of every step: gathered without unpacking the
-        rest."""
+        """Row n lies in tile n // 64, lane n % 64 of every step: gathered without unpacking all."""
         rows = layer.weight[ids // TILE, :, ids % TILE, :]  # [T, K / pack, pack]
         return rows.reshape(*ids.shape, -1)[..., : layer.input_size]
 

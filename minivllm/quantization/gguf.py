@@ -154,9 +154,9 @@ def _gguf_names(cfg) -> dict[str, str]:
 
 def write_gguf(path: str | Path, model, tokenizer_dir: str | Path, arch: str = "llama",
                mlp_type: str = "Q8_0", attention_type: str = "Q4_0") -> None:
-    """A transformers Llama as llama.cpp's converter writes it (tests, benchmarks):
-    metadata, the byte-level BPE tokenizer of `tokenizer_dir`/tokenizer.json, attn_q/attn_k rows
-    permuted, MLP and attention matrices in the given GGML types ("F32": float), the rest F32."""
+    """A transformers Llama as llama.cpp's converter writes it (tests, benchmarks): metadata, the
+    byte-level BPE tokenizer of `tokenizer_dir`/tokenizer.json, attn_q/attn_k rows permuted, MLP
+    and attention matrices in the given GGML types ("F32": float), the rest F32."""
     import gguf
     import numpy as np
 

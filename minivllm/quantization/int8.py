@@ -33,8 +33,7 @@ def quantize_per_channel(weight: torch.Tensor, scale_dtype: torch.dtype,
     """W [N, K] float -> (q [N, K] int8, s [N] in scale_dtype), symmetric, one scale per output.
 
     The scale is rounded to scale_dtype first, so q is computed against the scale the kernel will
-    use. `absmax`: each row's max |w| when W is only part of the row (a row-parallel rank's slice
-    of the inputs).
+    use. `absmax`: each row's max |w| when W is only part of the row (a row-parallel rank's inputs).
     """
     w = weight.float()
     absmax = w.abs().amax(dim=1) if absmax is None else absmax.float()

@@ -28,8 +28,8 @@ def quantize_groups(weight: torch.Tensor, group_size: int, g_idx: torch.Tensor |
     """W [N, K] -> (q [K, N] int32, z [K/G, N] int32, s [K/G, N] fp16): W[n, k] ~ (q - z) * s.
 
     Each group's range [min(w, 0), max(w, 0)] is cut into 15 steps (the scale, rounded to fp16
-    first, as it is stored); z is where 0 falls. g_idx [K] assigns inputs to groups (default k //
-    G). min_zero=1 keeps z representable in GPTQ v1 checkpoints, which store z - 1 in four bits.
+    first, as stored); z is where 0 falls. g_idx [K] assigns inputs to groups (default k // G).
+    min_zero=1 keeps z representable in GPTQ v1 checkpoints, which store z - 1 in four bits.
     """
     n, k = weight.shape
     g_idx = torch.arange(k) // group_size if g_idx is None else g_idx.long()
@@ -45,8 +45,7 @@ def quantize_groups(weight: torch.Tensor, group_size: int, g_idx: torch.Tensor |
 
 def gptq_tensors(q, zeros, scales, g_idx: torch.Tensor | None = None,
                  v1: bool = True) -> dict[str, torch.Tensor]:
-    """qweight [K/8, N] (packed down the inputs), qzeros [K/G, N/8] (across the outputs; v1: z - 1),
-    scales, g_idx."""
+    """qweight [K/8, N] (down the inputs), qzeros [K/G, N/8] (across; v1: z - 1), scales, g_idx."""
     k = q.shape[0]
     g_idx = torch.arange(k) // (k // scales.shape[0]) if g_idx is None else g_idx
     return {"qweight": pack_rows(q), "qzeros": pack_cols((zeros - 1) & 0xF if v1 else zeros),
@@ -97,9 +96,9 @@ def write_quantized_checkpoint(src: str | Path, dst: str | Path, fmt: str = "gpt
     """Quantize every decoder linear of the float checkpoint `src` into `dst`, as "gptq" or "awq".
 
     act_order_seed (GPTQ only): assign inputs to groups by a random permutation, as act-order
-    checkpoints do. float_twin: also write a float checkpoint holding exactly the dequantized
-    weights (a reference for transformers, which then computes what a correct loader must). Returns
-    {"quantized": bytes, "float": bytes}.
+    checkpoints do. float_twin: also write a float checkpoint of exactly the dequantized weights
+    (for transformers, which then computes what a correct loader must). Returns {"quantized": bytes,
+    "float": bytes}.
     """
     from safetensors.torch import load_file
 
