@@ -2,10 +2,9 @@
 three fused elementwise kernels the cuda platform (minivllm/platforms/cuda.py) also uses: RMSNorm
 (with the residual add), rotary embedding and SwiGLU's silu(gate) * up.
 
-Each module holds one kernel (plus its launcher) and can be read on its own; fp8.py holds the
-conversions the three KV kernels share for an fp8 cache (kv_cache_dtype="fp8"). On CPU they run only
-through Triton's interpreter, which is chosen when a kernel is defined: TRITON_INTERPRET=1 must be
-set before triton is first imported.
+Each module holds one kernel and its launcher, readable on its own; fp8.py holds the conversions
+the three KV kernels share for an fp8 cache (kv_cache_dtype="fp8"). On CPU they run only through
+Triton's interpreter, chosen as kernels are defined: set TRITON_INTERPRET=1 before importing triton.
 """
 
 from minivllm.kernels.activation import silu_and_mul
@@ -16,13 +15,11 @@ from minivllm.kernels.rotary import apply_rotary
 from minivllm.kernels.store_kv import _store_kv_kernel, store_kv
 
 __all__ = ["apply_rotary", "choose_num_splits", "interpreted", "paged_decode_attention",
-           "paged_prefill_attention",
-           "rms_norm", "silu_and_mul", "store_kv"]
+           "paged_prefill_attention", "rms_norm", "silu_and_mul", "store_kv"]
 
 
 def interpreted() -> bool:
-    """True when the kernels were built for the CPU interpreter (TRITON_INTERPRET=1 at definition
-    time)."""
+    """True when the kernels were built for the CPU interpreter (TRITON_INTERPRET=1 at import)."""
     from triton.runtime.interpreter import InterpretedFunction
 
     return isinstance(_store_kv_kernel, InterpretedFunction)

@@ -1,8 +1,7 @@
 """SwiGLU's activation in one pass: silu(gate) * up, reading the fused gate/up projection once.
 
 In torch it is a SiLU kernel and a multiply, each reading and writing [T, intermediate] activations.
-Here one program per (token, column tile) loads both halves of that token's gate_up row and writes
-the product.
+One program per (token, column tile) here loads both halves of its gate_up row, writes the product.
 """
 
 from __future__ import annotations
@@ -27,14 +26,12 @@ def _silu_and_mul_kernel(gate_up_ptr, out_ptr, stride_gt, stride_ot, intermediat
 
 
 def silu_and_mul_config(intermediate: int, block: int = 1024) -> dict:
-    """The kernel's constexprs, shared with the ahead-of-time compile test
-    (tests/test_aot_compile.py)."""
+    """Constexprs, shared with the ahead-of-time compile test (tests/test_aot_compile.py)."""
     return dict(BLOCK=min(block, triton.next_power_of_2(intermediate)))
 
 
 def silu_and_mul(gate_up: torch.Tensor, block: int = 1024) -> torch.Tensor:
-    """gate_up [T, 2 * I] (gate first, as the fused projection lays it out) -> silu(gate) * up, [T,
-    I]."""
+    """gate_up [T, 2 * I] (gate half first, as fused) -> silu(gate) * up, [T, I]."""
     assert gate_up.stride(-1) == 1 and gate_up.shape[-1] % 2 == 0
     num_tokens, intermediate = gate_up.shape[0], gate_up.shape[-1] // 2
     out = torch.empty(num_tokens, intermediate, dtype=gate_up.dtype, device=gate_up.device)

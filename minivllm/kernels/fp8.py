@@ -1,15 +1,13 @@
 """fp8 KV cache elements in Triton, converted by bit manipulation so that every GPU runs them.
 
 Triton's own fp8 conversions need hardware a T4 lacks (e4m3 needs sm_89+), so the kernels treat an
-fp8 cache as bytes and do the conversions with integer ops: a handful per element, on a load that is
-memory bound anyway. One code path for sm_75, sm_80 and sm_90, and the same bits as torch's casts
-(tests/test_fp8_kv.py).
+fp8 cache as bytes and convert with integer ops: a handful per element, on a memory-bound load. One
+code path for sm_75, sm_80 and sm_90, and the same bits as torch's casts (tests/test_fp8_kv.py).
 
 Reading is a shift: an fp8 byte is the top of an fp16 bit pattern. e5m2 has fp16's exponent (5 bits,
 bias 15) and the first 2 of its mantissa bits, so `byte << 8` is the same value. e4m3 has a 4-bit
 exponent (bias 7): put its 7 exponent and mantissa bits below fp16's sign and the fp16 is the value
-/ 2**(15 - 7), subnormals included; the kernels fold that 256 into the scale they already multiply
-by (`dequant_factor`).
+/ 2**(15 - 7), subnormals included; the kernels fold that 256 into their scale (`dequant_factor`).
 
 Writing rounds to nearest, ties to even, as torch's cast does: normal values by rounding the fp32
 mantissa bits; values below the format's smallest normal by adding a power of two whose last
@@ -33,8 +31,7 @@ def kv_format(cache_dtype: torch.dtype) -> int:
 
 
 def dequant_factor(fmt: int, scale: float) -> float:
-    """What an element decoded by `fp8_to_half` is multiplied by: its scale (times 256 for e4m3, see
-    above)."""
+    """What `fp8_to_half`'s result is multiplied by: the scale (times 256 for e4m3, see above)."""
     return scale * (256.0 if fmt == KV_E4M3 else 1.0)
 
 
@@ -67,8 +64,7 @@ def _round_to_fp8(x, BIAS: tl.constexpr, MANTISSA: tl.constexpr, LARGEST: tl.con
     bits = x.to(tl.uint32, bitcast=True)
     sign = (bits >> 24) & 0x80
     magnitude = bits & 0x7FFFFFFF
-    # normal: drop 23 - MANTISSA mantissa bits, rounding half to even, then move the exponent to the
-    # fp8 bias
+    # normal: drop 23 - MANTISSA mantissa bits, rounding half to even, then rebias the exponent
     drop: tl.constexpr = 23 - MANTISSA
     rounded = (magnitude + ((1 << (drop - 1)) - 1) + ((magnitude >> drop) & 1)) >> drop
     normal = rounded - ((127 - BIAS) << MANTISSA)

@@ -15,15 +15,14 @@ import torch
 import triton
 import triton.language as tl
 
-from minivllm.kernels.paged_decode import device_arch
+from minivllm.kernels.paged_decode import device_arch, small_tiles
 
 
 @triton.jit
 def _int4_linear_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, bias_ptr, out_ptr, M, N, K,
                         stride_xm, stride_qk, stride_zg, stride_sg, stride_om,
                         GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr,
-                        BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -50,29 +49,22 @@ def _int4_linear_kernel(x_ptr, qweight_ptr, zeros_ptr, scales_ptr, bias_ptr, out
 
 def int4_linear_config(num_tokens: int, group: int, dtype: torch.dtype,
                        arch: int | None = None) -> dict:
-    """Constexprs and launch options, shared with the ahead-of-time compile test
-    (tests/test_aot_compile.py).
-
-    BLOCK_K divides the group (so each step needs one row of zero points and scales) and is >= 16
-    (tl.dot): the group must be a multiple of 16. fp32 (twice the registers per value) and sm_75
-    take 32-wide tiles: 64 spill there.
-    """
+    """Constexprs and launch options, also compiled by tests/test_aot_compile.py. BLOCK_K divides
+    the group (each step needs one row of zero points and scales) and is >= 16 (tl.dot): the group
+    must be a multiple of 16. Tiles are 32 wide where 64 spill (`small_tiles`)."""
     assert group % 16 == 0, "the Triton 4-bit kernel needs groups of a multiple of 16 inputs"
-    small = arch is not None and (arch < 80 or dtype == torch.float32)
+    small = small_tiles(arch, dtype)
     tile = 32 if small else 64
     block_k = 64 if group % 64 == 0 and not small else 32 if group % 32 == 0 else 16
     return dict(GROUP=group, BLOCK_M=min(tile, max(16, triton.next_power_of_2(num_tokens))),
-                BLOCK_N=tile,
-                BLOCK_K=block_k, DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
-                num_warps=4,
+                BLOCK_N=tile, BLOCK_K=block_k,
+                DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32", num_warps=4,
                 num_stages=2 if small else 3)
 
 
 def int4_linear(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor,
-                group: int,
-                bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [M, K]; qweight int32 [K/8, N]; zeros uint8 and scales [K/G, N] -> x @ ((q - z) * s) +
-    bias, [M, N]."""
+                group: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K]; qweight int32 [K/8, N]; zeros uint8, scales [K/G, N] -> x @ ((q - z) * s) + b."""
     x = x if x.stride(-1) == 1 else x.contiguous()
     m, k, n = x.shape[0], x.shape[1], qweight.shape[1]
     assert qweight.shape[0] * 8 == k and k % group == 0
@@ -83,8 +75,6 @@ def int4_linear(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, sca
     config = int4_linear_config(m, group, x.dtype, device_arch(x.device))
     grid = (triton.cdiv(m, config["BLOCK_M"]), triton.cdiv(n, config["BLOCK_N"]))
     _int4_linear_kernel[grid](x, qweight, zeros, scales, bias if bias is not None else scales, out,
-                              m, n, k,
-                              x.stride(0), qweight.stride(0), zeros.stride(0), scales.stride(0),
-                              out.stride(0),
-                              HAS_BIAS=bias is not None, **config)
+                              m, n, k, x.stride(0), qweight.stride(0), zeros.stride(0),
+                              scales.stride(0), out.stride(0), HAS_BIAS=bias is not None, **config)
     return out

@@ -1,16 +1,13 @@
-"""RMSNorm, optionally fused with the residual add before it: one pass over each row instead of
-about seven.
+"""RMSNorm, optionally fused with the residual add before it: one pass per row, not about seven.
 
 In torch, `norm(x + residual)` is an add, a cast to fp32, a square, a mean, an rsqrt, two multiplies
-and a cast back: each a kernel that reads and writes the whole activation. For a decode batch those
-are tiny kernels whose cost is mostly their launch, a dozen times per layer. Here one program
-normalises one row:
+and a cast back: each a kernel that reads and writes the whole activation, for a decode batch tiny
+kernels whose cost is mostly their launch, a dozen times per layer. Here one program per row:
 
     residual_out = x + residual          (rounded to the model's dtype, as the unfused model does)
     out          = weight * (residual_out / sqrt(mean(residual_out^2) + eps))
 
-The same kernel normalises each head of q and k (Qwen3's q_norm / k_norm): rows are then (token,
-head).
+The same kernel normalises each head of q and k (Qwen3's q_norm / k_norm): rows are (token, head).
 """
 
 from __future__ import annotations
@@ -25,8 +22,7 @@ def _rms_norm_kernel(
     x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr,
     stride_xt, stride_xh, stride_rt, stride_ot, stride_oh,
     num_heads, dim, eps,
-    HAS_RESIDUAL: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     t = tl.program_id(0)  # token
     h = tl.program_id(1)  # head (0 when normalising whole hidden states)
@@ -45,18 +41,14 @@ def _rms_norm_kernel(
 
 
 def rms_norm_config(dim: int, has_residual: bool) -> dict:
-    """The kernel's constexprs, shared with the ahead-of-time compile test
-    (tests/test_aot_compile.py)."""
+    """Constexprs, shared with the ahead-of-time compile test (tests/test_aot_compile.py)."""
     return dict(HAS_RESIDUAL=has_residual, BLOCK_D=triton.next_power_of_2(dim))
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
              residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """x [T, dim] or [T, heads, dim] (last dim contiguous) -> (normalised x, x + residual or None).
-
-    With `residual` ([T, dim]), the sum is returned as the new residual and it is the sum that is
-    normalised.
-    """
+    """x [T, dim] or [T, heads, dim] (last dim contiguous) -> (normalised x, x + residual or None):
+    with `residual` ([T, dim]), the sum is normalised and returned as the new residual."""
     assert x.stride(-1) == 1 and x.shape[-1] == weight.shape[0]
     x3 = x if x.dim() == 3 else x.unsqueeze(1)
     num_tokens, num_heads, dim = x3.shape

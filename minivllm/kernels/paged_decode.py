@@ -4,15 +4,12 @@ Decode is memory bound: every step reads each request's entire K/V once and does
 it. So the kernel is organised around reading K/V as few times as possible and keeping the GPU busy:
 
 * one program per (request, kv head) serves all the query heads that share that kv head (GQA), so
-each
-  K/V tile is loaded once for the whole group instead of once per query head;
+  each K/V tile is loaded once for the whole group instead of once per query head;
 * the context is walked in tiles of BLOCK_N positions; each position's physical block comes from the
   block table, so tiles need not line up with cache blocks (any block_size, partial last blocks);
-* online softmax (a running max m_i, running sum l_i and unnormalised output acc) means one pass
-over K/V;
+* online softmax (running max m_i, running sum l_i, unnormalised output acc): one pass over K/V;
 * split-K ("flash-decoding"): with few requests, (request, kv head) pairs alone cannot fill the GPU,
-so
-  each context is also cut into NUM_SPLITS slices processed by separate programs; each writes its
+  so each context is also cut into NUM_SPLITS slices processed by separate programs; each writes its
   partial (m_i, l_i, acc) and a small reduce kernel merges them.
 
 An fp8 cache (kv_cache_dtype) is read as bytes and decoded in registers (fp8.py); its scales are
@@ -38,14 +35,11 @@ MAX_SPLITS = 16
 def _paged_decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
     out_ptr,  # [B, H, D] (used when NUM_SPLITS == 1)
-    # [B, H, NUM_SPLITS, D], [B, H, NUM_SPLITS] fp32 (split-K)
-    part_acc_ptr, part_m_ptr, part_l_ptr,
+    part_acc_ptr, part_m_ptr, part_l_ptr,  # split-K fp32: [B, H, NUM_SPLITS, D], [B, H, NUM_SPLITS]
     scale,
-    # what a decoded fp8 element is multiplied by (1.0 for a float cache): fp8.py
-    k_dequant, v_dequant,
+    k_dequant, v_dequant,  # what a decoded fp8 element is multiplied by (1.0 if float): fp8.py
     stride_qb, stride_qh,
-    # cache strides: block, slot in block, kv head (head_dim stride 1)
-    stride_cb, stride_cs, stride_ch,
+    stride_cb, stride_cs, stride_ch,  # cache strides: block, slot in block, kv head (head_dim: 1)
     stride_bt,
     stride_ob, stride_oh,
     head_dim,
@@ -56,8 +50,7 @@ def _paged_decode_kernel(
     BLOCK_N: tl.constexpr,  # context positions per tile
     BLOCK_D: tl.constexpr,  # head_dim padded to a power of two (>= 16)
     DOT_PRECISION: tl.constexpr,  # "ieee" keeps fp32 exact on GPUs that would otherwise use tf32
-    # 0: the cache has q's dtype; 1: fp8 e4m3, 2: fp8 e5m2 (read as bytes)
-    KV_FP8: tl.constexpr = 0,
+    KV_FP8: tl.constexpr = 0,  # 0: the cache has q's dtype; 1: fp8 e4m3, 2: fp8 e5m2 (as bytes)
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -89,12 +82,10 @@ def _paged_decode_kernel(
     for tile in range(tile_start, tile_end):
         pos = tile * BLOCK_N + offs_n
         n_mask = pos < seq_len  # the last tile may run past the context
-        # position -> physical block (block table) -> address of that position's row for this kv
-        # head
+        # position -> physical block (block table) -> its row for this kv head
         block = tl.load(table + pos // KV_BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
         rows = block * stride_cb + (pos % KV_BLOCK_SIZE) * stride_cs + kv_head * stride_ch
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        # [N, D]
+        kv_mask = n_mask[:, None] & d_mask[None, :]  # K and V tiles: [N, D]
         k = tl.load(k_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_cache_ptr + rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         if KV_FP8 != 0:
@@ -118,8 +109,7 @@ def _paged_decode_kernel(
         tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=out_mask)
     else:
-        # Partials stay unnormalised in fp32; an empty slice writes m_i=-inf, l_i=0, acc=0 (weight 0
-        # later).
+        # Unnormalised fp32 partials; an empty slice writes m_i=-inf, l_i=0, acc=0 (weight 0 later)
         row = (b * tl.num_programs(1) * QUERY_GROUP + heads) * NUM_SPLITS + split  # [B, H, S] index
         tl.store(part_m_ptr + row, m_i, mask=g_mask)
         tl.store(part_l_ptr + row, l_i, mask=g_mask)
@@ -133,8 +123,7 @@ def _split_reduce_kernel(
     num_heads, head_dim,
     NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """Merge the slices of one (request, query head): rescale each to the global max, then
-    normalise."""
+    """Merge the slices of one (request, query head): rescale each to the global max, normalise."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
@@ -154,11 +143,9 @@ def _split_reduce_kernel(
 
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
-    """How many slices to cut each context into so that the grid fills the GPU about twice over.
-
-    Enough (request, kv head) programs already fill it: no split. Otherwise split, but never into
-    slices shorter than MIN_TOKENS_PER_SPLIT tokens, nor into more than MAX_SPLITS.
-    """
+    """How many slices to cut each context into so that the grid fills the GPU about twice over:
+    none if (request, kv head) programs already fill it, and never slices shorter than
+    MIN_TOKENS_PER_SPLIT tokens, nor more than MAX_SPLITS."""
     programs = num_seqs * num_kv_heads
     if programs >= num_sms:
         return 1
@@ -167,20 +154,18 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sm
 
 
 def decode_launch_config(head_dim: int, group: int, block_size: int, num_splits: int,
-                         dtype: torch.dtype,
-                         arch: int | None = None, block_n: int | None = None, num_warps: int = 4,
-                         num_stages: int | None = None, kv_fp8: int = 0) -> dict:
+                         dtype: torch.dtype, arch: int | None = None, block_n: int | None = None,
+                         num_warps: int = 4, num_stages: int | None = None,
+                         kv_fp8: int = 0) -> dict:
     """The decode kernel's constexprs and launch options: one pure function, so that the launcher
     and the ahead-of-time compile test (tests/test_aot_compile.py) see the very same variants.
 
-    arch is the GPU's compute capability as an int (75 for a T4), None off CUDA. Compiled ahead of
-    time (bench/kernel_report.py), 64-position tiles need more than the 255 registers a thread may
-    have and spill on sm_75 and in fp32: there the default tile is 32 positions.
-
-    An fp8 cache (kv_fp8, see fp8.py) is converted in registers, so the software pipeline
-    (num_stages=2) would keep the next tile's bytes there too: fp8 launches default to one stage
-    (with two, 64-wide tiles spill on sm_80 and sm_90), and in fp32 to 16-position tiles (32 still
-    spills on sm_90).
+    arch: compute capability as an int (75 for a T4), None off CUDA. 64-position tiles need more
+    than a thread's 255 registers and spill on sm_75 and in fp32 (bench/kernel_report.py): there
+    the default tile is 32 positions. An fp8 cache (kv_fp8, fp8.py) is converted in registers, where
+    the software pipeline (num_stages=2) would also keep the next tile's bytes: fp8 defaults to one
+    stage (with two, 64-wide tiles spill on sm_80 and sm_90), and in fp32 to 16-position tiles (32
+    still spills on sm_90).
     """
     if block_n is None:
         block_n = 16 if kv_fp8 and arch is not None and dtype == torch.float32 else \
@@ -196,8 +181,7 @@ def decode_launch_config(head_dim: int, group: int, block_size: int, num_splits:
 
 
 def small_tiles(arch: int | None, dtype: torch.dtype) -> bool:
-    """On a GPU where 64-wide attention tiles spill: sm_75 (T4), or fp32 (twice the registers per
-    value)."""
+    """On a GPU where 64-wide attention tiles spill: sm_75 (T4), or fp32 (twice the registers)."""
     return arch is not None and (arch < 80 or dtype == torch.float32)
 
 
@@ -209,8 +193,7 @@ def split_reduce_config(head_dim: int, num_splits: int) -> dict:
 
 @functools.lru_cache
 def device_arch(device: torch.device) -> int | None:
-    """Compute capability as an int (75, 80, 90), None off CUDA: some launch choices depend on
-    it."""
+    """Compute capability as an int (75, 80, 90), None off CUDA: launch choices depend on it."""
     if device.type != "cuda":
         return None
     major, minor = torch.cuda.get_device_capability(device)
@@ -228,17 +211,15 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
                            max_seq_len: int | None = None, num_splits: int | None = None,
                            block_n: int | None = None, num_warps: int = 4,
-                           num_stages: int | None = None,
-                           k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+                           num_stages: int | None = None, k_scale: float = 1.0,
+                           v_scale: float = 1.0) -> torch.Tensor:
     """Attention of one query per request over its paged context: q [B, H, D] -> [B, H, D].
 
     caches: [num_blocks, block_size, kv_heads, D]; block_tables [B, max_blocks] int32; seq_lens [B]
     int32 (context length including the token being decoded). max_seq_len (a host int, so no device
     sync) drives the automatic split-K choice; num_splits forces it (1 = no split). block_n (None:
-    the choice of `decode_launch_config` for this GPU), num_warps and num_stages are the tuning
-    knobs `bench/gpu_kernels.py --sweep` explores on a GPU. An fp8 cache holds K / k_scale and V /
-    v_scale.
-    """
+    `decode_launch_config`'s choice), num_warps and num_stages are the knobs that
+    `bench/gpu_kernels.py --sweep` tunes. An fp8 cache holds K / k_scale and V / v_scale."""
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     assert num_heads % num_kv_heads == 0 and k_cache.stride() == v_cache.stride()
@@ -248,13 +229,12 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if num_seqs == 0:
         return out
     if num_splits is None:
-        if max_seq_len is None:
-            max_seq_len = int(seq_lens.max())
+        max_seq_len = int(seq_lens.max()) if max_seq_len is None else max_seq_len
         num_splits = choose_num_splits(num_seqs, num_kv_heads, max_seq_len, num_sms(q.device))
     fmt = kv_format(k_cache.dtype)
     config = decode_launch_config(head_dim, num_heads // num_kv_heads, k_cache.shape[1], num_splits,
-                                  q.dtype,
-                                  device_arch(q.device), block_n, num_warps, num_stages, fmt)
+                                  q.dtype, device_arch(q.device), block_n, num_warps, num_stages,
+                                  fmt)
     if num_splits > 1:
         shape = (num_seqs, num_heads, num_splits)
         part_acc = torch.empty(*shape, head_dim, dtype=torch.float32, device=q.device)
@@ -264,14 +244,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         part_acc = part_m = part_l = out
     _paged_decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, as_bytes(k_cache), as_bytes(v_cache), block_tables, seq_lens, out, part_acc, part_m,
-        part_l, scale,
-        dequant_factor(fmt, k_scale), dequant_factor(fmt, v_scale),
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        block_tables.stride(0),
-        out.stride(0), out.stride(1),
-        head_dim,
-        **config,
+        part_l, scale, dequant_factor(fmt, k_scale), dequant_factor(fmt, v_scale),
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0), out.stride(0), out.stride(1), head_dim, **config,
     )
     if num_splits > 1:
         _split_reduce_kernel[(num_seqs, num_heads)](

@@ -1,19 +1,16 @@
-"""Paged prefill attention: many new queries per request, causal, over a context that may be partly
-cached.
+"""Paged prefill attention: many new queries per request, causal, over a partly cached context.
 
-This is FlashAttention over a paged cache. A program owns one request's kv head and a tile of
-BLOCK_M rows: consecutive new queries, each repeated for every query head that shares the kv head
-(GQA), so each K/V tile is loaded once for the whole group. It walks the keys in tiles of BLOCK_N
-positions, looking up each position's physical block in the block table (the new tokens' K/V were
-stored into the cache first, so cached prefix and new tokens are read the same way). Online softmax
-keeps one pass over K/V and no [q, k] matrix in memory.
+FlashAttention over a paged cache. A program owns one request's kv head and a tile of BLOCK_M rows:
+consecutive new queries, each repeated for every query head sharing the kv head (GQA), so each K/V
+tile is loaded once for the group. It walks the keys in tiles of BLOCK_N positions through the block
+table (the new tokens' K/V are stored first, so cached prefix and new tokens read alike). Online
+softmax: one pass over K/V and no [q, k] matrix in memory.
 
 Query i of a request with q_len new tokens and seq_len context tokens sits at position
 seq_len - q_len + i and sees keys 0..that position. That one rule covers a fresh prompt (q_len ==
 seq_len), a chunked-prefill chunk or a prompt after a prefix-cache hit (q_len < seq_len), a decode
-row in a mixed batch (q_len == 1) and the draft tokens of speculative verification. An fp8 cache is
-decoded in registers, its scales folded into the score scale and the output, as in the decode
-kernel.
+row in a mixed batch (q_len == 1) and speculative draft tokens. An fp8 cache is decoded in
+registers, its scales folded into the score scale and the output, as in decode.
 """
 
 from __future__ import annotations
@@ -31,11 +28,9 @@ from minivllm.quantization.kv_cache import as_bytes
 def _paged_prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, query_start_loc_ptr, seq_lens_ptr, out_ptr,
     scale,
-    # what a decoded fp8 element is multiplied by (1.0 for a float cache): fp8.py
-    k_dequant, v_dequant,
+    k_dequant, v_dequant,  # what a decoded fp8 element is multiplied by (1.0 if float): fp8.py
     stride_qt, stride_qh,
-    # cache strides: block, slot in block, kv head (head_dim stride 1)
-    stride_cb, stride_cs, stride_ch,
+    stride_cb, stride_cs, stride_ch,  # cache strides: block, slot in block, kv head (head_dim: 1)
     stride_bt,
     stride_ot, stride_oh,
     head_dim,
@@ -46,8 +41,7 @@ def _paged_prefill_kernel(
     BLOCK_N: tl.constexpr,  # key positions per tile
     BLOCK_D: tl.constexpr,  # head_dim padded to a power of two (>= 16)
     DOT_PRECISION: tl.constexpr,
-    # 0: the cache has q's dtype; 1: fp8 e4m3, 2: fp8 e5m2 (read as bytes)
-    KV_FP8: tl.constexpr = 0,
+    KV_FP8: tl.constexpr = 0,  # 0: the cache has q's dtype; 1: fp8 e4m3, 2: fp8 e5m2 (as bytes)
 ):
     b = tl.program_id(0)
     m_tile = tl.program_id(1)
@@ -55,15 +49,13 @@ def _paged_prefill_kernel(
 
     q_start = tl.load(query_start_loc_ptr + b)
     q_len = tl.load(query_start_loc_ptr + b + 1) - q_start
-    # the grid is sized for the longest request; shorter ones stop
-    if m_tile * QUERIES_PER_TILE >= q_len:
+    if m_tile * QUERIES_PER_TILE >= q_len:  # the grid is sized for the longest request
         return
     seq_len = tl.load(seq_lens_ptr + b)
     prefix_len = seq_len - q_len  # context already in the cache before this step
 
     rows = tl.arange(0, BLOCK_M)
-    # each row's query index within the request
-    offs_m = m_tile * QUERIES_PER_TILE + rows // QUERY_GROUP
+    offs_m = m_tile * QUERIES_PER_TILE + rows // QUERY_GROUP  # each row's query in the request
     heads = kv_head * QUERY_GROUP + rows % QUERY_GROUP  # and its query head
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -73,8 +65,7 @@ def _paged_prefill_kernel(
 
     tokens = (q_start + offs_m).to(tl.int64)
     q_rows = tokens[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
-    # [BLOCK_M, BLOCK_D]
-    q = tl.load(q_ptr + q_rows, mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+    q = tl.load(q_ptr + q_rows, mask=m_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_M, D]
     qk_scale = scale * k_dequant * 1.4426950408889634  # softmax via exp2: fold in log2(e)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -88,8 +79,7 @@ def _paged_prefill_kernel(
         n_mask = pos < kv_end
         block = tl.load(table + pos // KV_BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
         kv_rows = block * stride_cb + (pos % KV_BLOCK_SIZE) * stride_cs + kv_head * stride_ch
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        # [N, D]
+        kv_mask = n_mask[:, None] & d_mask[None, :]  # K and V tiles: [N, D]
         k = tl.load(k_cache_ptr + kv_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_cache_ptr + kv_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         if KV_FP8 != 0:
@@ -115,25 +105,21 @@ def _paged_prefill_kernel(
 
 
 def prefill_launch_config(head_dim: int, group: int, block_size: int, max_query_len: int,
-                          dtype: torch.dtype,
-                          arch: int | None = None, block_m: int | None = None,
-                          block_n: int | None = None,
-                          kv_fp8: int = 0) -> dict:
+                          dtype: torch.dtype, arch: int | None = None, block_m: int | None = None,
+                          block_n: int | None = None, kv_fp8: int = 0) -> dict:
     """The prefill kernel's constexprs and launch options, shared by the launcher and the
     ahead-of-time compile test (tests/test_aot_compile.py) so that both see the same variants.
 
-    block_m None: tiles no taller than the batch needs (decode-heavy batches need no 64-row tiles;
-    tl.dot wants >= 16 rows). Where 64-wide tiles spill (sm_75, fp32: see `small_tiles`), tiles are
-    at most 32 rows by 16 key positions (32 still spills at head_dim 128). arch: compute capability,
-    None off CUDA.
+    block_m None: tiles no taller than the batch needs (tl.dot wants >= 16 rows). Where 64-wide
+    tiles spill (sm_75, fp32: `small_tiles`), tiles are at most 32 rows by 16 key positions (32
+    still spills at head_dim 128). arch: compute capability, None off CUDA.
     """
     small = small_tiles(arch, dtype)
     if block_m is None:
         block_m = max(min(32 if small else 64,
                           max(16, triton.next_power_of_2(max_query_len * group))),
                       triton.next_power_of_2(group))
-    if block_n is None:
-        # sm_80: spills
+    if block_n is None:  # 32 on sm_80 at head_dim > 64: 64 spills
         block_n = 16 if small else 32 if arch is not None and arch < 90 and head_dim > 64 else 64
     for size in (block_m, block_n):
         assert size >= 16 and size & (size - 1) == 0, "tl.dot needs powers of two >= 16"
@@ -141,25 +127,21 @@ def prefill_launch_config(head_dim: int, group: int, block_size: int, max_query_
     return dict(QUERY_GROUP=group, QUERIES_PER_TILE=block_m // group, KV_BLOCK_SIZE=block_size,
                 BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
                 DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32", KV_FP8=kv_fp8,
-                num_warps=4,
                 # fp8: converted in registers, no prefetch (decode_launch_config)
-                num_stages=1 if kv_fp8 else 2)
+                num_warps=4, num_stages=1 if kv_fp8 else 2)
 
 
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             block_tables: torch.Tensor, query_start_loc: torch.Tensor,
-                            seq_lens: torch.Tensor,
-                            scale: float, max_query_len: int, block_m: int | None = None,
-                            block_n: int | None = None, k_scale: float = 1.0,
-                            v_scale: float = 1.0) -> torch.Tensor:
-    """Causal attention of each request's new queries over its paged context: q [T, H, D] -> [T, H,
-    D].
+                            seq_lens: torch.Tensor, scale: float, max_query_len: int,
+                            block_m: int | None = None, block_n: int | None = None,
+                            k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+    """Causal attention of each request's new queries over its paged context: q [T, H, D] -> same.
 
     caches: [num_blocks, block_size, kv_heads, D]; block_tables [B, max_blocks] int32;
     query_start_loc [B + 1] int32 (where each request's queries start in q); seq_lens [B] int32
-    (context length including the new tokens, whose K/V must already be in the cache); max_query_len
-    sizes the grid (host int). An fp8 cache holds K / k_scale and V / v_scale.
-    """
+    (context length with the new tokens, whose K/V must already be cached); max_query_len (host
+    int) sizes the grid. An fp8 cache holds K / k_scale and V / v_scale."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     assert num_heads % num_kv_heads == 0 and k_cache.stride() == v_cache.stride()
@@ -171,18 +153,13 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         return out
     fmt = kv_format(k_cache.dtype)
     config = prefill_launch_config(head_dim, num_heads // num_kv_heads, k_cache.shape[1],
-                                   max_query_len, q.dtype,
-                                   device_arch(q.device), block_m, block_n, fmt)
+                                   max_query_len, q.dtype, device_arch(q.device), block_m, block_n,
+                                   fmt)
     grid = (num_seqs, triton.cdiv(max_query_len, config["QUERIES_PER_TILE"]), num_kv_heads)
     _paged_prefill_kernel[grid](
         q, as_bytes(k_cache), as_bytes(v_cache), block_tables, query_start_loc, seq_lens, out,
-        scale,
-        dequant_factor(fmt, k_scale), dequant_factor(fmt, v_scale),
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        block_tables.stride(0),
-        out.stride(0), out.stride(1),
-        head_dim,
-        **config,
+        scale, dequant_factor(fmt, k_scale), dequant_factor(fmt, v_scale),
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0), out.stride(0), out.stride(1), head_dim, **config,
     )
     return out

@@ -1,6 +1,5 @@
-"""The GPU's int8 and int4 matmuls as linear kernels: the Triton kernels of int8_linear.py and
-int4_linear.py, in place of the readable ones (quantization/int8.py, int4.py), for the cuda
-platform.
+"""The GPU's int8 and int4 matmuls as linear kernels for the cuda platform: the Triton kernels of
+int8_linear.py and int4_linear.py, in place of the readable ones (quantization/int8.py, int4.py).
 
 int8 (kernels/int8_linear.py) loads int8 tiles, converts them in registers and multiplies; int4
 (kernels/int4_linear.py) reads GPTQ's layout as int4.py holds it (q eight to a word down the inputs,

@@ -21,13 +21,11 @@ def _store_kv_kernel(
     key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
     k_scale, v_scale,  # an fp8 cache stores K / k_scale, V / v_scale (ignored by a float cache)
     stride_kt, stride_kh, stride_vt, stride_vh,  # new K/V: [T, kv_heads, head_dim], last stride 1
-    # cache: [num_blocks, block_size, kv_heads, head_dim], last stride 1
-    stride_cb, stride_cs, stride_ch,
+    stride_cb, stride_cs, stride_ch,  # cache: [num_blocks, block_size, kv_heads, head_dim], ditto
     num_kv_heads, head_dim,
     KV_BLOCK_SIZE: tl.constexpr,  # tokens per cache block (constexpr: // and % become shifts)
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,  # kv_heads and head_dim padded to powers of two
-    # 0: the cache has the model's dtype; 1: fp8 e4m3, 2: fp8 e5m2 (as bytes)
-    KV_FP8: tl.constexpr = 0,
+    KV_FP8: tl.constexpr = 0,  # 0: the cache has the model's dtype; 1: fp8 e4m3, 2: e5m2 (bytes)
 ):
     t = tl.program_id(0)
     slot = tl.load(slot_mapping_ptr + t).to(tl.int64)  # block_id * block_size + offset
@@ -36,8 +34,7 @@ def _store_kv_kernel(
     block, offset = slot // KV_BLOCK_SIZE, slot % KV_BLOCK_SIZE
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
-    # padding lanes do nothing
-    mask = (offs_h[:, None] < num_kv_heads) & (offs_d[None, :] < head_dim)
+    mask = (offs_h[:, None] < num_kv_heads) & (offs_d[None, :] < head_dim)  # padding lanes: none
 
     src = offs_h[:, None] * stride_kh + offs_d[None, :]
     k = tl.load(key_ptr + t.to(tl.int64) * stride_kt + src, mask=mask)
@@ -53,36 +50,27 @@ def _store_kv_kernel(
 
 
 def store_kv_config(num_kv_heads: int, head_dim: int, block_size: int, kv_fp8: int = 0) -> dict:
-    """The kernel's constexprs, shared with the ahead-of-time compile test
-    (tests/test_aot_compile.py)."""
+    """Constexprs, shared with the ahead-of-time compile test (tests/test_aot_compile.py)."""
     return dict(KV_BLOCK_SIZE=block_size, BLOCK_H=triton.next_power_of_2(num_kv_heads),
                 BLOCK_D=triton.next_power_of_2(head_dim), KV_FP8=kv_fp8)
 
 
-def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
-    """The kernels address rows by stride but assume the head_dim elements of a row are adjacent."""
-    return x if x.stride(-1) == 1 else x.contiguous()
-
-
 def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
-    """Write key/value [T, kv_heads, head_dim] into caches [num_blocks, block_size, kv_heads,
-    head_dim].
-
-    slot_mapping [T] (int64) gives each token's slot; -1 marks a padding row that is skipped. An fp8
-    cache gets K / k_scale and V / v_scale.
-    """
+    """Write key/value [T, kv_heads, head_dim] into caches [num_blocks, block_size, kv_heads, D] at
+    slot_mapping [T] (int64; -1: a padding row, skipped). An fp8 cache gets K/k_scale, V/v_scale."""
     num_tokens, num_kv_heads, head_dim = key.shape
     if num_tokens == 0:
         return
     assert k_cache.shape == v_cache.shape and k_cache.stride() == v_cache.stride()
     assert k_cache.stride(-1) == 1, "cache rows must be contiguous"
-    key, value = _last_dim_contiguous(key), _last_dim_contiguous(value)
+    # rows are addressed by stride, but a row's head_dim elements must be adjacent
+    key = key if key.stride(-1) == 1 else key.contiguous()
+    value = value if value.stride(-1) == 1 else value.contiguous()
     fmt = kv_format(k_cache.dtype)
     _store_kv_kernel[(num_tokens,)](
         key, value, as_bytes(k_cache), as_bytes(v_cache), slot_mapping, k_scale, v_scale,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        num_kv_heads, head_dim,
-        **store_kv_config(num_kv_heads, head_dim, k_cache.shape[1], fmt),
+        num_kv_heads, head_dim, **store_kv_config(num_kv_heads, head_dim, k_cache.shape[1], fmt),
     )

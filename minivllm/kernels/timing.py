@@ -23,8 +23,7 @@ def time_ms(fn: Callable[[], object], iters: int = 20) -> float:
 
 
 def copy_bandwidth(num_bytes: int = 2 << 30) -> float:
-    """Device-to-device copy: bytes read + bytes written per second, the practical memory
-    ceiling."""
+    """Device-to-device copy: bytes read + written per second, the practical memory ceiling."""
     src = torch.empty(num_bytes, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     return 2 * num_bytes / (time_ms(lambda: dst.copy_(src)) * 1e-3)

@@ -27,24 +27,19 @@ REFERENCE_KERNELS = LinearKernels(float=FLOAT, int8=INT8, int4=INT4)
 # what `quantization=` accepts; vLLM's names for its faster kernels on the same checkpoints mean the
 # same here
 ACCEPTED = {"int8": "int8", "gptq": "gptq", "gptq_marlin": "gptq", "awq": "awq",
-            "awq_marlin": "awq",
-            "gguf": "gguf"}
-CHECKPOINT_FORMATS = ("gptq", "awq")  # config.json quant_method values we load
+            "awq_marlin": "awq", "gguf": "gguf"}
 SUPPORTED_TEXT = ("supported: quantization=None (the checkpoint as it is), 'int8' (weight-only, "
-                  "quantized at load "
-                  "from any float checkpoint or GGUF file), 'gptq' or 'gptq_marlin' (4-bit GPTQ "
-                  "checkpoints), 'awq' "
-                  "or 'awq_marlin' (4-bit AWQ checkpoints, GEMM layout), 'gguf' (a .gguf file of a "
-                  "Llama or Qwen "
-                  "model, dequantized at load)")
+                  "quantized at load from any float checkpoint or GGUF file), 'gptq' or "
+                  "'gptq_marlin' (4-bit GPTQ checkpoints), 'awq' or 'awq_marlin' (4-bit AWQ "
+                  "checkpoints, GEMM layout), 'gguf' (a .gguf file of a Llama or Qwen model, "
+                  "dequantized at load)")
 
 __all__ = ["ACCEPTED", "REFERENCE_KERNELS", "LinearKernels", "LinearMethod", "QuantizationConfig",
            "checkpoint_quantization", "held_bytes", "resolve_quantization", "weight_bytes"]
 
 
 def checkpoint_quantization(qc: dict | None, where: str) -> QuantizationConfig | None:
-    """config.json's `quantization_config` -> our config, or a ValueError for a format we do not
-    run."""
+    """config.json's `quantization_config` -> our config, or a ValueError for a format we lack."""
     if not qc:
         return None
     method = str(qc.get("quant_method", "")).lower()
@@ -58,13 +53,10 @@ def checkpoint_quantization(qc: dict | None, where: str) -> QuantizationConfig |
 
 
 def resolve_quantization(requested: str | None, checkpoint: QuantizationConfig | None,
-                         is_gguf: bool,
-                         where: str) -> QuantizationConfig | None:
-    """What the linear layers will hold, from `quantization=` and what the checkpoint is.
-
-    None follows the checkpoint. A checkpoint format must match the checkpoint; "int8" needs float
-    weights (a float checkpoint or a GGUF file, which is dequantized at load).
-    """
+                         is_gguf: bool, where: str) -> QuantizationConfig | None:
+    """What the linear layers will hold, from `quantization=` and the checkpoint. None follows the
+    checkpoint; a checkpoint format must match it; "int8" needs float weights (a float checkpoint,
+    or a GGUF file, which is dequantized at load)."""
     if requested is None or requested == "none":
         return checkpoint
     if not isinstance(requested, str) or requested.lower() not in ACCEPTED:
@@ -75,8 +67,7 @@ def resolve_quantization(requested: str | None, checkpoint: QuantizationConfig |
     if name == "int8":
         if checkpoint is not None:
             raise ValueError(f"quantization='int8' quantizes float weights, but {where} is already "
-                             f"{have}: "
-                             "leave quantization unset to run it as it is")
+                             f"{have}: leave quantization unset to run it as it is")
         return Int8Config()
     if name != have:
         raise ValueError(f"quantization={requested!r}, but {where} is a {have} checkpoint "
@@ -95,8 +86,7 @@ def weight_bytes(model) -> int:
 
 
 def held_bytes(model) -> int:
-    """Bytes the model holds: every parameter and buffer, each tensor once (a tied weight counts
-    once). A platform's fast layouts replace the checkpoint's, so this stays close to
-    `weight_bytes`."""
+    """Bytes the model holds: every parameter and buffer, each tensor once (a tied weight too). A
+    platform's fast layouts replace the checkpoint's, so this stays close to `weight_bytes`."""
     tensors = {id(t): t for t in [*model.parameters(), *model.buffers()] if t is not None}
     return sum(t.numel() * t.element_size() for t in tensors.values())

@@ -31,8 +31,7 @@ from minivllm.quantization.base import (
 from minivllm.quantization.int4 import Int4LinearMethod, unpack_cols
 
 ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble i holds output ORDER[i] of its group of eight
-# output j sits in nibble REVERSE[j]: (0, 4, 1, 5, 2, 6, 3, 7)
-REVERSE = tuple(ORDER.index(j) for j in range(8))
+REVERSE = tuple(ORDER.index(j) for j in range(8))  # output j sits in nibble REVERSE[j]
 
 
 def unpack_awq(packed: torch.Tensor) -> torch.Tensor:
@@ -64,29 +63,26 @@ class AWQConfig(QuantizationConfig):
 
     @classmethod
     def from_hf(cls, qc: dict, where: str) -> AWQConfig:
-        bits, group = qc.get("bits", qc.get("w_bit", 4)), qc.get("group_size",
-                                                                 qc.get("q_group_size", 128))
+        bits = qc.get("bits", qc.get("w_bit", 4))
+        group = qc.get("group_size", qc.get("q_group_size", 128))
         version = str(qc.get("version", "gemm")).lower()
         if bits != 4:
-            raise ValueError(f"{where}: {bits}-bit AWQ is not supported (minivllm runs 4-bit AWQ)")
+            raise ValueError(f"{where}: {bits}-bit AWQ is not supported (only 4-bit)")
         if version != "gemm":
             raise ValueError(f"{where}: AWQ version {version!r} is not supported (supported: "
-                             f"'gemm', AutoAWQ's "
-                             "default layout); gemv, exllama, marlin and ipex variants store other "
-                             "layouts")
+                             "'gemm', AutoAWQ's default layout); gemv, exllama, marlin and ipex "
+                             "variants store other layouts")
         if not qc.get("zero_point", True):
             raise ValueError(f"{where}: AWQ without zero points is not supported")
         if group != -1 and (group < 8 or group % 8):
             raise ValueError(f"{where}: AWQ group_size {group} is not supported (-1 or a multiple "
-                             f"of 8)")
-        skipped = [m for m in qc.get("modules_to_not_convert") or [] if "lm_head" not in m
-                   and "embed" not in m]
+                             "of 8)")
+        skipped = [m for m in qc.get("modules_to_not_convert") or []
+                   if "lm_head" not in m and "embed" not in m]
         if skipped:
             raise ValueError(f"{where}: AWQ modules_to_not_convert {skipped} is not supported "
-                             f"(only the LM head "
-                             "and embeddings stay float here)")
+                             "(only the LM head and embeddings stay float here)")
         return cls(group)
 
     def linear_method(self, kernels: LinearKernels) -> LinearMethod:
         return AWQLinearMethod(self.group_size, kernels.int4)
-

@@ -1,18 +1,14 @@
-"""What every quantization format provides: a config (parsed before any weight is read) and a linear
-method.
+"""What every quantization format provides: a config (read before any weight) and a linear method.
 
 A linear layer (minivllm/model/linear.py) owns its shape, its bias and which dimension tensor
-parallelism would split; it holds its weights through a *method*, which says three things, as in
-vLLM:
+parallelism splits; it holds its weights through a *method*, which says three things, as in vLLM:
 
 * `create_weights(layer)`: which tensors the checkpoint gives for this layer (`weight`, or
-`qweight`,
-  `scales`, ...), registered as parameters with their shapes and which of their dims run along the
-  layer's outputs and inputs (and how many values one stored element packs), so that the layer's
-  loader can copy a fused layer's shards (q/k/v, gate/up) into place whatever the format;
+  `qweight`, `scales`, ...), registered as parameters with their shapes and which of their dims run
+  along the layer's outputs and inputs (and how many values one stored element packs), so that the
+  layer's loader can copy a fused layer's shards (q/k/v, gate/up) into place whatever the format;
 * `process_weights_after_loading(layer)`: turn what was loaded into the format's plain form
-(quantize a
-  float weight to int8, unpack 4-bit words), then hand it to its kernel's `layout` step;
+  (quantize a float weight to int8, unpack 4-bit words), then hand it to its kernel's `layout`;
 * `apply(layer, x, bias)`: y = x @ W.T + bias, through its kernel.
 
 The *kernel* (a `LinearKernel`) is the part that depends on the hardware: the layout the weights are
@@ -33,10 +29,8 @@ from torch import nn
 @dataclass(frozen=True)
 class Layout:
     """How a stored tensor's dims map to the layer's [outputs, inputs] (None: not along that one).
-
     packed_dim/pack_factor: that dim stores `pack_factor` values per element (eight 4-bit values per
-    int32). optional: a checkpoint may leave it out (GPTQ's g_idx): the method fills in a default.
-    """
+    int32). optional: a checkpoint may leave it out (GPTQ's g_idx): the method fills a default."""
 
     output_dim: int | None
     input_dim: int | None
@@ -47,22 +41,19 @@ class Layout:
 
 def add_weight(layer: nn.Module, name: str, shape: tuple[int, ...], dtype: torch.dtype,
                layout: Layout) -> None:
-    """Register an empty parameter `name` on `layer`, with its layout kept by the layer (module.to()
-    and to_empty() replace parameter objects, so attributes set on a parameter would not survive
-    them)."""
-    layer.register_parameter(name,
-                             nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False))
+    """Register an empty parameter `name` on `layer`, its layout kept by the layer (module.to() and
+    to_empty() replace parameter objects: attributes set on a parameter would not survive them)."""
+    empty = nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
+    layer.register_parameter(name, empty)
     layer.layouts[name] = layout
 
 
 class LinearKernel:
-    """How one format family's weights are laid out and multiplied: `layout` once after loading (it
-    may replace the layer's tensors by another layout of the same values, never add a copy), `apply`
-    per call."""
+    """How one format family's weights are laid out and multiplied: `layout` once after loading
+    (it may swap in another layout of the same values, never add a copy), `apply` per call."""
 
     def layout(self, layer: nn.Module) -> None:
-        """Replace the plain tensors by the ones `apply` reads; the readable kernels keep them as
-        they are."""
+        """Replace the plain tensors by the ones `apply` reads; the readable kernels keep them."""
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         raise NotImplementedError
@@ -93,24 +84,17 @@ class LinearMethod:
         return self.kernel.apply(layer, x, bias)
 
     def weight_bytes(self, layer: nn.Module) -> int:
-        """Bytes the layer's weights take once processed (bias excluded): what the chapter's table
-        counts."""
-        return sum(t.numel() * t.element_size() for name, t in _tensors(layer) if name != "bias")
-
-
-def _tensors(layer: nn.Module):
-    yield from layer.named_parameters(recurse=False)
-    yield from layer.named_buffers(recurse=False)
+        """Bytes the layer's weights take once processed, bias excluded (chapter 12's table)."""
+        tensors = [*layer.named_parameters(recurse=False), *layer.named_buffers(recurse=False)]
+        return sum(t.numel() * t.element_size() for name, t in tensors if name != "bias")
 
 
 @dataclass(frozen=True)
 class QuantizationConfig:
-    """A quantized format's settings, from config.json's `quantization_config` or from
-    `quantization=` (float weights have none: None)."""
+    """A quantized format's settings, from config.json or `quantization=` (float weights: None)."""
 
     name = "none"
 
     def linear_method(self, kernels: LinearKernels) -> LinearMethod:
-        """The method for one linear layer, running the platform's kernel for this format's
-        family."""
+        """The method for one linear layer, running the platform's kernel for its family."""
         raise NotImplementedError

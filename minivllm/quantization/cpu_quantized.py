@@ -1,5 +1,4 @@
-"""The CPU's int8 and int4 matmuls: torch's packed-weight kernels, beside the readable ones
-(int8.py, int4.py).
+"""The CPU's int8 and int4 matmuls: torch's packed-weight kernels, beside int8.py's and int4.py's.
 
 int8: `_weight_int8pack_mm` multiplies the int8 weight with x in bf16/fp16 without a converted copy,
 for up to INT8_MAX_ROWS rows (beyond, converting q and calling the float matmul is faster; in fp32

@@ -1,12 +1,7 @@
-// Tiled linear layers on CPU: y = x @ W.T (+ b), W held in tiles of 64 outputs (quantization/cpu_unquantized.py).
-//
-// Decoding one token per request multiplies each weight by a handful of rows, so a step reads every weight byte
-// once and does two flops per byte: the time is the time to stream the weights from memory. oneDNN's batch-1
-// path reached about half this machine's read bandwidth. This kernel lays each weight out once, at load time,
-// in the order it is read: tiles of 64 output rows, and inside a tile, for each pair of inputs k, k+1 (bf16) or
-// each input k (fp32), the 64 rows' weights side by side. A step then reads one contiguous stream per tile,
-// and each 64-byte load feeds sixteen outputs at once: the input element is broadcast, multiplied into
-// sixteen accumulators, and no horizontal sum is ever needed. Sums are fp32 whatever the weight's dtype.
+// Tiled linear layers on CPU: y = x @ W.T (+ b), W held in tiles of 64 outputs (layout and measurements:
+// quantization/cpu_unquantized.py). Decoding reads every weight byte once for two flops per byte, so the time is
+// the time to stream the weights: laid out in the order they are read, each 64-byte load feeds sixteen outputs
+// (the input element broadcast into sixteen accumulators, no horizontal sum). Sums are fp32 whatever the dtype.
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

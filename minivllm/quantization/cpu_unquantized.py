@@ -3,21 +3,20 @@
 `TILED` (cpu_unquantized.cpp): tiles of 64 output rows, and in a tile, for each pair of inputs
 (bf16) or each input (fp32), the 64 rows' weights side by side. A decode step reads one contiguous
 stream per tile and each 64-byte load feeds 16 outputs with the input broadcast: close to the
-machine's read bandwidth, where oneDNN reached about half (bench/RESULTS.md: the batch-1 matmuls
-1.2-1.4x faster). Larger batches go through the same layout: each tile is read once from memory and
-stays in L2 while every group of four rows multiplies it, as fast as oneDNN's blocked GEMM up to a
-few hundred rows. Past TILED_MAX_ROWS (prompts) the weight is unpacked for the one call,
-transiently, and MKL's GEMM multiplies it: the copy is cheap beside M x N x K flops, and at
-1024-2048 rows it measured 1.05-1.1x oneDNN's speed where the tiles reached 0.77-0.99x
-(bench/RESULTS.md). Needs AVX-512 (and AVX512-BF16 for bf16).
+machine's read bandwidth, where oneDNN reached about half (batch-1 matmuls 1.2-1.4x faster). Larger
+batches use the same layout, each tile staying in L2 while every group of four rows multiplies it:
+as fast as oneDNN's blocked GEMM up to a few hundred rows. Past TILED_MAX_ROWS (prompts) the weight
+is unpacked for the one call and MKL's GEMM multiplies it: the copy is cheap beside M x N x K flops,
+and at 1024-2048 rows it measured 1.05-1.1x oneDNN's speed where the tiles reached 0.77-0.99x
+(bench/RESULTS.md has the numbers). Needs AVX-512 (and AVX512-BF16 for bf16).
 
 `ONEDNN`, elsewhere: oneDNN's blocked layout, reordered once (a plain `F.linear` on CPU re-blocks a
 bf16 weight on every call: about 1.5x slower). An LM head tied to the embedding keeps the plain
-weight there (an embedding cannot look rows up in oneDNN's opaque layout), and `F.linear`.
+weight (an embedding cannot look rows up in oneDNN's opaque layout), and `F.linear`.
 
 The cpu platform (minivllm/platforms/cpu.py) picks one; MINIVLLM_CPU_SMALL_LINEAR=0 rules `TILED`
-out. Sums are fp32 and ordered differently from `F.linear`: results differ in the last bits, as they
-do between batch sizes.
+out. Sums are fp32, ordered unlike `F.linear`'s: results differ in the last bits, as between batch
+sizes.
 """
 
 from __future__ import annotations
@@ -50,8 +49,7 @@ def tiled_linear(x: torch.Tensor, tiled: torch.Tensor, bias: torch.Tensor | None
 
 
 def register_fake() -> None:
-    """tiled_linear's output shape, for torch.compile (model/compiled.py); called once the extension
-    is built."""
+    """tiled_linear's output shape for torch.compile (model/compiled.py); call after building."""
     torch.library.register_fake("minivllm_cpu::small_linear")(
         lambda x, tiled, bias, n: x.new_empty(*x.shape[:-1], n))
 
@@ -69,16 +67,13 @@ class TiledKernel(FloatKernel):
         return unpack_tiles(layer.weight, layer.output_size, layer.input_size)
 
     def rows(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
-        """Row n lies in tile n // 64, at lane n % 64 of every step: gathered without unpacking the
-        rest."""
-        tiled = layer.weight
-        rows = tiled[ids // TILE, :, ids % TILE, :]  # [T, K / pack, pack]
+        """Row n lies in tile n // 64, lane n % 64 of every step: gathered without unpacking all."""
+        rows = layer.weight[ids // TILE, :, ids % TILE, :]  # [T, K / pack, pack]
         return rows.reshape(*ids.shape, -1)[..., : layer.input_size]
 
 
 def reorder_weight(weight: torch.Tensor, batch_hint: int = 64) -> torch.Tensor:
-    """W [out, in] -> the same values in oneDNN's blocked layout (an opaque tensor only oneDNN
-    reads)."""
+    """W [out, in] -> the same values in oneDNN's blocked layout (opaque: only oneDNN reads it)."""
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), batch_hint)
 
 
@@ -113,9 +108,8 @@ TILED, ONEDNN = TiledKernel(), OneDnnKernel()
 _LIB = torch.library.Library("minivllm", "FRAGMENT")
 _LIB.define("packed_linear(Tensor x, Tensor packed, Tensor? bias) -> Tensor")
 _LIB.impl("packed_linear",  # any backend: the packed weight dispatches as MkldnnCPU
-          lambda x, packed, bias: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [],
-                                                                     ""),
-          "CompositeExplicitAutograd")
+          lambda x, packed, bias: torch.ops.mkldnn._linear_pointwise(
+              x, packed, bias, "none", [], ""), "CompositeExplicitAutograd")
 
 
 @torch.library.register_fake("minivllm::packed_linear")

@@ -1,11 +1,10 @@
 """GGUF files (llama.cpp's single-file format) by path: `LLM("model.Q4_0.gguf")`.
 
-A GGUF file holds the config as metadata (`llama.block_count`, ...), the tokenizer (its tokens,
-merges and special ids), and every tensor, each in its own type: F32/F16/BF16, or a block format
-such as Q8_0 (32 weights share an fp16 scale, one int8 each) or Q4_0 (32 weights, an fp16 scale, 4
-bits each). transformers reads the config and builds the tokenizer from the metadata (`gguf_file=`);
-the `gguf` package reads and dequantizes the tensors, and this module maps llama.cpp's names to
-ours:
+A GGUF file holds the config as metadata (`llama.block_count`, ...), the tokenizer (tokens, merges,
+special ids), and every tensor in its own type: F32/F16/BF16, or a block format such as Q8_0 (32
+weights share an fp16 scale, one int8 each) or Q4_0 (the same, 4 bits each). transformers reads the
+config and tokenizer from the metadata (`gguf_file=`); the `gguf` package reads and dequantizes the
+tensors, and this module maps llama.cpp's names to ours:
 
     token_embd -> embed_tokens          blk.N.attn_q/k/v/output -> layers.N.self_attn.q/k/v/o_proj
     output_norm -> norm, output -> lm_head blk.N.ffn_gate/up/down -> layers.N.mlp.gate/up/down_proj
@@ -37,8 +36,7 @@ SKIPPED = ("rope_freqs",)  # llama3's rotary factors: we compute them from the c
 
 def is_gguf(path: str | Path) -> bool:
     """A file that starts with GGUF's magic bytes."""
-    path = Path(path)
-    if not path.is_file():
+    if not Path(path).is_file():
         return False
     with open(path, "rb") as f:
         return f.read(4) == b"GGUF"
@@ -54,8 +52,7 @@ def gguf_architecture(path: Path) -> str:
 
 
 def read_gguf_hf_config(path: Path):
-    """transformers' config from the file's metadata; ValueError for an architecture we do not
-    run."""
+    """transformers' config from the file's metadata; ValueError for an architecture we lack."""
     try:
         import gguf  # noqa: F401
     except ImportError as e:
@@ -86,15 +83,13 @@ def hf_name(name: str) -> str | None:
 
 
 def unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
-    """Undo llama.cpp's attn_q/attn_k row order: within each head, rows (i, i + d/2) were made
-    neighbours."""
-    return w.reshape(heads, w.shape[0] // heads // 2, 2,
-                     *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+    """Undo llama.cpp's attn_q/attn_k row order: in each head, rows (i, i + d/2) were neighbours."""
+    pairs = w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:])
+    return pairs.transpose(1, 2).reshape(w.shape)
 
 
 def gguf_tensors(path: Path, cfg) -> Iterator[tuple[str, torch.Tensor]]:
-    """(Hugging Face name, float32 tensor) for every tensor in the file, dequantized and
-    un-permuted."""
+    """(Hugging Face name, float32 tensor) per tensor in the file, dequantized, un-permuted."""
     from gguf import GGUFReader, dequantize
 
     for t in GGUFReader(path).tensors:
@@ -159,10 +154,9 @@ def _gguf_names(cfg) -> dict[str, str]:
 
 def write_gguf(path: str | Path, model, tokenizer_dir: str | Path, arch: str = "llama",
                mlp_type: str = "Q8_0", attention_type: str = "Q4_0") -> None:
-    """A transformers Llama as llama.cpp's converter writes it (tests, benchmarks, chapter 12):
-    metadata, the byte-level BPE tokenizer of `tokenizer_dir`/tokenizer.json, attn_q/attn_k rows
-    permuted, the MLP and the attention matrices in the given GGML types ("F32" keeps them float),
-    embeddings, norms and head in F32."""
+    """A transformers Llama as llama.cpp's converter writes it (tests, benchmarks): metadata, the
+    byte-level BPE tokenizer of `tokenizer_dir`/tokenizer.json, attn_q/attn_k rows permuted, MLP
+    and attention matrices in the given GGML types ("F32": float), the rest F32."""
     import gguf
     import numpy as np
 
@@ -177,10 +171,9 @@ def write_gguf(path: str | Path, model, tokenizer_dir: str | Path, arch: str = "
     state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     for hf_name, name in _gguf_names(cfg).items():
         w = state[hf_name]
-        if arch == "llama" and ".attn_q." in name:
-            w = permute(w, cfg.num_attention_heads)
-        if arch == "llama" and ".attn_k." in name:
-            w = permute(w, cfg.num_key_value_heads)
+        if arch == "llama" and (".attn_q." in name or ".attn_k." in name):
+            heads = cfg.num_attention_heads if ".attn_q." in name else cfg.num_key_value_heads
+            w = permute(w, heads)
         kind = mlp_type if ".ffn_" in name else attention_type
         if name.startswith("blk.") and w.ndim == 2 and kind != "F32":
             qtype = gguf.GGMLQuantizationType[kind]

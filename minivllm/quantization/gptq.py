@@ -1,5 +1,4 @@
-"""GPTQ 4-bit checkpoints (config.json: `quantization_config.quant_method == "gptq"`), AutoGPTQ's
-layout.
+"""GPTQ 4-bit checkpoints in AutoGPTQ's layout (config.json: `quant_method == "gptq"`).
 
 For a linear layer with K inputs, N outputs and groups of G inputs, the checkpoint holds:
 
@@ -34,8 +33,7 @@ from minivllm.quantization.base import (
 )
 from minivllm.quantization.int4 import INT4, Int4LinearMethod, unpack_cols, unpack_rows
 
-# checkpoint_format values with this layout (v1 stores zero points minus one)
-FORMATS = ("gptq", "gptq_v2")
+FORMATS = ("gptq", "gptq_v2")  # checkpoint_format values with this layout (v1: zero points - 1)
 
 
 class GPTQLinearMethod(Int4LinearMethod):
@@ -49,11 +47,9 @@ class GPTQLinearMethod(Int4LinearMethod):
             raise ValueError(f"GPTQ: a {k} -> {n} linear layer does not fit 8-value words and "
                              f"{g}-input groups")
         add_weight(layer, "qweight", (k // 8, n), torch.int32,
-                   Layout(output_dim=1, input_dim=0, packed_dim=0,
-                                                                       pack_factor=8))
+                   Layout(output_dim=1, input_dim=0, packed_dim=0, pack_factor=8))
         add_weight(layer, "qzeros", (k // g, n // 8), torch.int32,
-                   Layout(output_dim=1, input_dim=0, packed_dim=1,
-                                                                           pack_factor=8))
+                   Layout(output_dim=1, input_dim=0, packed_dim=1, pack_factor=8))
         add_weight(layer, "scales", (k // g, n), torch.float32, Layout(output_dim=1, input_dim=0))
         add_weight(layer, "g_idx", (k,), torch.int32,
                    Layout(output_dim=None, input_dim=0, optional=True))
@@ -62,14 +58,14 @@ class GPTQLinearMethod(Int4LinearMethod):
         q = unpack_rows(layer.qweight.data)
         zeros = unpack_cols(layer.qzeros.data) + (1 if self.zeros_minus_one else 0)
         default = torch.arange(layer.input_size, device=q.device) // self.group(layer)
-        g_idx = layer.g_idx.data.long() if any(name == "g_idx" for name,
-                                               _ in layer.loaded) else default
+        loaded = any(name == "g_idx" for name, _ in layer.loaded)
+        g_idx = layer.g_idx.data.long() if loaded else default
         if torch.equal(g_idx, default):
             return q, zeros, layer.scales.data, None
         perm = torch.argsort(g_idx, stable=True)  # act-order: put each group's inputs back together
         if not torch.equal(g_idx[perm], default):
             raise ValueError(f"GPTQ: g_idx does not put exactly {self.group(layer)} inputs in each "
-                             f"group")
+                             "group")
         return q[perm], zeros, layer.scales.data, perm
 
 
@@ -85,19 +81,17 @@ class GPTQConfig(QuantizationConfig):
         bits, group = qc.get("bits", 4), qc.get("group_size", 128)
         fmt = qc.get("checkpoint_format") or "gptq"
         if bits != 4:
-            raise ValueError(f"{where}: {bits}-bit GPTQ is not supported (minivllm runs 4-bit "
-                             "GPTQ)")
+            raise ValueError(f"{where}: {bits}-bit GPTQ is not supported (only 4-bit)")
         if fmt not in FORMATS:
             raise ValueError(f"{where}: GPTQ checkpoint_format {fmt!r} is not supported "
-                             f"(supported: {FORMATS}); "
-                             "marlin- and bitblas-repacked checkpoints have another layout")
+                             f"(supported: {FORMATS}); marlin- and bitblas-repacked checkpoints "
+                             "have another layout")
         if group != -1 and (group < 8 or group % 8):
             raise ValueError(f"{where}: GPTQ group_size {group} is not supported (-1 or a multiple "
-                             f"of 8)")
+                             "of 8)")
         if qc.get("dynamic"):
             raise ValueError(f"{where}: GPTQ 'dynamic' per-module settings are not supported")
         return cls(group, bool(qc.get("desc_act", False)), fmt)
 
     def linear_method(self, kernels: LinearKernels) -> LinearMethod:
         return GPTQLinearMethod(self.group_size, self.checkpoint_format == "gptq", kernels.int4)
-

@@ -1,8 +1,7 @@
 """What GPTQ and AWQ share: 4-bit weights with a scale and a zero point per group of G inputs.
 
-Both formats store, for W [N outputs, K inputs] (transposed here to [K, N], as their kernels read
-it), a 4-bit q in 0..15, and per group of G consecutive inputs and per output a zero point z and a
-scale s:
+Both store, for W [N outputs, K inputs] (here [K, N], as their kernels read it), a 4-bit q in
+0..15, and per group of G consecutive inputs and per output a zero point z and a scale s:
 
     W[n, k] = (q[k, n] - z[k // G, n]) * s[k // G, n]
 
@@ -11,9 +10,8 @@ eight nibbles sit (gptq.py, awq.py); each format's `unpack` returns plain q, z, 
 two share everything: the weights are held as GPTQ stores them (q packed eight to a word down the
 inputs, z as bytes, s), and a kernel multiplies them. `INT4`, the readable one, dequantizes and
 multiplies; the CPU's (cpu_quantized.py: torch's int4 kernel, in its own layout) and the GPU's
-(kernels/quantized_linear.py: dequantized
-tile by tile in registers) sit beside it. Each records its choice in `layer.kernel` ("torch", "cpu",
-"triton").
+(kernels/quantized_linear.py: dequantized tile by tile in registers) sit beside it. Each records
+its choice in `layer.kernel` ("torch", "cpu", "triton").
 """
 
 from __future__ import annotations
@@ -28,21 +26,18 @@ SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)  # nibble i of a word sits at
 
 
 def unpack_rows(packed: torch.Tensor) -> torch.Tensor:
-    """int32 [R, C], eight nibbles per word down the rows -> int32 [8R, C] (row 8r + i = nibble i of
-    row r)."""
+    """int32 [R, C], eight nibbles per word down the rows -> int32 [8R, C] (row 8r + i)."""
     nibbles = (packed[:, None, :] >> SHIFTS.to(packed.device)[None, :, None]) & 0xF
     return nibbles.reshape(-1, packed.shape[1])
 
 
 def unpack_cols(packed: torch.Tensor) -> torch.Tensor:
-    """int32 [R, C], eight nibbles per word across the columns -> int32 [R, 8C] (col 8c + i = nibble
-    i)."""
+    """int32 [R, C], eight nibbles per word across the columns -> int32 [R, 8C] (col 8c + i)."""
     return ((packed[:, :, None] >> SHIFTS.to(packed.device)) & 0xF).reshape(packed.shape[0], -1)
 
 
 def _to_int32(words: torch.Tensor) -> torch.Tensor:
-    """uint32 bit patterns held in int64 -> the same bits as int32 (words >= 2**31 become
-    negative)."""
+    """uint32 bit patterns held in int64 -> the same bits as int32 (>= 2**31 become negative)."""
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 
 
@@ -95,8 +90,7 @@ class Int4LinearMethod(LinearMethod):
     def unpack(self, layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
                                                 torch.Tensor | None]:
         """(q [K, N], z [K/G, N], s [K/G, N], perm or None): with perm, input k of the unpacked
-        weight is input perm[k] of the layer (GPTQ's act-order), so x[:, perm] is what multiplies
-        it."""
+        weight is the layer's input perm[k] (GPTQ's act-order): x[:, perm] multiplies it."""
         raise NotImplementedError
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
@@ -105,8 +99,7 @@ class Int4LinearMethod(LinearMethod):
             if name != "bias":
                 delattr(layer, name)
         layer.perm, layer.group_size = perm, self.group(layer)
-        # [K/8, N], as GPTQ
-        layer.register_buffer("qweight", pack_rows(q).contiguous(), persistent=False)
+        layer.register_buffer("qweight", pack_rows(q).contiguous(), persistent=False)  # as GPTQ
         layer.register_buffer("zeros", zeros.to(torch.uint8).contiguous(), persistent=False)
         layer.register_buffer("scales", scales.contiguous(), persistent=False)
         self.kernel.layout(layer)

@@ -30,22 +30,16 @@ from minivllm.quantization.base import (
 
 def quantize_per_channel(weight: torch.Tensor, scale_dtype: torch.dtype,
                          absmax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """W [N, K] float -> (q [N, K] int8, s [N] in scale_dtype), symmetric, one scale per output
-    channel.
+    """W [N, K] float -> (q [N, K] int8, s [N] in scale_dtype), symmetric, one scale per output.
 
     The scale is rounded to scale_dtype first, so q is computed against the scale the kernel will
-    use. `absmax`: each row's max |w| when W is only part of the row (a row-parallel rank's slice
-    of the inputs).
+    use. `absmax`: each row's max |w| when W is only part of the row (a row-parallel rank's inputs).
     """
     w = weight.float()
     absmax = w.abs().amax(dim=1) if absmax is None else absmax.float()
     scale = (absmax / 127).clamp(min=torch.finfo(torch.float16).tiny).to(scale_dtype)
     q = torch.round(w / scale.float()[:, None]).clamp(-127, 127).to(torch.int8)
     return q, scale
-
-
-def dequantize_per_channel(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    return q.float() * scale.float()[:, None]
 
 
 class Int8Kernel(LinearKernel):
@@ -67,8 +61,8 @@ class Int8LinearMethod(LinearMethod):
 
     def create_weights(self, layer: nn.Module) -> None:
         # the checkpoint is float: load W as it is, quantize after
-        add_weight(layer, "weight", (layer.output_size, layer.input_size), torch.float32, Layout(0,
-                                                                                                 1))
+        shape = (layer.output_size, layer.input_size)
+        add_weight(layer, "weight", shape, torch.float32, Layout(output_dim=0, input_dim=1))
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         weight = layer.weight.data

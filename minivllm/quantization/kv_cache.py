@@ -1,10 +1,8 @@
-"""The KV cache's element type: the model's float type ("auto"), or fp8 with one scale per tensor
-(vLLM's `kv_cache_dtype="fp8"`).
+"""The KV cache's element type: the model's ("auto"), or fp8 with a scale per tensor (vLLM's "fp8").
 
 An fp8 cache holds twice the tokens of a 16-bit one in the same bytes. Each layer's K and V have a
-scale (`k_scale`, `v_scale`: 1.0 unless the checkpoint gives one): a value is stored as fp8(x /
-scale), clamped to the format's range, and read back as float(fp8) * scale. Two formats, both one
-byte:
+scale (`k_scale`, `v_scale`: 1.0 unless the checkpoint gives one): a value is stored as
+fp8(x / scale), clamped to the format's range, and read back as float(fp8) * scale. Two formats:
 
     e4m3 ("fp8", "fp8_e4m3")  4 exponent bits, 3 mantissa bits: finer steps, range +-448
     e5m2 ("fp8_e5m2")         5 exponent bits, 2 mantissa bits: coarser steps, range +-57344
@@ -21,31 +19,27 @@ import torch
 KV_CACHE_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn,
                    "fp8_e5m2": torch.float8_e5m2}
 ACCEPTED_KV_CACHE_DTYPES = ("auto", *KV_CACHE_DTYPES)
-FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def check_kv_cache_dtype(name: object) -> None:
-    """A ValueError listing the accepted names, for anything else (raised before any weight
-    loads)."""
+    """A ValueError listing the accepted names, for anything else (before any weight loads)."""
     if name not in ACCEPTED_KV_CACHE_DTYPES:
         accepted = ", ".join(map(repr, ACCEPTED_KV_CACHE_DTYPES))
         raise ValueError(f"kv_cache_dtype must be one of {accepted}, got {name!r}")
 
 
 def kv_cache_torch_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
-    """The element type of the cache tensors: `model_dtype` for "auto", else the fp8 type the name
-    means."""
+    """The cache tensors' element type: `model_dtype` for "auto", else the fp8 type named."""
     check_kv_cache_dtype(name)
     return model_dtype if name == "auto" else KV_CACHE_DTYPES[name]
 
 
 def is_fp8(dtype: torch.dtype) -> bool:
-    return dtype in FP8_DTYPES
+    return dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def as_bytes(cache: torch.Tensor) -> torch.Tensor:
-    """An fp8 tensor viewed as uint8, for the ops torch lacks for fp8 on CPU (index_copy_); others
-    unchanged."""
+    """An fp8 tensor viewed as uint8, for ops torch lacks for fp8 on CPU (index_copy_)."""
     return cache.view(torch.uint8) if is_fp8(cache.dtype) else cache
 
 
@@ -59,8 +53,7 @@ def quantize(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
 
 
 def dequantize(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
-    """Cache elements back in the compute dtype: float(x) * scale (a float cache's elements as they
-    are)."""
+    """Cache elements in the compute dtype: float(x) * scale (a float cache's as they are)."""
     if not is_fp8(x.dtype):
         return x
     x = x.to(dtype)

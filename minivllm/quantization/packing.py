@@ -1,14 +1,12 @@
-"""Our own 4-bit quantizer: round-to-nearest per group, written out in GPTQ's or AWQ's published
-layout.
+"""Our own 4-bit quantizer: round-to-nearest per group, written in GPTQ's or AWQ's published layout.
 
 Not GPTQ's or AWQ's algorithm (those choose q to minimise the layer's output error on calibration
-data, or rescale salient channels first): plain rounding, which is enough to produce checkpoints
-that load exactly like the ones on the Hub (tests/test_quantization.py, chapter 12).
+data, or rescale salient channels first): plain rounding, enough to produce checkpoints that load
+exactly like the ones on the Hub (tests/test_quantization.py, chapter 12).
 
     quantize_groups(W, G) -> q [K, N], z [K/G, N], s [K/G, N] (asymmetric, min/max per group)
     gptq_tensors / awq_tensors      -> the checkpoint tensors of one layer
-    write_quantized_checkpoint(...) -> a whole checkpoint directory (and optionally its dequantized
-twin)
+    write_quantized_checkpoint(...) -> a whole checkpoint directory (and its dequantized twin)
 """
 
 from __future__ import annotations
@@ -27,21 +25,18 @@ QUANTIZED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "do
 
 def quantize_groups(weight: torch.Tensor, group_size: int, g_idx: torch.Tensor | None = None,
                     min_zero: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """W [N, K] -> (q [K, N] int32, z [K/G, N] int32, s [K/G, N] fp16): W[n, k] ~ (q - z) * s, per
-    group.
+    """W [N, K] -> (q [K, N] int32, z [K/G, N] int32, s [K/G, N] fp16): W[n, k] ~ (q - z) * s.
 
     Each group's range [min(w, 0), max(w, 0)] is cut into 15 steps (the scale, rounded to fp16
-    first, as it is stored); z is where 0 falls. g_idx [K] assigns inputs to groups (default k //
-    G). min_zero=1 keeps z representable in GPTQ v1 checkpoints, which store z - 1 in four bits.
+    first, as stored); z is where 0 falls. g_idx [K] assigns inputs to groups (default k // G).
+    min_zero=1 keeps z representable in GPTQ v1 checkpoints, which store z - 1 in four bits.
     """
     n, k = weight.shape
     g_idx = torch.arange(k) // group_size if g_idx is None else g_idx.long()
     w = weight.float().T  # [K, N]
-    groups = k // group_size
     rows = g_idx[:, None].expand(k, n)
-    # the zeros take part: min(w, 0)
-    lo = torch.zeros(groups, n).scatter_reduce_(0, rows, w, "amin")
-    hi = torch.zeros(groups, n).scatter_reduce_(0, rows, w, "amax")
+    lo = torch.zeros(k // group_size, n).scatter_reduce_(0, rows, w, "amin")  # zeros: min(w, 0)
+    hi = torch.zeros(k // group_size, n).scatter_reduce_(0, rows, w, "amax")
     scale = ((hi - lo) / 15).clamp(min=1e-6).to(torch.float16)
     zero = torch.round(-lo / scale.float()).clamp(min_zero, 15)
     q = torch.round(w / scale.float()[g_idx]) + zero[g_idx]
@@ -50,19 +45,15 @@ def quantize_groups(weight: torch.Tensor, group_size: int, g_idx: torch.Tensor |
 
 def gptq_tensors(q, zeros, scales, g_idx: torch.Tensor | None = None,
                  v1: bool = True) -> dict[str, torch.Tensor]:
-    """qweight [K/8, N] (packed down the inputs), qzeros [K/G, N/8] (across the outputs; v1: z - 1),
-    scales, g_idx."""
+    """qweight [K/8, N] (down the inputs), qzeros [K/G, N/8] (across; v1: z - 1), scales, g_idx."""
     k = q.shape[0]
-    group = k // scales.shape[0]
-    stored = (zeros - 1) & 0xF if v1 else zeros
-    return {"qweight": pack_rows(q), "qzeros": pack_cols(stored),
-            "scales": scales.to(torch.float16),
-            "g_idx": (torch.arange(k) // group if g_idx is None else g_idx).to(torch.int32)}
+    g_idx = torch.arange(k) // (k // scales.shape[0]) if g_idx is None else g_idx
+    return {"qweight": pack_rows(q), "qzeros": pack_cols((zeros - 1) & 0xF if v1 else zeros),
+            "scales": scales.to(torch.float16), "g_idx": g_idx.to(torch.int32)}
 
 
 def awq_tensors(q, zeros, scales) -> dict[str, torch.Tensor]:
-    """qweight [K, N/8] and qzeros [K/G, N/8], eight outputs per word in the order 0, 2, 4, 6, 1, 3,
-    5, 7."""
+    """qweight [K, N/8] and qzeros [K/G, N/8], eight outputs per word in AWQ's ORDER, and scales."""
     interleave = lambda t: t.reshape(t.shape[0], -1, 8)[:, :, list(ORDER)].reshape(t.shape)  # noqa: E731
     return {"qweight": pack_cols(interleave(q)), "qzeros": pack_cols(interleave(zeros)),
             "scales": scales.to(torch.float16)}
@@ -87,15 +78,6 @@ def _act_order_groups(layer: str, k: int, group_size: int, orders: dict[str, tor
     return orders[key]
 
 
-def _quantization_config(fmt: str, group_size: int, desc_act: bool) -> dict:
-    """config.json's quantization_config, as GPTQ's or AWQ's tools write it."""
-    if fmt == "gptq":
-        return {"quant_method": "gptq", "bits": 4, "group_size": group_size, "desc_act": desc_act,
-                "sym": False, "checkpoint_format": "gptq"}
-    return {"quant_method": "awq", "bits": 4, "group_size": group_size, "zero_point": True,
-            "version": "gemm"}
-
-
 def _save_checkpoint(dst: Path, tensors: dict[str, torch.Tensor], config: dict,
                      extras: list[Path]) -> None:
     """One checkpoint directory: tensors, config.json and the source's other (tokenizer) files."""
@@ -111,21 +93,17 @@ def _save_checkpoint(dst: Path, tensors: dict[str, torch.Tensor], config: dict,
 def write_quantized_checkpoint(src: str | Path, dst: str | Path, fmt: str = "gptq",
                                group_size: int = 128, act_order_seed: int | None = None,
                                float_twin: str | Path | None = None) -> dict:
-    """Quantize every decoder linear of the float checkpoint `src` into `dst`, in `fmt` ("gptq" or
-    "awq").
+    """Quantize every decoder linear of the float checkpoint `src` into `dst`, as "gptq" or "awq".
 
     act_order_seed (GPTQ only): assign inputs to groups by a random permutation, as act-order
-    checkpoints do. float_twin: also write a float checkpoint holding exactly the dequantized
-    weights (a reference for transformers, which then computes what a correct loader must). Returns
-    {"quantized": bytes, "float": bytes}.
+    checkpoints do. float_twin: also write a float checkpoint of exactly the dequantized weights
+    (for transformers, which then computes what a correct loader must). Returns {"quantized": bytes,
+    "float": bytes}.
     """
     from safetensors.torch import load_file
 
     src, dst = Path(src), Path(dst)
-    dst.mkdir(parents=True, exist_ok=True)
-    tensors: dict[str, torch.Tensor] = {}
-    for file in sorted(src.glob("*.safetensors")):
-        tensors.update(load_file(file))
+    tensors = {k: v for f in sorted(src.glob("*.safetensors")) for k, v in load_file(f).items()}
     out, twin, sizes = {}, {}, {"quantized": 0, "float": 0}
     gen = torch.Generator().manual_seed(act_order_seed or 0)
     # layers that read the same input share one order (as in GPTQ)
@@ -146,8 +124,11 @@ def write_quantized_checkpoint(src: str | Path, dst: str | Path, fmt: str = "gpt
         twin[name] = dequantized_weight(q, z, s, g_idx).contiguous()
         sizes["float"] += t.numel() * 4
     config = json.loads((src / "config.json").read_text())
-    desc_act = act_order_seed is not None
-    config["quantization_config"] = _quantization_config(fmt, group_size, desc_act)
+    # quantization_config as GPTQ's or AWQ's tools write it
+    qc = {"quant_method": fmt, "bits": 4, "group_size": group_size}
+    qc.update({"desc_act": act_order_seed is not None, "sym": False, "checkpoint_format": "gptq"}
+              if fmt == "gptq" else {"zero_point": True, "version": "gemm"})
+    config["quantization_config"] = qc
     extras = [f for f in src.iterdir() if f.is_file() and f.suffix != ".safetensors"
               and f.name != "config.json"]
     _save_checkpoint(dst, out, config, extras)

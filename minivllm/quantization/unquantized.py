@@ -50,6 +50,5 @@ class UnquantizedLinearMethod(LinearMethod):
 
 def plain_weight(layer: nn.Module) -> torch.Tensor:
     """A float layer's W [out, in] in its ordinary row-major layout, for code that reads values back
-    (a chapter's table, an exercise's checker): a fast layout is unpacked, exactly (it only moved
-    the values)."""
+    (a chapter's table, an exercise's checker): a fast layout is unpacked, exactly."""
     return layer.quant_method.kernel.plain(layer)
