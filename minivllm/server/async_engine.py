@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from minivllm.engine.input_processor import EngineRequest
@@ -120,10 +120,8 @@ class AsyncEngine:
 
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
-        # sequences one step may run: the calls' shares divide it
-        self.batch = engine.config.max_num_seqs
-        # a snapshot taken by the owner after each step, safe to read
-        self.stats: dict = engine.stats()
+        self.batch = engine.config.max_num_seqs  # sequences a step may run: calls' shares divide it
+        self.stats: dict = engine.stats()  # the owner's snapshot after each step, safe to read
         self.error: BaseException | None = None
         self._ops: list[_Add | _Abort] = []
         self._streams: dict[str, RequestStream] = {}
@@ -138,8 +136,8 @@ class AsyncEngine:
     def start(self) -> None:
         """Start the owner task on the running event loop (the server's)."""
         self._wake = asyncio.Event()
-        self._task = (asyncio.get_running_loop().create_task(self._run(),
-                                                             name="minivllm-engine-loop"))
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._run(), name="minivllm-engine-loop")
 
     async def stop(self, timeout: float = 10.0) -> None:
         """Abort whatever still runs, let the owner free its blocks (bounded by `timeout`), then
@@ -159,8 +157,7 @@ class AsyncEngine:
         self._fail_all(EngineDeadError("the server is shutting down"))
 
     def add_listener(self, listener: StepListener) -> None:
-        """Call `listener(outputs, stats)` on the event loop after every step (metrics, request
-        logs)."""
+        """Call `listener(outputs, stats)` on the event loop after every step (metrics, logs)."""
         self._listeners.append(listener)
 
     # ---- the API handlers use --------------------------------------------------------------------
@@ -181,8 +178,7 @@ class AsyncEngine:
         self._wake.set()
         try:
             await stream.accepted
-        # the caller went away before its requests went in: take them out again
-        except asyncio.CancelledError:
+        except asyncio.CancelledError:  # the caller left before its requests went in: take them out
             self.abort(stream)
             raise
         return stream
@@ -190,16 +186,8 @@ class AsyncEngine:
     def abort(self, stream: RequestStream) -> None:
         """Abort a stream's unfinished requests; their blocks are freed before the next step, and
         those still waiting for their slice never go in."""
-        ids = [rid for rid in stream.request_ids[: stream.admitted] if rid in stream.unfinished]
-        for rid in stream.request_ids:
-            self._streams.pop(rid, None)
+        self._forget([stream])
         stream.unfinished.clear()
-        self._calls.pop(stream, None)
-        if not ids:
-            return
-        self._ops.append(_Abort(ids))
-        if self._wake is not None:
-            self._wake.set()
 
     def abort_all(self) -> int:
         """Abort every request in flight (shutdown): each stream ends with `aborted` set; returns
@@ -208,17 +196,22 @@ class AsyncEngine:
         streams.update(op.stream for op in self._ops if isinstance(op, _Add)
                        and not op.stream.accepted.done())
         count = sum(len(s.unfinished) for s in streams)
-        ids = [rid for s in streams for rid in s.request_ids[: s.admitted] if rid in s.unfinished]
+        self._forget(streams)
         for stream in streams:
             stream._abort()
+        return count
+
+    def _forget(self, streams: Collection[RequestStream]) -> None:
+        """Take streams off the books, and their engine requests out before the next step."""
+        ids = [rid for s in streams for rid in s.request_ids[: s.admitted] if rid in s.unfinished]
+        for stream in streams:
+            self._calls.pop(stream, None)
             for rid in stream.request_ids:
                 self._streams.pop(rid, None)
-        self._calls.clear()
         if ids:
             self._ops.append(_Abort(ids))
         if self._wake is not None:
             self._wake.set()
-        return count
 
     # ---- the owner -------------------------------------------------------------------------------
     async def _run(self) -> None:
@@ -248,8 +241,7 @@ class AsyncEngine:
     def _accept(self, ops: list[_Add | _Abort]) -> None:
         """New calls join the admission line (unless shutdown or their caller got there first)."""
         for op in ops:
-            # cancelled: its caller aborted it
-            if not isinstance(op, _Add) or op.stream.accepted.done():
+            if not isinstance(op, _Add) or op.stream.accepted.done():  # done: its caller aborted
                 continue
             if op.stream.aborted:
                 op.stream.accepted.set_exception(EngineDeadError("the server is shutting down"))
@@ -259,8 +251,7 @@ class AsyncEngine:
                 self._streams[rid] = op.stream
 
     def _slices(self) -> list[Slice]:
-        """Each call's next requests, up to its share of the batch (at least one request when it has
-        none in)."""
+        """Each call's next requests, up to its share of the batch (one at least, if none is in)."""
         share = self.batch if len(self._calls) <= 1 else max(1, self.batch // len(self._calls))
         out = []
         for stream in self._calls:
