@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from minivllm.engine.input_processor import EngineRequest
 from minivllm.engine.llm_engine import LLMEngine
@@ -103,13 +103,6 @@ class _Add:
 @dataclass
 class _Abort:
     request_ids: list[str]
-
-
-@dataclass
-class _WorkResult:
-    outputs: list[RequestOutput] = field(default_factory=list)
-    stats: dict = field(default_factory=dict)
-    has_work: bool = False
 
 
 Slice = tuple[RequestStream, list[EngineRequest]]
@@ -229,13 +222,12 @@ class AsyncEngine:
                     await self._wake.wait()
                 continue
             try:
-                result = await asyncio.to_thread(self._work, aborts, slices)
+                outputs, stats, has_work = await asyncio.to_thread(self._work, aborts, slices)
             except Exception as e:  # whatever broke the step, every waiting client must hear of it
                 self._die(e)
                 return
-            self._deliver(slices, result)
-            has_work = result.has_work
-            if has_work and not result.outputs and not aborts and not slices:
+            self._deliver(slices, outputs, stats)
+            if has_work and not outputs and not aborts and not slices:
                 await asyncio.sleep(0.001)  # nothing could be scheduled this step: do not spin
 
     def _accept(self, ops: list[_Add | _Abort]) -> None:
@@ -271,24 +263,23 @@ class AsyncEngine:
                 stream.admitted = take
         return out
 
-    def _work(self, aborts: list[str], slices: list[Slice]) -> _WorkResult:
-        """In the worker thread: apply the aborts, queue the slices, then take one step."""
-        eng, result = self.engine, _WorkResult()
+    def _work(self, aborts: list[str],
+              slices: list[Slice]) -> tuple[list[RequestOutput], dict, bool]:
+        """In the worker thread: apply the aborts, queue the slices, then take one step. Returns its
+        outputs, the engine's stats and whether the engine has work left."""
+        eng = self.engine
         eng.abort_request(aborts)
         for _, requests in slices:
             for request in requests:
                 eng.enqueue(request)
-        if eng.has_unfinished_requests():
-            result.outputs = eng.step()
-        result.stats = eng.stats()
-        result.has_work = eng.has_unfinished_requests()
-        return result
+        outputs = eng.step() if eng.has_unfinished_requests() else []
+        return outputs, eng.stats(), eng.has_unfinished_requests()
 
-    def _deliver(self, slices: list[Slice], result: _WorkResult) -> None:
+    def _deliver(self, slices: list[Slice], outputs: list[RequestOutput], stats: dict) -> None:
         for stream, _ in slices:
             if not stream.accepted.done():
                 stream.accepted.set_result(None)
-        for out in result.outputs:
+        for out in outputs:
             stream = self._streams.get(out.request_id)
             if stream is not None:
                 stream._put(out)
@@ -297,10 +288,10 @@ class AsyncEngine:
                     stream.in_engine -= stream.seqs.pop(out.request_id, 0)
                     if stream.admitted == len(stream.requests) and stream.in_engine == 0:
                         self._calls.pop(stream, None)
-        self.stats = result.stats
+        self.stats = stats
         for listener in self._listeners:
             try:
-                listener(result.outputs, result.stats)
+                listener(outputs, stats)
             except Exception:  # a broken metric must not stop generation
                 log.exception("step listener failed")
 

@@ -17,16 +17,14 @@ MAX_N = 128  # sequences per prompt (OpenAI's own cap on n is 128)
 
 @dataclass(frozen=True)
 class ServerLimits:
-    # a 128k-token context as JSON token ids fits well within 4 MiB
-    max_request_bytes: int = 4 * 2**20
+    max_request_bytes: int = 4 * 2**20  # a 128k-token context as JSON token ids fits well within
     max_n: int = MAX_N
     max_tokens_times_n: int = 2**17  # output tokens one call may ask for: max_tokens x n x prompts
     read_timeout: float = 30.0  # seconds from a request's first byte to its last (connection.py)
 
 
 def error_body(message: str, type: str, code: str | None = None, param: str | None = None) -> bytes:
-    """OpenAI's error object, ASCII-escaped so no input echoed back (a lone surrogate, say) can
-    break it."""
+    """OpenAI's error object, ASCII-escaped: no echoed input (a lone surrogate, say) breaks it."""
     return json.dumps({"error": {"message": message, "type": type, "param": param,
                                  "code": code}}).encode()
 
@@ -40,8 +38,7 @@ async def send_error(send: Send, status: int, body: bytes,
 
 
 class BodySizeLimit:
-    """Answer 413 to a request whose body is larger than `max_bytes`; otherwise replay the body it
-    read."""
+    """413 for a body larger than `max_bytes`; otherwise the body it read is replayed."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app, self.max_bytes = app, max_bytes

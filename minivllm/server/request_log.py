@@ -1,5 +1,4 @@
-"""Request logs: one record per request event (received, first_token, finished or aborted), with
-timings.
+"""Request logs: one timed record per request event (received, first_token, finished, aborted).
 
 Each record is a standard `logging` record on the "minivllm.server.requests" logger whose fields
 ride in `extra`, so the same call reads as a line of text by default and as one JSON object per
@@ -36,8 +35,7 @@ class _Tracked:
 
 
 class RequestLog:
-    """Feeds on the engine loop's outputs (a step listener) and on `received(...)` calls from the
-    handlers."""
+    """Fed by the engine loop's outputs (a step listener) and the handlers' `received()` calls."""
 
     def __init__(self) -> None:
         self._by_engine_id: dict[str, _Tracked] = {}
@@ -90,15 +88,15 @@ def _secs(t: float | None, since: float) -> float | None:
 
 def configure_logging(level: str, fmt: str) -> None:
     """Root logging for `minivllm serve`: human-readable lines, or one JSON object per record."""
+    fields = "%(asctime)s %(levelname)s %(name)s %(message)s"
     handler = logging.StreamHandler()
     if fmt == "json":
         from pythonjsonlogger.json import JsonFormatter
 
-        handler.setFormatter(JsonFormatter("%(asctime)s %(levelname)s %(name)s %(message)s",
-                                           rename_fields={"asctime": "time", "levelname": "level",
-                                                          "name": "logger"}))
+        handler.setFormatter(JsonFormatter(fields, rename_fields={
+            "asctime": "time", "levelname": "level", "name": "logger"}))
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+        handler.setFormatter(logging.Formatter(fields))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(getattr(logging, level.upper()))
@@ -106,8 +104,7 @@ def configure_logging(level: str, fmt: str) -> None:
 
 class RequestIdMiddleware:
     """Give every HTTP request an id (the client's X-Request-Id, or a fresh one) in
-    `request.state.request_id`, and echo it back in the response's X-Request-Id header, errors
-    included."""
+    `request.state.request_id`, echoed in the response's X-Request-Id header, errors included."""
 
     def __init__(self, app) -> None:
         self.app = app
@@ -116,8 +113,7 @@ class RequestIdMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        rid = request_id_from(dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
-                              or None)
+        rid = request_id_from(dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1"))
         scope.setdefault("state", {})["request_id"] = rid
 
         async def send_with_id(message) -> None:

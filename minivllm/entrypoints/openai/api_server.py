@@ -1,5 +1,4 @@
-"""`python -m minivllm.entrypoints.openai.api_server --model M --host H --port P`: vLLM's server
-command.
+"""`python -m minivllm.entrypoints.openai.api_server --model M --port P`: vLLM's server command.
 
 The same server as `minivllm serve M`; the model comes from --model here (vLLM's older command),
 positionally there. It is served under the name given on the command line, as vLLM does
