@@ -73,9 +73,8 @@ class JSONErrorCORS(CORSMiddleware):
         headers = {k: v for k, v in response.headers.items()
                    if k not in ("content-length", "content-type")}
         why = response.body.decode()  # "Disallowed CORS origin, method"
-        return api_error_response(APIError(f"CORS preflight refused: "
-                                           f"{why[len('Disallowed CORS '):]} not allowed",
-                                           code="cors_refused"), headers)
+        message = f"CORS preflight refused: {why[len('Disallowed CORS '):]} not allowed"
+        return api_error_response(APIError(message, code="cors_refused"), headers)
 
 
 def build_app(engine: LLMEngine, model_name: str | None = None, *,
@@ -111,7 +110,14 @@ def build_app(engine: LLMEngine, model_name: str | None = None, *,
     openapi.install(app, engine.config.max_logprobs, openapi.value_ranges(
         engine.config.model_config.vocab_size, limits.max_n,
         engine.config.scheduling_policy == "priority", max_model_len))
-    _add_middleware(app, limits, api_key, allowed_origins)
+    # what wraps every call, innermost first: body-size cap, API key, request id, CORS
+    app.add_middleware(BodySizeLimit, max_bytes=limits.max_request_bytes)
+    if api_key:
+        app.add_middleware(APIKeyAuth, api_key=api_key)
+    app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(JSONErrorCORS, allow_origins=list(allowed_origins), allow_methods=["*"],
+                       allow_headers=["*"], expose_headers=["X-Request-Id"],
+                       allow_credentials=False)
 
     def model_card() -> dict:
         return {"id": name, "object": "model", "created": created, "owned_by": "minivllm",
@@ -121,18 +127,6 @@ def build_app(engine: LLMEngine, model_name: str | None = None, *,
     _add_token_routes(app, serving, pre, max_model_len)
     _add_ops_routes(app, async_engine, metrics)
     return app
-
-
-def _add_middleware(app: FastAPI, limits: ServerLimits, api_key: str | None,
-                    allowed_origins: list[str] | tuple[str, ...]) -> None:
-    """What wraps every call, innermost first: body-size cap, API key, request id, CORS."""
-    app.add_middleware(BodySizeLimit, max_bytes=limits.max_request_bytes)
-    if api_key:
-        app.add_middleware(APIKeyAuth, api_key=api_key)
-    app.add_middleware(RequestIdMiddleware)
-    app.add_middleware(JSONErrorCORS, allow_origins=list(allowed_origins), allow_methods=["*"],
-                       allow_headers=["*"], expose_headers=["X-Request-Id"],
-                       allow_credentials=False)
 
 
 def _add_openai_routes(app: FastAPI, serving: OpenAIServing, model_card) -> None:
@@ -263,8 +257,7 @@ def allowed_methods(request: Request) -> list[str]:
 
 
 def validation_error(errors: list[dict]) -> APIError:
-    """pydantic's errors as one message naming each bad field (union types repeat a field once per
-    branch)."""
+    """pydantic's errors as one message naming each bad field (unions repeat a field per branch)."""
     if errors and errors[0]["type"] == "json_invalid":
         why = errors[0].get("ctx", {}).get("error", errors[0]["msg"])
         return APIError(f"the request body is not valid JSON: {why}", code="invalid_json")

@@ -42,8 +42,7 @@ class RequestStream:
     """The outputs of one HTTP call's engine requests (one per prompt), as an async iterator.
 
     Each item is the list of outputs updated since the last read. Outputs are cumulative, so a slow
-    reader only ever sees the newest one per request: nothing piles up while it is busy writing to
-    its socket.
+    reader only ever sees the newest one per request: nothing piles up while it writes to a socket.
     """
 
     def __init__(self, request_ids: Sequence[str], requests: Sequence[EngineRequest] = ()) -> None:
@@ -133,9 +132,8 @@ class AsyncEngine:
         self._task = loop.create_task(self._run(), name="minivllm-engine-loop")
 
     async def stop(self, timeout: float = 10.0) -> None:
-        """Abort whatever still runs, let the owner free its blocks (bounded by `timeout`), then
-        stop it; anyone still waiting hears so instead of hanging (uvicorn drains requests
-        first)."""
+        """Abort what still runs, let the owner free its blocks (within `timeout`), then stop it;
+        anyone still waiting hears so instead of hanging (uvicorn drains requests first)."""
         if self._task is not None:
             self.abort_all()
             self._stopping = True
@@ -155,9 +153,8 @@ class AsyncEngine:
 
     # ---- the API handlers use --------------------------------------------------------------------
     async def generate(self, requests: Sequence[EngineRequest]) -> RequestStream:
-        """Queue checked requests (preprocess.py makes them); all are accepted or none (ValueError
-        names why). Returns once the first slice is in the engine; the rest follow as the call's
-        share allows."""
+        """Queue checked requests (from preprocess.py): all or none (ValueError names why). Returns
+        once the first slice is in the engine; the rest follow as the call's share allows."""
         if self.error is not None or self._task is None or self._stopping:
             raise EngineDeadError(f"the engine is not running: {self.error!r}")
         ids = [r.request_id for r in requests]
@@ -183,8 +180,7 @@ class AsyncEngine:
         stream.unfinished.clear()
 
     def abort_all(self) -> int:
-        """Abort every request in flight (shutdown): each stream ends with `aborted` set; returns
-        how many."""
+        """Abort all in flight (shutdown); each stream ends with `aborted` set. Returns how many."""
         streams = set(self._calls)
         streams.update(op.stream for op in self._ops if isinstance(op, _Add)
                        and not op.stream.accepted.done())

@@ -59,8 +59,7 @@ BODIES = ("CompletionRequest", "ChatCompletionRequest", "TokenizeCompletionReque
 
 
 def below_pattern(n: int) -> str:
-    """A regex for the decimal integers 0 .. n-1 written without sign or leading zeros (logit_bias's
-    keys)."""
+    """A regex for the integers 0 .. n-1 in decimal, no sign or leading zero (logit_bias's keys)."""
     top = str(n - 1)
     alternatives = ["[0-9]"] if len(top) > 1 else [f"[0-{top}]"]
     alternatives += [f"[1-9][0-9]{{{k - 1}}}" for k in range(2, len(top))]
@@ -124,9 +123,8 @@ CONSTRAINTS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
 
 
 def across_fields(chat: bool) -> list[dict[str, Any]]:
-    """The rules between fields the server applies: stream_options only with stream, one output
-    constraint at most (response_format "text" is none), and for chat, top_logprobs (beyond 0) only
-    with logprobs: true."""
+    """The rules between fields the server applies: stream_options only with stream, at most one
+    output constraint (response_format "text" is none); chat: top_logprobs > 0 needs logprobs."""
     rules = [{"if": has("stream_options", {"type": "object"}),
               "then": has("stream", {"const": True})}]
     is_set = {name: has(name, {"not": {"type": "null"}}) for name in CONSTRAINTS}

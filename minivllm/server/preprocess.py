@@ -43,8 +43,7 @@ def check_unicode(text: str, what: str) -> None:
 
 
 def pieces(prompts: list[tuple[str, PromptType]]) -> list[list[tuple[str, PromptType]]]:
-    """Consecutive runs of at most PROMPTS_PER_JOB prompts and (past the first) CHARS_PER_JOB
-    characters."""
+    """Runs of <= PROMPTS_PER_JOB prompts, in order, and (past the first) <= CHARS_PER_JOB chars."""
     out: list[list[tuple[str, PromptType]]] = [[]]
     chars = 0
     for item in prompts:

@@ -99,8 +99,7 @@ class ResponseFormat(BaseModel):
 
 
 class SamplingRequest(BaseModel):
-    """The fields both endpoints share. None means "the default", as clients that send nulls
-    expect."""
+    """The fields both endpoints share. None means "the default", as clients sending null expect."""
 
     model_config = ConfigDict(strict=True, extra="allow")
 
@@ -137,8 +136,7 @@ class SamplingRequest(BaseModel):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
-    # vLLM's newer spelling: {"json": ...} / {"regex": ...} ...
-    structured_outputs: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None  # vLLM's newer spelling: {"json": ...}
     priority: Int = 0  # vLLM's extra field: with --scheduling-policy priority, lower runs first
 
     def check_supported(self) -> None:
@@ -182,16 +180,15 @@ class SamplingRequest(BaseModel):
 
     def structured(self) -> StructuredOutputsParams | None:
         """The one output constraint: response_format, a guided_* field or structured_outputs."""
-        given = {}
-        if self.response_format is not None and self.response_format.type != "text":
-            fmt = self.response_format
-            if fmt.type == "json_object":
-                given["response_format"] = StructuredOutputsParams(json_object=True)
-            elif fmt.json_schema is None or fmt.json_schema.schema_ is None:
+        given: dict[str, dict] = {}  # field -> StructuredOutputsParams' arguments
+        fmt = self.response_format
+        if fmt is not None and fmt.type == "json_object":
+            given["response_format"] = {"json_object": True}
+        elif fmt is not None and fmt.type == "json_schema":
+            if fmt.json_schema is None or fmt.json_schema.schema_ is None:
                 raise APIError("response_format json_schema needs a json_schema.schema",
                                param="response_format")
-            else:
-                given["response_format"] = StructuredOutputsParams(json=fmt.json_schema.schema_)
+            given["response_format"] = {"json": fmt.json_schema.schema_}
         for field, key in (("guided_json", "json"), ("guided_regex", "regex"),
                            ("guided_choice", "choice"), ("guided_grammar", "grammar")):
             if getattr(self, field) is not None:
@@ -204,8 +201,6 @@ class SamplingRequest(BaseModel):
         if not given:
             return None
         (field, spec), = given.items()
-        if isinstance(spec, StructuredOutputsParams):
-            return spec
         try:
             return StructuredOutputsParams(**spec)
         except (TypeError, ValueError) as e:
@@ -226,8 +221,7 @@ class SamplingRequest(BaseModel):
 
 class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[Int] | list[list[Int]]
-    # top alternatives per token, OpenAI's legacy form (max_logprobs caps)
-    logprobs: Int | None = Field(None, ge=-1)
+    logprobs: Int | None = Field(None, ge=-1)  # top alternatives per token (max_logprobs caps)
     echo: bool | None = False  # the prompt before the completion (with its logprobs, if asked)
 
     def sample_logprobs(self) -> int | None:

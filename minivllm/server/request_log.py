@@ -19,12 +19,7 @@ from minivllm.core.sequence import FinishReason
 from minivllm.outputs import RequestOutput
 
 log = logging.getLogger("minivllm.server.requests")
-_VALID_ID = re.compile(r"[A-Za-z0-9._:/=+-]{1,128}")
-
-
-def request_id_from(header: str | None) -> str:
-    """The client's X-Request-Id if it is a sane token, else a fresh one."""
-    return header if header and _VALID_ID.fullmatch(header) else uuid.uuid4().hex
+_VALID_ID = re.compile(r"[A-Za-z0-9._:/=+-]{1,128}")  # a client's X-Request-Id we take as it is
 
 
 @dataclass
@@ -113,7 +108,8 @@ class RequestIdMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        rid = request_id_from(dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1"))
+        header = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
+        rid = header if _VALID_ID.fullmatch(header) else uuid.uuid4().hex
         scope.setdefault("state", {})["request_id"] = rid
 
         async def send_with_id(message) -> None:

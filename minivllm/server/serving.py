@@ -273,9 +273,8 @@ class OpenAIServing:
     async def _collect(self, call: _Call, stream: RequestStream, raw: Request,
                        is_chat: bool) -> bytes | None:
         """The whole response as JSON bytes, or None if the client disconnected first (then its
-        requests are aborted). Outputs are turned into JSON text as they finish, in the pool, a
-        batch per job: a call with 100,000 prompts never holds 100,000 output objects (each a full
-        collection of the GC would walk)."""
+        requests are aborted). Outputs become JSON text as they finish, in the pool, a batch per
+        job: a call with 100,000 prompts never holds 100,000 output objects for the GC to walk."""
         fragments: dict[int, str] = {}  # prompt index -> its choices as JSON text
         totals = [0, 0]  # prompt and completion tokens
 
@@ -342,8 +341,7 @@ class OpenAIServing:
     @staticmethod
     def _logprobs(call: _Call, out: RequestOutput, c, start: int, is_chat: bool, echo: bool = False,
                   offset: int = 0) -> dict | None:
-        """The logprobs of tokens start.. of a choice in OpenAI's format (with the prompt's first,
-        if echoing)."""
+        """A choice's logprobs from token `start`, OpenAI's format (echo: the prompt's first)."""
         if call.top_logprobs is None or c.logprobs is None:
             return None
         tokens, positions = c.token_ids[start:], c.logprobs[start:]
@@ -355,8 +353,7 @@ class OpenAIServing:
 
 
 async def unless_disconnected(raw: Request, work: Awaitable[T]) -> T | None:
-    """`await work`, unless the client hangs up first: then `work` is cancelled and the answer is
-    None."""
+    """`await work`, or None if the client hangs up first (then `work` is cancelled)."""
     task, watch = asyncio.ensure_future(work), asyncio.ensure_future(_disconnect(raw))
     try:
         await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)

@@ -17,8 +17,7 @@ from minivllm.entrypoints.openai.cli_args import load_chat_template, make_arg_pa
 
 
 def run_server(args: argparse.Namespace) -> int:
-    """Serve with parsed arguments until SIGTERM or Ctrl-C; 2 (with the reason on stderr) for bad
-    ones."""
+    """Serve with parsed arguments until SIGTERM or Ctrl-C; 2 (reason on stderr) for bad ones."""
     try:
         from minivllm.server import serve
         from minivllm.server.limits import ServerLimits

@@ -59,9 +59,8 @@ def parse_line(line: str) -> tuple[dict | None, dict | None]:
 
 async def run_batch(engine: LLMEngine, lines: Sequence[str], model_name: str | None = None,
                     max_concurrency: int | None = None) -> list[dict]:
-    """The output line for each input line, in order. `model_name`: the name the lines' "model" must
-    match (default: the engine's served name); `max_concurrency`: requests in flight (default 2 x
-    max_num_seqs)."""
+    """The output line for each input line, in order. `model_name`: what the lines' "model" must be
+    (default: the served model name); `max_concurrency`: requests in flight (2 x max_num_seqs)."""
     import httpx
 
     from minivllm.server import build_app
