@@ -54,26 +54,20 @@ class BodySizeLimit:
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
             await send_error(send, 413, too_big, [(b"connection", b"close")])
             return
-        chunks, size, more = [], 0, True
+        body, more = bytearray(), True
         while more:
             message = await receive()
             if message["type"] == "http.disconnect":
                 return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            # chunked upload past the cap: stop reading, close the connection
-            if size > self.max_bytes:
+            body += message.get("body", b"")
+            if len(body) > self.max_bytes:  # a chunked upload past the cap: stop reading, close
                 await send_error(send, 413, too_big, [(b"connection", b"close")])
                 return
-            chunks.append(chunk)
             more = message.get("more_body", False)
-        body, replayed = b"".join(chunks), False
+        unread = [{"type": "http.request", "body": bytes(body), "more_body": False}]
 
         async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()  # after the body: the disconnect the handlers watch for
+            # the body once, then what follows it: the disconnect the handlers watch for
+            return unread.pop() if unread else await receive()
 
         await self.app(scope, replay, send)

@@ -112,8 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         engine_args = AsyncEngineArgs.from_cli_args(args)
         lines = Path(args.input_file).read_text(encoding="utf-8").splitlines()
         engine = LLMEngine.from_engine_args(engine_args)
-        name = engine.config.served_model_name
-        results = asyncio.run(run_batch(engine, lines, name, args.max_concurrency))
+        results = asyncio.run(run_batch(engine, lines, max_concurrency=args.max_concurrency))
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
