@@ -298,9 +298,8 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 8000,
              engine.config.max_model_len, ", API key required" if api_key else "")
     app = build_app(engine, model_name, limits=limits, api_key=api_key,
                     allowed_origins=allowed_origins, chat_template=chat_template)
-    # The model, tokenizers and libraries are ~400k objects that live as long as the process: keep
-    # them out of the GC's full collections, which otherwise pause every thread for as long as it
-    # takes to walk them (vLLM does the same at start-up).
+    # ~400k objects (the model, tokenizers, libraries) live as long as the process: keep them out of
+    # the GC's full collections, which would pause every thread to walk them (as vLLM does too).
     gc.collect()
     gc.freeze()
     log_config = None if log_format == "json" else uvicorn.config.LOGGING_CONFIG

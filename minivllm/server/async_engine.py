@@ -52,8 +52,7 @@ class RequestStream:
         self._ready = asyncio.Event()
         self._error: BaseException | None = None
         self.aborted = False  # the server aborted it (shutdown), not the client
-        # admission (the owner's bookkeeping): requests[:admitted] are in the engine, `in_engine`
-        # sequences unfinished
+        # admission (the owner's): requests[:admitted] are in the engine, in_engine seqs unfinished
         self.requests = list(requests)
         self.admitted = 0
         self.in_engine = 0

@@ -20,7 +20,7 @@ log = logging.getLogger("minivllm.server")
 
 # OpenAI fields this engine cannot honour: rejected when set, rather than silently ignored.
 UNSUPPORTED = ("suffix", "tools", "tool_choice", "functions", "function_call")
-# passed to SamplingParams as they are, when given: OpenAI's and vLLM's extra sampling fields
+# Passed to SamplingParams as they are, when given: OpenAI's and vLLM's extra sampling fields.
 PASSED_THROUGH = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
                   "presence_penalty", "frequency_penalty", "n", "stop", "stop_token_ids", "seed",
                   "ignore_eos", "min_tokens", "include_stop_str_in_output", "skip_special_tokens",

@@ -167,8 +167,7 @@ class OpenAIServing:
         self.check_limits(params, len(prompts))
         request_id: str = raw.state.request_id
         base = f"{prefix}-{request_id}"
-        # request_id is a fresh uuid unless the client named the call: then the engine ids get a
-        # suffix, so two calls with one X-Request-Id never collide in the engine
+        # a client's X-Request-Id may name two calls: their engine ids then get a fresh suffix
         named = raw.headers.get("x-request-id") == request_id
         engine_base = f"{base}-{uuid.uuid4().hex[:12]}" if named else base
         ids = [f"{engine_base}-{i}" for i in range(len(prompts))]
