@@ -32,8 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     EngineArgs.add_cli_args(gen)
     srv = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API")
     srv.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
-                     help="checkpoint directory or Hub id (or --model); served under this exact "
-                     "name")
+                     help="checkpoint directory or Hub id (or --model), served under that name")
     make_arg_parser(srv)
     args = parser.parse_args(argv)
     if args.command == "serve":

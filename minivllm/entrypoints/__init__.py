@@ -1,2 +1,1 @@
-"""vLLM's entry points under vLLM's module paths: `python -m
-minivllm.entrypoints.openai.api_server`."""
+"""vLLM's entry points at vLLM's paths: `python -m minivllm.entrypoints.openai.api_server`."""

@@ -1,5 +1,4 @@
-"""The FastAPI app: OpenAI- and vLLM-compatible routes, health, metrics, and every error in OpenAI's
-shape.
+"""The FastAPI app: OpenAI- and vLLM-compatible routes, health, metrics, errors in OpenAI's shape.
 
 `build_app(engine)` wraps an existing LLMEngine (tests build small ones); `serve(...)` loads a model
 and runs uvicorn, as `minivllm serve` does. Around the routes, outermost first: CORS (answers
@@ -41,23 +40,20 @@ from minivllm.server.protocol import (
     APIError,
     ChatCompletionRequest,
     CompletionRequest,
+    DetokenizeRequest,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
     engine_error,
 )
 from minivllm.server.request_log import RequestIdMiddleware, RequestLog, configure_logging
 from minivllm.server.serving import OpenAIServing
 from minivllm.server.shutdown import GracefulServer
-from minivllm.server.tokenization import (
-    DetokenizeRequest,
-    TokenizeChatRequest,
-    TokenizeCompletionRequest,
-)
 
 log = logging.getLogger("minivllm.server")
 
 
 class ErrorJSON(JSONResponse):
-    """JSON with non-ASCII escaped: an error may echo the client's input, lone surrogates
-    included."""
+    """JSON with non-ASCII escaped: an error may echo the client's input, lone surrogates too."""
 
     def render(self, content) -> bytes:
         return json.dumps(content, separators=(",", ":")).encode()
@@ -68,8 +64,7 @@ def api_error_response(err: APIError, headers: dict | None = None) -> ErrorJSON:
 
 
 class JSONErrorCORS(CORSMiddleware):
-    """Starlette's CORS, but a refused preflight says why in OpenAI's error shape rather than plain
-    text."""
+    """Starlette's CORS; a refused preflight says why in OpenAI's error shape, not plain text."""
 
     def preflight_response(self, request_headers) -> Response:
         response = super().preflight_response(request_headers)
@@ -78,17 +73,15 @@ class JSONErrorCORS(CORSMiddleware):
         headers = {k: v for k, v in response.headers.items()
                    if k not in ("content-length", "content-type")}
         why = response.body.decode()  # "Disallowed CORS origin, method"
-        return api_error_response(APIError(f"CORS preflight refused: "
-                                           f"{why[len('Disallowed CORS '):]} not allowed",
-                                           code="cors_refused"), headers)
+        message = f"CORS preflight refused: {why[len('Disallowed CORS '):]} not allowed"
+        return api_error_response(APIError(message, code="cors_refused"), headers)
 
 
 def build_app(engine: LLMEngine, model_name: str | None = None, *,
-              limits: ServerLimits | None = None,
-              api_key: str | None = None, allowed_origins: list[str] | tuple[str, ...] = (),
+              limits: ServerLimits | None = None, api_key: str | None = None,
+              allowed_origins: list[str] | tuple[str, ...] = (),
               chat_template: str | None = None) -> FastAPI:
-    """An app serving `engine` under `model_name` (default: the engine's served_model_name: the
-    model as given)."""
+    """An app serving `engine` under `model_name` (default: the engine's served_model_name)."""
     name = model_name or engine.config.served_model_name
     limits = limits or ServerLimits()
     async_engine = AsyncEngine(engine)
@@ -97,7 +90,6 @@ def build_app(engine: LLMEngine, model_name: str | None = None, *,
     async_engine.add_listener(metrics.observe)
     async_engine.add_listener(request_log.observe)
     pre = Preprocessor(engine, chat_template=chat_template)
-    max_logprobs = engine.config.max_logprobs
     serving = OpenAIServing(async_engine, name, pre, limits, request_log)
     created = int(time.time())
     max_model_len = engine.config.max_model_len
@@ -114,13 +106,18 @@ def build_app(engine: LLMEngine, model_name: str | None = None, *,
 
     app = FastAPI(title="minivllm", version=minivllm.__version__, lifespan=lifespan)
     app.state.engine = async_engine
-    app.state.metrics = metrics
-    app.state.limits = limits
     _add_error_handlers(app)
-    openapi.install(app, max_logprobs, openapi.value_ranges(
+    openapi.install(app, engine.config.max_logprobs, openapi.value_ranges(
         engine.config.model_config.vocab_size, limits.max_n,
         engine.config.scheduling_policy == "priority", max_model_len))
-    _add_middleware(app, limits, api_key, allowed_origins)
+    # what wraps every call, innermost first: body-size cap, API key, request id, CORS
+    app.add_middleware(BodySizeLimit, max_bytes=limits.max_request_bytes)
+    if api_key:
+        app.add_middleware(APIKeyAuth, api_key=api_key)
+    app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(JSONErrorCORS, allow_origins=list(allowed_origins), allow_methods=["*"],
+                       allow_headers=["*"], expose_headers=["X-Request-Id"],
+                       allow_credentials=False)
 
     def model_card() -> dict:
         return {"id": name, "object": "model", "created": created, "owned_by": "minivllm",
@@ -132,38 +129,24 @@ def build_app(engine: LLMEngine, model_name: str | None = None, *,
     return app
 
 
-def _add_middleware(app: FastAPI, limits: ServerLimits, api_key: str | None,
-                    allowed_origins: list[str] | tuple[str, ...]) -> None:
-    """What wraps every call, innermost first: the body-size cap, the API key, the request id,
-    CORS."""
-    app.add_middleware(BodySizeLimit, max_bytes=limits.max_request_bytes)
-    if api_key:
-        app.add_middleware(APIKeyAuth, api_key=api_key)
-    app.add_middleware(RequestIdMiddleware)
-    app.add_middleware(JSONErrorCORS, allow_origins=list(allowed_origins), allow_methods=["*"],
-                       allow_headers=["*"], expose_headers=["X-Request-Id"],
-                       allow_credentials=False)
-
-
 def _add_openai_routes(app: FastAPI, serving: OpenAIServing, model_card) -> None:
     """OpenAI's endpoints: completions, chat completions and the model list."""
-    @app.post("/v1/completions", responses={**openapi.json_object("choices", streams=True),
-                                            **openapi.body_errors(), **openapi.errors(404)})
+    @app.post("/v1/completions",
+              responses=openapi.responses("choices", errors=openapi.BODY_ERRORS, streams=True))
     async def completions(body: CompletionRequest, request: Request) -> Response:
         return await serving.completions(body, request)
 
-    @app.post("/v1/chat/completions", responses={**openapi.json_object("choices", streams=True),
-                                                 **openapi.body_errors(), **openapi.errors(404)})
+    @app.post("/v1/chat/completions",
+              responses=openapi.responses("choices", errors=openapi.BODY_ERRORS, streams=True))
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         return await serving.chat(body, request)
 
-    @app.get("/v1/models", responses={**openapi.json_object("object", "data"),
-                                      **openapi.errors(401)})
+    @app.get("/v1/models", responses=openapi.responses("object", "data", errors=(401,)))
     async def models() -> dict:
         return {"object": "list", "data": [model_card()]}
 
-    @app.get("/v1/models/{model_id:path}", responses={**openapi.json_object("id", "object"),
-                                                       **openapi.errors(401, 404)})
+    @app.get("/v1/models/{model_id:path}",
+             responses=openapi.responses("id", "object", errors=(401, 404)))
     async def model(model_id: str) -> dict:
         serving.check_model(model_id)
         return model_card()
@@ -172,8 +155,8 @@ def _add_openai_routes(app: FastAPI, serving: OpenAIServing, model_card) -> None
 def _add_token_routes(app: FastAPI, serving: OpenAIServing, pre: Preprocessor,
                       max_model_len: int) -> None:
     """vLLM's /tokenize and /detokenize, run in the preprocess pool like a request's prompt."""
-    @app.post("/tokenize", responses={**openapi.json_object("count", "max_model_len", "tokens"),
-                                      **openapi.body_errors(), **openapi.errors(404)})
+    @app.post("/tokenize", responses=openapi.responses("count", "max_model_len", "tokens",
+                                                       errors=openapi.BODY_ERRORS))
     async def tokenize(body: TokenizeCompletionRequest | TokenizeChatRequest) -> dict:
         serving.check_model(body.model)
         try:
@@ -192,8 +175,7 @@ def _add_token_routes(app: FastAPI, serving: OpenAIServing, pre: Preprocessor,
         return {"count": len(tokens), "max_model_len": max_model_len, "tokens": tokens,
                 "token_strs": None}
 
-    @app.post("/detokenize", responses={**openapi.json_object("prompt"), **openapi.body_errors(),
-                                        **openapi.errors(404)})
+    @app.post("/detokenize", responses=openapi.responses("prompt", errors=openapi.BODY_ERRORS))
     async def detokenize(body: DetokenizeRequest) -> dict:
         serving.check_model(body.model)
         try:
@@ -204,7 +186,7 @@ def _add_token_routes(app: FastAPI, serving: OpenAIServing, pre: Preprocessor,
 
 def _add_ops_routes(app: FastAPI, async_engine: AsyncEngine, metrics: ServerMetrics) -> None:
     """What operators probe: health (and SageMaker's ping), the version, Prometheus metrics."""
-    @app.get("/health", responses={**openapi.json_object("status"),
+    @app.get("/health", responses={**openapi.responses("status"),
                                    503: {"description": "The engine died"}})
     async def health() -> Response:
         error = async_engine.error
@@ -217,14 +199,14 @@ def _add_ops_routes(app: FastAPI, async_engine: AsyncEngine, metrics: ServerMetr
             return JSONResponse({"status": "error", "error": repr(error)}, status_code=503)
         return JSONResponse({"status": "ok"})
 
-    @app.get("/ping", responses=openapi.json_object("status"))
+    @app.get("/ping", responses=openapi.responses("status"))
     async def ping() -> Response:
         """SageMaker's probe, as vLLM serves it (GET and POST): the same as /health."""
         return await health()
 
-    app.post("/ping", responses=openapi.json_object("status"), operation_id="ping_post")(ping)
+    app.post("/ping", responses=openapi.responses("status"), operation_id="ping_post")(ping)
 
-    @app.get("/version", responses=openapi.json_object("version"))
+    @app.get("/version", responses=openapi.responses("version"))
     async def version() -> dict:
         return {"version": minivllm.__version__}
 
@@ -247,8 +229,7 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> Response:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        message, code = str(exc.detail), None
-        # FastAPI says only "There was an error parsing the body"
+        message, code = str(exc.detail), None  # FastAPI: "There was an error parsing the body"
         if isinstance(exc.__cause__, UnicodeDecodeError):
             message, code = (f"the request body is not valid UTF-8: {exc.__cause__.reason} "
                              f"at byte {exc.__cause__.start}", "invalid_json")
@@ -270,17 +251,13 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 def allowed_methods(request: Request) -> list[str]:
     """Every method some route serves at this request's path."""
-    methods: set[str] = set()
-    for route in request.app.router.routes:
-        regex = getattr(route, "path_regex", None)
-        if regex is not None and regex.match(request.url.path) and getattr(route, "methods", None):
-            methods |= route.methods
-    return sorted(methods)
+    return sorted({method for route in request.app.router.routes
+                   if getattr(route, "methods", None) and route.path_regex.match(request.url.path)
+                   for method in route.methods})
 
 
 def validation_error(errors: list[dict]) -> APIError:
-    """pydantic's errors as one message naming each bad field (union types repeat a field once per
-    branch)."""
+    """pydantic's errors as one message naming each bad field (unions repeat a field per branch)."""
     if errors and errors[0]["type"] == "json_invalid":
         why = errors[0].get("ctx", {}).get("error", errors[0]["msg"])
         return APIError(f"the request body is not valid JSON: {why}", code="invalid_json")
@@ -303,11 +280,11 @@ def validation_error(errors: list[dict]) -> APIError:
 
 
 def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 8000,
-          model_name: str | None = None,
-          log_level: str = "info", log_format: str = "text", api_key: str | None = None,
-          allowed_origins: list[str] | tuple[str, ...] = (), shutdown_timeout: float = 30.0,
-          limits: ServerLimits | None = None, chat_template: str | None = None,
-          engine_config: EngineConfig | None = None, **engine_kwargs) -> None:
+          model_name: str | None = None, log_level: str = "info", log_format: str = "text",
+          api_key: str | None = None, allowed_origins: list[str] | tuple[str, ...] = (),
+          shutdown_timeout: float = 30.0, limits: ServerLimits | None = None,
+          chat_template: str | None = None, engine_config: EngineConfig | None = None,
+          **engine_kwargs) -> None:
     """Load the model (or the one `engine_config` names), then serve it until SIGTERM or Ctrl-C (see
     shutdown.py). Each request must arrive within `limits.read_timeout` seconds; idle keep-alive
     connections close after 5 s (uvicorn's default)."""
@@ -321,14 +298,12 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 8000,
              engine.config.max_model_len, ", API key required" if api_key else "")
     app = build_app(engine, model_name, limits=limits, api_key=api_key,
                     allowed_origins=allowed_origins, chat_template=chat_template)
-    # The model, tokenizers and libraries are ~400k objects that live as long as the process: keep
-    # them out of the GC's full collections, which otherwise pause every thread for as long as it
-    # takes to walk them (vLLM does the same at start-up).
+    # ~400k objects (the model, tokenizers, libraries) live as long as the process: keep them out of
+    # the GC's full collections, which would pause every thread to walk them (as vLLM does too).
     gc.collect()
     gc.freeze()
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                            log_config=None if log_format == "json"
-                            else uvicorn.config.LOGGING_CONFIG,
+    log_config = None if log_format == "json" else uvicorn.config.LOGGING_CONFIG
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, log_config=log_config,
                             timeout_graceful_shutdown=shutdown_timeout + 10,
                             http=http_protocol(limits.read_timeout))
     try:

@@ -22,8 +22,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 
 from minivllm.engine.input_processor import EngineRequest
 from minivllm.engine.llm_engine import LLMEngine
@@ -42,8 +42,7 @@ class RequestStream:
     """The outputs of one HTTP call's engine requests (one per prompt), as an async iterator.
 
     Each item is the list of outputs updated since the last read. Outputs are cumulative, so a slow
-    reader only ever sees the newest one per request: nothing piles up while it is busy writing to
-    its socket.
+    reader only ever sees the newest one per request: nothing piles up while it writes to a socket.
     """
 
     def __init__(self, request_ids: Sequence[str], requests: Sequence[EngineRequest] = ()) -> None:
@@ -53,8 +52,7 @@ class RequestStream:
         self._ready = asyncio.Event()
         self._error: BaseException | None = None
         self.aborted = False  # the server aborted it (shutdown), not the client
-        # admission (the owner's bookkeeping): requests[:admitted] are in the engine, `in_engine`
-        # sequences unfinished
+        # admission (the owner's): requests[:admitted] are in the engine, in_engine seqs unfinished
         self.requests = list(requests)
         self.admitted = 0
         self.in_engine = 0
@@ -105,13 +103,6 @@ class _Abort:
     request_ids: list[str]
 
 
-@dataclass
-class _WorkResult:
-    outputs: list[RequestOutput] = field(default_factory=list)
-    stats: dict = field(default_factory=dict)
-    has_work: bool = False
-
-
 Slice = tuple[RequestStream, list[EngineRequest]]
 
 
@@ -120,10 +111,8 @@ class AsyncEngine:
 
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
-        # sequences one step may run: the calls' shares divide it
-        self.batch = engine.config.max_num_seqs
-        # a snapshot taken by the owner after each step, safe to read
-        self.stats: dict = engine.stats()
+        self.batch = engine.config.max_num_seqs  # sequences a step may run: calls' shares divide it
+        self.stats: dict = engine.stats()  # the owner's snapshot after each step, safe to read
         self.error: BaseException | None = None
         self._ops: list[_Add | _Abort] = []
         self._streams: dict[str, RequestStream] = {}
@@ -138,13 +127,12 @@ class AsyncEngine:
     def start(self) -> None:
         """Start the owner task on the running event loop (the server's)."""
         self._wake = asyncio.Event()
-        self._task = (asyncio.get_running_loop().create_task(self._run(),
-                                                             name="minivllm-engine-loop"))
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._run(), name="minivllm-engine-loop")
 
     async def stop(self, timeout: float = 10.0) -> None:
-        """Abort whatever still runs, let the owner free its blocks (bounded by `timeout`), then
-        stop it; anyone still waiting hears so instead of hanging (uvicorn drains requests
-        first)."""
+        """Abort what still runs, let the owner free its blocks (within `timeout`), then stop it;
+        anyone still waiting hears so instead of hanging (uvicorn drains requests first)."""
         if self._task is not None:
             self.abort_all()
             self._stopping = True
@@ -159,15 +147,13 @@ class AsyncEngine:
         self._fail_all(EngineDeadError("the server is shutting down"))
 
     def add_listener(self, listener: StepListener) -> None:
-        """Call `listener(outputs, stats)` on the event loop after every step (metrics, request
-        logs)."""
+        """Call `listener(outputs, stats)` on the event loop after every step (metrics, logs)."""
         self._listeners.append(listener)
 
     # ---- the API handlers use --------------------------------------------------------------------
     async def generate(self, requests: Sequence[EngineRequest]) -> RequestStream:
-        """Queue checked requests (preprocess.py makes them); all are accepted or none (ValueError
-        names why). Returns once the first slice is in the engine; the rest follow as the call's
-        share allows."""
+        """Queue checked requests (from preprocess.py): all or none (ValueError names why). Returns
+        once the first slice is in the engine; the rest follow as the call's share allows."""
         if self.error is not None or self._task is None or self._stopping:
             raise EngineDeadError(f"the engine is not running: {self.error!r}")
         ids = [r.request_id for r in requests]
@@ -181,8 +167,7 @@ class AsyncEngine:
         self._wake.set()
         try:
             await stream.accepted
-        # the caller went away before its requests went in: take them out again
-        except asyncio.CancelledError:
+        except asyncio.CancelledError:  # the caller left before its requests went in: take them out
             self.abort(stream)
             raise
         return stream
@@ -190,35 +175,31 @@ class AsyncEngine:
     def abort(self, stream: RequestStream) -> None:
         """Abort a stream's unfinished requests; their blocks are freed before the next step, and
         those still waiting for their slice never go in."""
-        ids = [rid for rid in stream.request_ids[: stream.admitted] if rid in stream.unfinished]
-        for rid in stream.request_ids:
-            self._streams.pop(rid, None)
+        self._forget([stream])
         stream.unfinished.clear()
-        self._calls.pop(stream, None)
-        if not ids:
-            return
-        self._ops.append(_Abort(ids))
-        if self._wake is not None:
-            self._wake.set()
 
     def abort_all(self) -> int:
-        """Abort every request in flight (shutdown): each stream ends with `aborted` set; returns
-        how many."""
+        """Abort all in flight (shutdown); each stream ends with `aborted` set. Returns how many."""
         streams = set(self._calls)
         streams.update(op.stream for op in self._ops if isinstance(op, _Add)
                        and not op.stream.accepted.done())
         count = sum(len(s.unfinished) for s in streams)
-        ids = [rid for s in streams for rid in s.request_ids[: s.admitted] if rid in s.unfinished]
+        self._forget(streams)
         for stream in streams:
             stream._abort()
+        return count
+
+    def _forget(self, streams: Collection[RequestStream]) -> None:
+        """Take streams off the books, and their engine requests out before the next step."""
+        ids = [rid for s in streams for rid in s.request_ids[: s.admitted] if rid in s.unfinished]
+        for stream in streams:
+            self._calls.pop(stream, None)
             for rid in stream.request_ids:
                 self._streams.pop(rid, None)
-        self._calls.clear()
         if ids:
             self._ops.append(_Abort(ids))
         if self._wake is not None:
             self._wake.set()
-        return count
 
     # ---- the owner -------------------------------------------------------------------------------
     async def _run(self) -> None:
@@ -236,20 +217,18 @@ class AsyncEngine:
                     await self._wake.wait()
                 continue
             try:
-                result = await asyncio.to_thread(self._work, aborts, slices)
+                outputs, stats, has_work = await asyncio.to_thread(self._work, aborts, slices)
             except Exception as e:  # whatever broke the step, every waiting client must hear of it
                 self._die(e)
                 return
-            self._deliver(slices, result)
-            has_work = result.has_work
-            if has_work and not result.outputs and not aborts and not slices:
+            self._deliver(slices, outputs, stats)
+            if has_work and not outputs and not aborts and not slices:
                 await asyncio.sleep(0.001)  # nothing could be scheduled this step: do not spin
 
     def _accept(self, ops: list[_Add | _Abort]) -> None:
         """New calls join the admission line (unless shutdown or their caller got there first)."""
         for op in ops:
-            # cancelled: its caller aborted it
-            if not isinstance(op, _Add) or op.stream.accepted.done():
+            if not isinstance(op, _Add) or op.stream.accepted.done():  # done: its caller aborted
                 continue
             if op.stream.aborted:
                 op.stream.accepted.set_exception(EngineDeadError("the server is shutting down"))
@@ -259,8 +238,7 @@ class AsyncEngine:
                 self._streams[rid] = op.stream
 
     def _slices(self) -> list[Slice]:
-        """Each call's next requests, up to its share of the batch (at least one request when it has
-        none in)."""
+        """Each call's next requests, up to its share of the batch (one at least, if none is in)."""
         share = self.batch if len(self._calls) <= 1 else max(1, self.batch // len(self._calls))
         out = []
         for stream in self._calls:
@@ -280,24 +258,23 @@ class AsyncEngine:
                 stream.admitted = take
         return out
 
-    def _work(self, aborts: list[str], slices: list[Slice]) -> _WorkResult:
-        """In the worker thread: apply the aborts, queue the slices, then take one step."""
-        eng, result = self.engine, _WorkResult()
+    def _work(self, aborts: list[str],
+              slices: list[Slice]) -> tuple[list[RequestOutput], dict, bool]:
+        """In the worker thread: apply the aborts, queue the slices, then take one step. Returns its
+        outputs, the engine's stats and whether the engine has work left."""
+        eng = self.engine
         eng.abort_request(aborts)
         for _, requests in slices:
             for request in requests:
                 eng.enqueue(request)
-        if eng.has_unfinished_requests():
-            result.outputs = eng.step()
-        result.stats = eng.stats()
-        result.has_work = eng.has_unfinished_requests()
-        return result
+        outputs = eng.step() if eng.has_unfinished_requests() else []
+        return outputs, eng.stats(), eng.has_unfinished_requests()
 
-    def _deliver(self, slices: list[Slice], result: _WorkResult) -> None:
+    def _deliver(self, slices: list[Slice], outputs: list[RequestOutput], stats: dict) -> None:
         for stream, _ in slices:
             if not stream.accepted.done():
                 stream.accepted.set_result(None)
-        for out in result.outputs:
+        for out in outputs:
             stream = self._streams.get(out.request_id)
             if stream is not None:
                 stream._put(out)
@@ -306,10 +283,10 @@ class AsyncEngine:
                     stream.in_engine -= stream.seqs.pop(out.request_id, 0)
                     if stream.admitted == len(stream.requests) and stream.in_engine == 0:
                         self._calls.pop(stream, None)
-        self.stats = result.stats
+        self.stats = stats
         for listener in self._listeners:
             try:
-                listener(result.outputs, result.stats)
+                listener(outputs, stats)
             except Exception:  # a broken metric must not stop generation
                 log.exception("step listener failed")
 

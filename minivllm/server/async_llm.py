@@ -1,5 +1,4 @@
-"""AsyncLLM: the server's asyncio engine (server/async_engine.py) under vLLM's name and calling
-convention.
+"""AsyncLLM: the server's asyncio engine (server/async_engine.py) under vLLM's name and API.
 
     engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=...))
     async for out in engine.generate(prompt, SamplingParams(...), request_id="r1"):
@@ -36,9 +35,8 @@ from minivllm.tokenizer import Tokenizer
 class AsyncLLM:
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
-        # prompts are tokenized on the event loop while the engine detokenizes in its worker thread,
-        # and a Hugging Face fast tokenizer must not be used by two threads at once: this one has
-        # its own
+        # prompts are tokenized on the event loop while the engine detokenizes in its worker thread;
+        # a Hugging Face tokenizer must not be used by two threads at once, so this one is our own
         tok = None if engine.tokenizer is None else Tokenizer(engine.config.tokenizer)
         src = engine.input_processor
         self.input_processor = InputProcessor(engine.config, tok, src.eos_token_ids,
@@ -114,8 +112,7 @@ class AsyncLLM:
                 core.abort(stream)
 
     async def abort(self, request_id: str | list[str]) -> None:
-        """Stop requests; their generate() loops end with the outputs so far. Unknown ids are
-        ignored."""
+        """Stop requests: their generate() loops end with the outputs so far. Unknown ids: no-op."""
         for rid in [request_id] if isinstance(request_id, str) else request_id:
             stream = self._streams.get(rid)
             if stream is not None and self._core is not None:
@@ -123,15 +120,13 @@ class AsyncLLM:
                 stream._abort()
 
     def shutdown(self) -> None:
-        """Abort everything in flight and stop the owner task (from inside or outside its event
-        loop)."""
+        """Abort everything in flight and stop the owner task (from inside or outside its loop)."""
         core, self._core = self._core, None
         if core is None:
             return
         core.abort_all()
         with contextlib.suppress(RuntimeError):
-            # inside the loop: it finishes once we yield
-            if asyncio.get_running_loop() is self._loop:
+            if asyncio.get_running_loop() is self._loop:  # inside the loop: it ends once we yield
                 self._stopping = self._loop.create_task(core.stop())
                 return
         if self._loop.is_closed():

@@ -36,6 +36,5 @@ class APIKeyAuth:
 
 
 def resolve_api_key(given: str | None, from_env: str | None) -> str | None:
-    """--api-key wins; otherwise VLLM_API_KEY (`from_env`), as vLLM reads it; an empty value means
-    no key."""
+    """--api-key wins, else VLLM_API_KEY (`from_env`) as vLLM reads it; an empty value: no key."""
     return given or from_env or None

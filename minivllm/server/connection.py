@@ -51,13 +51,10 @@ class GuardedH11Protocol(H11Protocol):
         if self.transport.is_closing():
             return
         state = self.conn.their_state
-        waiting_head = (state is h11.IDLE and (self.cycle is None
-                                               or bool(self.conn.trailing_data[0])))
-        reading = state is h11.SEND_BODY or waiting_head
-        if not reading:
+        waiting_head = state is h11.IDLE and (self.cycle is None or self.conn.trailing_data[0])
+        if not (state is h11.SEND_BODY or waiting_head):
             self._stop_timer()
-        # the deadline counts from the first byte: dribbling does not extend it
-        elif self._read_timer is None:
+        elif self._read_timer is None:  # counted from the first byte: dribbling does not extend it
             self._read_timer = self.loop.call_later(self.read_timeout, self._timed_out)
 
     def _stop_timer(self) -> None:
@@ -72,10 +69,9 @@ class GuardedH11Protocol(H11Protocol):
         answering = (self.cycle is not None and self.conn.their_state is h11.SEND_BODY
                      and self.cycle.response_started)
         if not answering:
-            message = f"the request was not received within {self.read_timeout:g} s"
-            self.transport.write(raw_response(408, "Request Timeout",
-                                              error_body(message, "invalid_request_error",
-                                                         "request_timeout")))
+            body = error_body(f"the request was not received within {self.read_timeout:g} s",
+                              "invalid_request_error", "request_timeout")
+            self.transport.write(raw_response(408, "Request Timeout", body))
         self.logger.warning("closing a connection whose request took over %g s to arrive",
                             self.read_timeout)
         self.transport.close()

@@ -17,16 +17,14 @@ MAX_N = 128  # sequences per prompt (OpenAI's own cap on n is 128)
 
 @dataclass(frozen=True)
 class ServerLimits:
-    # a 128k-token context as JSON token ids fits well within 4 MiB
-    max_request_bytes: int = 4 * 2**20
+    max_request_bytes: int = 4 * 2**20  # a 128k-token context as JSON token ids fits well within
     max_n: int = MAX_N
     max_tokens_times_n: int = 2**17  # output tokens one call may ask for: max_tokens x n x prompts
     read_timeout: float = 30.0  # seconds from a request's first byte to its last (connection.py)
 
 
 def error_body(message: str, type: str, code: str | None = None, param: str | None = None) -> bytes:
-    """OpenAI's error object, ASCII-escaped so no input echoed back (a lone surrogate, say) can
-    break it."""
+    """OpenAI's error object, ASCII-escaped: no echoed input (a lone surrogate, say) breaks it."""
     return json.dumps({"error": {"message": message, "type": type, "param": param,
                                  "code": code}}).encode()
 
@@ -40,8 +38,7 @@ async def send_error(send: Send, status: int, body: bytes,
 
 
 class BodySizeLimit:
-    """Answer 413 to a request whose body is larger than `max_bytes`; otherwise replay the body it
-    read."""
+    """413 for a body larger than `max_bytes`; otherwise the body it read is replayed."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app, self.max_bytes = app, max_bytes
@@ -57,26 +54,20 @@ class BodySizeLimit:
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
             await send_error(send, 413, too_big, [(b"connection", b"close")])
             return
-        chunks, size, more = [], 0, True
+        body, more = bytearray(), True
         while more:
             message = await receive()
             if message["type"] == "http.disconnect":
                 return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            # chunked upload past the cap: stop reading, close the connection
-            if size > self.max_bytes:
+            body += message.get("body", b"")
+            if len(body) > self.max_bytes:  # a chunked upload past the cap: stop reading, close
                 await send_error(send, 413, too_big, [(b"connection", b"close")])
                 return
-            chunks.append(chunk)
             more = message.get("more_body", False)
-        body, replayed = b"".join(chunks), False
+        unread = [{"type": "http.request", "body": bytes(body), "more_body": False}]
 
         async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()  # after the body: the disconnect the handlers watch for
+            # the body once, then what follows it: the disconnect the handlers watch for
+            return unread.pop() if unread else await receive()
 
         await self.app(scope, replay, send)

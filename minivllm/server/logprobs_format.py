@@ -13,8 +13,7 @@ from minivllm.outputs import Logprob
 
 
 def _top(position: dict[int, Logprob], k: int) -> list[tuple[int, Logprob]]:
-    """The k most likely tokens at a position (the chosen token is listed only if it is among
-    them)."""
+    """The k most likely tokens at a position (the chosen one only if it is among them)."""
     return sorted(((t, lp) for t, lp in position.items() if lp.rank is not None and lp.rank <= k),
                   key=lambda item: item[1].rank)[:k]
 

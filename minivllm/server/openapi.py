@@ -1,6 +1,6 @@
 """The schema at /openapi.json says what the server really sends: 400 (not FastAPI's 422) for a bad
-body, and OpenAI's error object for every error status, so generated clients and the fuzz test can
-rely on it."""
+body, and OpenAI's error object for every error status, so generated clients and fuzzers rely on it.
+"""
 
 from __future__ import annotations
 
@@ -26,29 +26,29 @@ class ErrorResponse(BaseModel):
     error: ErrorInfo
 
 
-def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """The `responses=` of a route that can answer with these error statuses."""
+BODY_ERRORS = (400, 401, 404, 413, 503)  # what a route that reads a request body can answer
+
+
+def responses(*required: str, errors: tuple[int, ...] = (),
+              streams: bool = False) -> dict[int | str, dict[str, Any]]:
+    """A route's `responses=`: a 200 whose JSON body is an object with these keys (and server-sent
+    events when it streams), and these error statuses, each with OpenAI's error object."""
     why = {400: "Invalid request (a bad field, a prompt too long, a limit exceeded)",
            401: "Missing or wrong API key (only with --api-key)", 404: "No such model or route",
            413: "Request body above --max-request-bytes", 503: "The engine is not running"}
-    return {s: {"model": ErrorResponse, "description": why[s]} for s in statuses}
-
-
-def body_errors() -> dict[int | str, dict[str, Any]]:
-    return errors(400, 401, 413, 503)
-
-
-def json_object(*required: str, streams: bool = False) -> dict[int | str, dict[str, Any]]:
-    """A 200 whose JSON body is an object with these keys (and server-sent events when it
-    streams)."""
-    content: dict[str, Any] = ({"application/json": {"schema": {"type": "object",
-                                                                "required": list(required)}}})
-    if streams:
-        # one server-sent event: its data is a JSON chunk, or [DONE] at the end
+    content: dict[str, Any] = {"application/json": {"schema": {"type": "object",
+                                                               "required": list(required)}}}
+    if streams:  # one server-sent event: its data is a JSON chunk, or [DONE] at the end
         content["text/event-stream"] = {"schema": {"type": "object", "required": ["data"],
-                                                   "properties": {
-            "data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"}}}}
-    return {200: {"description": "OK", "content": content}}
+                                                   "properties": {name: {"type": "string"} for name
+                                                                  in ("data", "event", "id")}}}
+    return {200: {"description": "OK", "content": content},
+            **{s: {"model": ErrorResponse, "description": why[s]} for s in errors}}
+
+
+def has(name: str, schema: dict[str, Any]) -> dict[str, Any]:
+    """JSON Schema for: the object has the field `name`, and its value matches `schema`."""
+    return {"required": [name], "properties": {name: schema}}
 
 
 LOGPROB_FIELDS = {"CompletionRequest": ("logprobs", "prompt_logprobs"),
@@ -59,8 +59,7 @@ BODIES = ("CompletionRequest", "ChatCompletionRequest", "TokenizeCompletionReque
 
 
 def below_pattern(n: int) -> str:
-    """A regex for the decimal integers 0 .. n-1 written without sign or leading zeros (logit_bias's
-    keys)."""
+    """A regex for the integers 0 .. n-1 in decimal, no sign or leading zero (logit_bias's keys)."""
     top = str(n - 1)
     alternatives = ["[0-9]"] if len(top) > 1 else [f"[0-{top}]"]
     alternatives += [f"[1-9][0-9]{{{k - 1}}}" for k in range(2, len(top))]
@@ -80,13 +79,11 @@ def structured_outputs_schema() -> dict[str, Any]:
              "choice": {"type": "array", "minItems": 1,
                         "items": {"type": "string", "minLength": 1}},
              "grammar": {"type": "string"}, "json_object": {"type": "boolean"}}
-    given = {name: {"const": True} if name == "json_object" else kind for name,
-             kind in kinds.items()}
+    given = {**kinds, "json_object": {"const": True}}
     return {"additionalProperties": False,
-            "properties": {name: {"anyOf": [kind, {"type": "null"}]} for name,
-                           kind in kinds.items()},
-            "oneOf": [{"required": [name], "properties": {name: kind}} for name,
-                      kind in given.items()]}
+            "properties": {name: {"anyOf": [kind, {"type": "null"}]}
+                           for name, kind in kinds.items()},
+            "oneOf": [has(name, kind) for name, kind in given.items()]}
 
 
 def value_ranges(vocab_size: int, max_n: int, priority: bool,
@@ -98,9 +95,9 @@ def value_ranges(vocab_size: int, max_n: int, priority: bool,
     <= max_tokens, prompt + max_tokens within the context) are not expressed here."""
     token = {"minimum": 0, "maximum": vocab_size - 1}
     words = {"minLength": 1, "pattern": r"\S"}
+    length = {"minimum": 1, "maximum": max_model_len - 1}
     return {
-        "max_tokens": {"minimum": 1, "maximum": max_model_len - 1}, "temperature": {"minimum": 0},
-        "max_completion_tokens": {"minimum": 1, "maximum": max_model_len - 1},
+        "max_tokens": length, "max_completion_tokens": length, "temperature": {"minimum": 0},
         "top_p": {"exclusiveMinimum": 0, "maximum": 1}, "top_k": {"minimum": -1},
         "min_p": {"minimum": 0, "maximum": 1},
         "repetition_penalty": {"minimum": REPETITION_PENALTY_RANGE[0],
@@ -126,27 +123,19 @@ CONSTRAINTS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
 
 
 def across_fields(chat: bool) -> list[dict[str, Any]]:
-    """The rules between fields the server applies: stream_options only with stream, one output
-    constraint at most (response_format "text" is none), and for chat, top_logprobs (beyond 0) only
-    with logprobs: true."""
-    given = {"not": {"type": "null"}}
-    rules: list[dict[str, Any]] = [
-        {"if": {"required": ["stream_options"],
-                "properties": {"stream_options": {"type": "object"}}},
-         "then": {"required": ["stream"], "properties": {"stream": {"const": True}}}}]
-    is_set = {name: {"required": [name], "properties": {name: given}} for name in CONSTRAINTS}
-    is_set["response_format"] = {"required": ["response_format"],
-                                 "properties": {"response_format": {
-        "type": "object", "required": ["type"],
-        "properties": {"type": {"not": {"const": "text"}}}}}}
+    """The rules between fields the server applies: stream_options only with stream, at most one
+    output constraint (response_format "text" is none); chat: top_logprobs > 0 needs logprobs."""
+    rules = [{"if": has("stream_options", {"type": "object"}),
+              "then": has("stream", {"const": True})}]
+    is_set = {name: has(name, {"not": {"type": "null"}}) for name in CONSTRAINTS}
+    is_set["response_format"] = has("response_format", {"type": "object",
+                                                        **has("type", {"not": {"const": "text"}})})
     names = list(is_set)
     rules.append({"not": {"anyOf": [{"allOf": [is_set[a], is_set[b]]} for i, a in enumerate(names)
                                     for b in names[i + 1 :]]}})
     if chat:
-        rules.append({"if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {
-            "type": "integer", "not": {"const": 0}}}},
-                      "then": {"required": ["logprobs"],
-                               "properties": {"logprobs": {"const": True}}}})
+        rules.append({"if": has("top_logprobs", {"type": "integer", "not": {"const": 0}}),
+                      "then": has("logprobs", {"const": True})})
     return rules
 
 
@@ -170,10 +159,8 @@ def bound_fields(schema: dict[str, Any], max_logprobs: int,
                 merge(prop, ranges.get(name, {}))
     if "ResponseFormat" in components:  # type json_schema needs json_schema.schema
         components["ResponseFormat"]["if"] = {"properties": {"type": {"const": "json_schema"}}}
-        components["ResponseFormat"]["then"] = {"required": ["json_schema"],
-                                                "properties": {"json_schema": {
-            "type": "object", "required": ["schema"],
-            "properties": {"schema": {"type": "object"}}}}}
+        components["ResponseFormat"]["then"] = has("json_schema", {
+            "type": "object", **has("schema", {"type": "object"})})
     for model in ("CompletionRequest", "ChatCompletionRequest"):
         if model in components:
             components[model]["allOf"] = across_fields(model == "ChatCompletionRequest")

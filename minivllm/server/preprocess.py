@@ -1,11 +1,9 @@
-"""Tokenize and validate requests, and build large responses, in a small thread pool, each thread
-with its own tokenizer.
+"""Requests tokenized and checked, large responses built: in a small thread pool, a tokenizer each.
 
 Why not on the engine's owner: a 10 MB prompt takes many seconds to tokenize, and every running
 stream would wait for it. Why not on the event loop: it would stall every connection instead. Why a
 tokenizer per thread: a Hugging Face tokenizer is not safe to share between threads, and the
-engine's own one detokenizes its outputs. The engine then only queues requests that are already
-checked.
+engine's own one detokenizes its outputs. The engine only queues requests already checked.
 
 Why work goes in in pieces: a call with 100,000 prompts is checked `PROMPTS_PER_JOB` prompts at a
 time, one job after the other, so one call holds at most one of the pool's threads and for at most
@@ -36,8 +34,7 @@ CHARS_PER_JOB = 2**18  # or fewer, when they are long texts to tokenize
 
 
 def check_unicode(text: str, what: str) -> None:
-    """A JSON string may hold a lone surrogate ("\\ud800"), which no tokenizer and no UTF-8 encoder
-    accepts."""
+    """A JSON string may hold a lone surrogate ("\\ud800"), which no tokenizer or UTF-8 accepts."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
@@ -46,8 +43,7 @@ def check_unicode(text: str, what: str) -> None:
 
 
 def pieces(prompts: list[tuple[str, PromptType]]) -> list[list[tuple[str, PromptType]]]:
-    """Consecutive runs of at most PROMPTS_PER_JOB prompts and (past the first) CHARS_PER_JOB
-    characters."""
+    """Runs of <= PROMPTS_PER_JOB prompts, in order, and (past the first) <= CHARS_PER_JOB chars."""
     out: list[list[tuple[str, PromptType]]] = [[]]
     chars = 0
     for item in prompts:
@@ -73,10 +69,9 @@ class Preprocessor:
         self._free: queue.SimpleQueue[InputProcessor] = queue.SimpleQueue()
         for _ in range(workers):
             tok = Tokenizer(self.config.tokenizer) if self.has_tokenizer else None
-            structured = (StructuredOutputManager(tok.hf, self.config.model_config.vocab_size,
-                                                  engine.eos_token_ids)
-                          # grammars are checked here too, before the engine sees them
-                          if tok is not None else None)
+            # grammars are checked here too, before the engine sees them
+            structured = None if tok is None else StructuredOutputManager(
+                tok.hf, self.config.model_config.vocab_size, engine.eos_token_ids)
             self._free.put(InputProcessor(self.config, tok, engine.eos_token_ids,
                                           engine.runner.num_blocks, structured))
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="minivllm-preprocess")
@@ -85,8 +80,7 @@ class Preprocessor:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     async def run(self, fn: Callable[[InputProcessor], T]) -> T:
-        """`fn(processor)` in a pool thread, with an InputProcessor (and tokenizer) no other thread
-        is using."""
+        """`fn(processor)` in a pool thread, with an InputProcessor no other thread is using."""
 
         def job() -> T:
             proc = self._free.get()  # never waits: there are as many processors as threads
@@ -99,8 +93,8 @@ class Preprocessor:
 
     # ---- the jobs --------------------------------------------------------------------------------
     async def requests(self, prompts: list[tuple[str, PromptType]], params: SamplingParams,
-                       arrival: float,
-                       strict_max_tokens: bool, priority: int = 0) -> list[EngineRequest]:
+                       arrival: float, strict_max_tokens: bool,
+                       priority: int = 0) -> list[EngineRequest]:
         """Every prompt tokenized and checked (ValueError names the first bad one), none queued yet;
         in pieces (see the module's docstring), so cancelling the caller stops at the next piece.
 
@@ -140,8 +134,7 @@ class Preprocessor:
                 text, ids = proc.tokenizer.apply_chat_template(
                     conversation, chat_template=self.chat_template,
                     add_generation_prompt=add_generation_prompt)
-            # no template, or messages that break it
-            except (ValueError, TypeError, jinja2.TemplateError) as e:
+            except (ValueError, TypeError, jinja2.TemplateError) as e:  # no template, bad messages
                 raise ValueError(f"chat template failed: {e}") from e
             return {"prompt": text, "prompt_token_ids": ids}
 

@@ -20,18 +20,16 @@ log = logging.getLogger("minivllm.server")
 
 # OpenAI fields this engine cannot honour: rejected when set, rather than silently ignored.
 UNSUPPORTED = ("suffix", "tools", "tool_choice", "functions", "function_call")
-# Fields passed to SamplingParams as they are, when given: OpenAI's and vLLM's extra sampling
-# parameters.
+# Passed to SamplingParams as they are, when given: OpenAI's and vLLM's extra sampling fields.
 PASSED_THROUGH = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
                   "presence_penalty", "frequency_penalty", "n", "stop", "stop_token_ids", "seed",
                   "ignore_eos", "min_tokens", "include_stop_str_in_output", "skip_special_tokens",
-                  "spaces_between_special_tokens",
-                  "truncate_prompt_tokens", "allowed_token_ids", "bad_words", "prompt_logprobs")
+                  "spaces_between_special_tokens", "truncate_prompt_tokens", "allowed_token_ids",
+                  "bad_words", "prompt_logprobs")
 
 
 def integral(value: Any) -> Any:
-    """5.0 is an integer in JSON Schema (and to OpenAI's API): accept it as 5; "5" and 5.5 still
-    fail strictly."""
+    """5.0 is an integer in JSON Schema (and to OpenAI): accepted as 5; "5" and 5.5 still fail."""
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
@@ -101,8 +99,7 @@ class ResponseFormat(BaseModel):
 
 
 class SamplingRequest(BaseModel):
-    """The fields both endpoints share. None means "the default", as clients that send nulls
-    expect."""
+    """The fields both endpoints share. None means "the default", as clients sending null expect."""
 
     model_config = ConfigDict(strict=True, extra="allow")
 
@@ -139,8 +136,7 @@ class SamplingRequest(BaseModel):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
-    # vLLM's newer spelling: {"json": ...} / {"regex": ...} ...
-    structured_outputs: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None  # vLLM's newer spelling: {"json": ...}
     priority: Int = 0  # vLLM's extra field: with --scheduling-policy priority, lower runs first
 
     def check_supported(self) -> None:
@@ -149,9 +145,8 @@ class SamplingRequest(BaseModel):
             if value not in (None, False, 0, 0.0, [], {}):
                 raise APIError(f"{name} is not supported by minivllm", param=name,
                                code="unsupported_parameter")
-        ignored = sorted(set(self.model_extra or {}) - set(UNSUPPORTED))
         # vLLM's rule for fields it does not know: serve the request, say what was ignored
-        if ignored:
+        if ignored := sorted(set(self.model_extra or {}) - set(UNSUPPORTED)):
             log.warning("the request's fields %s are not known to minivllm and were ignored",
                         ignored)
         if self.best_of not in (None, 1, self.n or 1):  # 1: no candidates beyond the n returned
@@ -169,10 +164,9 @@ class SamplingRequest(BaseModel):
         if not all(k.isascii() and k.isdigit() and (k == "0" or k[0] != "0") for k in bias):
             raise APIError(f"logit_bias keys must be token ids, got {list(bias)[:3]}",
                            param="logit_bias")
-        # clamped to OpenAI's documented [-100, 100], as vLLM does: beyond it nothing changes but
-        # overflow
-        logit_bias = None if self.logit_bias is None else {int(k): clamp(v, MAX_LOGIT_BIAS) for k,
-                                                           v in bias.items()}
+        # clamped to OpenAI's [-100, 100] as vLLM does: beyond it, nothing changes but overflow
+        logit_bias = (None if self.logit_bias is None
+                      else {int(k): clamp(v, MAX_LOGIT_BIAS) for k, v in bias.items()})
         try:
             return SamplingParams(max_tokens=max_tokens, logit_bias=logit_bias,
                                   logprobs=self.sample_logprobs(),
@@ -181,23 +175,20 @@ class SamplingRequest(BaseModel):
             raise engine_error(e) from e
 
     def sample_logprobs(self) -> int | None:
-        """How many top alternatives per generated token the client asked for (None: no
-        logprobs)."""
+        """Top alternatives per generated token the client asked for (None: no logprobs)."""
         return None
 
     def structured(self) -> StructuredOutputsParams | None:
-        """The output constraint, from response_format, vLLM's guided_* fields or structured_outputs
-        (one only)."""
-        given = {}
-        if self.response_format is not None and self.response_format.type != "text":
-            fmt = self.response_format
-            if fmt.type == "json_object":
-                given["response_format"] = StructuredOutputsParams(json_object=True)
-            elif fmt.json_schema is None or fmt.json_schema.schema_ is None:
+        """The one output constraint: response_format, a guided_* field or structured_outputs."""
+        given: dict[str, dict] = {}  # field -> StructuredOutputsParams' arguments
+        fmt = self.response_format
+        if fmt is not None and fmt.type == "json_object":
+            given["response_format"] = {"json_object": True}
+        elif fmt is not None and fmt.type == "json_schema":
+            if fmt.json_schema is None or fmt.json_schema.schema_ is None:
                 raise APIError("response_format json_schema needs a json_schema.schema",
                                param="response_format")
-            else:
-                given["response_format"] = StructuredOutputsParams(json=fmt.json_schema.schema_)
+            given["response_format"] = {"json": fmt.json_schema.schema_}
         for field, key in (("guided_json", "json"), ("guided_regex", "regex"),
                            ("guided_choice", "choice"), ("guided_grammar", "grammar")):
             if getattr(self, field) is not None:
@@ -210,8 +201,6 @@ class SamplingRequest(BaseModel):
         if not given:
             return None
         (field, spec), = given.items()
-        if isinstance(spec, StructuredOutputsParams):
-            return spec
         try:
             return StructuredOutputsParams(**spec)
         except (TypeError, ValueError) as e:
@@ -232,8 +221,7 @@ class SamplingRequest(BaseModel):
 
 class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[Int] | list[list[Int]]
-    # top alternatives per token, OpenAI's legacy form (max_logprobs caps)
-    logprobs: Int | None = Field(None, ge=-1)
+    logprobs: Int | None = Field(None, ge=-1)  # top alternatives per token (max_logprobs caps)
     echo: bool | None = False  # the prompt before the completion (with its logprobs, if asked)
 
     def sample_logprobs(self) -> int | None:
@@ -307,3 +295,25 @@ def finish_reason(reason: str | None) -> str | None:
     """OpenAI knows "stop" and "length"; an aborted request only ever reaches a client that left."""
     return reason if reason in (None, FinishReason.STOP,
                                 FinishReason.LENGTH) else FinishReason.STOP.value
+
+
+# vLLM's /tokenize and /detokenize request bodies: clients use them to count tokens before they send
+class TokenizeCompletionRequest(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True
+
+
+class TokenizeChatRequest(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    model: str | None = None
+    messages: list[ChatMessage]
+    add_generation_prompt: bool = True
+    add_special_tokens: bool = False
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    model: str | None = None
+    tokens: list[Int]

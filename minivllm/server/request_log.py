@@ -1,5 +1,4 @@
-"""Request logs: one record per request event (received, first_token, finished or aborted), with
-timings.
+"""Request logs: one timed record per request event (received, first_token, finished, aborted).
 
 Each record is a standard `logging` record on the "minivllm.server.requests" logger whose fields
 ride in `extra`, so the same call reads as a line of text by default and as one JSON object per
@@ -20,12 +19,7 @@ from minivllm.core.sequence import FinishReason
 from minivllm.outputs import RequestOutput
 
 log = logging.getLogger("minivllm.server.requests")
-_VALID_ID = re.compile(r"[A-Za-z0-9._:/=+-]{1,128}")
-
-
-def request_id_from(header: str | None) -> str:
-    """The client's X-Request-Id if it is a sane token, else a fresh one."""
-    return header if header and _VALID_ID.fullmatch(header) else uuid.uuid4().hex
+_VALID_ID = re.compile(r"[A-Za-z0-9._:/=+-]{1,128}")  # a client's X-Request-Id we take as it is
 
 
 @dataclass
@@ -36,8 +30,7 @@ class _Tracked:
 
 
 class RequestLog:
-    """Feeds on the engine loop's outputs (a step listener) and on `received(...)` calls from the
-    handlers."""
+    """Fed by the engine loop's outputs (a step listener) and the handlers' `received()` calls."""
 
     def __init__(self) -> None:
         self._by_engine_id: dict[str, _Tracked] = {}
@@ -90,15 +83,15 @@ def _secs(t: float | None, since: float) -> float | None:
 
 def configure_logging(level: str, fmt: str) -> None:
     """Root logging for `minivllm serve`: human-readable lines, or one JSON object per record."""
+    fields = "%(asctime)s %(levelname)s %(name)s %(message)s"
     handler = logging.StreamHandler()
     if fmt == "json":
         from pythonjsonlogger.json import JsonFormatter
 
-        handler.setFormatter(JsonFormatter("%(asctime)s %(levelname)s %(name)s %(message)s",
-                                           rename_fields={"asctime": "time", "levelname": "level",
-                                                          "name": "logger"}))
+        handler.setFormatter(JsonFormatter(fields, rename_fields={
+            "asctime": "time", "levelname": "level", "name": "logger"}))
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+        handler.setFormatter(logging.Formatter(fields))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(getattr(logging, level.upper()))
@@ -106,8 +99,7 @@ def configure_logging(level: str, fmt: str) -> None:
 
 class RequestIdMiddleware:
     """Give every HTTP request an id (the client's X-Request-Id, or a fresh one) in
-    `request.state.request_id`, and echo it back in the response's X-Request-Id header, errors
-    included."""
+    `request.state.request_id`, echoed in the response's X-Request-Id header, errors included."""
 
     def __init__(self, app) -> None:
         self.app = app
@@ -116,8 +108,8 @@ class RequestIdMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        rid = request_id_from(dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
-                              or None)
+        header = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
+        rid = header if _VALID_ID.fullmatch(header) else uuid.uuid4().hex
         scope.setdefault("state", {})["request_id"] = rid
 
         async def send_with_id(message) -> None:

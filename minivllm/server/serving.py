@@ -1,9 +1,7 @@
-"""Turn an OpenAI completions or chat request into engine requests, and their outputs into OpenAI
-responses.
+"""OpenAI completions and chat requests in, engine requests out; engine outputs in, OpenAI out.
 
 One HTTP call becomes one engine request per prompt (each with n sequences); choice i * n + j is
-sequence j of prompt i, as in OpenAI's API. Streams send text deltas, computed from the engine's
-cumulative outputs.
+sequence j of prompt i, as in OpenAI's API. Streams send text deltas of the cumulative outputs.
 
 Nothing here costs the event loop more than a step's worth of work: a whole response (up to 100,000
 choices, logprobs, echoed prompts) is built and JSON-encoded in the preprocess pool as its outputs
@@ -53,7 +51,7 @@ RESPONSE_OUTPUTS_PER_JOB = 512  # engine outputs (prompts) per response-building
 
 class SSEResponse(StreamingResponse):
     """A StreamingResponse that always closes its generator, so an abandoned stream aborts its
-    requests at once (rather than whenever the generator happens to be garbage-collected)."""
+    requests at once (not whenever the generator happens to be garbage-collected)."""
 
     async def __call__(self, scope, receive, send) -> None:
         try:
@@ -64,8 +62,7 @@ class SSEResponse(StreamingResponse):
 
 @dataclass
 class _Call:
-    """One HTTP call in flight: what its chunks need to say and how far each choice has been
-    sent."""
+    """One HTTP call in flight: what its chunks need to say and how far each choice was sent."""
 
     id: str
     object: str
@@ -73,16 +70,13 @@ class _Call:
     request_ids: list[str]
     params: SamplingParams
     include_usage: bool
-    # usage in every chunk (vLLM's stream_options.continuous_usage_stats)
-    continuous_usage: bool = False
-    top_logprobs: int | None = None  # None: no logprobs; k: each token's logprob and the top k
-    echo: bool = False  # completions: the prompt (and its logprobs) before the completion
-    # choice index -> characters of echoed prompt
-    prefix_len: dict[int, int] = field(default_factory=dict)
+    continuous_usage: bool  # usage in every chunk (vLLM's stream_options.continuous_usage_stats)
+    top_logprobs: int | None  # None: no logprobs; k: each token's logprob and the top k
+    echo: bool  # completions: the prompt (and its logprobs) before the completion
+    prefix_len: dict[int, int] = field(default_factory=dict)  # choice -> chars of echoed prompt
     created: int = field(default_factory=lambda: int(time.time()))
     sent: dict[int, int] = field(default_factory=dict)  # choice index -> characters sent
-    # choice index -> tokens covered by chunks sent
-    sent_tokens: dict[int, int] = field(default_factory=dict)
+    sent_tokens: dict[int, int] = field(default_factory=dict)  # choice -> tokens in chunks sent
     done: set[int] = field(default_factory=set)
     prompt_tokens: dict[str, int] = field(default_factory=dict)
     completion_tokens: dict[int, int] = field(default_factory=dict)
@@ -109,14 +103,13 @@ class _Call:
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
 
+@dataclass
 class OpenAIServing:
-    def __init__(self, engine: AsyncEngine, model_name: str, preprocessor: Preprocessor,
-                 limits: ServerLimits, request_log: RequestLog) -> None:
-        self.engine = engine
-        self.model_name = model_name
-        self.pre = preprocessor
-        self.limits = limits
-        self.request_log = request_log
+    engine: AsyncEngine
+    model_name: str
+    pre: Preprocessor
+    limits: ServerLimits
+    request_log: RequestLog
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
@@ -125,8 +118,7 @@ class OpenAIServing:
                            param="model", code="model_not_found", status=404)
 
     def check_limits(self, params: SamplingParams, num_prompts: int) -> None:
-        """n and the output tokens one call may ask for are capped, so one request cannot hold the
-        engine."""
+        """n and the output tokens per call are capped, so one request cannot hold the engine."""
         if params.n > self.limits.max_n:
             raise APIError(f"n is {params.n}; this server allows at most {self.limits.max_n}",
                            param="n")
@@ -143,16 +135,15 @@ class OpenAIServing:
         self.check_model(req.model)
         req.check_supported()
         params = req.sampling_params(default_max_tokens=16)
-        prompts: list[PromptType] = list(req.prompts())
-        return await self._serve(req, raw, "cmpl", "text_completion", prompts, params, arrival)
+        return await self._serve(req, raw, "cmpl", "text_completion", req.prompts(), params,
+                                 arrival)
 
     async def chat(self, req: ChatCompletionRequest, raw: Request) -> Response:
         arrival = time.monotonic()
         self.check_model(req.model)
         req.check_supported()
         params = req.sampling_params(default_max_tokens=None)  # as OpenAI: up to the context window
-        # both checked, though only one is used
-        for name in ("max_tokens", "max_completion_tokens"):
+        for name in ("max_tokens", "max_completion_tokens"):  # both checked, though one is used
             value = getattr(req, name)
             if value is not None and not 1 <= value < self.pre.max_model_len:
                 raise APIError(f"{name} is {value}; it must be >= 1 and leave room for the prompt "
@@ -176,11 +167,9 @@ class OpenAIServing:
         self.check_limits(params, len(prompts))
         request_id: str = raw.state.request_id
         base = f"{prefix}-{request_id}"
-        # a fresh uuid, unless the client named the call: then one is added, so two calls
-        engine_base = base
-        # with one X-Request-Id never collide in the engine
-        if raw.headers.get("x-request-id") == request_id:
-            engine_base = f"{base}-{uuid.uuid4().hex[:12]}"
+        # a client's X-Request-Id may name two calls: their engine ids then get a fresh suffix
+        named = raw.headers.get("x-request-id") == request_id
+        engine_base = f"{base}-{uuid.uuid4().hex[:12]}" if named else base
         ids = [f"{engine_base}-{i}" for i in range(len(prompts))]
         is_chat = obj == "chat.completion"
         self.request_log.received(request_id, ids, arrival, endpoint=raw.url.path,
@@ -188,9 +177,8 @@ class OpenAIServing:
                                   max_tokens=params.max_tokens, stream=bool(req.stream))
 
         async def admit() -> RequestStream:
-            requests = await self.pre.requests(list(zip(ids, prompts)), params, arrival,
-                                               strict_max_tokens=(req.requested_max_tokens()
-                                                                  is not None),
+            strict = req.requested_max_tokens() is not None
+            requests = await self.pre.requests(list(zip(ids, prompts)), params, arrival, strict,
                                                priority=req.priority)
             return await self.engine.generate(requests)
 
@@ -235,17 +223,16 @@ class OpenAIServing:
                         if chunk is not None:
                             yield chunk
             if stream.aborted:  # the server is shutting down: say so to every choice still open
+                empty = {"delta": {}} if is_chat else {"text": ""}
                 for i in range(call.num_choices):
                     if i not in call.done:
-                        call.done.add(i)
-                        empty = {"delta": {}} if is_chat else {"text": ""}
                         yield call.chunk([{"index": i, **empty, "logprobs": None,
                                            "finish_reason": FinishReason.ABORT.value}])
             if call.include_usage:
                 yield call.chunk([], usage=call.usage())
         except EngineDeadError as e:
-            yield (f"data: "
-                   f"{json.dumps(APIError(str(e), status=503, type='server_error').body())}\n\n")
+            err = APIError(str(e), status=503, type="server_error")
+            yield f"data: {json.dumps(err.body())}\n\n"
         finally:
             self.engine.abort(stream)  # a no-op once everything finished; otherwise the client left
         yield "data: [DONE]\n\n"
@@ -257,20 +244,20 @@ class OpenAIServing:
         if i in call.done:
             return None
         sent, sent_tokens = call.sent.get(i, 0), call.sent_tokens.get(i, 0)
-        # the engine holds back text that may start a stop string
-        delta = c.text[sent:]
+        delta = c.text[sent:]  # the engine holds back text that may start a stop string
+        # one chunk per step with new tokens, even when their text is held back
         if not delta and not c.finished and len(c.token_ids) == sent_tokens:
-            # one chunk per step with new tokens, even when their text is held back
             return None
         prefix = ""
-        if call.echo and i not in call.sent:  # the first chunk of an echoing choice
-            prefix = await self._prompt_text(out)
+        if call.echo and i not in call.sent:  # an echoing choice's first chunk: the prompt as sent
+            prefix = out.prompt
+            if prefix is None:  # or its ids decoded
+                prefix = await self.pre.detokenize(out.prompt_token_ids)
             call.prefix_len[i] = len(prefix)
         call.sent[i] = len(c.text)
         call.sent_tokens[i] = len(c.token_ids)
         if c.finished:
             call.done.add(i)
-        reason = finish_reason(c.finish_reason)
         if is_chat:
             choice = {"index": i, "delta": {"content": delta} if delta or not c.finished else {}}
         else:
@@ -278,15 +265,15 @@ class OpenAIServing:
         # text_offset: where this chunk's first token starts in the choice's whole text
         logprobs = self._logprobs(call, out, c, sent_tokens, is_chat, echo=bool(prefix),
                                   offset=0 if prefix else call.prefix_len.get(i, 0) + sent)
-        return call.chunk([{**choice, "logprobs": logprobs, "finish_reason": reason}])
+        return call.chunk([{**choice, "logprobs": logprobs,
+                            "finish_reason": finish_reason(c.finish_reason)}])
 
     # ---- one response ----------------------------------------------------------------------------
     async def _collect(self, call: _Call, stream: RequestStream, raw: Request,
                        is_chat: bool) -> bytes | None:
         """The whole response as JSON bytes, or None if the client disconnected first (then its
-        requests are aborted). Outputs are turned into JSON text as they finish, in the pool, a
-        batch per job: a call with 100,000 prompts never holds 100,000 output objects (each a full
-        collection of the GC would walk)."""
+        requests are aborted). Outputs become JSON text as they finish, in the pool, a batch per
+        job: a call with 100,000 prompts never holds 100,000 output objects for the GC to walk."""
         fragments: dict[int, str] = {}  # prompt index -> its choices as JSON text
         totals = [0, 0]  # prompt and completion tokens
 
@@ -313,8 +300,7 @@ class OpenAIServing:
                 await render(done)
             await render(list(unfinished.values()))  # the server aborted these (shutdown)
             head = json.dumps({"id": call.id, "object": call.object, "created": call.created,
-                               "model": call.model},
-                              ensure_ascii=False)
+                               "model": call.model}, ensure_ascii=False)
             choices = ",".join(fragments[k] for k in sorted(fragments))
             tail = json.dumps(usage(*totals))
             return f'{head[:-1]},"choices":[{choices}],"usage":{tail}}}'.encode()
@@ -351,16 +337,10 @@ class OpenAIServing:
             texts.append(json.dumps(choices, ensure_ascii=False)[1:-1])
         return texts, prompt_tokens, completion_tokens
 
-    async def _prompt_text(self, out: RequestOutput) -> str:
-        """What echo puts before the completion: the prompt as sent, or its ids decoded."""
-        return (out.prompt if out.prompt is not None
-                else await self.pre.detokenize(out.prompt_token_ids))
-
     @staticmethod
     def _logprobs(call: _Call, out: RequestOutput, c, start: int, is_chat: bool, echo: bool = False,
                   offset: int = 0) -> dict | None:
-        """The logprobs of tokens start.. of a choice in OpenAI's format (with the prompt's first,
-        if echoing)."""
+        """A choice's logprobs from token `start`, OpenAI's format (echo: the prompt's first)."""
         if call.top_logprobs is None or c.logprobs is None:
             return None
         tokens, positions = c.token_ids[start:], c.logprobs[start:]
@@ -372,8 +352,7 @@ class OpenAIServing:
 
 
 async def unless_disconnected(raw: Request, work: Awaitable[T]) -> T | None:
-    """`await work`, unless the client hangs up first: then `work` is cancelled and the answer is
-    None."""
+    """`await work`, or None if the client hangs up first (then `work` is cancelled)."""
     task, watch = asyncio.ensure_future(work), asyncio.ensure_future(_disconnect(raw))
     try:
         await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)

@@ -1,5 +1,4 @@
-"""vLLM's import path `vllm.utils`: FlexibleArgumentParser (defined in entrypoints/arg_parser.py),
-and `cdiv`.
+"""vLLM's import path `vllm.utils`: FlexibleArgumentParser (entrypoints/arg_parser.py) and `cdiv`.
 
 One of the thin modules that let vLLM code run with only `vllm` -> `minivllm` changed; the README's
 "vLLM import paths" table lists them all.

@@ -1,2 +1,1 @@
-"""The OpenAI-compatible server's entry points, at vLLM's paths (the server itself is
-minivllm/server/)."""
+"""The OpenAI-compatible server's entry points at vLLM's paths (the server is minivllm/server/)."""

@@ -1,5 +1,4 @@
-"""`python -m minivllm.entrypoints.openai.api_server --model M --host H --port P`: vLLM's server
-command.
+"""`python -m minivllm.entrypoints.openai.api_server --model M --port P`: vLLM's server command.
 
 The same server as `minivllm serve M`; the model comes from --model here (vLLM's older command),
 positionally there. It is served under the name given on the command line, as vLLM does
@@ -18,8 +17,7 @@ from minivllm.entrypoints.openai.cli_args import load_chat_template, make_arg_pa
 
 
 def run_server(args: argparse.Namespace) -> int:
-    """Serve with parsed arguments until SIGTERM or Ctrl-C; 2 (with the reason on stderr) for bad
-    ones."""
+    """Serve with parsed arguments until SIGTERM or Ctrl-C; 2 (reason on stderr) for bad ones."""
     try:
         from minivllm.server import serve
         from minivllm.server.limits import ServerLimits

@@ -27,8 +27,7 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     srv.add_argument("--log-level", "--uvicorn-log-level", dest="log_level", default="info",
                      choices=["debug", "info", "warning", "error", "critical"])
     srv.add_argument("--log-format", default="text", choices=["text", "json"],
-                     help="json: one JSON object per log record (request events carry the request "
-                     "id)")
+                     help="json: one JSON object per log record (request events carry their id)")
     srv.add_argument("--shutdown-timeout", type=float, default=30.0,
                      help="seconds in-flight requests get after SIGTERM before they are aborted")
     srv.add_argument("--max-request-bytes", type=int, default=4 * 2**20,

@@ -1,5 +1,4 @@
-"""OpenAI's batch format, offline: `python -m minivllm.entrypoints.openai.run_batch -i in.jsonl -o
-out.jsonl`.
+"""OpenAI's batch format, offline: `python -m minivllm.entrypoints.openai.run_batch -i IN -o OUT`.
 
 Each input line is one request: `{"custom_id": ..., "method": "POST", "url": "/v1/chat/completions"
 or "/v1/completions", "body": {...the request...}}`. Each output line, in input order, is
@@ -38,35 +37,30 @@ def _invalid(custom_id: Any, message: str) -> dict:
 
 
 def parse_line(line: str) -> tuple[dict | None, dict | None]:
-    """(request, None) for a well-formed line, else (None, the output line that says what is
-    wrong)."""
+    """(request, None) for a well-formed line, else (None, an output line saying what is wrong)."""
     try:
         item = json.loads(line)
     except json.JSONDecodeError as e:
         return None, _invalid(None, f"not valid JSON: {e.msg}")
     if not isinstance(item, dict):
         return None, _invalid(None, "each line must be a JSON object")
-    custom_id = item.get("custom_id")
-    if not isinstance(custom_id, str):
-        return None, _invalid(custom_id, "custom_id must be a string")
-    if item.get("method", "POST") != "POST":
-        return None, _invalid(custom_id, f"method must be POST, got {item.get('method')!r}")
-    if item.get("url") not in URLS:
-        return None, _invalid(custom_id, f"url {item.get('url')!r} is not supported: use one of "
-                              f"{list(URLS)}")
-    body = item.get("body")
-    if not isinstance(body, dict):
-        return None, _invalid(custom_id, "body must be a JSON object (the request)")
-    if body.get("stream"):
-        return None, _invalid(custom_id, "a batch request must not stream (stream=true)")
-    return item, None
+    custom_id, url, body = item.get("custom_id"), item.get("url"), item.get("body")
+    method = item.get("method", "POST")
+    checks = [  # (what is wrong, what to say), the first that holds is said
+        (not isinstance(custom_id, str), "custom_id must be a string"),
+        (method != "POST", f"method must be POST, got {method!r}"),
+        (url not in URLS, f"url {url!r} is not supported: use one of {list(URLS)}"),
+        (not isinstance(body, dict), "body must be a JSON object (the request)"),
+        (isinstance(body, dict) and body.get("stream"),
+         "a batch request must not stream (stream=true)")]
+    why = next((message for wrong, message in checks if wrong), None)
+    return (None, _invalid(custom_id, why)) if why else (item, None)
 
 
 async def run_batch(engine: LLMEngine, lines: Sequence[str], model_name: str | None = None,
                     max_concurrency: int | None = None) -> list[dict]:
-    """The output line for each input line, in order. `model_name`: the name the lines' "model" must
-    match (default: the engine's served name); `max_concurrency`: requests in flight (default 2 x
-    max_num_seqs)."""
+    """The output line for each input line, in order. `model_name`: what the lines' "model" must be
+    (default: the served model name); `max_concurrency`: requests in flight (2 x max_num_seqs)."""
     import httpx
 
     from minivllm.server import build_app
@@ -84,13 +78,11 @@ async def run_batch(engine: LLMEngine, lines: Sequence[str], model_name: str | N
             body = response.json()
         except ValueError:
             body = {"error": {"message": response.text, "code": response.status_code}}
-        error = (body.get("error") if response.status_code >= 400 and isinstance(body,
-                                                                                 dict) else None)
+        failed = response.status_code >= 400 and isinstance(body, dict)
+        request_id = response.headers.get("x-request-id", _id("minivllm-batch"))
         return {"id": _id("minivllm"), "custom_id": item["custom_id"],
-                "response": {"status_code": response.status_code,
-                             "request_id": response.headers.get("x-request-id",
-                                                                _id("minivllm-batch")),
-                             "body": body}, "error": error}
+                "response": {"status_code": response.status_code, "request_id": request_id,
+                             "body": body}, "error": body.get("error") if failed else None}
 
     async with app.router.lifespan_context(app):  # starts and stops the engine's owner task
         transport = httpx.ASGITransport(app=app)
@@ -112,17 +104,15 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = make_arg_parser(argparse.ArgumentParser(prog="python -m "
-                                                     "minivllm.entrypoints.openai.run_batch",
-                                                     description="Run a file of OpenAI requests "
-                                                     "offline."))
+    parser = make_arg_parser(argparse.ArgumentParser(
+        prog="python -m minivllm.entrypoints.openai.run_batch",
+        description="Run a file of OpenAI requests offline."))
     args = parser.parse_args(argv)
     try:
         engine_args = AsyncEngineArgs.from_cli_args(args)
         lines = Path(args.input_file).read_text(encoding="utf-8").splitlines()
         engine = LLMEngine.from_engine_args(engine_args)
-        name = engine.config.served_model_name
-        results = asyncio.run(run_batch(engine, lines, name, args.max_concurrency))
+        results = asyncio.run(run_batch(engine, lines, max_concurrency=args.max_concurrency))
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
