@@ -1,5 +1,4 @@
-"""Scheduler: which requests run this step and how many tokens each, and what the step's results
-mean for them.
+"""Scheduler: which requests run this step, how many tokens each, and what the results mean.
 
 `schedule()`: running requests come first (a decode is 1 token; a half-prefilled prompt continues
 its next chunk), so streams already under way stay smooth; then waiting requests are admitted in
@@ -18,8 +17,7 @@ in a step is not readmitted in that step.
 
 `update_from_output()`: the runner's sampled tokens are appended, rejected drafts are not counted as
 computed, and the token-level stop conditions (EOS, stop token ids, length) finish requests and free
-their blocks. Stop *strings* are text, so the output processor finds them and calls
-`finish_requests`.
+their blocks. Stop *strings* are text: the output processor finds them and calls `finish_requests`.
 """
 
 from __future__ import annotations
@@ -43,8 +41,7 @@ from minivllm.hooks import EngineHooks
 
 def fcfs_enqueue(waiting: deque[Sequence], seq: Sequence, preempted: bool) -> None:
     """First come, first served: a new sequence joins the tail; a preempted one goes back to the
-    head, since it is older than everyone still waiting (so it is not overtaken by requests that
-    arrived after it)."""
+    head, since it is older than everyone still waiting (so later arrivals do not overtake it)."""
     if preempted:
         waiting.appendleft(seq)
     else:
@@ -54,8 +51,8 @@ def fcfs_enqueue(waiting: deque[Sequence], seq: Sequence, preempted: bool) -> No
 def priority_enqueue(waiting: deque[Sequence], seq: Sequence, preempted: bool) -> None:
     """"priority": keep the queue sorted by (priority, arrival), a preempted sequence included."""
     key = seq.priority_key
-    waiting.insert(next((i for i, r in enumerate(waiting) if r.priority_key > key), len(waiting)),
-                   seq)
+    at = next((i for i, r in enumerate(waiting) if r.priority_key > key), len(waiting))
+    waiting.insert(at, seq)
 
 
 # A prompt that asks for prompt_logprobs costs a log-softmax over the vocabulary and a top-k per
@@ -76,9 +73,8 @@ def prefill_chunk(num_remaining: int, budget: int, enable_chunked_prefill: bool)
 
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int = 256,
-                 max_num_batched_tokens: int = 2048,
-                 enable_chunked_prefill: bool = True, policy: str = "fcfs",
-                 swap: SwapSpace | None = None,
+                 max_num_batched_tokens: int = 2048, enable_chunked_prefill: bool = True,
+                 policy: str = "fcfs", swap: SwapSpace | None = None,
                  structured: Grammars | None = None, hooks: EngineHooks | None = None) -> None:
         """`policy`: "fcfs" or "priority"; `swap`: where preempted blocks go (None: preemption by
         recompute); `structured`: the grammars of requests with structured outputs (None without a
@@ -89,7 +85,6 @@ class Scheduler:
                                               else fcfs_enqueue)
         self.prefill_chunk = hooks.prefill_chunk or prefill_chunk
         self.kv = kv
-        # grammars of requests with structured outputs (needs a tokenizer)
         self.structured = structured
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -100,8 +95,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.sequences: dict[str, Sequence] = {}  # every unfinished sequence, by id
         self.num_preemptions = 0
-        # finished since the runner last heard: it drops their state
-        self._finished_ids: list[str] = []
+        self._finished_ids: list[str] = []  # finished since the runner last heard: it drops them
 
     def add(self, seq: Sequence) -> None:
         if seq.params.structured_outputs is not None:
@@ -112,8 +106,7 @@ class Scheduler:
         self._enqueue(seq)
 
     def _enqueue(self, seq: Sequence, preempted: bool = False) -> None:
-        """Into the waiting queue at its place, by the policy's rule (fcfs_enqueue,
-        priority_enqueue)."""
+        """Into the waiting queue by the policy's rule (fcfs_enqueue, priority_enqueue)."""
         self.enqueue_into(self.waiting, seq, preempted)
 
     def has_unfinished(self) -> bool:
@@ -145,8 +138,7 @@ class Scheduler:
             if n <= 0:  # a beam whose logits are in, waiting for its siblings' (beam_search.py)
                 i += 1
                 continue
-            # a decoding sequence with drafts verifies them in the same pass, as far as the budget
-            # allows
+            # a decode verifies its drafts in the same pass, as far as the budget allows
             spec = seq.spec_token_ids[: budget - n] if n == 1 else []
             num_blocks = len(self.kv.block_tables.get(seq.request_id, ()))
             while not self.kv.allocate(seq, n + len(spec)):
@@ -167,8 +159,7 @@ class Scheduler:
         and a prefill chunk that fits the budget left."""
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            # pushed out in this very step: not back before the next
-            if seq.request_id in out.preempted:
+            if seq.request_id in out.preempted:  # preempted in this step: not back before the next
                 break
             swapped = self.swap is not None and self.swap.is_swapped(seq)
             cached = [] if swapped else self.kv.find_cached_prefix(seq)
@@ -201,28 +192,25 @@ class Scheduler:
         are shared by reference (kv.fork) and copied on write; a parent that was preempted meanwhile
         has none, so the child waits to be computed from scratch."""
         child = Sequence(child_id, parent.prompt_token_ids, parent.params, parent.eos_token_ids,
-                         parent.max_model_len,
-                        parent.arrival_time, [*parent.output_token_ids, token],
-                        parent_id=parent.parent_id,
-                        index=parent.index, priority=parent.priority,
-                        block_hashes=list(parent.block_hashes),
+                         parent.max_model_len, parent.arrival_time,
+                         [*parent.output_token_ids, token], parent_id=parent.parent_id,
+                         index=parent.index, priority=parent.priority,
+                         block_hashes=list(parent.block_hashes),
                          external_sampling=parent.external_sampling,
-                        num_cached_tokens=parent.num_cached_tokens,
-                        first_scheduled_time=parent.first_scheduled_time)
+                         num_cached_tokens=parent.num_cached_tokens,
+                         first_scheduled_time=parent.first_scheduled_time)
         self.sequences[child_id] = child
         if parent.status is SequenceStatus.RUNNING:
             self.kv.fork(parent.request_id, child)
             child.num_computed_tokens = parent.num_computed_tokens
             child.status = SequenceStatus.RUNNING
-            # the runner meets it, table and all, when it is first scheduled
-            self.running.append(child)
+            self.running.append(child)  # the runner meets it, table and all, when first scheduled
         else:
             self._enqueue(child, preempted=True)
         return child
 
     def _prefill_budget(self, seq: Sequence, budget: int) -> int:
-        """The step's budget as one sequence may use it: less for a prompt with prompt_logprobs (see
-        above)."""
+        """The step's budget as one sequence may use it: less for a prompt with prompt_logprobs."""
         if seq.params.prompt_logprobs is None or not self.enable_chunked_prefill or \
                 seq.num_computed_tokens >= seq.num_prompt_tokens:
             return budget
@@ -251,26 +239,20 @@ class Scheduler:
         """Whom to preempt when blocks run out: the newest running sequence ("fcfs"), or the one
         with the largest (priority, arrival) ("priority"). For a waiting seq (`outranked_by`), only
         a strictly lower-priority one under "priority", and none under "fcfs" (it waits)."""
-        if outranked_by is None:
-            if self.policy != "priority":
-                return self.running[-1]
-            return max(self.running, key=lambda r: r.priority_key)
         if self.policy != "priority" or not self.running:
-            return None
+            return self.running[-1] if outranked_by is None else None
         victim = max(self.running, key=lambda r: r.priority_key)
-        return victim if victim.priority_key > outranked_by.priority_key else None
+        if outranked_by is None or victim.priority_key > outranked_by.priority_key:
+            return victim
+        return None
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> int:
         """Take a running sequence's blocks back, by swap when the host has room, else by recompute.
-        If this step already scheduled it, that is undone; returns the token budget this gives
-        back."""
+        If this step already scheduled it, that is undone; returns the token budget given back."""
         self.running.remove(seq)
-        budget_back = 0
-        for j, s in enumerate(out.scheduled):
-            if s.request_id == seq.request_id:
-                budget_back = s.num_new_tokens
-                del out.scheduled[j]
-                break
+        entry = next((s for s in out.scheduled if s.request_id == seq.request_id), None)
+        if entry is not None:
+            out.scheduled.remove(entry)
         seq.runner_knows = False  # it comes back whole: the runner rebuilds its state then
         swap_out = self.swap.swap_out(self.kv, seq) if self.swap is not None else None
         if swap_out is None:  # recompute: everything it had computed is gone
@@ -284,7 +266,7 @@ class Scheduler:
         self._enqueue(seq, preempted=True)
         out.preempted.append(seq.request_id)
         self.num_preemptions += 1
-        return budget_back
+        return entry.num_new_tokens if entry is not None else 0
 
     # ---- 2. what the step's results mean ---------------------------------------------------------
     def update_from_output(self, sched: SchedulerOutput,
@@ -299,8 +281,7 @@ class Scheduler:
         for s in sched.scheduled:
             seq = self.sequences[s.request_id]
             tokens = result.sampled_token_ids.get(s.request_id, [])
-            # beam search reads the logits and picks the next token itself
-            if seq.external_sampling:
+            if seq.external_sampling:  # beam search reads the logits and picks the token itself
                 seq.num_computed_tokens += s.num_new_tokens
                 continue
             # rejected drafts' K/V is not counted
@@ -309,8 +290,7 @@ class Scheduler:
             seq.num_spec_accepted += num_accepted
             seq.spec_token_ids = []
             prompt_logprobs = result.prompt_logprobs.get(s.request_id)
-            # a prefill chunk that does not reach the end of the prompt
-            if not tokens and prompt_logprobs is None:
+            if not tokens and prompt_logprobs is None:  # a prefill chunk short of the prompt's end
                 continue
             new = []
             for token in tokens:
@@ -324,10 +304,9 @@ class Scheduler:
             seq.num_computed_tokens = min(seq.num_computed_tokens, seq.num_tokens)
             logprobs = result.logprobs.get(s.request_id)
             outputs.append(EngineCoreOutput(
-                seq.request_id, new, seq.finish_reason, seq.stop_reason, max(seq.num_cached_tokens,
-                                                                             0),
-                seq.num_preemptions, seq.num_spec_proposed, seq.num_spec_accepted,
-                seq.first_scheduled_time,
+                seq.request_id, new, seq.finish_reason, seq.stop_reason,
+                max(seq.num_cached_tokens, 0), seq.num_preemptions, seq.num_spec_proposed,
+                seq.num_spec_accepted, seq.first_scheduled_time,
                 logprobs[: len(new)] if logprobs is not None else None, prompt_logprobs))
         for rid, drafts in result.spec_token_ids.items():
             seq = self.sequences.get(rid)
@@ -337,8 +316,7 @@ class Scheduler:
         return outputs
 
     def _check_stop(self, seq: Sequence, token: int) -> FinishReason | None:
-        """The stops a token id alone decides (stop strings need text: the output processor's
-        job)."""
+        """The stops a token id alone decides (stop strings need text: the output processor's)."""
         params = seq.params
         constrained = params.structured_outputs is not None
         if constrained and self.structured.accept(seq.request_id, token):

@@ -1,11 +1,9 @@
-"""Sequence: one sequence's state as the scheduler sees it, waiting -> running -> finished (and
-back, if preempted).
+"""Sequence: one sequence as the scheduler sees it, waiting -> running -> finished (and back).
 
 A user's request asks for `n` completions of one prompt: the engine runs each as its own sequence
 (the input processor makes them; `parent_id` names the request). Plain data only (token ids,
 counters, status): the runner keeps its own per-sequence state (random generator, draft
-probabilities) and the output processor its own (text, detokenizer), each keyed by the sequence's
-id.
+probabilities) and the output processor its own (text, detokenizer), each keyed by sequence id.
 """
 
 from __future__ import annotations
@@ -26,8 +24,7 @@ class SequenceStatus(enum.Enum):
 
 
 class FinishReason(str, enum.Enum):
-    """Why a sequence ended: the strings OpenAI's API and vLLM's outputs use ("abort" only
-    vLLM's)."""
+    """Why a sequence ended, as OpenAI's API and vLLM's outputs say it ("abort" only vLLM's)."""
 
     STOP = "stop"  # EOS, a stop token id, a stop string, or a completed grammar
     LENGTH = "length"  # max_tokens or the model's window
@@ -43,8 +40,7 @@ class Sequence:
 
     `num_computed_tokens` is the heart of it: tokens whose K/V are in the cache. A step schedules
     `num_tokens - num_computed_tokens` more (the whole prompt, a chunk of it, or the one token
-    sampled last step), so prefill, chunked prefill, decode and recompute-after-preemption are one
-    rule.
+    sampled last step): prefill, chunked prefill, decode, recompute after preemption: one rule.
     """
 
     # its id in every table: the user's request id, or "id#i" for the i-th of n completions
@@ -68,13 +64,10 @@ class Sequence:
     num_spec_proposed: int = 0
     num_spec_accepted: int = 0
     priority: int = 0  # with scheduling_policy="priority": lower runs first (vLLM's meaning)
-    # names of its full blocks (block_hash.py)
-    block_hashes: list[BlockHash] = field(default_factory=list)
-    # beam search chooses this sequence's next token itself: a step computes its logits, appends
-    # nothing
+    block_hashes: list[BlockHash] = field(default_factory=list)  # its full blocks' names
+    # beam search picks the next token itself: a step computes the logits, appends nothing
     external_sampling: bool = False
-    # the runner holds its state: False until first sent whole, and after preemption
-    runner_knows: bool = False
+    runner_knows: bool = False  # the runner holds its state (not before first sent, or preempted)
     # prompt + output as one list, kept in step by append_output: read every step, so never rebuilt
     all_token_ids: list[int] = field(init=False, repr=False)
 
@@ -89,8 +82,7 @@ class Sequence:
 
     @property
     def priority_key(self) -> tuple[int, float]:
-        """Its place in a priority queue: lower value first, ties by arrival (the largest key is
-        preempted)."""
+        """Place in a priority queue: lower first, ties by arrival (the largest is preempted)."""
         return self.priority, self.arrival_time
 
     @property
@@ -107,8 +99,7 @@ class Sequence:
 
     @property
     def sample_seed(self) -> int | None:
-        """The seed of its own random stream: the i-th of n samples of a seeded request gets seed +
-        i."""
+        """Its own random stream's seed: the i-th of n samples of a seeded request gets seed + i."""
         return None if self.params.seed is None else self.params.seed + self.index
 
     @property

@@ -1,5 +1,4 @@
-"""SwapSpace: host (CPU) memory that takes a preempted sequence's KV blocks, so resuming it costs a
-copy, not a prefill.
+"""SwapSpace: host (CPU) memory for preempted KV blocks, so resuming costs a copy, not a prefill.
 
 Preemption by *recompute* throws a victim's blocks away and later prefills prompt + output again:
 FLOPs. Preemption by *swap* copies the blocks that hold its computed tokens to host memory and, when
@@ -49,8 +48,7 @@ class SwapSpace:
     def swap_out(self, kv: KVCacheManager, seq: Sequence) -> list[tuple[int, int]] | None:
         """Copy out the blocks holding the sequence's computed tokens and free all its GPU blocks.
 
-        Returns the (gpu, host) pairs to copy, or None (nothing changed) when the host pool is too
-        small.
+        Returns the (gpu, host) pairs to copy, or None (nothing changed) if the host pool is short.
         """
         needed = kv.blocks_needed(seq.num_computed_tokens)
         if self.pool is None or not needed or not kv.block_tables.get(seq.request_id) or \
@@ -63,8 +61,7 @@ class SwapSpace:
 
     def swap_in(self, kv: KVCacheManager, seq: Sequence,
                 num_new_tokens: int) -> list[tuple[int, int]] | None:
-        """Fresh GPU blocks for a swapped sequence's host blocks, plus room for `num_new_tokens`
-        more.
+        """Fresh GPU blocks for a swapped sequence's host blocks, plus room for `num_new_tokens`.
 
         Returns the (host, gpu) pairs to copy, or None (nothing changed) when the GPU pool is short.
         """
