@@ -27,11 +27,9 @@ def hash_block(parent_hash: BlockHash | None, token_ids: Sequence[int]) -> Block
 def extend_block_hashes(hashes: list[BlockHash], token_ids: Sequence[int], block_size: int,
                         hash_fn: HashFn = hash_block) -> list[BlockHash]:
     """Append the names of the full blocks of `token_ids` not yet in `hashes`; returns `hashes`.
-
     Each full block is hashed once in a request's life: the list lives on the request, and only
     blocks that filled up since the last call are new. `hash_fn`: hash_block, or a learner's own
-    (minivllm.hooks).
-    """
+    (minivllm.hooks)."""
     for i in range(len(hashes), len(token_ids) // block_size):
         hashes.append(hash_fn(hashes[-1] if hashes else None,
                               token_ids[i * block_size : (i + 1) * block_size]))

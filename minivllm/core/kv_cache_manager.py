@@ -56,11 +56,9 @@ class KVCacheManager:
         return cdiv(num_tokens, self.block_size)
 
     def find_cached_prefix(self, seq: Sequence) -> list[int]:
-        """Blocks already holding a prefix of this (new or preempted) request's tokens.
-
-        The last token is never served from the cache: its forward pass is what yields the logits
-        for the next token, so a fully cached prompt still computes one token.
-        """
+        """Blocks already holding a prefix of this (new or preempted) request's tokens. The last
+        token is never served from the cache: its forward pass is what yields the logits for the
+        next token, so a fully cached prompt still computes one token."""
         if not self.enable_prefix_caching or seq.params.prompt_logprobs is not None:
             # prompt logprobs need every prompt position's logits: nothing may be skipped (as vLLM)
             return []
@@ -76,10 +74,8 @@ class KVCacheManager:
 
     def allocate(self, seq: Sequence, num_new_tokens: int,
                  cached_blocks: list[int] | tuple[int, ...] = ()) -> bool:
-        """Room for `num_new_tokens` more tokens (after any `cached_blocks`); False if none.
-
-        All or nothing: if the pool is short, nothing changes; the scheduler picks whom to preempt.
-        """
+        """Room for `num_new_tokens` more tokens (after any `cached_blocks`), or False. All or
+        nothing: if the pool is short, nothing changes; the scheduler picks whom to preempt."""
         rid = seq.request_id
         table = self.block_tables.get(rid, [])
         num_tokens = seq.num_computed_tokens + len(cached_blocks) * self.block_size + num_new_tokens
@@ -110,11 +106,9 @@ class KVCacheManager:
         return True
 
     def _register_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
-        """Give the pool the name of every block this step fills, as soon as it is scheduled.
-
-        Sequences scheduled later in the same step can then share it already: each layer stores the
-        whole batch's K/V before any attention reads it, so their queries see what this one writes.
-        """
+        """Give the pool the name of every block this step fills, once scheduled: sequences
+        scheduled later in the same step can then share it already (each layer stores the whole
+        batch's K/V before any attention reads it, so their queries see what this one writes)."""
         if not self.enable_prefix_caching:
             return
         rid = seq.request_id
@@ -181,12 +175,10 @@ class KVCacheManager:
         self.num_registered.pop(rid, None)
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
-        """Forget every cached prefix; False (nothing forgotten) while requests hold blocks (vLLM).
-
-        `reset_running_requests=True` resets anyway: blocks in use lose their names too, so no new
-        request can share them, while their owners keep reading them (vLLM preempts the owners
-        instead; either way the cache is empty for new lookups and the outputs do not change).
-        """
+        """Forget every cached prefix; False (nothing forgotten) while requests hold blocks, as in
+        vLLM. `reset_running_requests=True` resets anyway: blocks in use lose their names too, so no
+        new request can share them, while their owners keep reading them (vLLM preempts the owners
+        instead; either way the cache is empty for new lookups and the outputs do not change)."""
         if self.pool.num_free_blocks < self.pool.num_blocks and not reset_running_requests:
             return False
         self.pool.reset_prefix_cache()

@@ -63,9 +63,8 @@ PROMPT_LOGPROBS_TOKENS_PER_STEP = 256
 
 
 def prefill_chunk(num_remaining: int, budget: int, enable_chunked_prefill: bool) -> int:
-    """How many of a waiting sequence's remaining tokens this step computes, with `budget` tokens
-    left: all of them if they fit, else a chunk filling the budget (chunked prefill), or 0 (it
-    waits) without chunking."""
+    """How many of a waiting sequence's remaining tokens this step computes with `budget` left: all
+    if they fit, else a chunk filling the budget (chunked prefill), or 0 (it waits) unchunked."""
     if num_remaining <= budget:
         return num_remaining
     return budget if enable_chunked_prefill else 0
@@ -76,10 +75,9 @@ class Scheduler:
                  max_num_batched_tokens: int = 2048, enable_chunked_prefill: bool = True,
                  policy: str = "fcfs", swap: SwapSpace | None = None,
                  structured: Grammars | None = None, hooks: EngineHooks | None = None) -> None:
-        """`policy`: "fcfs" or "priority"; `swap`: where preempted blocks go (None: preemption by
-        recompute); `structured`: the grammars of requests with structured outputs (None without a
-        tokenizer); `hooks`: a learner's own queue rule or prefill chunking (minivllm.hooks), None:
-        the engine's."""
+        """`policy`: "fcfs" or "priority"; `swap`: where preempted blocks go (None: by recompute);
+        `structured`: grammars of structured-output requests (None without a tokenizer); `hooks`: a
+        learner's own queue rule or prefill chunking (minivllm.hooks), None: the engine's."""
         hooks = hooks or EngineHooks()
         self.enqueue_into = hooks.enqueue or (priority_enqueue if policy == "priority"
                                               else fcfs_enqueue)
@@ -103,11 +101,7 @@ class Scheduler:
                 raise ValueError("structured outputs need a tokenizer, and this model has none")
             self.structured.add(seq.request_id, seq.params.structured_outputs)
         self.sequences[seq.request_id] = seq
-        self._enqueue(seq)
-
-    def _enqueue(self, seq: Sequence, preempted: bool = False) -> None:
-        """Into the waiting queue by the policy's rule (fcfs_enqueue, priority_enqueue)."""
-        self.enqueue_into(self.waiting, seq, preempted)
+        self.enqueue_into(self.waiting, seq, False)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -120,7 +114,6 @@ class Scheduler:
             self._admit_waiting(out, budget)
         out.blocks_to_copy = self.kv.drain_copies()
         out.finished, self._finished_ids = self._finished_ids, []
-        # any constrained sequence at all
         if self.structured is not None and self.structured.active():
             constrained = [(s.request_id, s.spec_token_ids) for s in out.scheduled
                            if s.samples and self.structured.constrains(s.request_id)]
@@ -206,7 +199,7 @@ class Scheduler:
             child.status = SequenceStatus.RUNNING
             self.running.append(child)  # the runner meets it, table and all, when first scheduled
         else:
-            self._enqueue(child, preempted=True)
+            self.enqueue_into(self.waiting, child, True)
         return child
 
     def _prefill_budget(self, seq: Sequence, budget: int) -> int:
@@ -218,17 +211,15 @@ class Scheduler:
 
     def _entry(self, seq: Sequence, num_new: int, spec: list[int],
                num_known_blocks: int) -> ScheduledSequence:
-        """The sequence's share of this step. The runner gets the blocks added to its table since
-        the last step, or, when it does not know the sequence (yet, or any more), the sequence whole
-        with all its blocks."""
+        """The sequence's share of this step: for the runner, the blocks its table gained since the
+        last step, or, if it does not know the sequence (yet, or any more), the whole of it."""
         before, table = seq.num_computed_tokens, self.kv.block_tables[seq.request_id]
         decode = (num_new == 1 + len(spec) and bool(seq.output_token_ids)
                   and before == seq.num_tokens - 1)
+        new_blocks = table[num_known_blocks:] if seq.runner_knows else list(table)
         entry = ScheduledSequence(seq.request_id, num_new, before, list(spec),
-                                  is_prefill=not decode,
-                                  samples=before + num_new - len(spec) == seq.num_tokens,
-                                  new_block_ids=table[num_known_blocks:] if seq.runner_knows
-                                  else list(table))
+                                  is_prefill=not decode, new_block_ids=new_blocks,
+                                  samples=before + num_new - len(spec) == seq.num_tokens)
         if not seq.runner_knows:
             entry.new = NewSequenceData(list(seq.all_token_ids), seq.num_prompt_tokens, seq.params,
                                         seq.max_total_tokens, seq.sample_seed, seq.eos_token_ids)
@@ -263,7 +254,7 @@ class Scheduler:
         seq.spec_token_ids = []
         seq.num_preemptions += 1
         seq.status = SequenceStatus.PREEMPTED
-        self._enqueue(seq, preempted=True)
+        self.enqueue_into(self.waiting, seq, True)  # preempted: fcfs puts it back at the head
         out.preempted.append(seq.request_id)
         self.num_preemptions += 1
         return entry.num_new_tokens if entry is not None else 0
@@ -271,12 +262,9 @@ class Scheduler:
     # ---- 2. what the step's results mean ---------------------------------------------------------
     def update_from_output(self, sched: SchedulerOutput,
                            result: RunnerOutput) -> list[EngineCoreOutput]:
-        """Advance every scheduled sequence by what the runner computed; finish those that hit a
-        stop.
-
-        K/V written for rejected draft tokens is rolled back simply by not counting it: the next
-        step overwrites those slots (and drafts are never hashed into the prefix cache).
-        """
+        """Advance each scheduled sequence by what the runner computed; finish any that hit a stop.
+        K/V written for rejected drafts is rolled back simply by not counting it: the next step
+        overwrites those slots (and drafts are never hashed into the prefix cache)."""
         outputs = []
         for s in sched.scheduled:
             seq = self.sequences[s.request_id]

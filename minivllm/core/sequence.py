@@ -36,12 +36,10 @@ class FinishReason(str, enum.Enum):
 
 @dataclass(eq=False)  # a sequence is itself, not its contents: `in` and `remove` compare identity
 class Sequence:
-    """Everything the scheduler needs to know about one sequence.
-
-    `num_computed_tokens` is the heart of it: tokens whose K/V are in the cache. A step schedules
-    `num_tokens - num_computed_tokens` more (the whole prompt, a chunk of it, or the one token
-    sampled last step): prefill, chunked prefill, decode, recompute after preemption: one rule.
-    """
+    """Everything the scheduler needs to know about one sequence. `num_computed_tokens` is the heart
+    of it: tokens whose K/V are in the cache. A step schedules `num_tokens - num_computed_tokens`
+    more (the whole prompt, a chunk of it, or the one token sampled last step), so prefill, chunked
+    prefill, decode and recompute after preemption are one rule."""
 
     # its id in every table: the user's request id, or "id#i" for the i-th of n completions
     request_id: str

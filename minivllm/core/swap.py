@@ -47,9 +47,7 @@ class SwapSpace:
 
     def swap_out(self, kv: KVCacheManager, seq: Sequence) -> list[tuple[int, int]] | None:
         """Copy out the blocks holding the sequence's computed tokens and free all its GPU blocks.
-
-        Returns the (gpu, host) pairs to copy, or None (nothing changed) if the host pool is short.
-        """
+        Returns the (gpu, host) pairs to copy, or None (no change) if the host pool is short."""
         needed = kv.blocks_needed(seq.num_computed_tokens)
         if self.pool is None or not needed or not kv.block_tables.get(seq.request_id) or \
                 needed > self.pool.num_free_blocks:
@@ -62,9 +60,7 @@ class SwapSpace:
     def swap_in(self, kv: KVCacheManager, seq: Sequence,
                 num_new_tokens: int) -> list[tuple[int, int]] | None:
         """Fresh GPU blocks for a swapped sequence's host blocks, plus room for `num_new_tokens`.
-
-        Returns the (host, gpu) pairs to copy, or None (nothing changed) when the GPU pool is short.
-        """
+        Returns the (host, gpu) pairs to copy, or None (no change) if the GPU pool is short."""
         host = self.tables[seq.request_id]
         fresh = kv.swap_in(seq, len(host), num_new_tokens)
         if fresh is None:
