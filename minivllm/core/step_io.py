@@ -60,8 +60,7 @@ class SchedulerOutput:
     scheduled: list[ScheduledSequence] = field(default_factory=list)  # in batch order
     preempted: list[str] = field(default_factory=list)  # blocks gone; they come back whole
     finished: list[str] = field(default_factory=list)  # finished or aborted since: forget them
-    # structured output: a token bitmask row (bit set = allowed) per sampled position of each
-    # constrained request
+    # structured output: a bitmask row (bit set = allowed) per sampled position of constrained ones
     grammar_bitmask: np.ndarray | None = None  # [rows, ceil(vocab / 32)] int32
     grammar_rows: dict[str, int] = field(default_factory=dict)  # request id -> its first row
     # the runner copies these (src, dst) block pairs before the forward pass, in this order: swap

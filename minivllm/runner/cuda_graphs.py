@@ -5,16 +5,16 @@ microseconds, and the host spends longer issuing them than the GPU spends runnin
 records the launches once and replays them as one unit. The price is that a replay repeats the
 recording exactly:
 
-* the same tensors: inputs are copied into static buffers the graph was recorded with, and the
+* the same tensors: inputs are copied into the static buffers the graph was recorded with, and the
   output is read from the buffer it wrote;
 * the same shapes: one graph per batch size in `capture_sizes`; a batch is padded up to the next
-  size, the padding rows writing nothing to the cache (slot -1) and reading one token; above the
-  largest size (and for prefill or mixed steps, whose shapes vary every step) it runs eagerly;
+  size, padding rows writing nothing to the cache (slot -1) and reading one token; above the
+  largest size (and for prefill or mixed steps, whose shapes vary) the model runs eagerly;
 * the same launch parameters: the decode kernel's split-K count cannot follow the context length, so
   it is fixed per size (`num_splits`).
 
-`capture=False` runs the very same padded static-buffer batches without recording a graph. That is
-how CPU tests check everything here except the recording itself, which only CUDA can do.
+`capture=False` runs the very same padded static-buffer batches without recording a graph: that is
+how CPU tests check everything here but the recording itself, which only CUDA can do.
 """
 
 from __future__ import annotations

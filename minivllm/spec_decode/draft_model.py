@@ -80,8 +80,7 @@ class DraftModelProposer:
         """Up to num_drafts[i] tokens for each request, and the draft's distribution q for each."""
         for req in requests:
             shadow = self.shadows.get(req.request_id)
-            # the target's cache holds all but its newest token: ours may hold no more (rejected
-            # drafts go)
+            # the target caches all but its newest token: ours may hold no more (rejected drafts go)
             computed = min(shadow.num_computed_tokens, len(req.token_ids) - 1) if shadow else 0
             self.shadows[req.request_id] = Sequence(req.request_id, list(req.token_ids), req.params,
                                                     num_computed_tokens=computed)
