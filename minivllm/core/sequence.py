@@ -103,7 +103,6 @@ class Sequence:
     @property
     def max_total_tokens(self) -> int:
         """Prompt plus the most output this sequence may produce, capped by the model's window."""
-        limit = self.max_model_len
-        if self.params.max_tokens is not None:
-            limit = min(limit, self.num_prompt_tokens + self.params.max_tokens)
-        return limit
+        if self.params.max_tokens is None:
+            return self.max_model_len
+        return min(self.max_model_len, self.num_prompt_tokens + self.params.max_tokens)
