@@ -1,2 +1,1 @@
-"""CPU-side bookkeeping: the block pool, the KV-cache manager and the scheduler (plain Python, no
-torch)."""
+"""CPU-side bookkeeping: block pool, KV-cache manager, scheduler (plain Python, no torch)."""

@@ -1,5 +1,4 @@
-"""Block hashes for prefix caching: the name of a full block is a hash of its tokens *and* its
-parent's name.
+"""Block hashes for prefix caching: a full block's name hashes its tokens *and* its parent's name.
 
 Chaining makes a block's name stand for the whole prefix up to its end, so two requests share a
 block only if everything before it is the same too. The hash is SHA-256 (as vLLM's `sha256` option):
@@ -15,6 +14,7 @@ from array import array
 from collections.abc import Callable, Sequence
 
 BlockHash = bytes
+HashFn = Callable[[BlockHash | None, Sequence[int]], BlockHash]  # hash_block's shape
 
 
 def hash_block(parent_hash: BlockHash | None, token_ids: Sequence[int]) -> BlockHash:
@@ -25,16 +25,11 @@ def hash_block(parent_hash: BlockHash | None, token_ids: Sequence[int]) -> Block
 
 
 def extend_block_hashes(hashes: list[BlockHash], token_ids: Sequence[int], block_size: int,
-                        hash_fn: Callable[[BlockHash | None, Sequence[int]],
-                                          BlockHash] = hash_block,
-                        ) -> list[BlockHash]:
-    """Append the names of the full blocks of `token_ids` not yet in `hashes` (which it extends and
-    returns).
-
+                        hash_fn: HashFn = hash_block) -> list[BlockHash]:
+    """Append the names of the full blocks of `token_ids` not yet in `hashes`; returns `hashes`.
     Each full block is hashed once in a request's life: the list lives on the request, and only
     blocks that filled up since the last call are new. `hash_fn`: hash_block, or a learner's own
-    (minivllm.hooks).
-    """
+    (minivllm.hooks)."""
     for i in range(len(hashes), len(token_ids) // block_size):
         hashes.append(hash_fn(hashes[-1] if hashes else None,
                               token_ids[i * block_size : (i + 1) * block_size]))

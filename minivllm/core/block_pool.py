@@ -1,5 +1,4 @@
-"""BlockPool: the physical KV blocks, their reference counts, the free queue and the prefix-cache
-map.
+"""BlockPool: the physical KV blocks, their reference counts, free queue and prefix-cache map.
 
 A block id names one slot range of `block_size` tokens in *every* layer's K and V cache tensors. The
 pool never touches tensors: it only decides which ids are in use, the way an OS page allocator hands
@@ -53,8 +52,7 @@ class BlockPool:
         return block_id
 
     def touch(self, block_id: int) -> None:
-        """Share an existing block (a prefix-cache hit): one more reader; out of the free queue if
-        idle."""
+        """Share a block (a prefix-cache hit): one more reader; out of the free queue if idle."""
         block = self.blocks[block_id]
         if block.ref_cnt == 0:
             del self.free_queue[block_id]
@@ -72,10 +70,9 @@ class BlockPool:
 
     def cache(self, block_id: int, block_hash: BlockHash) -> None:
         """Record that a full block holds the tokens named by `block_hash` (first writer wins)."""
-        if block_hash in self.cached:
-            return
-        self.blocks[block_id].block_hash = block_hash
-        self.cached[block_hash] = block_id
+        if block_hash not in self.cached:
+            self.blocks[block_id].block_hash = block_hash
+            self.cached[block_hash] = block_id
 
     def lookup(self, block_hash: BlockHash) -> int | None:
         return self.cached.get(block_hash)

@@ -1,5 +1,4 @@
-"""Grammars: what the scheduler asks of structured outputs, without knowing how grammars are
-matched.
+"""Grammars: what the scheduler asks of structured outputs, not knowing how grammars are matched.
 
 The scheduler decides which rows of a step sample, so it builds their grammar masks and lets each
 sampled token advance its sequence's grammar (a finished grammar stops the sequence). How a grammar
@@ -23,15 +22,13 @@ class Grammars(Protocol):
         """Forget the sequence's matcher (it finished)."""
 
     def active(self) -> bool:
-        """Whether any sequence is constrained at all (the common case is none: no masks to
-        build)."""
+        """Whether any sequence is constrained (commonly none: no masks to build)."""
 
     def constrains(self, request_id: str) -> bool:
         """Whether this sequence has a grammar."""
 
     def bitmask(self, rows: list[tuple[str, list[int]]]) -> tuple[Any, dict[str, int]]:
-        """Masks for (request id, drafts) pairs, 1 + len(drafts) rows each: (bitmask, each id's
-        first row)."""
+        """Masks for (id, drafts) pairs, 1 + len(drafts) rows each: (bitmask, id -> first row)."""
 
     def accept(self, request_id: str, token: int) -> bool:
         """Advance the sequence's grammar by `token`; True when the grammar is complete."""

@@ -1,5 +1,4 @@
-"""KVCacheManager: each request's block table (logical block -> physical block), prefix caching, and
-forks.
+"""KVCacheManager: each request's block table (logical -> physical block), prefix caching, forks.
 
 Blocks are allocated on demand as a sequence grows and returned when it finishes, is aborted or is
 preempted. With prefix caching, every *full* block is named by a hash chained to its parent's
@@ -26,8 +25,7 @@ from minivllm.hooks import EngineHooks
 class KVEvent(NamedTuple):
     """One thing that happened to a block in a step, for the trace the widgets draw."""
 
-    # "alloc", "hit" (prefix cache), "free", "fork", "cow" (copy-on-write), "swap_out", "swap_in"
-    kind: str
+    kind: str  # "alloc", "hit" (prefix cache), "free", "fork", "cow", "swap_out", "swap_in"
     request_id: str  # the sequence's id
     block_id: int
 
@@ -35,23 +33,19 @@ class KVEvent(NamedTuple):
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
                  hooks: EngineHooks | None = None) -> None:
-        """`hooks`: a learner's own BlockPool class or hash_block (see minivllm.hooks); None: the
-        engine's."""
+        """`hooks`: a learner's own BlockPool class or hash_block (minivllm.hooks); None: ours."""
         hooks = hooks or EngineHooks()
         self.block_size = block_size
         self.pool = (hooks.block_pool_cls or BlockPool)(num_blocks)
         self.hash_block = hooks.hash_block or hash_block
         self.enable_prefix_caching = enable_prefix_caching
         self.block_tables: dict[str, list[int]] = {}
-        # how many of a request's blocks the pool knows by name
-        self.num_registered: dict[str, int] = {}
+        self.num_registered: dict[str, int] = {}  # how many of a request's blocks the pool names
         self.events: list[KVEvent] = []  # since the last step, drained into its record
         self.prefix_cache_queries = 0  # prompt tokens looked up
         self.prefix_cache_hits = 0  # of which found in the cache
-        # copy-on-write (src, dst) pairs not yet handed to the runner
-        self.copies: list[tuple[int, int]] = []
-        # blocks forks shared instead of copying their parent's whole table
-        self.num_forked_blocks = 0
+        self.copies: list[tuple[int, int]] = []  # copy-on-write (src, dst), not yet sent
+        self.num_forked_blocks = 0  # blocks forks shared instead of copying
         self.num_cow_copies = 0  # blocks copied because a sequence wrote into a shared one
 
     @property
@@ -62,11 +56,9 @@ class KVCacheManager:
         return cdiv(num_tokens, self.block_size)
 
     def find_cached_prefix(self, seq: Sequence) -> list[int]:
-        """Blocks already holding a prefix of this (new or preempted) request's tokens.
-
-        The last token is never served from the cache: its forward pass is what yields the logits
-        for the next token, so a fully cached prompt still computes one token.
-        """
+        """Blocks already holding a prefix of this (new or preempted) request's tokens. The last
+        token is never served from the cache: its forward pass is what yields the logits for the
+        next token, so a fully cached prompt still computes one token."""
         if not self.enable_prefix_caching or seq.params.prompt_logprobs is not None:
             # prompt logprobs need every prompt position's logits: nothing may be skipped (as vLLM)
             return []
@@ -82,19 +74,14 @@ class KVCacheManager:
 
     def allocate(self, seq: Sequence, num_new_tokens: int,
                  cached_blocks: list[int] | tuple[int, ...] = ()) -> bool:
-        """Make room for `num_new_tokens` more tokens (after any `cached_blocks`); False if it
-        can't.
-
-        All or nothing: when the pool is short, nothing changes, and the scheduler decides what to
-        preempt.
-        """
+        """Room for `num_new_tokens` more tokens (after any `cached_blocks`), or False. All or
+        nothing: if the pool is short, nothing changes; the scheduler picks whom to preempt."""
         rid = seq.request_id
         table = self.block_tables.get(rid, [])
         num_tokens = seq.num_computed_tokens + len(cached_blocks) * self.block_size + num_new_tokens
         num_new_blocks = max(self.blocks_needed(num_tokens) - len(table) - len(cached_blocks), 0)
         idle_hits = sum(1 for b in cached_blocks if self.pool.blocks[b].ref_cnt == 0)
-        # the block the first new token goes into
-        write_at = seq.num_computed_tokens // self.block_size
+        write_at = seq.num_computed_tokens // self.block_size  # the first new token's block
         cow = (not cached_blocks and write_at < len(table)
                and self.pool.blocks[table[write_at]].ref_cnt > 1)
         if num_new_blocks + idle_hits + cow > self.pool.num_free_blocks:
@@ -115,17 +102,13 @@ class KVCacheManager:
             self.events.append(KVEvent("alloc", rid, table[-1]))
         if cached_blocks:
             self.num_registered[rid] = len(cached_blocks)
-        # drafts are not final: skip
-        self._register_full_blocks(seq, min(num_tokens, seq.num_tokens))
+        self._register_full_blocks(seq, min(num_tokens, seq.num_tokens))  # drafts are not final
         return True
 
     def _register_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
-        """Give the pool the name of every block this step fills, as soon as it is scheduled.
-
-        Sequences scheduled later in the same step can then share it already: each layer stores the
-        whole batch's K/V before any attention reads it, so their queries see what this request
-        writes.
-        """
+        """Give the pool the name of every block this step fills, once scheduled: sequences
+        scheduled later in the same step can then share it already (each layer stores the whole
+        batch's K/V before any attention reads it, so their queries see what this one writes)."""
         if not self.enable_prefix_caching:
             return
         rid = seq.request_id
@@ -138,8 +121,7 @@ class KVCacheManager:
         self.num_registered[rid] = max(start, end)
 
     def fork(self, parent_id: str, child: Sequence) -> None:
-        """Give `child` the parent's whole table by reference: one more reader per block, no copy
-        yet."""
+        """Give `child` the parent's whole table by reference: one more reader a block, no copy."""
         table = self.block_tables[parent_id]
         for block_id in table:
             self.pool.touch(block_id)
@@ -175,8 +157,7 @@ class KVCacheManager:
             self.events.append(KVEvent("swap_in", rid, table[-1]))
         fresh = list(table)
         self.num_registered[rid] = 0
-        # the copies hold the same tokens: name them
-        self._register_full_blocks(seq, seq.num_computed_tokens)
+        self._register_full_blocks(seq, seq.num_computed_tokens)  # the copies hold the same tokens
         if not self.allocate(seq, num_new_tokens):  # cannot fail: room was checked above
             raise RuntimeError(f"swap-in of {rid}: the pool changed while it was being filled")
         return fresh
@@ -194,13 +175,10 @@ class KVCacheManager:
         self.num_registered.pop(rid, None)
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
-        """Forget every cached prefix; False (and nothing forgotten) while requests hold blocks, as
-        in vLLM.
-
-        `reset_running_requests=True` resets anyway: blocks in use lose their names too, so no new
-        request can share them, while their owners keep reading them (vLLM preempts the owners
-        instead; either way the cache is empty for new lookups and the outputs do not change).
-        """
+        """Forget every cached prefix; False (nothing forgotten) while requests hold blocks, as in
+        vLLM. `reset_running_requests=True` resets anyway: blocks in use lose their names too, so no
+        new request can share them, while their owners keep reading them (vLLM preempts the owners
+        instead; either way the cache is empty for new lookups and the outputs do not change)."""
         if self.pool.num_free_blocks < self.pool.num_blocks and not reset_running_requests:
             return False
         self.pool.reset_prefix_cache()

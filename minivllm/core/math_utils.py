@@ -1,5 +1,4 @@
-"""Small arithmetic every part shares (vLLM keeps it at `vllm.utils.math_utils`, re-exported there
-too)."""
+"""Small arithmetic every part shares (vLLM keeps it at `vllm.utils.math_utils`, too)."""
 
 from __future__ import annotations
 

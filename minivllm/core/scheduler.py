@@ -1,5 +1,4 @@
-"""Scheduler: which requests run this step and how many tokens each, and what the step's results
-mean for them.
+"""Scheduler: which requests run this step, how many tokens each, and what the results mean.
 
 `schedule()`: running requests come first (a decode is 1 token; a half-prefilled prompt continues
 its next chunk), so streams already under way stay smooth; then waiting requests are admitted in
@@ -19,8 +18,7 @@ that step.
 
 `update_from_output()`: the runner's sampled tokens are appended, rejected drafts are not counted as
 computed, and the token-level stop conditions (EOS, stop token ids, length) finish requests and free
-their blocks. Stop *strings* are text, so the output processor finds them and calls
-`finish_requests`.
+their blocks. Stop *strings* are text: the output processor finds them and calls `finish_requests`.
 """
 
 from __future__ import annotations
@@ -50,9 +48,8 @@ PROMPT_LOGPROBS_TOKENS_PER_STEP = 256
 
 
 def prefill_chunk(num_remaining: int, budget: int, enable_chunked_prefill: bool) -> int:
-    """How many of a waiting sequence's remaining tokens this step computes, with `budget` tokens
-    left: all of them if they fit, else a chunk filling the budget (chunked prefill), or 0 (it
-    waits) without chunking."""
+    """How many of a waiting sequence's remaining tokens this step computes with `budget` left: all
+    if they fit, else a chunk filling the budget (chunked prefill), or 0 (it waits) unchunked."""
     if num_remaining <= budget:
         return num_remaining
     return budget if enable_chunked_prefill else 0
@@ -60,20 +57,18 @@ def prefill_chunk(num_remaining: int, budget: int, enable_chunked_prefill: bool)
 
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int = 256,
-                 max_num_batched_tokens: int = 2048,
-                 enable_chunked_prefill: bool = True, policy: str | SchedulingPolicy = "fcfs",
-                 swap: SwapSpace | None = None,
+                 max_num_batched_tokens: int = 2048, enable_chunked_prefill: bool = True,
+                 policy: str | SchedulingPolicy = "fcfs", swap: SwapSpace | None = None,
                  structured: Grammars | None = None, hooks: EngineHooks | None = None) -> None:
         """`policy`: a SchedulingPolicy or its name (scheduling_policy.py); `swap`: where preempted
-        blocks go (None: preemption by recompute); `structured`: the grammars of requests with
-        structured outputs (None without a tokenizer); `hooks`: a learner's own queue rule or
-        prefill chunking (minivllm.hooks), None: the engine's."""
+        blocks go (None: by recompute); `structured`: grammars of structured-output requests (None
+        without a tokenizer); `hooks`: a learner's own queue rule or prefill chunking
+        (minivllm.hooks), None: the engine's."""
         hooks = hooks or EngineHooks()
         self.policy = make_policy(policy) if isinstance(policy, str) else policy
         self.enqueue_into = hooks.enqueue or self.policy.enqueue
         self.prefill_chunk = hooks.prefill_chunk or prefill_chunk
         self.kv = kv
-        # grammars of requests with structured outputs (needs a tokenizer)
         self.structured = structured
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -85,8 +80,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_steps = 0  # schedule() calls: the clock "sjf" ages waiting sequences by
         self._left_waiting = False  # the last admission left runnable sequences in the queue
-        # finished since the runner last heard: it drops their state
-        self._finished_ids: list[str] = []
+        self._finished_ids: list[str] = []  # finished since the runner last heard: it drops them
 
     def add(self, seq: Sequence) -> None:
         if seq.params.structured_outputs is not None:
@@ -119,7 +113,6 @@ class Scheduler:
         self._left_waiting = bool(self.waiting)
         out.blocks_to_copy = self.kv.drain_copies()
         out.finished, self._finished_ids = self._finished_ids, []
-        # any constrained sequence at all
         if self.structured is not None and self.structured.active():
             constrained = [(s.request_id, s.spec_token_ids) for s in out.scheduled
                            if s.samples and self.structured.constrains(s.request_id)]
@@ -137,8 +130,7 @@ class Scheduler:
             if n <= 0:  # a beam whose logits are in, waiting for its siblings' (beam_search.py)
                 i += 1
                 continue
-            # a decoding sequence with drafts verifies them in the same pass, as far as the budget
-            # allows
+            # a decode verifies its drafts in the same pass, as far as the budget allows
             spec = seq.spec_token_ids[: budget - n] if n == 1 else []
             num_blocks = len(self.kv.block_tables.get(seq.request_id, ()))
             while not self.kv.allocate(seq, n + len(spec)):
@@ -159,8 +151,7 @@ class Scheduler:
         and a prefill chunk that fits the budget left."""
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            # pushed out in this very step: not back before the next
-            if seq.request_id in out.preempted:
+            if seq.request_id in out.preempted:  # preempted in this step: not back before the next
                 break
             swapped = self.swap is not None and self.swap.is_swapped(seq)
             cached = [] if swapped else self.kv.find_cached_prefix(seq)
@@ -194,28 +185,25 @@ class Scheduler:
         are shared by reference (kv.fork) and copied on write; a parent that was preempted meanwhile
         has none, so the child waits to be computed from scratch."""
         child = Sequence(child_id, parent.prompt_token_ids, parent.params, parent.eos_token_ids,
-                         parent.max_model_len,
-                        parent.arrival_time, [*parent.output_token_ids, token],
-                        parent_id=parent.parent_id,
-                        index=parent.index, priority=parent.priority,
-                        block_hashes=list(parent.block_hashes),
+                         parent.max_model_len, parent.arrival_time,
+                         [*parent.output_token_ids, token], parent_id=parent.parent_id,
+                         index=parent.index, priority=parent.priority,
+                         block_hashes=list(parent.block_hashes),
                          external_sampling=parent.external_sampling,
-                        num_cached_tokens=parent.num_cached_tokens,
-                        first_scheduled_time=parent.first_scheduled_time)
+                         num_cached_tokens=parent.num_cached_tokens,
+                         first_scheduled_time=parent.first_scheduled_time)
         self.sequences[child_id] = child
         if parent.status is SequenceStatus.RUNNING:
             self.kv.fork(parent.request_id, child)
             child.num_computed_tokens = parent.num_computed_tokens
             child.status = SequenceStatus.RUNNING
-            # the runner meets it, table and all, when it is first scheduled
-            self.running.append(child)
+            self.running.append(child)  # the runner meets it, table and all, when first scheduled
         else:
             self._enqueue(child, preempted=True)
         return child
 
     def _prefill_budget(self, seq: Sequence, budget: int) -> int:
-        """The step's budget as one sequence may use it: less for a prompt with prompt_logprobs (see
-        above)."""
+        """The step's budget as one sequence may use it: less for a prompt with prompt_logprobs."""
         if seq.params.prompt_logprobs is None or not self.enable_chunked_prefill or \
                 seq.num_computed_tokens >= seq.num_prompt_tokens:
             return budget
@@ -223,17 +211,15 @@ class Scheduler:
 
     def _entry(self, seq: Sequence, num_new: int, spec: list[int],
                num_known_blocks: int) -> ScheduledSequence:
-        """The sequence's share of this step. The runner gets the blocks added to its table since
-        the last step, or, when it does not know the sequence (yet, or any more), the sequence whole
-        with all its blocks."""
+        """The sequence's share of this step: for the runner, the blocks its table gained since the
+        last step, or, if it does not know the sequence (yet, or any more), the whole of it."""
         before, table = seq.num_computed_tokens, self.kv.block_tables[seq.request_id]
         decode = (num_new == 1 + len(spec) and bool(seq.output_token_ids)
                   and before == seq.num_tokens - 1)
+        new_blocks = table[num_known_blocks:] if seq.runner_knows else list(table)
         entry = ScheduledSequence(seq.request_id, num_new, before, list(spec),
-                                  is_prefill=not decode,
-                                  samples=before + num_new - len(spec) == seq.num_tokens,
-                                  new_block_ids=table[num_known_blocks:] if seq.runner_knows
-                                  else list(table))
+                                  is_prefill=not decode, new_block_ids=new_blocks,
+                                  samples=before + num_new - len(spec) == seq.num_tokens)
         if not seq.runner_knows:
             entry.new = NewSequenceData(list(seq.all_token_ids), seq.num_prompt_tokens, seq.params,
                                         seq.max_total_tokens, seq.sample_seed, seq.eos_token_ids)
@@ -248,15 +234,11 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> int:
         """Take a running sequence's blocks back, by swap when the host has room, else by recompute.
-        If this step already scheduled it, that is undone; returns the token budget this gives
-        back."""
+        If this step already scheduled it, that is undone; returns the token budget given back."""
         self.running.remove(seq)
-        budget_back = 0
-        for j, s in enumerate(out.scheduled):
-            if s.request_id == seq.request_id:
-                budget_back = s.num_new_tokens
-                del out.scheduled[j]
-                break
+        entry = next((s for s in out.scheduled if s.request_id == seq.request_id), None)
+        if entry is not None:
+            out.scheduled.remove(entry)
         seq.runner_knows = False  # it comes back whole: the runner rebuilds its state then
         swap_out = self.swap.swap_out(self.kv, seq) if self.swap is not None else None
         if swap_out is None:  # recompute: everything it had computed is gone
@@ -267,26 +249,22 @@ class Scheduler:
         seq.spec_token_ids = []
         seq.num_preemptions += 1
         seq.status = SequenceStatus.PREEMPTED
-        self._enqueue(seq, preempted=True)
+        self._enqueue(seq, preempted=True)  # fcfs puts it back at the head
         out.preempted.append(seq.request_id)
         self.num_preemptions += 1
-        return budget_back
+        return entry.num_new_tokens if entry is not None else 0
 
     # ---- 2. what the step's results mean ---------------------------------------------------------
     def update_from_output(self, sched: SchedulerOutput,
                            result: RunnerOutput) -> list[EngineCoreOutput]:
-        """Advance every scheduled sequence by what the runner computed; finish those that hit a
-        stop.
-
-        K/V written for rejected draft tokens is rolled back simply by not counting it: the next
-        step overwrites those slots (and drafts are never hashed into the prefix cache).
-        """
+        """Advance each scheduled sequence by what the runner computed; finish any that hit a stop.
+        K/V written for rejected drafts is rolled back simply by not counting it: the next step
+        overwrites those slots (and drafts are never hashed into the prefix cache)."""
         outputs = []
         for s in sched.scheduled:
             seq = self.sequences[s.request_id]
             tokens = result.sampled_token_ids.get(s.request_id, [])
-            # beam search reads the logits and picks the next token itself
-            if seq.external_sampling:
+            if seq.external_sampling:  # beam search reads the logits and picks the token itself
                 seq.num_computed_tokens += s.num_new_tokens
                 continue
             # rejected drafts' K/V is not counted
@@ -295,8 +273,7 @@ class Scheduler:
             seq.num_spec_accepted += num_accepted
             seq.spec_token_ids = []
             prompt_logprobs = result.prompt_logprobs.get(s.request_id)
-            # a prefill chunk that does not reach the end of the prompt
-            if not tokens and prompt_logprobs is None:
+            if not tokens and prompt_logprobs is None:  # a prefill chunk short of the prompt's end
                 continue
             new = []
             for token in tokens:
@@ -310,10 +287,9 @@ class Scheduler:
             seq.num_computed_tokens = min(seq.num_computed_tokens, seq.num_tokens)
             logprobs = result.logprobs.get(s.request_id)
             outputs.append(EngineCoreOutput(
-                seq.request_id, new, seq.finish_reason, seq.stop_reason, max(seq.num_cached_tokens,
-                                                                             0),
-                seq.num_preemptions, seq.num_spec_proposed, seq.num_spec_accepted,
-                seq.first_scheduled_time,
+                seq.request_id, new, seq.finish_reason, seq.stop_reason,
+                max(seq.num_cached_tokens, 0), seq.num_preemptions, seq.num_spec_proposed,
+                seq.num_spec_accepted, seq.first_scheduled_time,
                 logprobs[: len(new)] if logprobs is not None else None, prompt_logprobs))
         for rid, drafts in result.spec_token_ids.items():
             seq = self.sequences.get(rid)
@@ -323,8 +299,7 @@ class Scheduler:
         return outputs
 
     def _check_stop(self, seq: Sequence, token: int) -> FinishReason | None:
-        """The stops a token id alone decides (stop strings need text: the output processor's
-        job)."""
+        """The stops a token id alone decides (stop strings need text: the output processor's)."""
         params = seq.params
         constrained = params.structured_outputs is not None
         if constrained and self.structured.accept(seq.request_id, token):

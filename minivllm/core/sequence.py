@@ -1,11 +1,9 @@
-"""Sequence: one sequence's state as the scheduler sees it, waiting -> running -> finished (and
-back, if preempted).
+"""Sequence: one sequence as the scheduler sees it, waiting -> running -> finished (and back).
 
 A user's request asks for `n` completions of one prompt: the engine runs each as its own sequence
 (the input processor makes them; `parent_id` names the request). Plain data only (token ids,
 counters, status): the runner keeps its own per-sequence state (random generator, draft
-probabilities) and the output processor its own (text, detokenizer), each keyed by the sequence's
-id.
+probabilities) and the output processor its own (text, detokenizer), each keyed by sequence id.
 """
 
 from __future__ import annotations
@@ -26,8 +24,7 @@ class SequenceStatus(enum.Enum):
 
 
 class FinishReason(str, enum.Enum):
-    """Why a sequence ended: the strings OpenAI's API and vLLM's outputs use ("abort" only
-    vLLM's)."""
+    """Why a sequence ended, as OpenAI's API and vLLM's outputs say it ("abort" only vLLM's)."""
 
     STOP = "stop"  # EOS, a stop token id, a stop string, or a completed grammar
     LENGTH = "length"  # max_tokens or the model's window
@@ -39,13 +36,10 @@ class FinishReason(str, enum.Enum):
 
 @dataclass(eq=False)  # a sequence is itself, not its contents: `in` and `remove` compare identity
 class Sequence:
-    """Everything the scheduler needs to know about one sequence.
-
-    `num_computed_tokens` is the heart of it: tokens whose K/V are in the cache. A step schedules
-    `num_tokens - num_computed_tokens` more (the whole prompt, a chunk of it, or the one token
-    sampled last step), so prefill, chunked prefill, decode and recompute-after-preemption are one
-    rule.
-    """
+    """Everything the scheduler needs to know about one sequence. `num_computed_tokens` is the heart
+    of it: tokens whose K/V are in the cache. A step schedules `num_tokens - num_computed_tokens`
+    more (the whole prompt, a chunk of it, or the one token sampled last step), so prefill, chunked
+    prefill, decode and recompute after preemption are one rule."""
 
     # its id in every table: the user's request id, or "id#i" for the i-th of n completions
     request_id: str
@@ -70,13 +64,10 @@ class Sequence:
     priority: int = 0  # with scheduling_policy="priority": lower runs first (vLLM's meaning)
     enqueued_step: int = 0  # the scheduler step it last joined the waiting queue ("sjf" ages it)
     outputs_at_admission: int = 0  # its output tokens when last admitted ("round_robin"'s quantum)
-    # names of its full blocks (block_hash.py)
-    block_hashes: list[BlockHash] = field(default_factory=list)
-    # beam search chooses this sequence's next token itself: a step computes its logits, appends
-    # nothing
+    block_hashes: list[BlockHash] = field(default_factory=list)  # its full blocks' names
+    # beam search picks the next token itself: a step computes the logits, appends nothing
     external_sampling: bool = False
-    # the runner holds its state: False until first sent whole, and after preemption
-    runner_knows: bool = False
+    runner_knows: bool = False  # the runner holds its state (not before first sent, or preempted)
     # prompt + output as one list, kept in step by append_output: read every step, so never rebuilt
     all_token_ids: list[int] = field(init=False, repr=False)
 
@@ -91,8 +82,7 @@ class Sequence:
 
     @property
     def priority_key(self) -> tuple[int, float]:
-        """Its place in a priority queue: lower value first, ties by arrival (the largest key is
-        preempted)."""
+        """Place in a priority queue: lower first, ties by arrival (the largest is preempted)."""
         return self.priority, self.arrival_time
 
     @property
@@ -109,14 +99,12 @@ class Sequence:
 
     @property
     def sample_seed(self) -> int | None:
-        """The seed of its own random stream: the i-th of n samples of a seeded request gets seed +
-        i."""
+        """Its own random stream's seed: the i-th of n samples of a seeded request gets seed + i."""
         return None if self.params.seed is None else self.params.seed + self.index
 
     @property
     def max_total_tokens(self) -> int:
         """Prompt plus the most output this sequence may produce, capped by the model's window."""
-        limit = self.max_model_len
-        if self.params.max_tokens is not None:
-            limit = min(limit, self.num_prompt_tokens + self.params.max_tokens)
-        return limit
+        if self.params.max_tokens is None:
+            return self.max_model_len
+        return min(self.max_model_len, self.num_prompt_tokens + self.params.max_tokens)

@@ -1,10 +1,9 @@
 """The plain data one engine step passes between its parts, in the order it flows:
 
-    Scheduler.schedule()            -> SchedulerOutput   (what to compute: token counts, new blocks)
-    ModelRunner.execute(...) -> RunnerOutput (what came out: sampled tokens, next drafts)
-    Scheduler.update_from_output() -> EngineCoreOutput (per request: tokens appended, why it
-stopped)
-    OutputProcessor.process(...)    -> RequestOutput     (text, for the caller)
+    Scheduler.schedule()           -> SchedulerOutput   (what to compute: token counts, new blocks)
+    ModelRunner.execute(...)       -> RunnerOutput      (what came out: sampled tokens, next drafts)
+    Scheduler.update_from_output() -> EngineCoreOutput  (per request: new tokens, why it stopped)
+    OutputProcessor.process(...)   -> RequestOutput     (text, for the caller)
 
 No part hands another a live object of its own: the runner never sees a scheduler `Sequence`, the
 scheduler never a tensor. Each side keeps its own per-sequence state, keyed by the sequence's id.
@@ -22,8 +21,7 @@ from minivllm.sampling_params import SamplingParams
 
 @dataclass(slots=True)
 class TokenLogprobs:
-    """One position's logprobs: the token that is there first, then the k most likely (vLLM's shape,
-    as ids)."""
+    """One position's logprobs: the token there, then the k most likely (vLLM's shape, as ids)."""
 
     token_ids: list[int]
     logprobs: list[float]
@@ -39,8 +37,7 @@ class NewSequenceData:
     num_prompt_tokens: int
     params: SamplingParams
     max_total_tokens: int  # prompt + the most output it may produce: drafts never run past it
-    # its own random stream's seed (the i-th of n samples gets params.seed + i)
-    seed: int | None = None
+    seed: int | None = None  # its own random stream's (the i-th of n samples: params.seed + i)
     eos_token_ids: tuple[int, ...] = ()  # masked while min_tokens is not reached
 
 
@@ -52,33 +49,26 @@ class ScheduledSequence:
     num_new_tokens: int  # includes the speculative tokens, if any
     num_computed_before: int  # tokens already in the cache when this step starts
     spec_token_ids: list[int] = field(default_factory=list)  # drafted tokens the target verifies
-    # (re)computing a prompt or a chunk of it, rather than the last sampled token
-    is_prefill: bool = True
+    is_prefill: bool = True  # (re)computing a prompt or a chunk of it, not the last sampled token
     samples: bool = True  # the step reaches the end of the known tokens, so its logits are sampled
-    # appended to its block table (all of it, if `new`)
-    new_block_ids: list[int] = field(default_factory=list)
+    new_block_ids: list[int] = field(default_factory=list)  # for its block table (all, if `new`)
     new: NewSequenceData | None = None  # set when the runner meets this sequence (again)
 
 
 @dataclass
 class SchedulerOutput:
     scheduled: list[ScheduledSequence] = field(default_factory=list)  # in batch order
-    # their blocks are gone; they come back as new requests
-    preempted: list[str] = field(default_factory=list)
-    # finished or aborted since the last step: forget them
-    finished: list[str] = field(default_factory=list)
-    # structured output: a token bitmask row per sampled position of each constrained request (bit
-    # set = allowed)
+    preempted: list[str] = field(default_factory=list)  # blocks gone; they come back whole
+    finished: list[str] = field(default_factory=list)  # finished or aborted since: forget them
+    # structured output: a bitmask row (bit set = allowed) per sampled position of constrained ones
     grammar_bitmask: np.ndarray | None = None  # [rows, ceil(vocab / 32)] int32
     grammar_rows: dict[str, int] = field(default_factory=dict)  # request id -> its first row
     # the runner copies these (src, dst) block pairs before the forward pass, in this order: swap
     # out, copy, swap in (a block swapped out may be reused by a copy-on-write; a swap-in may reuse
-    # a block a copy just read) (GPU block, host block)
-    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
-    # (host block, GPU block)
-    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
-    # copy-on-write of a shared block (GPU)
-    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
+    # a block a copy just read)
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # (GPU, host)
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)  # (host, GPU)
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (GPU)
 
     @property
     def num_tokens(self) -> int:
@@ -97,25 +87,19 @@ class SchedulerOutput:
 
 @dataclass
 class RunnerOutput:
-    # accepted drafts + 1 new token
-    sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)
-    # of the drafts verified now, how many held
-    num_accepted: dict[str, int] = field(default_factory=dict)
+    sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)  # accepted drafts + 1
+    num_accepted: dict[str, int] = field(default_factory=dict)  # of the drafts verified now
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)  # drafts for the next step
-    # one per sampled token, if asked
-    logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
-    # prompt positions done now
-    prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
-    # time spent drafting (a measured share of the step, for chapter 07)
-    propose_seconds: float = 0.0
+    logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)  # per sampled token
+    prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)  # done now
+    propose_seconds: float = 0.0  # time spent drafting (a measured share of the step: chapter 07)
     # the model's forward pass and logits (on CUDA: until the launches return)
     forward_seconds: float = 0.0
 
 
 @dataclass(slots=True)
 class EngineCoreOutput:
-    """What a step did to one request, as the output processor needs it: no tensors, no live
-    objects."""
+    """What a step did to one request, for the output processor: no tensors, no live objects."""
 
     request_id: str
     new_token_ids: list[int]
@@ -127,5 +111,4 @@ class EngineCoreOutput:
     num_spec_accepted: int = 0
     first_scheduled_time: float | None = None
     logprobs: list[TokenLogprobs] | None = None  # for new_token_ids, when the request asked
-    # for the prompt positions computed in this step
-    prompt_logprobs: list[TokenLogprobs] | None = None
+    prompt_logprobs: list[TokenLogprobs] | None = None  # the prompt positions computed now

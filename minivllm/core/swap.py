@@ -1,23 +1,20 @@
-"""SwapSpace: host (CPU) memory that takes a preempted sequence's KV blocks, so resuming it costs a
-copy, not a prefill.
+"""SwapSpace: host (CPU) memory for preempted KV blocks, so resuming costs a copy, not a prefill.
 
 Preemption by *recompute* throws a victim's blocks away and later prefills prompt + output again:
-FLOPs. Preemption by *swap* copies the blocks that hold its computed tokens to host memory and, when
-it is scheduled again, copies them back into fresh GPU blocks: bytes over PCIe, and its
-`num_computed_tokens` survives.
+FLOPs. Preemption by *swap* copies the blocks holding its computed tokens to host memory and, when
+it is scheduled again, back into fresh GPU blocks: bytes over PCIe; `num_computed_tokens` survives.
 
 Like the GPU pool, this only decides block ids: a host `BlockPool` (no prefix caching) and a host
 block table per swapped sequence. The GPU side goes through the KV-cache manager (`swap_out`,
-`swap_in`), the only writer of its tables. The scheduler puts the resulting (src, dst) pairs in
+`swap_in`), the only writer of its tables. The scheduler puts the (src, dst) pairs in
 `SchedulerOutput.blocks_to_swap_out` / `blocks_to_swap_in`, and the runner moves the blocks
 (BlockCopier, runner/memory.py) before the forward pass. When the host pool is full, the scheduler
 falls back to recompute (vLLM V0 raised instead).
 
 The mode is explicit (`EngineConfig.preemption_mode`), not vLLM V0's automatic rule (swap only
-groups of several sequences, such as beam search, whose shared blocks recompute could not restore
-cheaply): which one wins depends on context length, link bandwidth and FLOPs, and chapter 11 runs
-one workload both ways to measure it. Beams here survive recompute (their forks are computed
-afresh), so no rule is needed for them.
+groups of sequences, such as beams, whose shared blocks recompute could not restore cheaply): which
+wins depends on context length, link bandwidth and FLOPs; chapter 11 measures one workload both
+ways. Beams here survive recompute (their forks are computed afresh), so they need no rule.
 """
 
 from __future__ import annotations
@@ -30,8 +27,7 @@ from minivllm.core.sequence import Sequence
 class SwapSpace:
     def __init__(self, num_blocks: int) -> None:
         self.pool = BlockPool(num_blocks) if num_blocks > 0 else None
-        # swapped sequence id -> its host blocks, in logical order
-        self.tables: dict[str, list[int]] = {}
+        self.tables: dict[str, list[int]] = {}  # swapped sequence id -> its host blocks, in order
         self.num_swapped_out = 0  # blocks copied to the host, over the engine's life
         self.num_swapped_in = 0
 
@@ -48,10 +44,7 @@ class SwapSpace:
 
     def swap_out(self, kv: KVCacheManager, seq: Sequence) -> list[tuple[int, int]] | None:
         """Copy out the blocks holding the sequence's computed tokens and free all its GPU blocks.
-
-        Returns the (gpu, host) pairs to copy, or None (nothing changed) when the host pool is too
-        small.
-        """
+        Returns the (gpu, host) pairs to copy, or None (no change) if the host pool is short."""
         needed = kv.blocks_needed(seq.num_computed_tokens)
         if self.pool is None or not needed or not kv.block_tables.get(seq.request_id) or \
                 needed > self.pool.num_free_blocks:
@@ -63,11 +56,8 @@ class SwapSpace:
 
     def swap_in(self, kv: KVCacheManager, seq: Sequence,
                 num_new_tokens: int) -> list[tuple[int, int]] | None:
-        """Fresh GPU blocks for a swapped sequence's host blocks, plus room for `num_new_tokens`
-        more.
-
-        Returns the (host, gpu) pairs to copy, or None (nothing changed) when the GPU pool is short.
-        """
+        """Fresh GPU blocks for a swapped sequence's host blocks, plus room for `num_new_tokens`.
+        Returns the (host, gpu) pairs to copy, or None (no change) if the GPU pool is short."""
         host = self.tables[seq.request_id]
         fresh = kv.swap_in(seq, len(host), num_new_tokens)
         if fresh is None:

@@ -1,5 +1,4 @@
-"""Tensor parallelism's process group and collectives, on torch.distributed (gloo on CPU, NCCL on
-CUDA).
+"""Tensor parallelism's process groups and collectives on torch.distributed (gloo CPU, NCCL CUDA).
 
     parallel.py  one rank's TensorParallel (rank, size, its process groups), the collectives
                  layers call and the tally of what they carried (CollectiveTraffic)
@@ -10,7 +9,6 @@ as vLLM's layers use `vllm.distributed`. Starting and watching the worker proces
 executor's job (minivllm/executor/).
 """
 
-# vLLM's name, which its examples call
-from minivllm.distributed.cleanup import cleanup_dist_env_and_memory
+from minivllm.distributed.cleanup import cleanup_dist_env_and_memory  # vLLM's, examples call it
 
 __all__ = ["cleanup_dist_env_and_memory"]

@@ -42,12 +42,10 @@ class TensorParallel:
     size: int = 1
     device_group: object = None  # a ProcessGroup (None when size == 1)
     cpu_group: object = None
-    # counted when size > 1
-    traffic: CollectiveTraffic = field(default_factory=CollectiveTraffic, compare=False)
+    traffic: CollectiveTraffic = field(default_factory=CollectiveTraffic, compare=False)  # size > 1
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum over ranks, in place (row-parallel layers' partial sums, the vocab-parallel
-        embedding)."""
+        """Sum over ranks in place (row-parallel layers' partial sums, vocab-parallel embedding)."""
         if self.size > 1:
             self.traffic.all_reduce_calls += 1
             self.traffic.all_reduce_bytes += x.numel() * x.element_size()
@@ -55,8 +53,7 @@ class TensorParallel:
         return x
 
     def all_reduce_max(self, x: torch.Tensor) -> torch.Tensor:
-        """Element-wise max over ranks, in place (at load: a row-parallel layer's int8 scales; not
-        counted)."""
+        """Element-wise max over ranks in place (at load: row-parallel int8 scales; not counted)."""
         if self.size > 1:
             opts = dist.AllreduceOptions()
             opts.reduceOp = dist.ReduceOp.MAX
@@ -75,8 +72,7 @@ class TensorParallel:
         return torch.cat(parts, dim=-1)
 
     def min_int(self, value: int) -> int:
-        """The smallest `value` over ranks (each rank's KV block count: all must allocate the same
-        ids)."""
+        """The smallest `value` over ranks (the KV block count: all must allocate the same ids)."""
         if self.size == 1:
             return value
         t = torch.tensor([value], dtype=torch.int64)
@@ -86,8 +82,7 @@ class TensorParallel:
         return int(t.item())
 
     def broadcast_object(self, obj: object = None) -> object:
-        """Rank 0's `obj` on every rank: its pickle's length, then its bytes, over the gloo
-        group."""
+        """Rank 0's `obj` on every rank: its pickle's length, then its bytes, on the gloo group."""
         if self.rank == 0:
             data = torch.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)),
                                     dtype=torch.uint8)
@@ -106,8 +101,7 @@ SINGLE = TensorParallel()  # one process: every collective is the identity
 
 def connect(rank: int, size: int, store: dist.Store, device: torch.device,
             timeout_s: float) -> TensorParallel:
-    """Join the two process groups on `store` (every rank calls this; gloo connects all pairs
-    here)."""
+    """Join the two process groups on `store` (every rank calls this; gloo connects all pairs)."""
     timeout = timedelta(seconds=timeout_s)
     cpu_group = dist.ProcessGroupGloo(dist.PrefixStore("cpu", store), rank, size, timeout)
     if device.type == "cuda":
@@ -120,8 +114,7 @@ def connect(rank: int, size: int, store: dist.Store, device: torch.device,
 
 
 def kv_head_replicas(num_kv_heads: int, tp_size: int) -> int:
-    """How many ranks hold each KV head: 1, or tp / kv_heads when there are fewer KV heads than
-    ranks."""
+    """How many ranks hold each KV head: 1, or tp / kv_heads when fewer KV heads than ranks."""
     return max(1, tp_size // num_kv_heads)
 
 
@@ -134,8 +127,8 @@ def check_divisible(model_config, tp_size: int) -> None:
     """A ValueError at start-up, naming tensor_parallel_size and the count, for a model that does
     not split."""
     mc = model_config
-    counts = {"num_attention_heads": mc.num_heads, "intermediate_size": mc.intermediate_size}
-    for name, count in counts.items():
+    for name, count in (("num_attention_heads", mc.num_heads),
+                        ("intermediate_size", mc.intermediate_size)):
         if count % tp_size:
             raise ValueError(f"tensor_parallel_size={tp_size} does not divide the model's {name} "
                              f"({count})")

@@ -1,5 +1,4 @@
-"""Rank 0's ModelRunner under tensor parallelism: the same runner on its own shard, plus the step
-channel.
+"""Rank 0's ModelRunner under tensor parallelism: the runner on its shard, plus the step channel.
 
 Each step it broadcasts the SchedulerOutput (plain data, pickled) over the gloo group, then executes
 it itself; the workers do the same on theirs and meet it in the collectives inside the model. Why
@@ -45,13 +44,11 @@ class TensorParallelRunner(ModelRunner):
 
     @property
     def traffic(self) -> CollectiveTraffic:
-        """What rank 0's collectives have carried so far (every rank runs the same ones); `.reset()`
-        zeroes it."""
+        """What rank 0's collectives carried so far (same on every rank); `.reset()` zeroes it."""
         return self.workers.tp.traffic
 
     def rank_states(self) -> list[dict]:
-        """`rank_state` of every rank, rank 0 first, taken between steps (spawned workers only, not
-        torchrun's)."""
+        """Every rank's `rank_state`, rank 0 first, between steps (spawned workers only)."""
         self.workers.send(RankStateQuery())
         return [rank_state(self), *self.workers.expect("state")]
 

@@ -1,5 +1,4 @@
-"""A tensor-parallel worker process (ranks 1..N-1): its shard of the model, then one step per
-message.
+"""A tensor-parallel worker process (ranks 1..N-1): its shard of the model, then a step per message.
 
 Every rank runs the same `ModelRunner.execute` on the same SchedulerOutput: each computes its heads
 and its slice of the MLP, the collectives inside the model combine them, and every rank samples the
@@ -36,16 +35,15 @@ def rank_state(runner) -> dict:
     sum per KV block of this rank's cache (equal across ranks only where they hold the same,
     replicated, KV heads)."""
     cache = runner.kv_cache.movedim(2, 0).flatten(1)  # [blocks, everything else]
-    return {"sequences": {rid: (list(s.token_ids), list(s.block_table)) for rid,
-                          s in runner.sequences.items()},
+    return {"sequences": {rid: (list(s.token_ids), list(s.block_table))
+                          for rid, s in runner.sequences.items()},
             "num_blocks": runner.num_blocks, "kv_block_sums": cache.double().sum(dim=1).tolist()}
 
 
 def worker_main(config: EngineConfig, rank: int, size: int, host: str, port: int, conn,
                 timeout_s: float) -> None:
     """Entry point of a spawned worker. Reports ("joined"), ("ready", num_blocks) or ("error",
-    traceback) on `conn`; returns when rank 0 broadcasts None (shutdown), or exits with status 1 on
-    any error."""
+    traceback) on `conn`; returns when rank 0 broadcasts None (shutdown), exits with 1 on errors."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is rank 0's to handle: it stops us
     try:
         store = dist.TCPStore(host, port, size, is_master=False,
@@ -62,11 +60,10 @@ def worker_main(config: EngineConfig, rank: int, size: int, host: str, port: int
 
 def serve_steps(config: EngineConfig, rank: int, size: int, store: dist.Store, timeout_s: float,
                 report=lambda message: None, device_index: int | None = None) -> None:
-    """Join the groups, build this rank's ModelRunner, then execute every step rank 0 broadcasts
+    """Join the groups, build this rank's ModelRunner, then execute each step rank 0 broadcasts
     until None."""
     if config.device.startswith("cuda"):
-        # torchrun: LOCAL_RANK, one GPU per process
-        index = rank if device_index is None else device_index
+        index = rank if device_index is None else device_index  # torchrun: LOCAL_RANK
         config = replace(config, device=f"cuda:{index}")
         torch.cuda.set_device(index)
     tp = connect(rank, size, store, torch.device(config.device), timeout_s)

@@ -1,5 +1,4 @@
-"""Rank 0's handle on its worker processes: start them, hear from them, notice when one dies, stop
-them all.
+"""Rank 0's handle on its worker processes: start them, hear from them, notice deaths, stop them.
 
 Rendezvous is a TCPStore that rank 0 opens on a port the OS picks (port 0), so two engines on one
 machine, or tests in parallel, never collide; nothing else is named. Each worker also has a pipe to
@@ -41,16 +40,14 @@ def torchrun_rank(config: EngineConfig) -> int | None:
 
 
 def torchrun_store(timeout_s: float) -> dist.Store:
-    """The rendezvous torchrun set up (env://: MASTER_ADDR, MASTER_PORT): hosted by its agent, or by
-    rank 0."""
+    """The rendezvous torchrun set up (env://: MASTER_ADDR, MASTER_PORT), by its agent or rank 0."""
     return dist.TCPStore(envs.MASTER_ADDR, envs.MASTER_PORT, envs.WORLD_SIZE,
                          is_master=not envs.TORCHELASTIC_USE_AGENT_STORE and envs.RANK == 0,
                          timeout=timedelta(seconds=timeout_s))
 
 
 def run_torchrun_worker(config: EngineConfig, timeout_s: float = TIMEOUT_S) -> None:
-    """Ranks 1..N-1 under torchrun: `LLM(...)` becomes this loop and the process exits when rank 0
-    is done."""
+    """Ranks 1..N-1 under torchrun: `LLM(...)` becomes this loop, and exits when rank 0 is done."""
     local_rank = envs.LOCAL_RANK
     serve_steps(config, envs.RANK, config.tensor_parallel_size, torchrun_store(timeout_s),
                 timeout_s, device_index=envs.RANK if local_rank is None else local_rank)
@@ -87,15 +84,13 @@ class Workers:
         self._stop = weakref.finalize(self, stop, self.procs, self.conns, [self.tp])
 
     def expect(self, kind: str) -> list:
-        """Wait until every worker reports `kind` (one may take long: loading); its death or error
-        raises."""
+        """Wait until every worker reports `kind` (loading may take long); death or error raises."""
         payloads = []
         for rank, (proc, conn) in enumerate(zip(self.procs, self.conns), start=1):
             wait([conn, proc.sentinel])
             message = receive(conn, 0)
             if message[0] != kind:
-                raise self.fail() or WorkerError(f"rank {rank} sent {message[0]!r}, expected "
-                                                 f"{kind!r}")
+                raise self.fail() or WorkerError(f"rank {rank} sent {message[0]!r}, not {kind!r}")
             payloads.append(message[1])
         return payloads
 
@@ -109,14 +104,12 @@ class Workers:
             raise WorkerError("the tensor-parallel workers have been shut down")
 
     def send(self, obj: object) -> None:
-        """Broadcast `obj` (a SchedulerOutput) to every worker; raises if one has died since the
-        last step."""
+        """Broadcast `obj` (a SchedulerOutput) to every worker; raises if one died since."""
         self.check()
         self.tp.broadcast_object(obj)
 
     def fail(self) -> WorkerError | None:
-        """After something went wrong: the workers' own errors (None if every worker is fine), all
-        stopped."""
+        """After something went wrong: the workers' own errors (None if all fine), all stopped."""
         if self.error is None:
             reasons = []
             for rank, (proc, conn) in enumerate(zip(self.procs, self.conns), start=1):
@@ -134,8 +127,7 @@ class Workers:
         return self.error
 
     def shutdown(self, polite: bool = True) -> None:
-        """Stop every worker (asked first, when `polite` and none failed; killed if it does not
-        leave)."""
+        """Stop every worker (asked first, if `polite` and none failed; killed if it stays)."""
         if not polite or self.error is not None:
             self._stop.detach()
             stop(self.procs, self.conns, [])
@@ -156,8 +148,7 @@ def receive(conn, timeout_s: float) -> tuple[str, object]:
 
 
 def stop(procs: list, conns: list, groups: list[TensorParallel]) -> None:
-    """Ask the workers to leave (a None step, when a group is given), then kill whichever has
-    not."""
+    """Ask the workers to leave (a None step, when a group is given), then kill any still there."""
     if groups and all(p.exitcode is None for p in procs):
         try:
             groups[0].broadcast_object(None)

@@ -5,18 +5,16 @@ microseconds, and the host spends longer issuing them than the GPU spends runnin
 records the launches once and replays them as one unit. The price is that a replay repeats the
 recording exactly:
 
-* the same tensors: inputs are copied into static buffers the graph was recorded with, and the
-output
-  is read from the buffer it wrote;
+* the same tensors: inputs are copied into the static buffers the graph was recorded with, and the
+  output is read from the buffer it wrote;
 * the same shapes: one graph per batch size in `capture_sizes`; a batch is padded up to the next
-size,
-  the padding rows writing nothing to the cache (slot -1) and reading one token; above the largest
-  size (and for prefill or mixed steps, whose shapes vary every step) the model runs eagerly;
+  size, padding rows writing nothing to the cache (slot -1) and reading one token; above the
+  largest size (and for prefill or mixed steps, whose shapes vary) the model runs eagerly;
 * the same launch parameters: the decode kernel's split-K count cannot follow the context length, so
   it is fixed per size (`num_splits`).
 
-`capture=False` runs the very same padded static-buffer batches without recording a graph. That is
-how CPU tests check everything here except the recording itself, which only CUDA can do.
+`capture=False` runs the very same padded static-buffer batches without recording a graph: that is
+how CPU tests check everything here but the recording itself, which only CUDA can do.
 """
 
 from __future__ import annotations
@@ -39,15 +37,11 @@ def capture_sizes(max_num_seqs: int, largest: int = 512) -> list[int]:
 
 def build_decode_graphs(model, kv_cache: torch.Tensor, config: EngineConfig,
                         device: torch.device) -> DecodeGraphs:
-    """Recorded decode steps, where the platform captures them (platforms/cuda.py: a GPU, not
-    enforce_eager).
-
+    """Recorded decode steps, where the platform captures them (platforms/cuda.py: GPU, not eager).
     A graph replays the launches it recorded, so the decode kernel's split-K count is fixed per
     size: chosen for the longest context (slices of shorter contexts just end early; an empty slice
-    is cheap).
-    """
-    # needs Triton: only imported here
-    from minivllm.kernels.paged_decode import choose_num_splits, num_sms
+    is cheap)."""
+    from minivllm.kernels.paged_decode import choose_num_splits, num_sms  # Triton: imported here
 
     sms, kv_heads = num_sms(device), config.model_config.num_kv_heads
     graphs = DecodeGraphs(model, kv_cache, capture_sizes(config.max_num_seqs),
@@ -58,15 +52,13 @@ def build_decode_graphs(model, kv_cache: torch.Tensor, config: EngineConfig,
 
 
 class DecodeGraphs:
-    """One recorded decode step per batch size for one model and KV cache, and the buffers they
-    read."""
+    """A recorded decode step per batch size for a model and KV cache, and the buffers they read."""
 
     def __init__(self, model, kv_cache: torch.Tensor, sizes: list[int], max_blocks_per_seq: int,
                  device: torch.device, num_splits: Callable[[int], int],
                  capture: bool = True) -> None:
         self.model, self.kv_cache, self.sizes = model, kv_cache, sorted(sizes)
-        self.use_graphs = capture
-        self.num_splits = num_splits
+        self.use_graphs, self.num_splits = capture, num_splits
         largest = self.sizes[-1]
         # the static buffers: every replay reads its inputs from here
         self.input_ids = torch.zeros(largest, dtype=torch.long, device=device)
@@ -77,22 +69,17 @@ class DecodeGraphs:
                                         device=device)
         self.query_start_loc = torch.arange(largest + 1, dtype=torch.int32, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        # each graph's hidden states, written by every replay
-        self.outputs: dict[int, torch.Tensor] = {}
-        # (requests, graph size) of the latest step: to inspect
-        self.last_replay: tuple[int, int] | None = None
+        self.outputs: dict[int, torch.Tensor] = {}  # each graph's hidden states, for every replay
+        self.last_replay: tuple[int, int] | None = None  # (requests, graph size) of the latest step
         self.num_replays = 0  # decode steps served so far
 
     def _metadata(self, size: int) -> AttentionMetadata:
-        """Metadata over the static buffers. Host-side fields are what the kernels see at record
-        time."""
+        """Metadata over the static buffers; its host-side fields are fixed at record time."""
         longest = self.block_tables.shape[1] * self.kv_cache.shape[3]
         return AttentionMetadata(self.slot_mapping[:size], self.block_tables[:size],
-                                 self.seq_lens[:size],
-                                 self.query_start_loc[: size + 1], max_query_len=1,
-                                 max_seq_len=longest,
-                                 query_lens_cpu=[1] * size, seq_lens_cpu=[longest] * size,
-                                 num_splits=self.num_splits(size))
+                                 self.seq_lens[:size], self.query_start_loc[: size + 1],
+                                 max_query_len=1, max_seq_len=longest, query_lens_cpu=[1] * size,
+                                 seq_lens_cpu=[longest] * size, num_splits=self.num_splits(size))
 
     def _forward(self, size: int) -> torch.Tensor:
         return self.model(self.input_ids[:size], self.positions[:size], self.kv_cache,
@@ -100,8 +87,7 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def capture(self) -> None:
-        """Record one graph per size, largest first, all sharing one memory pool (only one runs at a
-        time)."""
+        """Record a graph per size, largest first, sharing one memory pool (one runs at a time)."""
         if not self.use_graphs:
             return
         pool = None
@@ -120,8 +106,7 @@ class DecodeGraphs:
         return len(inputs.query_lens) <= self.sizes[-1] and max(inputs.query_lens) == 1
 
     def run(self, inputs) -> torch.Tensor:
-        """Copy the step's inputs into the static buffers, pad to the next size, replay: [B,
-        hidden]."""
+        """Copy the inputs into the static buffers, pad to the next size, replay: [B, hidden]."""
         n = len(inputs.query_lens)
         size = next(s for s in self.sizes if s >= n)
         width = inputs.block_tables.shape[1]

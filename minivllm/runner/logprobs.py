@@ -1,9 +1,7 @@
-"""Logprobs as vLLM reports them: from the model's raw logits (before grammar, penalties or
-temperature).
+"""Logprobs as vLLM reports them: from the raw logits (before grammar, penalties or temperature).
 
 Only the sequences that asked pay: one log-softmax over just their rows. Prompt positions go
-straight into the step's output; sample rows wait on their `StepRow` for the tokens about to be
-chosen.
+straight into the step's output; sample rows wait on their `StepRow` for the tokens to be chosen.
 """
 
 from __future__ import annotations
@@ -15,8 +13,7 @@ from minivllm.runner.step_batch import StepRow
 
 
 def raw_logprobs(rows: list[StepRow], logits: torch.Tensor, out: RunnerOutput) -> None:
-    """Log-softmax of each asking row's logits: prompt logprobs into `out`, sample rows onto the
-    row."""
+    """Log-softmax of asking rows' logits: prompt logprobs into `out`, sampled ones on the row."""
     for row in rows:
         st = row.state
         wants_sample = st.params.logprobs is not None and row.samples
@@ -41,18 +38,16 @@ def sampled_logprobs(row: StepRow) -> list[TokenLogprobs] | None:
     """Logprobs of the tokens a row sampled (accepted drafts and the new one), if it asked."""
     if row.raw_logprobs is None:
         return None
-    return [token_logprobs(row.raw_logprobs[j], tok,
-                           row.state.params.logprobs) for j, tok in enumerate(row.sampled)]
+    k = row.state.params.logprobs
+    return [token_logprobs(row.raw_logprobs[j], tok, k) for j, tok in enumerate(row.sampled)]
 
 
 def token_logprobs(row: torch.Tensor, token: int, k: int | None) -> TokenLogprobs:
-    """One position's logprobs from its log-softmax row: the token that is there, then the top k
-    (-1: all)."""
+    """A position's logprobs from its log-softmax row: the token there, then the top k (-1: all)."""
     k = row.shape[-1] if k is None or k < 0 else k
-    top = row.topk(k) if k else None
-    chosen = float(row[token])
+    ids, values = [token], [float(row[token])]
+    if k:
+        top = row.topk(k)
+        ids, values = ids + top.indices.tolist(), values + top.values.tolist()
     rank = int((row > row[token]).sum()) + 1
-    ids, values = ([token] + top.indices.tolist(),
-                   [chosen] + top.values.tolist()) if top is not None else \
-        ([token], [chosen])
     return TokenLogprobs(ids, values, [rank] + list(range(1, k + 1)))

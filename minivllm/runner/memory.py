@@ -1,12 +1,10 @@
-"""The runner's side of KV memory: how many blocks, the tensors that hold them, and moving blocks
-between them.
+"""The runner's side of KV memory: how many blocks, the tensors that hold them, moving blocks.
 
 On a GPU the cache gets what is left of `gpu_memory_utilization` after the weights and the
 activation peak of the largest possible step, which a profiling run measures; on a CPU a fixed
-budget. Either way no more blocks
-than the sequences could ever fill. Swap preemption adds a host cache of `swap_space` GiB. The
-scheduler picks every block to move by id (core/swap.py, copy-on-write); `BlockCopier` only copies
-them.
+budget. Either way no more blocks than the sequences could ever fill. Swap preemption adds a host
+cache of `swap_space` GiB. The scheduler picks every block to move by id (core/swap.py,
+copy-on-write); `BlockCopier` only copies them.
 """
 
 from __future__ import annotations
@@ -40,14 +38,11 @@ def kv_cache_shape(config: EngineConfig, num_blocks: int) -> tuple[int, ...]:
 
 
 def num_kv_blocks(config: EngineConfig, device: torch.device, bytes_per_block: int,
-                  profile: Callable[[], int],
-                  reserved_bytes: int = 0, companion_bytes_per_block: int = 0) -> int:
-    """`num_kv_blocks` if set; else as many as the budget holds, but no more than the sequences
-    could ever fill.
-
+                  profile: Callable[[], int], reserved_bytes: int = 0,
+                  companion_bytes_per_block: int = 0) -> int:
+    """`num_kv_blocks` if set; else as many as the budget holds, up to what sequences could fill.
     `reserved_bytes` and `companion_bytes_per_block`: what a draft model loaded after us will need
-    (its weights, and a block of its own for each of ours), so that both fit the GPU.
-    """
+    (its weights, and a block of its own for each of ours), so that both fit the GPU."""
     if config.num_kv_blocks:
         return config.num_kv_blocks
     if device.type != "cuda" or config.kv_cache_memory_bytes:
@@ -58,10 +53,10 @@ def num_kv_blocks(config: EngineConfig, device: torch.device, bytes_per_block: i
         peak_extra = profile()
         free, total = torch.cuda.mem_get_info()
         budget = gpu_kv_budget(total, config.gpu_memory_utilization, total - free + peak_extra)
-        in_budget = num_blocks_for_budget(budget - reserved_bytes, bytes_per_block
-                                          + companion_bytes_per_block)
-    return min(in_budget,
-               max_useful_blocks(config.max_num_seqs, config.max_model_len, config.block_size))
+        in_budget = num_blocks_for_budget(budget - reserved_bytes,
+                                          bytes_per_block + companion_bytes_per_block)
+    return min(in_budget, max_useful_blocks(config.max_num_seqs, config.max_model_len,
+                                            config.block_size))
 
 
 def host_kv_cache(config: EngineConfig, dtype: torch.dtype, bytes_per_block: int,
@@ -78,11 +73,9 @@ def host_kv_cache(config: EngineConfig, dtype: torch.dtype, bytes_per_block: int
 
 @torch.inference_mode()
 def profile_run(model, config: EngineConfig, cache_dtype: torch.dtype, device: torch.device) -> int:
-    """One forward pass at the largest step size, over a cache of `cache_dtype`; returns its
-    activation peak in bytes (0 off CUDA).
-
-    The KV cache gets what is left after weights and this peak, so a full step can never run out.
-    """
+    """A forward pass at the largest step size over a `cache_dtype` cache: its activation peak in
+    bytes (0 off CUDA). The KV cache gets what is left after weights and this peak, so a full step
+    can never run out."""
     n, mc = config.max_num_batched_tokens, config.model_config
     cuda = device.type == "cuda"
     if cuda:
@@ -92,9 +85,9 @@ def profile_run(model, config: EngineConfig, cache_dtype: torch.dtype, device: t
     cache = torch.zeros(kv_cache_shape(config, cdiv(n, config.block_size)), dtype=cache_dtype,
                         device=device)
     table = np.arange(cache.shape[2], dtype=np.int32)[None]  # one sequence spanning the whole cache
+    logit_rows = list(range(n - min(n, config.max_num_seqs), n))  # the most a step samples
     inputs = StepInputs(np.zeros(n, np.int64), np.arange(n) % mc.max_position_embeddings,
-                        np.arange(n), table,
-                        [n], [n], list(range(n - min(n, config.max_num_seqs), n)))
+                        np.arange(n), table, [n], [n], logit_rows)
     hidden = model(to_device(inputs.input_ids, device), to_device(inputs.positions, device), cache,
                    attention_metadata(inputs, device))
     model.compute_logits(hidden[inputs.logit_rows])
@@ -107,8 +100,7 @@ class BlockCopier:
                  bytes_per_block: int) -> None:
         self.kv_cache, self.host_kv_cache = kv_cache, host_kv_cache
         self.bytes_per_block = bytes_per_block
-        # KV bytes copied between the device cache and the host cache, each way summed
-        self.swap_bytes = 0
+        self.swap_bytes = 0  # KV bytes copied between device and host cache, both ways summed
         self.swap_seconds = 0.0
 
     @property
@@ -121,18 +113,16 @@ class BlockCopier:
         if not (sched.blocks_to_swap_out or sched.blocks_to_copy or sched.blocks_to_swap_in):
             return
         start = time.perf_counter()
-        for pairs, src_cache, dst_cache in ((sched.blocks_to_swap_out, self.kv_cache,
-                                             self.host_kv_cache),
-                                            (sched.blocks_to_copy, self.kv_cache, self.kv_cache),
-                                            (sched.blocks_to_swap_in, self.host_kv_cache,
-                                             self.kv_cache)):
+        cache, host = self.kv_cache, self.host_kv_cache
+        for pairs, src_cache, dst_cache in ((sched.blocks_to_swap_out, cache, host),
+                                            (sched.blocks_to_copy, cache, cache),
+                                            (sched.blocks_to_swap_in, host, cache)):
             if pairs:
                 src = torch.tensor([a for a, _ in pairs], device=src_cache.device)
                 dst = torch.tensor([b for _, b in pairs], device=dst_cache.device)
                 # fp8 blocks move as bytes: torch has no index_copy_ for fp8 on CPU
-                as_bytes(dst_cache).index_copy_(2, dst,
-                                                as_bytes(src_cache).index_select(2,
-                                                                                 src).to(dst_cache.device))
+                blocks = as_bytes(src_cache).index_select(2, src).to(dst_cache.device)
+                as_bytes(dst_cache).index_copy_(2, dst, blocks)
                 if src_cache is not dst_cache:
                     self.swap_bytes += len(pairs) * self.bytes_per_block
         if self.kv_cache.device.type == "cuda":

@@ -1,11 +1,10 @@
-"""ModelRunner: owns the weights, the KV cache tensor, the sampler and the drafter; executes one
-scheduled step.
+"""ModelRunner: owns the weights, the KV cache, the sampler and the drafter; executes one step.
 
 It sees the step only as `SchedulerOutput` (plain data) and keeps what it needs between steps in a
 `SequenceState` per sequence id. `execute` is a fixed list of phases over one `StepRow` per
 scheduled sequence (step_batch.py): each phase reads the rows, does one thing, and writes its result
-onto them. Beside it: how many blocks to allocate (memory.py), moving blocks (block_copy.py),
-logprobs (logprobs.py) and, on a GPU, decode steps replayed as CUDA graphs (cuda_graphs.py).
+onto them. Beside it: how many blocks to allocate and moving them (memory.py), logprobs
+(logprobs.py) and, on a GPU, decode steps replayed as CUDA graphs (cuda_graphs.py).
 """
 
 from __future__ import annotations
@@ -34,8 +33,6 @@ from minivllm.runner.memory import (
 from minivllm.runner.sequence_state import SequenceState
 from minivllm.runner.step_batch import StepRow, attention_metadata, prepare_inputs, to_device
 from minivllm.sampling import Sampler, SamplingBatch
-
-# [issue 27] custom logits processors
 from minivllm.sampling.persistent_batch import PersistentBatch
 from minivllm.sampling.rejection_sampler import verify_greedy, verify_sampled
 from minivllm.sampling.sampler import apply_logits_processors, processed_probs
@@ -51,10 +48,9 @@ LogitsObserver = Callable[[list[str], torch.Tensor], None]
 class ModelRunner:
     def __init__(self, config: EngineConfig, draft_reserve: tuple[int, int] = (0, 0),
                  tp: TensorParallel = SINGLE) -> None:
-        """`config` must be resolved (EngineConfig.resolve): its model config, dtype and
-        max_model_len are final. `draft_reserve`: (bytes, bytes per block) a draft model loaded
-        after us will take (spec_decode). `tp`: this rank's share of a tensor-parallel model
-        (distributed/): its weights, its KV heads."""
+        """`config` must be resolved (EngineConfig.resolve): its model config, dtype, max_model_len
+        are final. `draft_reserve`: (bytes, bytes per block) a draft model loaded after us will take
+        (spec_decode). `tp`: this rank's share of a tensor-parallel model (weights, KV heads)."""
         self.config = config
         self.device = torch.device(config.device)
         # tensors say cuda:0, so must we, or device checks would never match
@@ -62,45 +58,34 @@ class ModelRunner:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.model_config = mc = config.model_config
         self.dtype = config.dtype
-        # every implementation choice, made once (minivllm/platforms/): attention, layer ops,
-        # matmuls, ...
+        # every implementation choice, made once (minivllm/platforms/): attention, layer ops, ...
         self.platform = choose_platform(self.device, self.dtype, config.attention_backend,
                                         config.hooks.online_softmax_update)
-        # CPU: follow free cores
-        self.thread_sizer = self.platform.thread_sizer(config.cpu_threads, tp.size)
-        self.backend = self.platform.attention
+        self.thread_sizer = self.platform.thread_sizer(config.cpu_threads, tp.size)  # CPU threads
         self.model = load_model(config.model, mc, self.platform.implementations, self.dtype,
                                 config.device, tp)
-        # opt-in, CPU: lazily
-        self.compiled = self.platform.compile(self.model, config.enforce_eager)
+        self.compiled = self.platform.compile(self.model, config.enforce_eager)  # opt-in, CPU
         self.sampler = Sampler(config.seed, config.hooks.top_p)
-        # vLLM v1 logits processors, if any
-        self.logits_processors = PersistentBatch(config, self.device)
+        self.logits_processors = PersistentBatch(config, self.device)  # vLLM v1's, if any
         self.sequences: dict[str, SequenceState] = {}
         self.logits_observers: list[LogitsObserver] = []
-        # the engine hands us a drafter once our cache is sized
-        self.proposer: Proposer | None = None
-        # the model's dtype, or fp8 (kv_cache_dtype): half the bytes
-        self.cache_dtype = config.cache_dtype
+        self.proposer: Proposer | None = None  # the engine hands us one once our cache is sized
+        self.cache_dtype = config.cache_dtype  # the model's dtype, or fp8 (kv_cache_dtype)
         self.bytes_per_block = kv_bytes_per_block(mc.num_layers, config.block_size,
                                                   local_kv_heads(mc.num_kv_heads, tp.size),
-                                                  mc.head_dim,
-                                                  self.cache_dtype.itemsize)
+                                                  mc.head_dim, self.cache_dtype.itemsize)
         # every rank must have every block id the scheduler hands out
         self.num_blocks = tp.min_int(num_kv_blocks(config, self.device, self.bytes_per_block,
-                                                   self.profile_run,
-                                                   *draft_reserve))
+                                                   self.profile_run, *draft_reserve))
         if self.num_blocks < 1:
             raise ValueError("no memory left for the KV cache: lower the model size or raise the "
                              "budget")
-        # zeros so unused slots are never NaN
         self.kv_cache = torch.zeros(kv_cache_shape(config, self.num_blocks), dtype=self.cache_dtype,
-                                    device=self.device)
+                                    device=self.device)  # zeros: unused slots are never NaN
         host = host_kv_cache(config, self.cache_dtype, self.bytes_per_block,
                              pin=self.device.type == "cuda")
         self.block_copier = BlockCopier(self.kv_cache, host, self.bytes_per_block)
-        # decode steps replayed as CUDA graphs where the platform records them (collectives are not:
-        # eager under tensor parallelism)
+        # decode steps as CUDA graphs where the platform records them (not collectives: TP is eager)
         self.graphs = (build_decode_graphs(self.model, self.kv_cache, config, self.device)
                        if tp.size == 1 and self.platform.captures_graphs(config.enforce_eager)
                        else None)
@@ -112,13 +97,11 @@ class ModelRunner:
     # ---- one step, phase by phase ----------------------------------------------------------------
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
-        """Run one step: the tokens each sequence gets (accepted drafts + 1; none for a prefill
-        chunk), their logprobs where asked, and, with a drafter, the drafts the next step will
-        verify."""
+        """Run one step: each sequence's tokens (accepted drafts + 1; none for a prefill chunk),
+        their logprobs where asked, and, with a drafter, the drafts the next step will verify."""
         self.update_states(sched)
         self.block_copier.run(sched)
-        # nothing to compute: only finished sequences to forget, or blocks to move
-        if not sched.scheduled:
+        if not sched.scheduled:  # nothing to compute: only sequences to forget, or blocks to move
             return RunnerOutput()
         rows = self.step_rows(sched)
         start = time.perf_counter()
@@ -133,14 +116,12 @@ class ModelRunner:
         return out
 
     def update_states(self, sched: SchedulerOutput) -> None:
-        """Forget finished sequences, meet new ones (or rebuild preempted ones), extend the others'
-        tables."""
+        """Forget finished sequences, meet new (or preempted) ones, extend the others' tables."""
         if self.thread_sizer is not None:
             self.thread_sizer.update()
         for rid in sched.finished:
             self.sequences.pop(rid, None)
-        # a preempted sequence is recomputed: its drafts go too
-        for rid in [*sched.finished, *sched.preempted]:
+        for rid in [*sched.finished, *sched.preempted]:  # a preempted one is recomputed: drafts go
             self.logits_processors.remove_request(rid)
             if self.proposer is not None:
                 self.proposer.free(rid)
@@ -148,42 +129,34 @@ class ModelRunner:
             if s.new is None:
                 self.sequences[s.request_id].block_table.extend(s.new_block_ids)
                 continue
-            # back after a preemption: keep its random stream
-            old, new = self.sequences.get(s.request_id), s.new
-            self.sequences[s.request_id] = SequenceState(
+            old, new = self.sequences.get(s.request_id), s.new  # old: back after a preemption
+            if old is not None:  # keeps its random stream and the prompt logprobs it reported
+                generator, done = old.generator, old.num_prompt_logprobs_done
+            else:  # a seeded sequence draws from its own stream
+                generator = (None if new.seed is None
+                             else torch.Generator(device=self.device).manual_seed(new.seed))
+                done = 1
+            st = self.sequences[s.request_id] = SequenceState(
                 s.request_id, list(new.token_ids), new.num_prompt_tokens, new.params,
-                list(s.new_block_ids),
-                new.max_total_tokens, new.eos_token_ids,
-                num_prompt_logprobs_done=old.num_prompt_logprobs_done if old is not None else 1,
-                # a seeded sequence draws from its own stream
-                generator=old.generator if old is not None else
-                None if new.seed is None
-                else torch.Generator(device=self.device).manual_seed(new.seed))
-            self.logits_processors.add_request(s.request_id, new.params,
-                                               self.sequences[s.request_id].token_ids,
+                list(s.new_block_ids), new.max_total_tokens, new.eos_token_ids, done, generator)
+            self.logits_processors.add_request(s.request_id, new.params, st.token_ids,
                                                new.num_prompt_tokens)
 
     def step_rows(self, sched: SchedulerOutput) -> list[StepRow]:
-        """One record per scheduled sequence, in batch order: what to compute, as the scheduler
-        decided it."""
+        """One record per scheduled sequence, in batch order: what to compute, as scheduled."""
         rows = []
         for s in sched.scheduled:
             st = self.sequences[s.request_id]
             prompt_logits = (st.params.prompt_logprobs is not None
                              and s.num_computed_before < st.num_prompt_tokens - 1)
             rows.append(StepRow(st.token_ids, st.block_table, s.num_computed_before,
-                                s.num_new_tokens,
-                                s.spec_token_ids, s.samples, prompt_logits, st))
+                                s.num_new_tokens, s.spec_token_ids, s.samples, prompt_logits, st))
         return rows
 
     def forward(self, rows: list[StepRow]) -> torch.Tensor:
-        """One forward pass over the step's flat batch (replayed from a CUDA graph when it is a
-        decode batch).
-
+        """One forward pass over the step's flat batch (a CUDA graph's replay for a decode batch).
         Returns logits for the rows that matter (each `StepRow.logit_rows` says which are its own):
-        1 for the last token of a sequence, 1 + k when k drafts are verified, 0 for an unfinished
-        prefill chunk.
-        """
+        1 for a sequence's last token, 1 + k to verify k drafts, 0 for an unfinished chunk."""
         inputs = prepare_inputs(rows, self.config.block_size)
         if self.graphs is not None and self.graphs.can_run(inputs):
             hidden = self.graphs.run(inputs)
@@ -196,8 +169,7 @@ class ModelRunner:
 
     def mask_grammar(self, rows: list[StepRow], logits: torch.Tensor,
                      sched: SchedulerOutput) -> None:
-        """Structured output: continuations the grammar forbids become -inf (the scheduler built the
-        masks)."""
+        """Structured output: tokens the grammar forbids become -inf (the scheduler's masks)."""
         if sched.grammar_bitmask is None:
             return
         by_id = {r.state.request_id: r for r in rows}
@@ -222,8 +194,7 @@ class ModelRunner:
             row.sampled = [token]
 
     def verify_drafts(self, rows: list[StepRow], logits: torch.Tensor, out: RunnerOutput) -> None:
-        """Every row with drafts keeps the accepted ones plus one token of its own
-        (rejection_sampler.py)."""
+        """Rows with drafts keep the accepted ones plus a token of their own (rejection_sampler)."""
         for row in rows:
             if row.spec_token_ids and row.samples:
                 span = row.sample_rows
@@ -232,8 +203,7 @@ class ModelRunner:
                 out.num_accepted[row.state.request_id] = len(row.sampled) - 1
 
     def commit(self, rows: list[StepRow], out: RunnerOutput) -> None:
-        """Report each row's tokens (and their logprobs) and remember them: they are the next step's
-        inputs."""
+        """Report each row's tokens (and logprobs), and keep them as the next step's inputs."""
         for row in rows:
             st = row.state
             st.spec_probs = None
@@ -245,13 +215,12 @@ class ModelRunner:
                 st.token_ids.extend(row.sampled)
 
     def propose(self, rows: list[StepRow], out: RunnerOutput) -> None:
-        """Drafts for every sequence that just sampled, never past its max_tokens (see
-        spec_decode)."""
+        """Drafts for every sequence that just sampled, never past its max_tokens (spec_decode)."""
         if self.proposer is None:
             return
         states = [r.state for r in rows if r.sampled]
         k = self.config.num_speculative_tokens
-        # e.g. a penalty would differ per draft position
+        # none where the sampling depends on the position (a penalty would differ per draft)
         budget = [0 if st.params.position_dependent else
                   max(min(k, st.max_total_tokens - len(st.token_ids) - 1), 0) for st in states]
         start = time.perf_counter()
@@ -265,14 +234,12 @@ class ModelRunner:
     def sampling_batch(self, states: list[SequenceState]) -> SamplingBatch:
         """The sampling parameters of these sequences, one row each."""
         return SamplingBatch.build([st.params for st in states], [st.token_ids for st in states],
-                                   self.device,
-                                   [st.generator for st in states],
+                                   self.device, [st.generator for st in states],
                                    [st.num_prompt_tokens for st in states],
                                    [st.eos_token_ids for st in states])
 
     def verify(self, logits: torch.Tensor, state: SequenceState, drafts: list[int]) -> list[int]:
-        """Check one sequence's drafts against the target's k+1 predictions (see
-        rejection_sampler)."""
+        """Check one sequence's drafts against the target's k+1 predictions (rejection_sampler)."""
         params = state.params
         batch = None if params.greedy and not (params.logit_bias or params.allowed_token_ids) else \
             self.sampling_batch([state] * len(logits))
@@ -281,8 +248,8 @@ class ModelRunner:
         if params.greedy:
             return verify_greedy(logits, drafts)
         probs = processed_probs(logits, batch, self.sampler.top_p_filter)
-        # budget may cut
+        # the budget may have cut the drafts
         draft_probs = None if state.spec_probs is None else state.spec_probs[: len(drafts)]
         generator = state.generator or self.sampler.generator_for(self.device)
-        return (self.config.hooks.verify_sampled or verify_sampled)(probs, drafts, draft_probs,
-                                                                    generator)
+        verify = self.config.hooks.verify_sampled or verify_sampled
+        return verify(probs, drafts, draft_probs, generator)

@@ -19,15 +19,12 @@ from minivllm.sampling_params import SamplingParams
 @dataclass(eq=False)
 class SequenceState:
     request_id: str  # the sequence's id
-    # prompt + output so far (drafts excluded); all but the newest are in the cache
-    token_ids: list[int]
+    token_ids: list[int]  # prompt + output so far (no drafts); all but the newest in the cache
     num_prompt_tokens: int
     params: SamplingParams
     block_table: list[int]
     max_total_tokens: int
     eos_token_ids: tuple[int, ...] = ()
-    # prompt positions reported (the first has none); kept across preemptions
-    num_prompt_logprobs_done: int = 1
+    num_prompt_logprobs_done: int = 1  # prompt positions reported (the first has none)
     generator: torch.Generator | None = None  # only when the sequence has a seed
-    # the drafter's distribution for each pending draft (None: point mass)
-    spec_probs: torch.Tensor | None = None
+    spec_probs: torch.Tensor | None = None  # the drafter's q per pending draft (None: point mass)

@@ -1,8 +1,7 @@
 """One step's batch: a `StepRow` per scheduled sequence (what to compute, where its logits land,
 what came out: every phase of `ModelRunner.execute` reads and writes these), and the flat host
 arrays the model reads, with no padding: per token its id, position and cache slot; per sequence its
-block table and context length.
-"""
+block table and context length."""
 
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ import numpy as np
 import torch
 
 from minivllm.attention import AttentionMetadata
-from minivllm.core.step_io import TokenLogprobs
 from minivllm.runner.sequence_state import SequenceState
 
 
@@ -27,15 +25,11 @@ class StepRow:
     num_new: int  # tokens to compute now, drafts included
     spec_token_ids: list[int] = field(default_factory=list)
     samples: bool = True  # the scheduler's word: this pass reaches the end of the known tokens
-    # logits for every new token, not only the sampled ones (prompt logprobs)
-    all_logits: bool = False
-    # the runner's memory of it (None for a drafter's private rows)
-    state: SequenceState | None = None
+    all_logits: bool = False  # logits for every new token, not only sampled ones (prompt logprobs)
+    state: SequenceState | None = None  # the runner's memory of it (None: a drafter's own rows)
     logit_rows: range = range(0)  # its rows of the step's logits (set by prepare_inputs)
-    # log-softmax of its sample rows, before any processing, if asked
-    raw_logprobs: torch.Tensor | None = None
+    raw_logprobs: torch.Tensor | None = None  # its sample rows' log-softmax, unprocessed, if asked
     sampled: list[int] = field(default_factory=list)  # accepted drafts + 1 new token
-    logprobs: list[TokenLogprobs] | None = None  # one per sampled token, if asked
 
     @property
     def num_logit_rows(self) -> int:
@@ -53,8 +47,7 @@ class StepRow:
 
 @dataclass
 class StepInputs:
-    """One step's flat batch as host arrays: what gets copied to the device (or into a graph's
-    buffers)."""
+    """One step's flat batch as host arrays, to copy to the device (or into a graph's buffers)."""
 
     input_ids: np.ndarray  # [T] int64
     positions: np.ndarray  # [T] int64
@@ -66,11 +59,9 @@ class StepInputs:
 
 
 def prepare_inputs(rows: Sequence[StepRow], block_size: int) -> StepInputs:
-    """Flatten the step on the host: each token's id, position and cache slot; each sequence's
-    table."""
+    """Flatten the step on the host: each token's id, position and cache slot; each table."""
     n = sum(r.num_new for r in rows)
-    input_ids, positions, slots = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n,
-                                                                                         np.int64)
+    input_ids, positions, slots = (np.empty(n, np.int64) for _ in range(3))
     tables = np.zeros((len(rows), max(len(r.block_table) for r in rows)), dtype=np.int32)
     query_lens, seq_lens, logit_rows = [], [], []
     t = 0  # where this sequence's tokens start in the flat batch

@@ -1,5 +1,4 @@
-"""Turning logits into tokens: the batched sampler (and, later, speculative decoding's rejection
-sampler)."""
+"""Turning logits into tokens: the batched sampler, and speculative decoding's rejection sampler."""
 
 from minivllm.sampling.sampler import Sampler, SamplingBatch
 

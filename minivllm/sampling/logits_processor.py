@@ -1,14 +1,12 @@
-"""vLLM's v1 logits-processor interface: batch-level processors that keep per-row state between
-steps.
+"""vLLM's v1 logits-processor interface: batch-level processors keeping per-row state across steps.
 
 A processor is a class: the engine builds one instance at start-up (`__init__(vllm_config, device,
 is_pin_memory)`), tells it before every sampling step how the batch changed
-(`update_state(BatchUpdate)`: which rows left, which requests arrived at which row, which rows
-moved), then hands it the batch's logits (`apply(logits)`, one row per request, in row order). State
-is kept per row index, never per request id: that is what lets vLLM's processors keep tensors
-indexed like the batch. Requests opt in through `SamplingParams.extra_args`.
-`AdapterLogitsProcessor` wraps an old per-request function
-`f(output_ids, logits_row)` (or `f(prompt_ids, output_ids, logits_row)`) into this interface.
+(`update_state(BatchUpdate)`: rows that left, requests that arrived at a row, rows that moved), then
+hands it the batch's logits (`apply(logits)`, one row per request, in row order). State is kept per
+row index, never per request id, so vLLM's processors can keep tensors indexed like the batch.
+Requests opt in through `SamplingParams.extra_args`. `AdapterLogitsProcessor` wraps an old
+per-request function `f([prompt_ids,] output_ids, logits_row)` into this interface.
 
 How rows are assigned and moved is persistent_batch.py's job; this module is only the contract, so
 code written against `vllm.v1.sample.logits_processor` imports the same names from here.
@@ -36,8 +34,7 @@ T = TypeVar("T")
 
 
 class MoveDirectionality(enum.Enum):
-    # the request at index a now sits at index b (a is empty afterwards)
-    UNIDIRECTIONAL = enum.auto()
+    UNIDIRECTIONAL = enum.auto()  # the request at index a now sits at b (a is empty afterwards)
     SWAP = enum.auto()  # the requests at a and b trade places
 
 
@@ -45,18 +42,15 @@ RemovedRequest = int  # the row index that left
 # (index, params, prompt ids, output ids)
 AddedRequest = tuple[int, SamplingParams, list[int] | None, list[int]]
 MovedRequest = tuple[int, int, MoveDirectionality]
-# a request-level processor: (output_ids, logits_row) -> logits_row, or (prompt_ids, output_ids,
-# logits_row)
+# a request-level processor: ([prompt_ids,] output_ids, logits_row) -> logits_row
 RequestLogitsProcessor = Callable[..., torch.Tensor]
 
 
 @dataclass(frozen=True)
 class BatchUpdate:
-    """How the batch changed since the last step. Apply in this order: removed, added, moved.
-
+    """How the batch changed since the last step; apply in this order: removed, added, moved.
     `output_tok_ids` in `added` is the request's live output list: it grows as tokens are sampled,
-    so a processor that keeps the reference always sees the latest tokens without being told.
-    """
+    so a processor that keeps the reference always sees the latest tokens without being told."""
 
     batch_size: int
     removed: Sequence[RemovedRequest]
@@ -80,36 +74,30 @@ class LogitsProcessor(ABC):
 
     @abstractmethod
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        """Process [batch_size, vocab] float32 logits (row i = the request at index i); may work in
-        place."""
+        """Process [batch_size, vocab] float32 logits (row i = request i); may work in place."""
         raise NotImplementedError
 
     @abstractmethod
     def is_argmax_invariant(self) -> bool:
-        """True if the processor never changes which token has the largest logit (min_p, say): the
-        engine then skips it when every row is greedy."""
+        """True if the processor never changes which token has the largest logit (min_p, say): then
+        skipped when every row is greedy."""
         raise NotImplementedError
 
     @abstractmethod
     def update_state(self, batch_update: BatchUpdate | None) -> None:
-        """Called before every apply(); `batch_update` is None when the batch's makeup did not
-        change."""
+        """Called before every apply(); `batch_update` is None when the batch did not change."""
         raise NotImplementedError
 
 
 class BatchUpdateBuilder:
     """Collects one step's changes, then freezes them into a BatchUpdate (None if nothing changed).
-
     Removed indices are kept sorted once first read, so `pop_removed()` hands out the lowest free
-    row: a request added in the same step takes that row instead (and the row is then no longer
-    "removed").
-    """
+    row: a request added in the same step takes it (and it is then no longer "removed")."""
 
-    def __init__(self, removed: list[int] | None = None, added: list[AddedRequest] | None = None,
-                 moved: list[MovedRequest] | None = None) -> None:
-        self._removed = list(removed or [])
-        self.added = list(added or [])
-        self.moved = list(moved or [])
+    def __init__(self) -> None:
+        self._removed: list[int] = []
+        self.added: list[AddedRequest] = []
+        self.moved: list[MovedRequest] = []
         self._sorted = False
 
     @property
@@ -124,9 +112,6 @@ class BatchUpdateBuilder:
         if self._sorted:
             raise RuntimeError("cannot register a removal after the removed indices have been read")
         self._removed.append(index)
-
-    def has_removed(self) -> bool:
-        return bool(self._removed)
 
     def peek_removed(self) -> int | None:
         return self.removed[-1] if self._removed else None
@@ -143,12 +128,12 @@ class BatchUpdateBuilder:
         return update
 
 
-def process_dict_updates(req_entries: dict[int, T], batch_update: BatchUpdate | None,
-                         new_state: Callable[[SamplingParams, list[int] | None, list[int]],
-                                             T | None]) -> bool:
+def process_dict_updates(
+        req_entries: dict[int, T], batch_update: BatchUpdate | None,
+        new_state: Callable[[SamplingParams, list[int] | None, list[int]], T | None]) -> bool:
     """Keep a sparse {row index: state} dict in step with the batch (vLLM's helper for processors
-    that apply to few requests). `new_state(params, prompt_ids, output_ids)` returns a row's state,
-    or None when the processor does not apply to that request. Returns whether anything changed."""
+    that apply to few requests). `new_state(params, prompt_ids, output_ids)` is a row's state, or
+    None where the processor does not apply. Returns whether anything changed."""
     if not batch_update:
         return False
     changed = False
@@ -157,8 +142,7 @@ def process_dict_updates(req_entries: dict[int, T], batch_update: BatchUpdate | 
         if state is not None:
             req_entries[index] = state
             changed = True
-        # a new request took the row of one that had state
-        elif req_entries.pop(index, None) is not None:
+        elif req_entries.pop(index, None) is not None:  # took the row of one that had state
             changed = True
     if not req_entries:
         return changed
@@ -177,9 +161,8 @@ def process_dict_updates(req_entries: dict[int, T], batch_update: BatchUpdate | 
 
 class AdapterLogitsProcessor(LogitsProcessor):
     """Wraps a request-level processor so the batch-level engine can run it: subclasses implement
-    `is_argmax_invariant` and `new_req_logits_processor(params)` (None: not for this request). A
-    subclass that overrides __init__ must call super().__init__(vllm_config, device,
-    is_pin_memory)."""
+    `is_argmax_invariant` and `new_req_logits_processor(params)` (None: not for this request). One
+    that overrides __init__ must call super().__init__(vllm_config, device, is_pin_memory)."""
 
     def __init__(self, vllm_config: EngineConfig, device: torch.device,
                  is_pin_memory: bool) -> None:
@@ -205,8 +188,7 @@ class AdapterLogitsProcessor(LogitsProcessor):
         for row, fn in self.req_info.items():
             row_logits = logits[row]
             new = fn(row_logits)
-            # the function returned a new tensor instead of working in place
-            if new is not row_logits:
+            if new is not row_logits:  # a new tensor rather than the row changed in place
                 logits[row] = new
         return logits
 

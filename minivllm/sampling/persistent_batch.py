@@ -1,20 +1,18 @@
-"""PersistentBatch: stable row indices for the requests that sample, so custom logits processors can
-keep state.
+"""PersistentBatch: stable rows for the requests that sample, so logits processors can keep state.
 
 vLLM's processors (logits_processor.py) index their state by batch row, and are told how rows change
 (`BatchUpdate`) rather than re-reading every request each step. The runner knows requests by id, and
 the set that samples changes from step to step (a prefill chunk samples nothing; a finished request
-leaves). This class bridges the two, the way vLLM's persistent input batch does:
+leaves). This class bridges the two, as vLLM's persistent input batch does:
 
 - a request keeps its row while it keeps sampling;
 - a request that stops sampling (finished, preempted, between prefill chunks) frees its row;
 - a new arrival takes the lowest free row, and the rows are then packed: the highest-numbered
-request moves
-  into each hole that is left (a UNIDIRECTIONAL move), so rows are always 0..batch_size-1.
+  request moves into each hole that is left (a UNIDIRECTIONAL move), so rows are 0..batch_size-1.
 
-The runner makes three calls: `add_request` when a request reaches it, `remove_request` when it
-leaves, and `apply(request_ids, logits)` once per step on the rows it is about to sample. With no
-processors configured every call returns at once.
+The runner calls `add_request` when a request reaches it, `remove_request` when it leaves, and
+`apply(request_ids, logits)` once per step on the rows it is about to sample. With no processors
+configured every call returns at once.
 """
 
 from __future__ import annotations
@@ -37,8 +35,7 @@ if TYPE_CHECKING:
 
 
 class _Entry:
-    """What a processor may see of one request: its params, prompt, and a live list of its output
-    tokens."""
+    """What a processor may see of a request: its params, prompt, and a live list of its outputs."""
 
     __slots__ = ("params", "prompt_token_ids", "token_ids", "output_token_ids")
 
@@ -46,13 +43,11 @@ class _Entry:
                  num_prompt_tokens: int) -> None:
         self.params = params
         self.prompt_token_ids = list(token_ids[:num_prompt_tokens])
-        # the runner's own list (prompt + output), extended as it samples
-        self.token_ids = token_ids
+        self.token_ids = token_ids  # the runner's list (prompt + output), extended as it samples
         self.output_token_ids = list(token_ids[num_prompt_tokens:])
 
     def sync(self) -> None:
-        """Bring the output list up to date in place: processors hold a reference to this very
-        list."""
+        """Bring the output list up to date in place: processors hold a reference to this list."""
         done = len(self.prompt_token_ids) + len(self.output_token_ids)
         if len(self.token_ids) > done:
             self.output_token_ids.extend(self.token_ids[done:])
@@ -70,27 +65,21 @@ class PersistentBatch:
         self.rows: dict[str, int] = {}  # request id -> row, for the requests in the batch now
         self._builder = BatchUpdateBuilder()
 
-    def __bool__(self) -> bool:
-        return bool(self.processors)
-
     def add_request(self, request_id: str, params: SamplingParams, token_ids: list[int],
                     num_prompt_tokens: int) -> None:
-        """A request reached the runner (new, or back after a preemption). `token_ids`: the runner's
-        live list."""
+        """A request reached the runner (new, or after a preemption); `token_ids`: its live list."""
         if self.processors:
             self.entries[request_id] = _Entry(params, token_ids, num_prompt_tokens)
 
     def remove_request(self, request_id: str) -> None:
-        """A request left the runner (finished or preempted): the next apply() reports its row as
-        removed."""
+        """A request left the runner (finished, preempted): next apply() reports its row removed."""
         self.entries.pop(request_id, None)
         if request_id in self.rows:
             self._builder.removed_append(self.rows.pop(request_id))
 
     def apply(self, request_ids: Sequence[str], logits: torch.Tensor) -> torch.Tensor:
-        """Run every processor over the logits of these requests (row i of `logits` =
-        request_ids[i]); returns float32 logits in the same order. Unchanged when no processor is
-        configured."""
+        """Run every processor over these requests' logits (row i of `logits` = request_ids[i]);
+        returns float32 logits in the same order. Unchanged when no processor is configured."""
         if not self.processors or not request_ids:
             return logits
         batch_update = self._update_rows(request_ids)
@@ -103,18 +92,15 @@ class PersistentBatch:
         for i, rid in enumerate(request_ids):
             order[self.rows[rid]] = i
         identity = order == list(range(len(order)))
-        # a copy either way: the caller's tensor may be the model's logits, which logprobs were read
-        # from
+        # a copy either way: the caller's tensor may be the model's logits, which logprobs read
         rows = logits.float().clone() if identity else logits.float()[order]
-        # vLLM: invariant ones last
-        for proc in sorted(self.processors, key=lambda p: p.is_argmax_invariant()):
+        for proc in sorted(self.processors, key=lambda p: p.is_argmax_invariant()):  # vLLM's order
             if not (greedy and proc.is_argmax_invariant()):
                 rows = proc.apply(rows)
         return rows if identity else rows[[self.rows[rid] for rid in request_ids]]
 
     def _update_rows(self, request_ids: Sequence[str]):
-        """Free the rows of requests not sampling now, give arrivals the lowest free rows, then
-        pack."""
+        """Free the rows of requests not sampling now, give arrivals the lowest free rows, pack."""
         b, now = self._builder, set(request_ids)
         next_row = len(self.rows) + len(b._removed)  # rows were 0..n-1 after the last step (packed)
         for rid in [r for r in self.rows if r not in now]:

@@ -18,8 +18,7 @@ from minivllm.sampling.sampler import first_argmax
 
 
 def verify_greedy(target_logits: torch.Tensor, draft: list[int]) -> list[int]:
-    """target_logits: [k+1, vocab] at the positions of the last token and each draft -> tokens to
-    append."""
+    """target_logits: [k+1, vocab] at the last token and each draft -> the tokens to append."""
     best = first_argmax(target_logits).tolist()
     out = []
     for i, d in enumerate(draft):
@@ -32,8 +31,7 @@ def verify_greedy(target_logits: torch.Tensor, draft: list[int]) -> list[int]:
 
 def verify_sampled(target_probs: torch.Tensor, draft: list[int], draft_probs: torch.Tensor | None,
                    generator: torch.Generator) -> list[int]:
-    """target_probs: [k+1, vocab]; draft_probs: [k, vocab] or None (point masses) -> tokens to
-    append."""
+    """target_probs: [k+1, vocab]; draft_probs: [k, vocab] or None (point mass) -> tokens to add."""
     out = []
     for i, d in enumerate(draft):
         p = target_probs[i]

@@ -3,9 +3,8 @@
 The order is vLLM's (the lecture lists the penalty after the filters; applying it first is what vLLM
 and transformers do, and it means greedy decoding can use a penalty too):
 
-1. masks: `allowed_token_ids` (everything else -inf) and `bad_words` (a word's last token, once the
-tokens
-   before it are in place);
+1. masks: `allowed_token_ids` (everything else -inf) and `bad_words` (a word's last token, once
+   the tokens before it are in place);
 2. `min_tokens` (EOS and stop ids -inf until enough tokens are out) and `logit_bias` (added);
 3. penalties: repetition (prompt and output), frequency and presence (output only);
 4. greedy rows take the argmax here; the others: temperature, then min_p, top_k, top_p, then a draw.
@@ -38,9 +37,8 @@ class SamplingBatch:
     token_ids: list[list[int]]  # each row's prompt + output so far (the penalties look at them)
     num_prompt_tokens: list[int]
     generators: list[torch.Generator | None]  # a seeded row draws from its own stream
-    # per min_tokens row: EOS and stop ids, masked until min_tokens is reached
-    stop_ids: list[tuple[int, ...]]
-    # decided on the host, so a GPU step need not wait for the device to answer "any row filtering?"
+    stop_ids: list[tuple[int, ...]]  # per min_tokens row: EOS and stop ids, masked until reached
+    # decided on the host, so a GPU step need not ask the device "any row filtering?"
     all_greedy: bool = False
     any_filter: bool = True
     any_processing: bool = True  # masks, biases or penalties anywhere in the batch
@@ -62,23 +60,21 @@ class SamplingBatch:
                    col("top_p", torch.float32), col("min_p", torch.float32),
                    col("repetition_penalty", torch.float32), list(params), list(token_ids), prompt,
                    list(generators) if generators is not None else [None] * rows,
-                   [((() if p.ignore_eos else tuple(e)) + tuple(p.stop_token_ids)) if p.min_tokens
-                    else ()
-                    # only min_tokens rows read them: not built for the rest
-                    for p, e in zip(params, eos)],
+                   # only min_tokens rows read them: not built for the rest
+                   [(() if p.ignore_eos else tuple(e)) + tuple(p.stop_token_ids) if p.min_tokens
+                    else () for p, e in zip(params, eos)],
                    all_greedy=all(p.greedy for p in params),
                    any_filter=any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params),
                    any_processing=any(p.position_dependent or p.logit_bias
-                                      or p.allowed_token_ids is not None
-                                      for p in params))
+                                      or p.allowed_token_ids is not None for p in params))
 
     def output_ids(self, i: int) -> list[int]:
         return self.token_ids[i][self.num_prompt_tokens[i] :]
 
 
 def apply_allowed_and_bad_words(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """Step 1: only `allowed_token_ids` survive; a bad word's last token goes when the rest of it is
-    in place."""
+    """Step 1: only `allowed_token_ids` survive; a bad word's last token goes once the rest is in
+    place."""
     for i, p in enumerate(batch.params):
         if p.allowed_token_ids is not None:
             keep = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
@@ -104,8 +100,7 @@ def apply_min_tokens_and_logit_bias(logits: torch.Tensor, batch: SamplingBatch) 
 
 
 def apply_repetition_penalty(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """Make every token already in the prompt or the output less likely (divide if > 0, multiply if
-    < 0)."""
+    """Make every token already in prompt or output less likely (divide if > 0, multiply if < 0)."""
     for i in [i for i, p in enumerate(batch.params) if p.repetition_penalty != 1.0]:
         seen = torch.tensor(sorted(set(batch.token_ids[i])), device=logits.device)
         penalty = batch.repetition_penalty[i]
@@ -130,8 +125,7 @@ def apply_frequency_presence_penalties(logits: torch.Tensor, batch: SamplingBatc
 
 
 def apply_logits_processors(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """Steps 1-3 on a float32 copy: what greedy rows take the argmax of, and sampling rows start
-    from."""
+    """Steps 1-3 on a float32 copy: greedy rows take its argmax, sampling rows start from it."""
     logits = logits.float()
     if not batch.any_processing:
         return logits
@@ -154,9 +148,8 @@ def apply_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
 
 def apply_top_k_top_p_min_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
                             min_p: torch.Tensor, top_p_filter=apply_top_p) -> torch.Tensor:
-    """Set filtered-out logits to -inf, in vLLM's order: min_p, then top_k, then top_p. Rows whose
-    filters are off come back unchanged. `top_p_filter`: apply_top_p, or a learner's own
-    (minivllm.hooks)."""
+    """Set filtered-out logits to -inf, in vLLM's order: min_p, then top_k, then top_p; rows whose
+    filters are off come back unchanged. `top_p_filter`: apply_top_p, or a learner's own (hooks)."""
     vocab = logits.shape[-1]
     if (min_p > 0).any():
         probs = logits.softmax(dim=-1)
@@ -173,13 +166,10 @@ def apply_top_k_top_p_min_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: to
 
 def processed_probs(logits: torch.Tensor, batch: SamplingBatch,
                     top_p_filter=apply_top_p) -> torch.Tensor:
-    """The distribution a sampling request actually draws from: temperature, then filters, then
-    softmax.
-
-    `logits` have been through apply_logits_processors. Speculative decoding needs these explicitly
+    """The distribution a sampling request draws from: temperature, then filters, then softmax, over
+    logits that have been through apply_logits_processors. Speculative decoding needs it explicitly
     (the drafter's q and the target's p), not just a draw. Greedy rows get temperature 1 here;
-    callers treat them with argmax.
-    """
+    callers treat them with argmax."""
     temperature = torch.where(batch.temperature == 0, 1.0, batch.temperature)
     logits = logits / temperature[:, None]
     if batch.any_filter:
@@ -197,8 +187,7 @@ class Sampler:
 
     def generator_for(self, device: torch.device) -> torch.Generator:
         """The engine-wide random stream, for requests without a seed of their own."""
-        # by type: "cuda" and "cuda:0" are one device here, and re-seeding would repeat the same
-        # draws
+        # by type: "cuda" and "cuda:0" are one device here, and re-seeding would repeat the draws
         if self.generator is None or self.generator.device.type != torch.device(device).type:
             self.generator = torch.Generator(device=device).manual_seed(self.seed)
         return self.generator
@@ -222,7 +211,6 @@ class Sampler:
 
 
 def first_argmax(x: torch.Tensor) -> torch.Tensor:
-    """argmax over the last dim (the first index on ties, like argmax): `max(...).indices` is the
-    same answer, and about 2.8x faster than `argmax` on CPU over [64, 49152] fp32 (4 ms of a 68 ms
-    decode step)."""
+    """argmax over the last dim (the first index on ties, like argmax): `max(...).indices` gives the
+    same answer, 2.8x faster than `argmax` on CPU over [64, 49152] fp32 (4 ms of a 68 ms step)."""
     return x.max(dim=-1).indices

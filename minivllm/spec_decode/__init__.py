@@ -1,5 +1,4 @@
-"""Speculative decoding: cheap proposers of the next few tokens, which the target model then
-verifies."""
+"""Speculative decoding: cheap proposers of the next few tokens, which the target then verifies."""
 
 from __future__ import annotations
 

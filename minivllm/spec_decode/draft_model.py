@@ -32,27 +32,21 @@ from minivllm.spec_decode.proposer import Draft
 
 
 def draft_extra_blocks(target_config: EngineConfig, num_speculative_tokens: int) -> int:
-    """Blocks the draft needs beyond one per target block: each sequence's drafts may spill into new
-    ones."""
+    """Blocks the draft needs beyond one per target block: drafts may spill into new blocks."""
     return target_config.max_num_seqs * (cdiv(num_speculative_tokens, target_config.block_size) + 1)
 
 
 def draft_memory_needs(target_config: EngineConfig) -> tuple[int, int]:
-    """GPU memory a draft model will take once the target's KV cache exists: (fixed bytes, bytes per
-    target block).
-
+    """GPU memory a draft model takes once the target's KV cache exists: (fixed, per target block).
     The draft mirrors the target's cache block for block, so the target must size its cache for
     both: fixed = the draft's weights (by checkpoint size, rescaled to the dtype it will run in)
-    plus its extra blocks; per block = one draft KV block. (0, 0) without a draft model, or off the
-    GPU.
-    """
+    plus its extra blocks; per block = one draft KV block. (0, 0) without a draft, or off GPU."""
     path = target_config.speculative_model
     if path in (None, NGRAM) or not target_config.device.startswith("cuda"):
         return 0, 0
     mc = read_model_config(path)
     dtype = target_config.resolve_dtype(mc.torch_dtype)
-    # the draft's cache is like ours
-    cache_dtype = kv_cache_torch_dtype(target_config.kv_cache_dtype, dtype)
+    cache_dtype = kv_cache_torch_dtype(target_config.kv_cache_dtype, dtype)  # as the target's
     per_block = kv_bytes_per_block(mc.num_layers, target_config.block_size, mc.num_kv_heads,
                                    mc.head_dim, cache_dtype.itemsize)
     stored = mc.torch_dtype.itemsize if mc.torch_dtype is not None else 4
@@ -69,34 +63,28 @@ class DraftModelProposer:
         path = target_config.speculative_model
         # room for every token the target holds plus each sequence's drafts
         blocks = num_target_blocks + draft_extra_blocks(target_config, self.k)
-        config = replace(target_config, model=path, num_kv_blocks=blocks,
-                         enable_prefix_caching=False,
-                         speculative_model=None, num_speculative_tokens=0, model_config=None,
-                         # the draft runs as its checkpoint is
-                         dtype=target_config.dtype, quantization=None)
-        # captures graphs for its k - 1 decode steps on a GPU
-        self.runner = ModelRunner(config.resolve())
+        # the target's dtype, but no quantization: the draft runs as its checkpoint is
+        config = replace(target_config, model=path, num_kv_blocks=blocks, model_config=None,
+                         enable_prefix_caching=False, speculative_model=None,
+                         num_speculative_tokens=0, dtype=target_config.dtype, quantization=None)
+        self.runner = ModelRunner(config.resolve())  # on a GPU: graphs for its k - 1 decode steps
         if self.runner.model_config.vocab_size != vocab_size:
             raise ValueError(f"draft model {path} has vocab size "
                              f"{self.runner.model_config.vocab_size}, the target has {vocab_size}: "
                              f"they must share a tokenizer")
         self.kv = KVCacheManager(blocks, target_config.block_size, enable_prefix_caching=False)
-        # the draft's view of each request: tokens + drafts so far
-        self.shadows: dict[str, Sequence] = {}
+        self.shadows: dict[str, Sequence] = {}  # the draft's view of a request: tokens + drafts
 
     @torch.inference_mode()
     def propose(self, requests: list[SequenceState], num_drafts: list[int]) -> list[Draft]:
         """Up to num_drafts[i] tokens for each request, and the draft's distribution q for each."""
-        shadows = []
         for req in requests:
             shadow = self.shadows.get(req.request_id)
-            # the target's cache holds all but its newest token: ours may hold no more (rejected
-            # drafts go)
+            # the target caches all but its newest token: ours may hold no more (rejected drafts go)
             computed = min(shadow.num_computed_tokens, len(req.token_ids) - 1) if shadow else 0
-            shadow = self.shadows[req.request_id] = Sequence(req.request_id, list(req.token_ids),
-                                                             req.params,
-                                                             num_computed_tokens=computed)
-            shadows.append(shadow)
+            self.shadows[req.request_id] = Sequence(req.request_id, list(req.token_ids), req.params,
+                                                    num_computed_tokens=computed)
+        shadows = [self.shadows[req.request_id] for req in requests]
         drafts: list[list[int]] = [[] for _ in requests]
         dists: list[list[torch.Tensor]] = [[] for _ in requests]
         active = [i for i, k in enumerate(num_drafts) if k > 0]
@@ -122,8 +110,7 @@ class DraftModelProposer:
         return self.kv.allocate(shadow, shadow.num_tokens - shadow.num_computed_tokens)
 
     def _sample(self, logits: torch.Tensor, requests: list[SequenceState]):
-        """Greedy requests draft the argmax; sampling ones draw from the draft's processed
-        distribution q."""
+        """Greedy requests draft the argmax; sampling ones draw from the draft's processed q."""
         batch = SamplingBatch.build([r.params for r in requests], [r.token_ids for r in requests],
                                     self.runner.device)
         probs = None if batch.all_greedy else processed_probs(logits, batch)

@@ -17,8 +17,8 @@ class NgramProposer:
 
     def propose(self, requests: list[SequenceState], num_drafts: list[int]) -> list[Draft]:
         """Drafts for each request, with no distribution: a lookup is a point mass."""
-        return [(self.lookup(req.token_ids, k) if k > 0 else [], None) for req,
-                k in zip(requests, num_drafts)]
+        return [(self.lookup(req.token_ids, k) if k > 0 else [], None)
+                for req, k in zip(requests, num_drafts)]
 
     def lookup(self, tokens: list[int], k: int) -> list[int]:
         for n in range(min(self.max_n, len(tokens) - 1), self.min_n - 1, -1):

@@ -1,5 +1,4 @@
-"""The proposer interface: what the runner asks of any drafter (a draft model, n-gram lookup, or
-your own)."""
+"""The proposer interface: what the runner asks of any drafter (draft model, n-gram, your own)."""
 
 from __future__ import annotations
 
