@@ -1,5 +1,4 @@
-"""The CPU's attention: cpu_paged_attention.cpp, beside the torch reference it replaces
-(torch_backend.py).
+"""The CPU's attention: cpu_paged_attention.cpp, beside the torch reference (torch_backend.py).
 
 Why C++: the reference copies each request's K/V blocks out of the cache into a padded tensor and
 masks the padding; on CPU that copy and the masked SDPA were over a quarter of a decode step. The
@@ -21,8 +20,7 @@ from minivllm.attention.torch_backend import TorchAttentionBackend
 def register_fake() -> None:
     """The op's output shape, for torch.compile (it can then trace a model through the op without a
     graph break; the schema marks the caches as written). Called once the extension is built."""
-    shape = lambda q, *rest: q.new_empty(q.shape)  # noqa: E731
-    torch.library.register_fake("minivllm_cpu::paged_attention")(shape)
+    torch.library.register_fake("minivllm_cpu::paged_attention")(lambda q, *_: q.new_empty(q.shape))
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -24,11 +24,9 @@ class AttentionMetadata:
     max_seq_len: int
     query_lens_cpu: list[int]
     seq_lens_cpu: list[int]
-    # decode split-K slices: fixed inside a CUDA graph, else chosen per step
-    num_splits: int | None = None
+    num_splits: int | None = None  # decode split-K slices: fixed inside a CUDA graph, else per step
     # the torch backend's grouping of this step's requests (rows, block ids, masks): built by the
-    # first layer, reused by the others; keyed by (query length, GQA group size, the requests' batch
-    # indices)
+    # first layer, reused by the others; keyed by (query length, GQA group size, batch indices)
     group_plans: dict = field(default_factory=dict, repr=False)
 
     @property

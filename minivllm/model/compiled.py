@@ -1,5 +1,4 @@
-"""CPU, opt-in: the work around attention in each decoder layer, compiled by torch.compile
-(inductor).
+"""CPU, opt-in: the work around attention in each decoder layer, compiled by torch.compile/inductor.
 
 Why it was tried: an eager layer is some 200 small aten ops (RMSNorm alone is seven, rotary a
 dozen), each a few microseconds of dispatch plus a pass over memory; inductor fuses each run of
@@ -8,12 +7,11 @@ elementwise ops and reductions between two matmuls into one C++ loop.
 How, vLLM-CPU's way (piecewise): attention reads and writes the paged cache, so it stays eager; the
 two pure parts of every layer around it, `before_attention` (residual add + norm, qkv, rotary) and
 `after_attention` (o_proj, residual add + norm, gate/up, SiLU, down), are compiled. Every layer
-shares the same compiled code:
-dynamo treats a layer's weights as inputs, so 30 layers cost the compile of one. `dynamic=True`
-makes one graph serve every token count; dynamo still specialises a count of 1 (batch-1 decode) and
-the thread count (a graph per count the thread sizer picks): up to four graphs per piece, compiled
-the first time each appears (tens of seconds each on 2 cores) and cached on disk by inductor for the
-next process.
+shares the same compiled code: dynamo treats a layer's weights as inputs, so 30 layers cost the
+compile of one. `dynamic=True` makes one graph serve every token count; dynamo still specialises a
+count of 1 (batch-1 decode) and the thread count (a graph per count the thread sizer picks): up to
+four graphs per piece, compiled the first time each appears (tens of seconds each on 2 cores) and
+cached on disk by inductor for the next process.
 
 Why it is off by default: on the 2-core AMD EPYC of bench/RESULTS.md it made decode steps 3-9%
 slower, not faster. The fused kernels save less than the 60 compiled calls a step cost: each pays
@@ -40,8 +38,7 @@ PIECES = ("before_attention", "after_attention")
 
 
 def compile_decoder_layers(model: nn.Module) -> CompiledLayers | None:
-    """Compile every decoder layer's before/after-attention parts in place; None where that does not
-    apply."""
+    """Compile every decoder layer's before/after-attention parts in place; None where it can't."""
     linears = [m for m in model.modules() if hasattr(m, "quant_method")]
     if (getattr(model, "tp", None) is None or model.tp.size > 1
             or not all(isinstance(m.quant_method, UnquantizedLinearMethod) for m in linears)):
@@ -50,12 +47,10 @@ def compile_decoder_layers(model: nn.Module) -> CompiledLayers | None:
 
 
 class CompiledLayers:
-    """Each layer's two pieces replaced by compiled ones (instance attributes shadow the
-    methods)."""
+    """Each layer's two pieces replaced by compiled ones (instance attributes shadow methods)."""
 
     def __init__(self, layers: list[nn.Module]) -> None:
-        # failed: the error that sent every layer back to eager
-        self.layers, self.failed = layers, None
+        self.layers, self.failed = layers, None  # failed: the error that sent them back to eager
         for layer in layers:
             for name in PIECES:
                 setattr(layer, name, CompiledPiece(self, getattr(layer, name)))
@@ -64,8 +59,7 @@ class CompiledLayers:
         """Back to the plain methods, for good (`error`: why, warned about once)."""
         if error is not None and self.failed is None:
             warnings.warn(f"torch.compile failed, running the model eager: {type(error).__name__}: "
-                          f"{error}",
-                          RuntimeWarning, stacklevel=3)
+                          f"{error}", RuntimeWarning, stacklevel=3)
         self.failed = error
         for layer in self.layers:
             for name in PIECES:
@@ -88,7 +82,6 @@ class CompiledPiece:
             args = (args[0], torch.zeros_like(args[0]), *args[2:])
         try:
             return self.compiled(*args)
-        # the pieces are pure: eager recomputes them, or raises
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:  # noqa: BLE001  (the pieces are pure: eager recomputes them)
             self.owner.restore_eager(error)
             return self.eager(*args)

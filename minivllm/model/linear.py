@@ -1,5 +1,4 @@
-"""Linear layers whose weights are held by a quantization method: y = x @ W.T + b, W [outputs,
-inputs].
+"""Linear layers whose weights a quantization method holds: y = x @ W.T + b, W [outputs, inputs].
 
 The layer owns what does not depend on the format: its sizes, its bias, the list of shards a fused
 layer concatenates along its outputs (q/k/v, gate/up), and `shard_dim`, the dimension of W that
@@ -16,9 +15,8 @@ element).
 Under tensor parallelism (`tp`, distributed/parallel.py) the layer is built at its rank's size: a
 column layer holds 1/N of each fused shard's outputs (a shard may be replicated over `replicas`
 ranks: KV heads fewer than the ranks), a row layer 1/N of the inputs and all-reduces its partial
-sums. The method creates weights of
-that local shape and never hears of ranks; `weight_loader` cuts the rank's slice out of the
-checkpoint tensor along whichever dim of it runs along `shard_dim`.
+sums. The method creates weights of that local shape and never hears of ranks; `weight_loader` cuts
+the rank's slice out of the checkpoint tensor along whichever dim of it runs along `shard_dim`.
 """
 
 from __future__ import annotations
@@ -27,14 +25,8 @@ import torch
 from torch import nn
 
 from minivllm.distributed.parallel import SINGLE, TensorParallel, shard_of
-from minivllm.quantization import REFERENCE_KERNELS
-from minivllm.quantization.base import (
-    Layout,
-    LinearKernels,
-    LinearMethod,
-    QuantizationConfig,
-    add_weight,
-)
+from minivllm.quantization import REFERENCE_KERNELS, LinearKernels, QuantizationConfig
+from minivllm.quantization.base import Layout, LinearMethod, add_weight
 from minivllm.quantization.unquantized import UnquantizedLinearMethod
 
 
@@ -53,8 +45,7 @@ class LinearBase(nn.Module):
         self.input_size, self.output_sizes = self.local_sizes(input_size, list(output_sizes))
         self.output_size = sum(self.output_sizes)
         self.tied = False  # the weight is the embedding's (see tie_to)
-        # each parameter's dims, as create_weights declared them
-        self.layouts: dict[str, Layout] = {}
+        self.layouts: dict[str, Layout] = {}  # each parameter's dims, as create_weights declared
         self.quant_method = method or (quant.linear_method(kernels) if quant is not None
                                        else UnquantizedLinearMethod(kernels.float))
         self.quant_method.create_weights(self)
@@ -63,8 +54,7 @@ class LinearBase(nn.Module):
                        Layout(output_dim=0, input_dim=None))
         else:
             self.register_parameter("bias", None)
-        # (parameter, shard) pairs copied in so far
-        self.loaded: set[tuple[str, int | None]] = set()
+        self.loaded: set[tuple[str, int | None]] = set()  # (parameter, shard) pairs copied in
 
     def local_sizes(self, input_size: int, output_sizes: list[int]) -> tuple[int, list[int]]:
         """(inputs, outputs per shard) this rank holds."""
@@ -84,8 +74,7 @@ class LinearBase(nn.Module):
 
     @property
     def shards(self) -> list[int | None]:
-        """What a checkpoint tensor for this layer may name: None (an unfused layer) or each fused
-        shard."""
+        """What a checkpoint tensor for this layer may name: None (unfused) or each fused shard."""
         return [None] if len(self.output_sizes) == 1 else list(range(len(self.output_sizes)))
 
     def expected(self) -> set[tuple[str, int | None]]:
@@ -95,8 +84,7 @@ class LinearBase(nn.Module):
 
     def weight_loader(self, name: str, loaded: torch.Tensor, shard: int | None,
                       where: str = "") -> None:
-        """Copy one checkpoint tensor into parameter `name`, into `shard`'s rows of a fused
-        layer."""
+        """Copy a checkpoint tensor into parameter `name` (into `shard`'s rows of a fused layer)."""
         layout = self.layouts[name]
         target, dim, factor = getattr(self, name).data, layout.output_dim, layout.pack_factor
         if shard is not None and dim is not None:
@@ -116,11 +104,11 @@ class LinearBase(nn.Module):
         if tuple(target.shape) != tuple(loaded.shape):
             raise ValueError(f"{where} has shape {tuple(loaded.shape)}, expected "
                              f"{tuple(target.shape)}")
-        if shard is not None and dim is None and any(n == name for n, _ in self.loaded):
-            # one tensor for every shard (GPTQ's g_idx)
-            if not torch.equal(target, loaded.to(target.dtype)):
-                raise ValueError(f"{where} differs between the shards fused into one layer "
-                                 f"({self.output_sizes})")
+        # one tensor for every shard (GPTQ's g_idx): each shard's copy must be the same
+        if (shard is not None and dim is None and any(n == name for n, _ in self.loaded)
+                and not torch.equal(target, loaded.to(target.dtype))):
+            raise ValueError(f"{where} differs between the shards fused into one layer "
+                             f"({self.output_sizes})")
         with torch.no_grad():
             target.copy_(loaded)
         self.loaded.add((name, shard))
@@ -140,8 +128,7 @@ class LinearBase(nn.Module):
 
 class ColumnLinear(LinearBase):
     """Outputs split across GPUs under tensor parallelism: q/k/v, gate/up, the LM head. Each rank's
-    outputs stay on it (the next layer wants them split: attention heads, or a row layer's
-    inputs)."""
+    outputs stay on it (the next layer wants them split: attention heads, a row layer's inputs)."""
 
     shard_dim = 0
 
@@ -180,5 +167,5 @@ class RowLinear(LinearBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x @ W_r.T on this rank's inputs, then one all-reduce sums the ranks' partial outputs
         (bias added once)."""
-        return self.tp.all_reduce(self.quant_method.apply(self, x, self.bias if self.tp.rank == 0
-                                                          else None))
+        bias = self.bias if self.tp.rank == 0 else None
+        return self.tp.all_reduce(self.quant_method.apply(self, x, bias))

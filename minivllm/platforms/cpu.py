@@ -1,7 +1,6 @@
 """The cpu platform: the C++ fast paths, each registered here and nowhere else.
 
-What it replaces, and the switch (read here, once per platform) that keeps the readable code
-instead:
+What it replaces, and the switch (read here, once per platform) that keeps the readable code:
 
 * attention: attention/cpu_attention.py (the cache read in place);
   MINIVLLM_CPU_ATTENTION=reference keeps the torch reference, and with it the readable layer ops;
@@ -42,8 +41,7 @@ logger = init_logger(__name__)
 
 @functools.cache  # one build (or one failure, one warning) per process
 def extension_built() -> bool:
-    """Build the C++ ops and register their shapes for torch.compile; False (warned once) if they
-    cannot be built here."""
+    """Build the C++ ops, register their shapes for torch.compile; False (warned once) if not."""
     reason = cpu_extension.build_failure()
     if reason is not None:  # no compiler, no headers, a failed build: the readable code still works
         logger.warning("CPU C++ fast paths unavailable, using the readable torch code: %s", reason)
@@ -62,8 +60,7 @@ def tiled_applies(dtype: torch.dtype) -> bool:
 
 
 def onednn_applies(dtype: torch.dtype) -> bool:
-    """fp32, or bf16 on a CPU with native bf16 instructions, through a torch built with oneDNN's
-    linear."""
+    """fp32, or bf16 on a CPU with native bf16, through a torch built with oneDNN's linear."""
     fast_dtype = dtype == torch.float32 or dtype == torch.bfloat16 and cpu_has_native_bf16()
     return (fast_dtype and torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
@@ -102,13 +99,8 @@ class CpuPlatform(Platform):
 
     def compile(self, model: nn.Module, enforce_eager: bool) -> CompiledLayers | None:
         """Opt-in, MINIVLLM_CPU_COMPILE=1 (and not enforce_eager): on the machines measured so far
-        it costs more than it saves (bench/RESULTS.md), so the plain layers stay the default,
-        notebooks included."""
-        if not self.compile_layers or enforce_eager:
-            return None
-        return compile_decoder_layers(model)
+        it costs more than it saves (bench/RESULTS.md), so plain layers stay the default."""
+        return compile_decoder_layers(model) if self.compile_layers and not enforce_eager else None
 
     def compiler_name(self) -> str:
         return qualified_name(compile_decoder_layers) if self.compile_layers else "none"
-
-

@@ -38,8 +38,7 @@ def qualified_name(obj) -> str:
 
 
 class Platform:
-    """The readable defaults; each platform replaces what it has faster (reference.py, cpu.py,
-    cuda.py)."""
+    """The readable defaults; each platform replaces what it has faster (cpu.py, cuda.py)."""
 
     name = "reference"
     # op (as op_table names it) -> the test that runs this platform's implementation against the
@@ -59,9 +58,8 @@ class Platform:
 
     def _hooked(self, attention: AttentionBackend) -> AttentionBackend:
         """`attention`, unless the learner's online-softmax update replaces it."""
-        if self.online_softmax_update is None:
-            return attention
-        return OnlineSoftmaxBackend(self.online_softmax_update)
+        update = self.online_softmax_update
+        return attention if update is None else OnlineSoftmaxBackend(update)
 
     @property
     def implementations(self) -> Implementations:
@@ -69,13 +67,11 @@ class Platform:
         return Implementations(ops=self.ops, attention=self.attention, linear=self.linear)
 
     def compile(self, model: nn.Module, enforce_eager: bool) -> CompiledLayers | None:
-        """Compile the model's layers in place where this platform does (cpu.py, opt-in); None:
-        eager."""
+        """Compile the model's layers in place where a platform does (cpu.py); None: eager."""
         return None
 
     def captures_graphs(self, enforce_eager: bool) -> bool:
-        """Whether decode steps are recorded as CUDA graphs (runner/cuda_graphs.py): cuda.py only.
-        """
+        """Whether decode steps are recorded as CUDA graphs (runner/cuda_graphs.py): cuda.py's."""
         return False
 
     def thread_sizer(self, fixed: int | None, ranks: int = 1) -> CpuThreadSizer | None:
@@ -88,9 +84,7 @@ class Platform:
     def op_table(self) -> dict[str, str]:
         """Each op -> the qualified name of the function (or class) that implements it here."""
         table = {"attention": qualified_name(self.attention),
-                 "rms_norm": qualified_name(self.ops.rms_norm),
-                 "rotary": qualified_name(self.ops.rotary),
-                 "silu_and_mul": qualified_name(self.ops.silu_and_mul)}
+                 **{op: qualified_name(fn) for op, fn in self.ops._asdict().items()}}
         for family, kernel in self.linear._asdict().items():
             table[f"linear[{family}]"] = qualified_name(type(kernel).apply)
             table[f"linear[{family}].layout"] = qualified_name(type(kernel).layout)
