@@ -9,19 +9,14 @@
 // values in their slots (`store`), so that a layer costs one op call.
 #include <torch/library.h>
 #include <ATen/ATen.h>
-
 #include <ATen/Parallel.h>
+#include <type_traits>
+#include <vector>
 
-#include "../platforms/cpu_vector_math.h"
+#include "../platforms/cpu_vector_math.h"  // with <algorithm>, <cmath>, <cstring>
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
-
-#include <algorithm>
-#include <type_traits>
-#include <cmath>
-#include <cstring>
-#include <vector>
 
 namespace {
 
@@ -170,9 +165,8 @@ inline void add_values(float* acc, const float* p, const c10::BFloat16* const* v
 #endif
 
 // Which rows the vector code reads straight from the cache: fp32 ones, bf16 keys where vdpbf16ps exists, bf16
-// values (the split needs plain AVX-512), when head_dim is whole vectors (16 fp32, 32 bf16). Any other rows (fp16,
-// an odd head_dim) are widened to fp32 per chunk, then summed by the fp32 vector code or, without AVX-512, by
-// plain loops.
+// values (the split needs plain AVX-512), when head_dim is whole vectors (16 fp32, 32 bf16). Other rows (fp16, an
+// odd head_dim) are widened to fp32 per chunk, then summed by the fp32 vector code or, without AVX-512, plain loops.
 #ifdef __AVX512F__
 constexpr bool kVector = true;
 #else
@@ -222,13 +216,12 @@ void attend(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
   const int64_t q_token_stride = q.stride(0), q_head_stride = q.stride(1);
   const int64_t token_stride = num_kv_heads * head_dim, block_stride = block_size * token_stride;
   const int64_t table_stride = block_tables.stride(0);
-  const scalar_t* q_ptr = q.data_ptr<scalar_t>();
-  const scalar_t* k_ptr = k_cache.data_ptr<scalar_t>();
+  const scalar_t *q_ptr = q.data_ptr<scalar_t>(), *k_ptr = k_cache.data_ptr<scalar_t>();
   const scalar_t* v_ptr = v_cache.data_ptr<scalar_t>();
   scalar_t* out_ptr = out.data_ptr<scalar_t>();
-  const int32_t* tables = block_tables.data_ptr<int32_t>();
-  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  const int32_t *tables = block_tables.data_ptr<int32_t>(), *lens = seq_lens.data_ptr<int32_t>();
   const int32_t* starts = query_start_loc.data_ptr<int32_t>();
+  const int64_t row_bytes = head_dim * static_cast<int64_t>(sizeof(scalar_t));
   constexpr bool is_bf16 = std::is_same_v<scalar_t, c10::BFloat16>;
   const bool whole_vectors = head_dim % (is_bf16 ? 32 : 16) == 0;
   [[maybe_unused]] const bool vector = kVector && head_dim % 16 == 0;  // rows widened to fp32 take the vector code
@@ -248,8 +241,8 @@ void attend(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
 
 #pragma omp parallel num_threads(at::get_num_threads())
   {
-    std::vector<float> qf, acc, scores, sums;  // this thread's: query rows, output rows, scores [rows, padded
-                                               // context], softmax denominators
+    // this thread's: query rows, output rows, scores [rows, padded context], softmax denominators
+    std::vector<float> qf, acc, scores, sums;
     std::vector<float> widened(kChunk * head_dim);  // a chunk's rows in fp32, where they are not read in place
     std::vector<const scalar_t*> q_rows;  // per row: the query as it is
     std::vector<int64_t> visible;         // per row: how many keys it may see (causal)
@@ -261,11 +254,9 @@ void attend(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
       const int64_t first_token = starts[w.seq], q_len = starts[w.seq + 1] - first_token, ctx = lens[w.seq];
       const int64_t num_rows = std::min(kRowsPerTile, q_len * group - w.first_row);
       const int32_t* table = tables + w.seq * table_stride;
-      const int64_t row_bytes = head_dim * static_cast<int64_t>(sizeof(scalar_t));
       const PagedRows<scalar_t> keys{k_ptr + w.kv_head * head_dim, table, block_size, block_stride, token_stride,
-                                     row_bytes};
-      const PagedRows<scalar_t> values{v_ptr + w.kv_head * head_dim, table, block_size, block_stride, token_stride,
-                                       row_bytes};
+                                     row_bytes},
+          values{v_ptr + w.kv_head * head_dim, table, block_size, block_stride, token_stride, row_bytes};
       qf.resize(num_rows * head_dim);
       acc.assign(num_rows * head_dim, 0.0f);
       visible.resize(num_rows);
@@ -391,10 +382,8 @@ void store(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Te
   const int64_t num_slots = k_cache.size(0) * k_cache.size(1), kv_heads = k_cache.size(2);
   const int64_t row_bytes = k_cache.size(3) * k_cache.element_size();
   const index_t* slots = slot_mapping.data_ptr<index_t>();
-  char* k_dst = static_cast<char*>(k_cache.data_ptr());
-  char* v_dst = static_cast<char*>(v_cache.data_ptr());
-  const char* k_src = static_cast<const char*>(k.data_ptr());
-  const char* v_src = static_cast<const char*>(v.data_ptr());
+  char *k_dst = static_cast<char*>(k_cache.data_ptr()), *v_dst = static_cast<char*>(v_cache.data_ptr());
+  const char *k_src = static_cast<const char*>(k.data_ptr()), *v_src = static_cast<const char*>(v.data_ptr());
   const int64_t elem = k.element_size();
   for (int64_t t = 0; t < k.size(0); ++t) {
     const int64_t slot = slots[t];
@@ -428,12 +417,7 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::T
               "new keys and values must be [T, kv_heads, dim] in the cache's dtype, last dim contiguous");
   TORCH_CHECK(slot_mapping.dim() == 1 && slot_mapping.size(0) == k.size(0), "one slot per new key");
   const at::Tensor slots = slot_mapping.contiguous();
-  if (slots.scalar_type() == at::kLong) {
-    store<int64_t>(k, v, k_cache, v_cache, slots);
-  } else {
-    TORCH_CHECK(slots.scalar_type() == at::kInt, "slot_mapping must be int64 or int32");
-    store<int32_t>(k, v, k_cache, v_cache, slots);
-  }
+  AT_DISPATCH_INDEX_TYPES(slots.scalar_type(), "store", [&] { store<index_t>(k, v, k_cache, v_cache, slots); });
   auto out = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_attention", [&] {
     attend<scalar_t>(q, k_cache, v_cache, block_tables.contiguous(), seq_lens.contiguous(),

@@ -2,9 +2,8 @@
 
 The step's tokens from all requests are concatenated into one list of T tokens. Request b owns
 tokens query_start_loc[b]:query_start_loc[b+1] (its new tokens), and after the step its context
-holds seq_lens[b] tokens, stored in the physical blocks block_tables[b, :]. Token t's K and V are
-written to slot slot_mapping[t] = block_id * block_size + offset. A query at position p may see keys
-0..p.
+holds seq_lens[b] tokens, stored in the physical blocks block_tables[b, :]. Token t's K and V go to
+slot slot_mapping[t] = block_id * block_size + offset. A query at position p sees keys 0..p.
 """
 
 from __future__ import annotations

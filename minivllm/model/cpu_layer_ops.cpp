@@ -1,9 +1,6 @@
 // Fused elementwise ops of a decoder layer on CPU (minivllm/model/cpu_layer_ops.py): RMSNorm (with the residual
-// add before it), rotary embedding of q and k, and SwiGLU's silu(gate) * up.
-//
-// Why: in torch each of these is a chain of small aten ops (RMSNorm seven, rotary a dozen); at decode batch sizes
-// each op costs a few microseconds of dispatch for well under a microsecond of arithmetic, ~100 ops a layer. Here
-// each chain is one op, one pass over its rows.
+// add before it), rotary embedding of q and k, and SwiGLU's silu(gate) * up: each chain of small aten ops one op,
+// one pass over its rows (why, and what it saved: cpu_layer_ops.py).
 //
 // Rounding follows the readable model (minivllm/model/llama.py, rotary.py) step by step, so that bf16 results
 // equal its results: every value the torch code rounds to the model's dtype is rounded here too (`round_to`).
@@ -12,18 +9,14 @@
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-
-#include "../platforms/cpu_vector_math.h"
-
-#include <algorithm>
-#include <cmath>
-#include <cstring>
 #include <type_traits>
 
+#include "../platforms/cpu_vector_math.h"  // with <algorithm>, <cmath>, <cstring>
+
 // The dtypes a model runs in on CPU.
-#define DISPATCH_MODEL_DTYPES(TYPE, NAME, ...)                                                              \
-  AT_DISPATCH_SWITCH(TYPE, NAME, AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__)                                  \
-                         AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__) AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__))
+#define DISPATCH_MODEL_DTYPES(TYPE, NAME, ...)                                                         \
+  AT_DISPATCH_SWITCH(TYPE, NAME, AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__)                             \
+                     AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__) AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__))
 
 namespace {
 
@@ -56,13 +49,10 @@ inline void store(c10::BFloat16* p, float v) {
 // v rounded to scalar_t and back: where the torch code stores an intermediate in the model's dtype.
 template <typename scalar_t>
 inline float round_to(float v) {
-  if constexpr (std::is_same_v<scalar_t, float>) {
-    return v;
-  } else {
-    scalar_t tmp;
-    store(&tmp, v);
-    return load(&tmp);
-  }
+  if constexpr (std::is_same_v<scalar_t, float>) return v;
+  scalar_t tmp;
+  store(&tmp, v);
+  return load(&tmp);
 }
 
 using minivllm_cpu::exp_approx;  // ../cpu_vector_math.h
@@ -73,27 +63,17 @@ using minivllm_cpu::exp_approx;  // ../cpu_vector_math.h
 template <typename scalar_t>
 void norm_row(const scalar_t* x, const scalar_t* residual, const scalar_t* weight, scalar_t* out,
               scalar_t* residual_out, int64_t dim, float eps) {
-  float sum = 0.0f;
-  if (residual != nullptr) {
-#pragma omp simd reduction(+ : sum)
-    for (int64_t d = 0; d < dim; ++d) {
-      const float v = round_to<scalar_t>(load(x + d) + load(residual + d));
-      store(residual_out + d, v);
-      sum += v * v;
-    }
+  if (residual != nullptr) {  // the sum, rounded, is the new residual and the row normalised
+#pragma omp simd
+    for (int64_t d = 0; d < dim; ++d) store(residual_out + d, load(x + d) + load(residual + d));
     x = residual_out;
-  } else {
-#pragma omp simd reduction(+ : sum)
-    for (int64_t d = 0; d < dim; ++d) {
-      const float v = load(x + d);
-      sum += v * v;
-    }
   }
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t d = 0; d < dim; ++d) sum += load(x + d) * load(x + d);
   const float inv_rms = 1.0f / std::sqrt(sum / static_cast<float>(dim) + eps);
 #pragma omp simd
-  for (int64_t d = 0; d < dim; ++d) {
-    store(out + d, load(weight + d) * round_to<scalar_t>(load(x + d) * inv_rms));
-  }
+  for (int64_t d = 0; d < dim; ++d) store(out + d, load(weight + d) * round_to<scalar_t>(load(x + d) * inv_rms));
 }
 
 // x: [T, dim] or [T, heads, dim] (q/k norm; any strides but the last), residual: [T, dim] or undefined.
@@ -137,8 +117,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
                                                 const at::Tensor& weight, double eps) {
-  at::Tensor out = at::empty(x.sizes(), x.options());
-  at::Tensor residual_out = at::empty(x.sizes(), x.options());
+  at::Tensor out = at::empty(x.sizes(), x.options()), residual_out = at::empty(x.sizes(), x.options());
   rms_norm_impl(x, weight, eps, &residual, out, &residual_out);
   return {out, residual_out};
 }
@@ -172,11 +151,10 @@ void rotary_embedding(const at::Tensor& positions, at::Tensor q, at::Tensor k, c
               "rotary_embedding: cos_sin must be a contiguous fp32 [max_positions, 2, head_dim] table");
   TORCH_CHECK(positions.dim() == 1 && positions.size(0) == tokens && positions.is_contiguous(),
               "rotary_embedding: positions must be [T]");
-  const at::Tensor pos = positions.scalar_type() == at::kLong ? positions : positions.to(at::kLong);
+  const at::Tensor pos = positions.to(at::kLong);  // no copy when already int64
   const int64_t* ppos = pos.data_ptr<int64_t>();
-  const int64_t max_pos = cos_sin.size(0);
   const float* table = cos_sin.data_ptr<float>();
-  const int64_t heads_q = q.size(1), heads_k = k.size(1);
+  const int64_t heads_q = q.size(1), heads_k = k.size(1), max_pos = cos_sin.size(0);
   DISPATCH_MODEL_DTYPES(q.scalar_type(), "minivllm_rotary", [&] {
     scalar_t* pq = q.data_ptr<scalar_t>();
     scalar_t* pk = k.data_ptr<scalar_t>();

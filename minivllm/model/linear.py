@@ -2,21 +2,20 @@
 
 The layer owns what does not depend on the format: its sizes, its bias, the list of shards a fused
 layer concatenates along its outputs (q/k/v, gate/up), and `shard_dim`, the dimension of W that
-tensor parallelism splits across GPUs: 0 for a column layer (each GPU computes some outputs: q/k/v,
-gate/up), 1 for a row layer (each GPU holds some inputs and the partial sums are added up: o_proj,
-down_proj). The method (minivllm/quantization/) owns the weight tensors themselves: which ones,
-their dtype, and, through the kernel the platform handed it (`kernels`, the readable ones by
-default), their layout and the matmul.
+tensor parallelism splits across GPUs: 0 for a column layer (each GPU computes some outputs), 1 for
+a row layer (each GPU holds some inputs and the partial sums are added up). The method
+(minivllm/quantization/) owns the weight tensors themselves: which ones, their dtype, and, through
+the kernel the platform handed it (`kernels`, the readable ones by default), their layout and the
+matmul.
 
 Loading goes through `weight_loader`: a checkpoint tensor for one shard lands in its slice of each
 parameter along that parameter's output dim (scaled down where that dim packs several values per
-element).
-
-Under tensor parallelism (`tp`, distributed/parallel.py) the layer is built at its rank's size: a
-column layer holds 1/N of each fused shard's outputs (a shard may be replicated over `replicas`
-ranks: KV heads fewer than the ranks), a row layer 1/N of the inputs and all-reduces its partial
-sums. The method creates weights of that local shape and never hears of ranks; `weight_loader` cuts
-the rank's slice out of the checkpoint tensor along whichever dim of it runs along `shard_dim`.
+element). Under tensor parallelism (`tp`, distributed/parallel.py) the layer is built at its rank's
+size: a column layer holds 1/N of each fused shard's outputs (a shard may be replicated over
+`replicas` ranks: KV heads fewer than the ranks), a row layer 1/N of the inputs and all-reduces its
+partial sums. The method creates weights of that local shape and never hears of ranks;
+`weight_loader` cuts the rank's slice out of the checkpoint tensor along whichever dim of it runs
+along `shard_dim`.
 """
 
 from __future__ import annotations
@@ -72,15 +71,11 @@ class LinearBase(nn.Module):
         quantized)."""
         self.weight, self.tied = embedding.weight, True
 
-    @property
-    def shards(self) -> list[int | None]:
-        """What a checkpoint tensor for this layer may name: None (unfused) or each fused shard."""
-        return [None] if len(self.output_sizes) == 1 else list(range(len(self.output_sizes)))
-
     def expected(self) -> set[tuple[str, int | None]]:
-        """Every (parameter, shard) a complete checkpoint fills."""
+        """Every (parameter, shard) a complete checkpoint fills; shard None in an unfused layer."""
+        shards = [None] if len(self.output_sizes) == 1 else range(len(self.output_sizes))
         return {(name, shard) for name, layout in self.layouts.items() if not layout.optional
-                and not (self.tied and name == "weight") for shard in self.shards}
+                and not (self.tied and name == "weight") for shard in shards}
 
     def weight_loader(self, name: str, loaded: torch.Tensor, shard: int | None,
                       where: str = "") -> None:

@@ -5,12 +5,10 @@ What it replaces, and the switch (read here, once per platform) that keeps the r
 * attention: attention/cpu_attention.py (the cache read in place);
   MINIVLLM_CPU_ATTENTION=reference keeps the torch reference, and with it the readable layer ops;
 * norm, rotary, SwiGLU: model/cpu_layer_ops.py (one fused op per chain); MINIVLLM_CPU_LAYER_OPS=0;
-* float matmuls: quantization/cpu_unquantized.py, each weight held once, tiled where the CPU has
-  AVX-512 (MINIVLLM_CPU_SMALL_LINEAR=0 rules that out), else in oneDNN's layout where oneDNN is
-  fast, else plain;
+* float matmuls: quantization/cpu_unquantized.py, each weight held once: tiled where the CPU has
+  AVX-512 (MINIVLLM_CPU_SMALL_LINEAR=0 rules that out), else oneDNN's layout where fast, else plain;
 * int8 and int4 matmuls: torch's packed-weight kernels (quantization/cpu_quantized.py);
-* the layers around attention compiled by torch.compile (model/compiled.py): opt-in,
-  MINIVLLM_CPU_COMPILE=1.
+* torch.compile of the layers around attention (model/compiled.py): opt-in, MINIVLLM_CPU_COMPILE=1.
 
 The C++ sources are built once per process (platforms/cpu_extension.py); without a compiler every
 C++ path falls back to the readable one after one warning.
@@ -91,10 +89,9 @@ class CpuPlatform(Platform):
         fused_ops, tiled = envs.MINIVLLM_CPU_LAYER_OPS, envs.MINIVLLM_CPU_SMALL_LINEAR
         self.compile_layers = envs.MINIVLLM_CPU_COMPILE
         if kernel_attention and extension_built():
-            self.attention = cpu_attention.CpuAttentionBackend()
+            self.attention = self._hooked(cpu_attention.CpuAttentionBackend())
             if fused_ops:
                 self.ops = cpu_layer_ops.OPS
-        self.attention = self._hooked(self.attention)
         self.linear = LinearKernels(float=float_kernel(dtype, tiled), int8=CPU_INT8, int4=CPU_INT4)
 
     def compile(self, model: nn.Module, enforce_eager: bool) -> CompiledLayers | None:

@@ -78,12 +78,12 @@ def bind_cpu_threads(setting: str | None = None, idle_load: float = 0.5) -> list
 
     Why: an unpinned thread migrates between cores and leaves its cache behind, and two engines on
     one big machine should not trade cores. But pinning is only right when the cores are ours: on a
-    shared machine a pinned thread cannot move away from a busy core, and every parallel region
-    waits for it (CpuThreadSizer's reason). "auto" calls the machine idle when its 1-minute load
-    average is under `idle_load` (other processes use less than half a core); otherwise it leaves
-    placement to the OS and the sizer. Every thread that exists now is bound (the OpenMP workers
-    included) and threads started later inherit the set; torch's thread count is capped at its
-    size. For one thread per core exactly, also start Python with OMP_PROC_BIND=close.
+    shared machine a pinned thread cannot leave a busy core, and every parallel region waits for it
+    (CpuThreadSizer's reason). "auto" calls the machine idle when its 1-minute load average is under
+    `idle_load` (others use under half a core), else leaves placement to the OS and the sizer. Every
+    thread that exists now is bound (the OpenMP workers too), later ones inherit the set, and
+    torch's thread count is capped at its size. For one thread per core exactly, also start Python
+    with OMP_PROC_BIND=close.
     """
     setting = (setting if setting is not None else envs.MINIVLLM_CPU_OMP_THREADS_BIND).strip()
     if setting in ("", "off") or not hasattr(os, "sched_setaffinity"):
@@ -112,12 +112,12 @@ class CpuThreadSizer:
     """Sizes torch's intra-op threads to the cores other processes leave free, re-checked every
     `interval_s`.
 
-    Why: an OpenMP thread that has to wait for a core taken by another process stalls every parallel
-    region it is part of, while its partner spins. On the shared 2-core machine of bench/RESULTS.md,
-    2 threads at batch 1 went from 27 ms to over 1 s per step when other jobs were running, while 1
-    thread took 40 ms. So every few seconds this reads how much CPU time the whole machine spent
-    (/proc/stat) minus our own process's, and uses the cores that are left on the machine (at least
-    1, at most `max_threads`). Without /proc/stat it changes nothing.
+    Why: an OpenMP thread that waits for a core taken by another process stalls every parallel
+    region it is in, while its partner spins: on the shared 2-core machine of bench/RESULTS.md, 2
+    threads at batch 1 went from 27 ms to over 1 s per step when other jobs ran (1 thread: 40 ms).
+    So every few seconds this reads the CPU time the machine spent (/proc/stat) minus our process's,
+    and uses the cores left (at least 1, at most `max_threads`); without /proc/stat it changes
+    nothing.
     """
 
     def __init__(self, fixed: int | None = None, max_threads: int | None = None,

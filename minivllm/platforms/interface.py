@@ -6,9 +6,8 @@ and hands down: the model is built from its `Implementations` (the small ops, th
 one linear kernel per format family) and names no hardware; the runner asks it whether to compile,
 whether to capture CUDA graphs and how to size CPU threads. A platform holds no mutable global
 state, so two engines in one process may run on different platforms (a test comparing the reference
-with the cpu platform does).
-
-`op_table()` names the function behind each op, for a chapter's table and for tests.
+with the cpu platform does). `op_table()` names the function behind each op, for a chapter's table
+and for tests.
 """
 
 from __future__ import annotations
@@ -51,10 +50,10 @@ class Platform:
         then attended block by block with it (attention/online_softmax.py), whatever the platform.
         """
         self.device, self.dtype = torch.device(device), dtype
+        self.online_softmax_update = online_softmax_update
         self.ops: LayerOps = REFERENCE
         self.linear: LinearKernels = REFERENCE_KERNELS
-        self.attention: AttentionBackend = TorchAttentionBackend()
-        self.online_softmax_update = online_softmax_update
+        self.attention: AttentionBackend = self._hooked(TorchAttentionBackend())
 
     def _hooked(self, attention: AttentionBackend) -> AttentionBackend:
         """`attention`, unless the learner's online-softmax update replaces it."""
