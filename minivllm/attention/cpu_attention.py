@@ -3,10 +3,9 @@
 Why C++: the reference copies each request's K/V blocks out of the cache into a padded tensor and
 masks the padding; on CPU that copy and the masked SDPA were over a quarter of a decode step. The
 kernel reads the blocks in place, and stores the step's new keys and values first (one op per layer
-instead of store_kv's handful). It is compiled once per machine (10-25 s, `-O3 -march=native`) with
-the other CPU sources (platforms/cpu_extension.py). The cpu platform (platforms/cpu.py) builds it
-and chooses this backend, unless MINIVLLM_CPU_ATTENTION=reference or the build fails; what the
-kernel does not handle (an fp8 cache, padded rows) goes to the reference.
+instead of store_kv's handful); platforms/cpu_extension.py builds it. The cpu platform
+(platforms/cpu.py) chooses this backend, unless MINIVLLM_CPU_ATTENTION=reference or the build
+fails; what the kernel does not handle (an fp8 cache, padded rows) goes to the reference.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
-// Paged attention on CPU that reads K and V straight out of the paged cache (minivllm/attention/cpu_attention.py).
-//
-// The torch reference copies every request's blocks into a padded tensor, then runs SDPA with a padding mask:
-// the cache is read once, written once and read again. Here each work item, one (request, KV head, tile of
-// query rows), walks its block table and reads each key and value once, in place. The query heads that share a
-// KV head (GQA) are extra rows of the same item, so a key loaded for one serves them all. Keys are scored and
-// values summed a chunk of 16 positions at a time, which is what the vector code below is shaped for. Scores,
-// softmax and sums are fp32, whatever the cache holds. Before attending, the op stores this step's keys and
-// values in their slots (`store`), so that a layer costs one op call.
+// Paged attention on CPU that reads K and V straight out of the paged cache (minivllm/attention/cpu_attention.py). The
+// torch reference copies every request's blocks into a padded tensor, then runs SDPA with a padding mask: the cache is
+// read once, written once and read again. Here each work item, one (request, KV head, tile of query rows), walks its
+// block table and reads each key and value once, in place. The query heads that share a KV head (GQA) are extra rows of
+// the same item, so a key loaded for one serves them all. Keys are scored and values summed a chunk of 16 positions at
+// a time, the vector code's shape. Scores, softmax and sums are fp32, whatever the cache holds. Before attending, the
+// op stores this step's keys and values in their slots (`store`): one op call a layer.
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -55,8 +53,7 @@ inline void prefetch_line(const void* p) {
 
 // The key (or value) rows of one KV head of one request, position by position. Blocks sit anywhere in the cache,
 // so every position goes through the block table, and the hardware prefetcher cannot guess the next block:
-// `prefetch` asks for rows ahead of the ones being read (without it the loads were ~70% of the time). The score
-// pass and the value pass both read their rows through here.
+// `prefetch` asks for rows ahead of the ones being read (without it the loads were ~70% of the time).
 template <typename scalar_t>
 struct PagedRows {
   const scalar_t* cache;  // the cache, offset to this KV head
@@ -128,6 +125,9 @@ inline __m512 dot_chunk(const c10::BFloat16* q, const c10::BFloat16* const* keys
   }
   return sum_lanes(acc);
 }
+constexpr bool kBf16Dot = true;
+#else
+constexpr bool kBf16Dot = false;
 #endif
 
 // ---- values: acc += p[j] * value_j over the chunk's kChunk values ---------------------------------------------
@@ -162,21 +162,14 @@ inline void add_values(float* acc, const float* p, const c10::BFloat16* const* v
     _mm512_storeu_ps(acc + d + 16, _mm512_add_ps(odd[0], odd[1]));
   }
 }
+constexpr bool kVector = true;  // the vector code above exists
+#else
+constexpr bool kVector = false;
 #endif
 
 // Which rows the vector code reads straight from the cache: fp32 ones, bf16 keys where vdpbf16ps exists, bf16
 // values (the split needs plain AVX-512), when head_dim is whole vectors (16 fp32, 32 bf16). Other rows (fp16, an
 // odd head_dim) are widened to fp32 per chunk, then summed by the fp32 vector code or, without AVX-512, plain loops.
-#ifdef __AVX512F__
-constexpr bool kVector = true;
-#else
-constexpr bool kVector = false;
-#endif
-#ifdef __AVX512BF16__
-constexpr bool kBf16Dot = true;
-#else
-constexpr bool kBf16Dot = false;
-#endif
 template <typename T>
 constexpr bool kScoresInPlace = kVector && (std::is_same_v<T, float> || (std::is_same_v<T, c10::BFloat16> && kBf16Dot));
 template <typename T>
@@ -203,9 +196,7 @@ inline float plain_dot(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
-struct WorkItem {
-  int64_t seq, kv_head, first_row;  // rows are (query, head of the group) pairs, query-major
-};
+struct WorkItem { int64_t seq, kv_head, first_row; };  // rows are (query, head of the group) pairs, query-major
 
 template <typename scalar_t>
 void attend(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -213,9 +204,8 @@ void attend(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
             double scale, at::Tensor& out) {
   const int64_t num_seqs = seq_lens.size(0), num_heads = q.size(1), head_dim = q.size(2);
   const int64_t block_size = k_cache.size(1), num_kv_heads = k_cache.size(2), group = num_heads / num_kv_heads;
-  const int64_t q_token_stride = q.stride(0), q_head_stride = q.stride(1);
+  const int64_t q_token_stride = q.stride(0), q_head_stride = q.stride(1), table_stride = block_tables.stride(0);
   const int64_t token_stride = num_kv_heads * head_dim, block_stride = block_size * token_stride;
-  const int64_t table_stride = block_tables.stride(0);
   const scalar_t *q_ptr = q.data_ptr<scalar_t>(), *k_ptr = k_cache.data_ptr<scalar_t>();
   const scalar_t* v_ptr = v_cache.data_ptr<scalar_t>();
   scalar_t* out_ptr = out.data_ptr<scalar_t>();
@@ -380,11 +370,10 @@ template <typename index_t>
 void store(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache,
            const at::Tensor& slot_mapping) {
   const int64_t num_slots = k_cache.size(0) * k_cache.size(1), kv_heads = k_cache.size(2);
-  const int64_t row_bytes = k_cache.size(3) * k_cache.element_size();
+  const int64_t row_bytes = k_cache.size(3) * k_cache.element_size(), elem = k.element_size();
   const index_t* slots = slot_mapping.data_ptr<index_t>();
   char *k_dst = static_cast<char*>(k_cache.data_ptr()), *v_dst = static_cast<char*>(v_cache.data_ptr());
   const char *k_src = static_cast<const char*>(k.data_ptr()), *v_src = static_cast<const char*>(v.data_ptr());
-  const int64_t elem = k.element_size();
   for (int64_t t = 0; t < k.size(0); ++t) {
     const int64_t slot = slots[t];
     if (slot < 0) continue;

@@ -1,9 +1,8 @@
 """The torch reference backend: store K/V through the slot mapping, attend through the block table.
 
-It is written for clarity, runs anywhere, and is the oracle the Triton kernels are tested against.
-An fp8 cache (kv_cache_dtype) is quantized as it is stored and upcast, times its scale, as it is
-read (`read_kv`). Plain torch only: the CPU's C++ kernel (cpu_attention.py) and the Triton one
-(triton_backend.py) sit beside it, and a platform (minivllm/platforms/) picks one.
+Plain torch, written for clarity, runs anywhere: the oracle the CPU's C++ kernel (cpu_attention.py)
+and the Triton one (triton_backend.py) are tested against. An fp8 cache (kv_cache_dtype) is
+quantized as it is stored and upcast, times its scale, as it is read (`read_kv`).
 """
 
 from __future__ import annotations

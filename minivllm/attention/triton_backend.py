@@ -3,9 +3,8 @@
 Store the step's K/V, then one kernel launch per layer: the decode kernel when every request brings
 a single token (the common steady state, memory bound), the prefill kernel otherwise (prompts,
 chunks, mixed batches). An fp8 cache is converted by bit manipulation inside the kernels
-(kernels/fp8.py), so it runs on every GPU, a T4 included. On CPU the kernels run only under Triton's
-interpreter, which is slow but exact: tests use it to run the engine with this backend on machines
-without a GPU.
+(kernels/fp8.py), so it runs on every GPU, a T4 included. On CPU only Triton's interpreter runs
+them, slow but exact (tests use it on machines without a GPU: platforms/cuda.py).
 """
 
 from __future__ import annotations

@@ -17,10 +17,9 @@ Why it is off by default: on the 2-core AMD EPYC of bench/RESULTS.md it made dec
 slower. The fused kernels save less than the 60 compiled calls a step cost: each pays dynamo's guard
 lookup (~30 us) and wrapper, where the eager ops they replace cost 1-2 us each. Paying off needs one
 compiled call per step (the whole model, attention an opaque op). The cpu platform
-(minivllm/platforms/cpu.py) applies it where MINIVLLM_CPU_COMPILE=1 (never with enforce_eager).
-
-Only for float weights (the unquantized method) without tensor parallelism: quantized layers keep
-their own kernels, and collectives stay out of the graph. If compiling fails (no C++ compiler, an
+(minivllm/platforms/cpu.py) applies it where MINIVLLM_CPU_COMPILE=1 (never with enforce_eager), only
+for float weights (the unquantized method) without tensor parallelism: quantized layers keep their
+own kernels, and collectives stay out of the graph. If compiling fails (no C++ compiler, an
 unsupported op), the layers warn once and run eager from then on.
 """
 

@@ -1,11 +1,10 @@
-// Fused elementwise ops of a decoder layer on CPU (minivllm/model/cpu_layer_ops.py): RMSNorm (with the residual
-// add before it), rotary embedding of q and k, and SwiGLU's silu(gate) * up: each chain of small aten ops one op,
-// one pass over its rows (why, and what it saved: cpu_layer_ops.py).
-//
-// Rounding follows the readable model (minivllm/model/llama.py, rotary.py) step by step, so that bf16 results
-// equal its results: every value the torch code rounds to the model's dtype is rounded here too (`round_to`).
-// What differs: sums of squares run in another order, silu's exp is a polynomial (~1 ulp from torch's), and fp32
-// products may be fused into FMAs by the compiler; measured, bf16 outputs were bit-equal, fp32 ones ~1 ulp off.
+// Fused elementwise ops of a decoder layer on CPU (minivllm/model/cpu_layer_ops.py, which says why and what they
+// saved): RMSNorm (with the residual add before it), rotary embedding of q and k, and SwiGLU's silu(gate) * up, each
+// chain of small aten ops as one op, one pass over its rows.
+// Rounding follows the readable ops (minivllm/model/layer_ops.py) step by step, so that bf16 results equal theirs:
+// every value the torch code rounds to the model's dtype is rounded here too (`round_to`). What differs: sums of
+// squares run in another order, silu's exp is a polynomial (~1 ulp from torch's), and fp32 products may be fused into
+// FMAs by the compiler; measured, bf16 outputs were bit-equal, fp32 ones ~1 ulp off.
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -57,9 +56,9 @@ inline float round_to(float v) {
 
 using minivllm_cpu::exp_approx;  // ../cpu_vector_math.h
 
-// ---- RMSNorm: out = w * round(v / sqrt(mean(v^2) + eps)), v = x, or round(x + residual) written back as the
-// new residual (llama.py's RMSNorm._norm: the add in the model's dtype, the norm in fp32, the weight product in
-// the model's dtype).
+// ---- RMSNorm: out = w * round(v / sqrt(mean(v^2) + eps)), v = x, or round(x + residual) written back as the new
+// residual (layer_ops.py's rms_norm: the add in the model's dtype, the norm in fp32, the weight product in the model's
+// dtype).
 template <typename scalar_t>
 void norm_row(const scalar_t* x, const scalar_t* residual, const scalar_t* weight, scalar_t* out,
               scalar_t* residual_out, int64_t dim, float eps) {
@@ -92,14 +91,11 @@ void rms_norm_impl(const at::Tensor& x, const at::Tensor& weight, double eps, co
                 "rms_norm: the residual must be [T, dim] like x");
     stride_r = residual->stride(0);
   }
-  const int64_t rows = tokens * heads;
   DISPATCH_MODEL_DTYPES(x.scalar_type(), "minivllm_rms_norm", [&] {
-    const scalar_t* px = x.data_ptr<scalar_t>();
-    const scalar_t* pw = weight.data_ptr<scalar_t>();
-    const scalar_t* pr = residual != nullptr ? residual->data_ptr<scalar_t>() : nullptr;
-    scalar_t* po = out.data_ptr<scalar_t>();
-    scalar_t* pro = residual_out != nullptr ? residual_out->data_ptr<scalar_t>() : nullptr;
-    at::parallel_for(0, rows, grain(dim), [&](int64_t begin, int64_t end) {
+    const scalar_t *px = x.data_ptr<scalar_t>(), *pw = weight.data_ptr<scalar_t>();
+    const scalar_t* pr = residual ? residual->data_ptr<scalar_t>() : nullptr;
+    scalar_t *po = out.data_ptr<scalar_t>(), *pro = residual_out ? residual_out->data_ptr<scalar_t>() : nullptr;
+    at::parallel_for(0, tokens * heads, grain(dim), [&](int64_t begin, int64_t end) {
       for (int64_t row = begin; row < end; ++row) {
         const int64_t t = row / heads, h = row % heads;
         norm_row(px + t * stride_t + h * stride_h, pr != nullptr ? pr + t * stride_r : nullptr, pw, po + row * dim,
@@ -122,8 +118,8 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
   return {out, residual_out};
 }
 
-// ---- Rotary embedding (NeoX / rotate_half style), in place. rotary.py computes q * cos + rotate_half(q) * sin
-// in the model's dtype with cos and sin cast to it: each product rounded, then their sum.
+// ---- Rotary embedding (NeoX / rotate_half style), in place. layer_ops.py's rotary computes q * cos + rotate_half(q) *
+// sin in the model's dtype with cos and sin cast to it: each product rounded, then their sum.
 template <typename scalar_t>
 void rotate_heads(scalar_t* base, int64_t heads, int64_t stride_h, int64_t half, const float* cos, const float* sin) {
   for (int64_t h = 0; h < heads; ++h) {
@@ -156,16 +152,14 @@ void rotary_embedding(const at::Tensor& positions, at::Tensor q, at::Tensor k, c
   const float* table = cos_sin.data_ptr<float>();
   const int64_t heads_q = q.size(1), heads_k = k.size(1), max_pos = cos_sin.size(0);
   DISPATCH_MODEL_DTYPES(q.scalar_type(), "minivllm_rotary", [&] {
-    scalar_t* pq = q.data_ptr<scalar_t>();
-    scalar_t* pk = k.data_ptr<scalar_t>();
-    const int64_t work = (heads_q + heads_k) * dim;
-    at::parallel_for(0, tokens, grain(work), [&](int64_t begin, int64_t end) {
+    scalar_t *pq = q.data_ptr<scalar_t>(), *pk = k.data_ptr<scalar_t>();
+    at::parallel_for(0, tokens, grain((heads_q + heads_k) * dim), [&](int64_t begin, int64_t end) {
       float cos[kMaxHeadDim], sin[kMaxHeadDim];
       for (int64_t t = begin; t < end; ++t) {
         const int64_t p = ppos[t];
         TORCH_CHECK(p >= 0 && p < max_pos, "rotary_embedding: position ", p, " outside the table");
         const float* row = table + p * 2 * dim;
-        for (int64_t d = 0; d < dim; ++d) {  // the table cast to the model's dtype, as rotary.py casts it
+        for (int64_t d = 0; d < dim; ++d) {  // the table cast to the model's dtype, as layer_ops.py casts it
           cos[d] = round_to<scalar_t>(row[d]);
           sin[d] = round_to<scalar_t>(row[dim + d]);
         }

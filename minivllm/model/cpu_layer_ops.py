@@ -8,9 +8,8 @@ rotary works in place), and round where the readable model rounds, so bf16 resul
 results (fp32 ones within ~1 ulp). Measured on a 2-core AMD EPYC: ~50 dispatched ops a layer become
 21, and that batch-1 step went from 25 to 19 ms (bench/RESULTS.md).
 
-The cpu platform (minivllm/platforms/cpu.py) builds them and hands the model `OPS` in place of the
-readable ones (layer_ops.py), unless MINIVLLM_CPU_ATTENTION=reference or MINIVLLM_CPU_LAYER_OPS=0;
-if the extension cannot be built, the readable ops stay, after one warning.
+The cpu platform (minivllm/platforms/cpu.py, which lists its switches) hands the model `OPS` in
+place of the readable ones (layer_ops.py).
 """
 
 from __future__ import annotations

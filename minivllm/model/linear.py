@@ -31,6 +31,8 @@ from minivllm.quantization.unquantized import UnquantizedLinearMethod
 
 class LinearBase(nn.Module):
     shard_dim: int  # the dim of W [outputs, inputs] tensor parallelism splits
+    # each subclass also defines local_sizes (the inputs, and outputs per shard, this rank holds)
+    # and rank_slice(shard) (which slice of a checkpoint tensor, along shard_dim, this rank holds)
 
     def __init__(self, input_size: int, output_sizes: list[int], bias: bool,
                  quant: QuantizationConfig | None = None,
@@ -54,14 +56,6 @@ class LinearBase(nn.Module):
         else:
             self.register_parameter("bias", None)
         self.loaded: set[tuple[str, int | None]] = set()  # (parameter, shard) pairs copied in
-
-    def local_sizes(self, input_size: int, output_sizes: list[int]) -> tuple[int, list[int]]:
-        """(inputs, outputs per shard) this rank holds."""
-        raise NotImplementedError
-
-    def rank_slice(self, shard: int | None) -> int:
-        """Which slice of the checkpoint tensor (along shard_dim) this rank holds."""
-        raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.quant_method.apply(self, x, self.bias)

@@ -161,8 +161,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config, self.tp = cfg, tp
         self.model = LlamaModel(cfg, impl, tp)
-        # the vocab split like the embedding's, padded to N equal shards
-        rows = self.model.embed_tokens.rows
+        rows = self.model.embed_tokens.rows  # the embedding's vocab split: N equal shards, padded
         self.lm_head = ColumnLinear(cfg.hidden_size, [rows * tp.size], False,
                                     method=UnquantizedLinearMethod(impl.linear.float), tp=tp)
         if cfg.tie_word_embeddings:

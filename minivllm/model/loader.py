@@ -1,5 +1,4 @@
-"""Load a Hugging Face checkpoint directory (config.json + *.safetensors), or a GGUF file, into our
-decoder.
+"""Load a Hugging Face checkpoint (config.json + *.safetensors), or a GGUF file, into our decoder.
 
 The config is parsed by transformers' AutoConfig and the tensors are read with safetensors, shard by
 shard, straight into the (possibly fused) parameters, so nothing is held twice in memory. A
@@ -122,14 +121,12 @@ def read_generation_config(path: str | Path) -> dict:
 
 def load_model(path: str | Path, cfg: ModelConfig, impl: Implementations, dtype: torch.dtype,
                device: str, tp: TensorParallel = SINGLE) -> LlamaForCausalLM:
-    """Build the model without initialising weights, then copy every checkpoint tensor into place.
-
-    A linear layer's tensors go through its `weight_loader` (model/linear.py), whatever the format;
+    """Build the model without initialising weights, then copy every checkpoint tensor into place. A
+    linear layer's tensors go through its `weight_loader` (model/linear.py), whatever the format;
     once all are in, each layer's quantization method prepares them for its kernels
     (`process_weights_after_loading`). `impl`: the ops, attention and linear kernels the model runs
     (a platform's, minivllm/platforms/). Under tensor parallelism (`tp`) every rank reads the whole
-    checkpoint and keeps its slices.
-    """
+    checkpoint and keeps its slices."""
     path = Path(path)
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg, impl, tp)
@@ -217,13 +214,11 @@ def _checkpoint_tensors(path: Path, cfg: ModelConfig):
 
 def generation_defaults(path: str | Path, eos_token_id: int | list[int] | None,
                         use_generation_config: bool = True) -> tuple[tuple[int, ...], dict]:
-    """Every id that ends a sequence, and the sampling defaults used without SamplingParams.
-
-    The ids: `eos_token_id` (the tokenizer's, or config.json's without one) plus
+    """Every id that ends a sequence, and the sampling defaults used without SamplingParams. The
+    ids: `eos_token_id` (the tokenizer's, or config.json's without one) plus
     generation_config.json's list (Llama 3 and Qwen name several: end of text, end of turn). The
     defaults: its temperature, top_p, top_k, min_p, repetition_penalty and max_new_tokens, in
-    SamplingParams' names (vLLM's generation_config="auto").
-    """
+    SamplingParams' names (vLLM's generation_config="auto")."""
     generation = read_generation_config(path) if use_generation_config else {}
     eos: list = []
     for ids in (eos_token_id, generation.get("eos_token_id")):

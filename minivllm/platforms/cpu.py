@@ -95,8 +95,7 @@ class CpuPlatform(Platform):
         self.linear = LinearKernels(float=float_kernel(dtype, tiled), int8=CPU_INT8, int4=CPU_INT4)
 
     def compile(self, model: nn.Module, enforce_eager: bool) -> CompiledLayers | None:
-        """Opt-in, MINIVLLM_CPU_COMPILE=1 (and not enforce_eager): on the machines measured so far
-        it costs more than it saves (bench/RESULTS.md), so plain layers stay the default."""
+        """Opt-in (MINIVLLM_CPU_COMPILE=1, not enforce_eager): so far it cost more than it saved."""
         return compile_decoder_layers(model) if self.compile_layers and not enforce_eager else None
 
     def compiler_name(self) -> str:

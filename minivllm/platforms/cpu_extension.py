@@ -30,26 +30,21 @@ def _fingerprint() -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:10]
 
 
-def build() -> None:
-    """Build the extension (or find it built) and load it, registering its ops; raises the build's
-    error. A build takes seconds, a cached one ~10 ms, one already loaded under 1 ms."""
-    from torch.utils.cpp_extension import load
-
-    # torch rebuilds when a source or a build flag changes, not a header: the headers' hash rides
-    # along as a flag
-    headers = hashlib.sha1(b"".join(h.read_bytes() for h in HEADERS)).hexdigest()[:10]
-    load(name=f"minivllm_cpu_{_fingerprint()}", sources=[str(s) for s in SOURCES],
-         extra_cflags=["-O3", "-march=native", "-fopenmp", f"-DMINIVLLM_CPU_HEADERS={headers}"],
-         extra_ldflags=["-fopenmp"], is_python_module=False)
-
-
 @functools.cache  # one build (or one failure) per process
 def build_failure() -> str | None:
-    """`build()`; None once the ops are registered, else why not, in one line (no compiler, no
+    """Build the extension (or find it built) and load it, registering its ops (a build takes
+    seconds, a cached one ~10 ms). None once they are, else why not, in one line (no compiler, no
     headers, a failed build): what the cpu platform's warning says before it keeps the readable
     torch path."""
     try:
-        build()
+        from torch.utils.cpp_extension import load
+
+        # torch rebuilds when a source or a build flag changes, not a header: the headers' hash
+        # rides along as a flag
+        headers = hashlib.sha1(b"".join(h.read_bytes() for h in HEADERS)).hexdigest()[:10]
+        load(name=f"minivllm_cpu_{_fingerprint()}", sources=[str(s) for s in SOURCES],
+             extra_cflags=["-O3", "-march=native", "-fopenmp", f"-DMINIVLLM_CPU_HEADERS={headers}"],
+             extra_ldflags=["-fopenmp"], is_python_module=False)
     except Exception as err:  # noqa: BLE001  (every failure means the same to callers: fall back)
         text = str(err).strip()
         return text.splitlines()[-1] if text else type(err).__name__

@@ -25,8 +25,6 @@ from minivllm.platforms.cpu_hardware import CpuThreadSizer, torch_default_thread
 from minivllm.quantization import REFERENCE_KERNELS, LinearKernels
 
 if TYPE_CHECKING:
-    from torch import nn
-
     from minivllm.model.compiled import CompiledLayers
 
 
@@ -46,9 +44,8 @@ class Platform:
 
     def __init__(self, device: str | torch.device, dtype: torch.dtype,
                  online_softmax_update=None) -> None:
-        """`online_softmax_update`: a learner's own (minivllm.hooks, chapter 02): decode steps are
-        then attended block by block with it (attention/online_softmax.py), whatever the platform.
-        """
+        """`online_softmax_update`: a learner's own (minivllm.hooks, chapter 02), with which decode
+        steps are attended block by block (attention/online_softmax.py), whatever the platform."""
         self.device, self.dtype = torch.device(device), dtype
         self.online_softmax_update = online_softmax_update
         self.ops: LayerOps = REFERENCE
@@ -62,10 +59,9 @@ class Platform:
 
     @property
     def implementations(self) -> Implementations:
-        """What the model is built from (model/llama.py)."""
         return Implementations(ops=self.ops, attention=self.attention, linear=self.linear)
 
-    def compile(self, model: nn.Module, enforce_eager: bool) -> CompiledLayers | None:
+    def compile(self, model: torch.nn.Module, enforce_eager: bool) -> CompiledLayers | None:
         """Compile the model's layers in place where a platform does (cpu.py); None: eager."""
         return None
 
