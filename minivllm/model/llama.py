@@ -176,8 +176,8 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
-        """input_ids, positions [T]; kv_caches [layers, 2, blocks, block_size, kv_heads, dim] -> [T,
-        hidden]."""
+        """input_ids, positions: [T]; kv_caches: [layers, 2, blocks, block_size, kv_heads, dim].
+        Returns the last layer's normed hidden states, [T, hidden]."""
         x, residual = self.model.embed_tokens(input_ids), None
         for layer, kv_cache in zip(self.model.layers, kv_caches):
             x, residual = layer(x, residual, positions, self.model.rotary_emb, kv_cache, meta)
