@@ -1,5 +1,4 @@
-"""The attention backend interface: what every decoder layer asks of its attention, whoever
-implements it."""
+"""The attention backend interface: what each decoder layer asks of any attention implementation."""
 
 from __future__ import annotations
 

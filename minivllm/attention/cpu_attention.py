@@ -1,13 +1,11 @@
-"""The CPU's attention: cpu_paged_attention.cpp, beside the torch reference it replaces
-(torch_backend.py).
+"""The CPU's attention: cpu_paged_attention.cpp, beside the torch reference (torch_backend.py).
 
 Why C++: the reference copies each request's K/V blocks out of the cache into a padded tensor and
 masks the padding; on CPU that copy and the masked SDPA were over a quarter of a decode step. The
 kernel reads the blocks in place, and stores the step's new keys and values first (one op per layer
-instead of store_kv's handful). It is compiled once per machine (10-25 s, `-O3 -march=native`) with
-the other CPU sources (platforms/cpu_extension.py). The cpu platform (platforms/cpu.py) builds it
-and chooses this backend, unless MINIVLLM_CPU_ATTENTION=reference or the build fails; what the
-kernel does not handle (an fp8 cache, padded rows) goes to the reference.
+instead of store_kv's handful); platforms/cpu_extension.py builds it. The cpu platform
+(platforms/cpu.py) chooses this backend, unless MINIVLLM_CPU_ATTENTION=reference or the build
+fails; what the kernel does not handle (an fp8 cache, padded rows) goes to the reference.
 """
 
 from __future__ import annotations
@@ -21,8 +19,7 @@ from minivllm.attention.torch_backend import TorchAttentionBackend
 def register_fake() -> None:
     """The op's output shape, for torch.compile (it can then trace a model through the op without a
     graph break; the schema marks the caches as written). Called once the extension is built."""
-    shape = lambda q, *rest: q.new_empty(q.shape)  # noqa: E731
-    torch.library.register_fake("minivllm_cpu::paged_attention")(shape)
+    torch.library.register_fake("minivllm_cpu::paged_attention")(lambda q, *_: q.new_empty(q.shape))
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

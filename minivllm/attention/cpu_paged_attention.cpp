@@ -1,27 +1,20 @@
-// Paged attention on CPU that reads K and V straight out of the paged cache (minivllm/attention/cpu_attention.py).
-//
-// The torch reference copies every request's blocks into a padded tensor, then runs SDPA with a padding mask:
-// the cache is read once, written once and read again. Here each work item, one (request, KV head, tile of
-// query rows), walks its block table and reads each key and value once, in place. The query heads that share a
-// KV head (GQA) are extra rows of the same item, so a key loaded for one serves them all. Keys are scored and
-// values summed a chunk of 16 positions at a time, which is what the vector code below is shaped for. Scores,
-// softmax and sums are fp32, whatever the cache holds. Before attending, the op stores this step's keys and
-// values in their slots (`store`), so that a layer costs one op call.
+// Paged attention on CPU that reads K and V straight out of the paged cache (minivllm/attention/cpu_attention.py). The
+// torch reference copies every request's blocks into a padded tensor, then runs SDPA with a padding mask: the cache is
+// read once, written once and read again. Here each work item, one (request, KV head, tile of query rows), walks its
+// block table and reads each key and value once, in place. The query heads that share a KV head (GQA) are extra rows of
+// the same item, so a key loaded for one serves them all. Keys are scored and values summed a chunk of 16 positions at
+// a time, the vector code's shape. Scores, softmax and sums are fp32, whatever the cache holds. Before attending, the
+// op stores this step's keys and values in their slots (`store`): one op call a layer.
 #include <torch/library.h>
 #include <ATen/ATen.h>
-
 #include <ATen/Parallel.h>
+#include <type_traits>
+#include <vector>
 
-#include "../platforms/cpu_vector_math.h"
+#include "../platforms/cpu_vector_math.h"  // with <algorithm>, <cmath>, <cstring>
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
-
-#include <algorithm>
-#include <type_traits>
-#include <cmath>
-#include <cstring>
-#include <vector>
 
 namespace {
 
@@ -60,8 +53,7 @@ inline void prefetch_line(const void* p) {
 
 // The key (or value) rows of one KV head of one request, position by position. Blocks sit anywhere in the cache,
 // so every position goes through the block table, and the hardware prefetcher cannot guess the next block:
-// `prefetch` asks for rows ahead of the ones being read (without it the loads were ~70% of the time). The score
-// pass and the value pass both read their rows through here.
+// `prefetch` asks for rows ahead of the ones being read (without it the loads were ~70% of the time).
 template <typename scalar_t>
 struct PagedRows {
   const scalar_t* cache;  // the cache, offset to this KV head
@@ -133,6 +125,9 @@ inline __m512 dot_chunk(const c10::BFloat16* q, const c10::BFloat16* const* keys
   }
   return sum_lanes(acc);
 }
+constexpr bool kBf16Dot = true;
+#else
+constexpr bool kBf16Dot = false;
 #endif
 
 // ---- values: acc += p[j] * value_j over the chunk's kChunk values ---------------------------------------------
@@ -167,22 +162,14 @@ inline void add_values(float* acc, const float* p, const c10::BFloat16* const* v
     _mm512_storeu_ps(acc + d + 16, _mm512_add_ps(odd[0], odd[1]));
   }
 }
-#endif
-
-// Which rows the vector code reads straight from the cache: fp32 ones, bf16 keys where vdpbf16ps exists, bf16
-// values (the split needs plain AVX-512), when head_dim is whole vectors (16 fp32, 32 bf16). Any other rows (fp16,
-// an odd head_dim) are widened to fp32 per chunk, then summed by the fp32 vector code or, without AVX-512, by
-// plain loops.
-#ifdef __AVX512F__
-constexpr bool kVector = true;
+constexpr bool kVector = true;  // the vector code above exists
 #else
 constexpr bool kVector = false;
 #endif
-#ifdef __AVX512BF16__
-constexpr bool kBf16Dot = true;
-#else
-constexpr bool kBf16Dot = false;
-#endif
+
+// Which rows the vector code reads straight from the cache: fp32 ones, bf16 keys where vdpbf16ps exists, bf16
+// values (the split needs plain AVX-512), when head_dim is whole vectors (16 fp32, 32 bf16). Other rows (fp16, an
+// odd head_dim) are widened to fp32 per chunk, then summed by the fp32 vector code or, without AVX-512, plain loops.
 template <typename T>
 constexpr bool kScoresInPlace = kVector && (std::is_same_v<T, float> || (std::is_same_v<T, c10::BFloat16> && kBf16Dot));
 template <typename T>
@@ -209,9 +196,7 @@ inline float plain_dot(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
-struct WorkItem {
-  int64_t seq, kv_head, first_row;  // rows are (query, head of the group) pairs, query-major
-};
+struct WorkItem { int64_t seq, kv_head, first_row; };  // rows are (query, head of the group) pairs, query-major
 
 template <typename scalar_t>
 void attend(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -219,16 +204,14 @@ void attend(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
             double scale, at::Tensor& out) {
   const int64_t num_seqs = seq_lens.size(0), num_heads = q.size(1), head_dim = q.size(2);
   const int64_t block_size = k_cache.size(1), num_kv_heads = k_cache.size(2), group = num_heads / num_kv_heads;
-  const int64_t q_token_stride = q.stride(0), q_head_stride = q.stride(1);
+  const int64_t q_token_stride = q.stride(0), q_head_stride = q.stride(1), table_stride = block_tables.stride(0);
   const int64_t token_stride = num_kv_heads * head_dim, block_stride = block_size * token_stride;
-  const int64_t table_stride = block_tables.stride(0);
-  const scalar_t* q_ptr = q.data_ptr<scalar_t>();
-  const scalar_t* k_ptr = k_cache.data_ptr<scalar_t>();
+  const scalar_t *q_ptr = q.data_ptr<scalar_t>(), *k_ptr = k_cache.data_ptr<scalar_t>();
   const scalar_t* v_ptr = v_cache.data_ptr<scalar_t>();
   scalar_t* out_ptr = out.data_ptr<scalar_t>();
-  const int32_t* tables = block_tables.data_ptr<int32_t>();
-  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  const int32_t *tables = block_tables.data_ptr<int32_t>(), *lens = seq_lens.data_ptr<int32_t>();
   const int32_t* starts = query_start_loc.data_ptr<int32_t>();
+  const int64_t row_bytes = head_dim * static_cast<int64_t>(sizeof(scalar_t));
   constexpr bool is_bf16 = std::is_same_v<scalar_t, c10::BFloat16>;
   const bool whole_vectors = head_dim % (is_bf16 ? 32 : 16) == 0;
   [[maybe_unused]] const bool vector = kVector && head_dim % 16 == 0;  // rows widened to fp32 take the vector code
@@ -248,8 +231,8 @@ void attend(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
 
 #pragma omp parallel num_threads(at::get_num_threads())
   {
-    std::vector<float> qf, acc, scores, sums;  // this thread's: query rows, output rows, scores [rows, padded
-                                               // context], softmax denominators
+    // this thread's: query rows, output rows, scores [rows, padded context], softmax denominators
+    std::vector<float> qf, acc, scores, sums;
     std::vector<float> widened(kChunk * head_dim);  // a chunk's rows in fp32, where they are not read in place
     std::vector<const scalar_t*> q_rows;  // per row: the query as it is
     std::vector<int64_t> visible;         // per row: how many keys it may see (causal)
@@ -261,11 +244,9 @@ void attend(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
       const int64_t first_token = starts[w.seq], q_len = starts[w.seq + 1] - first_token, ctx = lens[w.seq];
       const int64_t num_rows = std::min(kRowsPerTile, q_len * group - w.first_row);
       const int32_t* table = tables + w.seq * table_stride;
-      const int64_t row_bytes = head_dim * static_cast<int64_t>(sizeof(scalar_t));
       const PagedRows<scalar_t> keys{k_ptr + w.kv_head * head_dim, table, block_size, block_stride, token_stride,
-                                     row_bytes};
-      const PagedRows<scalar_t> values{v_ptr + w.kv_head * head_dim, table, block_size, block_stride, token_stride,
-                                       row_bytes};
+                                     row_bytes},
+          values{v_ptr + w.kv_head * head_dim, table, block_size, block_stride, token_stride, row_bytes};
       qf.resize(num_rows * head_dim);
       acc.assign(num_rows * head_dim, 0.0f);
       visible.resize(num_rows);
@@ -389,13 +370,10 @@ template <typename index_t>
 void store(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache,
            const at::Tensor& slot_mapping) {
   const int64_t num_slots = k_cache.size(0) * k_cache.size(1), kv_heads = k_cache.size(2);
-  const int64_t row_bytes = k_cache.size(3) * k_cache.element_size();
+  const int64_t row_bytes = k_cache.size(3) * k_cache.element_size(), elem = k.element_size();
   const index_t* slots = slot_mapping.data_ptr<index_t>();
-  char* k_dst = static_cast<char*>(k_cache.data_ptr());
-  char* v_dst = static_cast<char*>(v_cache.data_ptr());
-  const char* k_src = static_cast<const char*>(k.data_ptr());
-  const char* v_src = static_cast<const char*>(v.data_ptr());
-  const int64_t elem = k.element_size();
+  char *k_dst = static_cast<char*>(k_cache.data_ptr()), *v_dst = static_cast<char*>(v_cache.data_ptr());
+  const char *k_src = static_cast<const char*>(k.data_ptr()), *v_src = static_cast<const char*>(v.data_ptr());
   for (int64_t t = 0; t < k.size(0); ++t) {
     const int64_t slot = slots[t];
     if (slot < 0) continue;
@@ -428,12 +406,7 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::T
               "new keys and values must be [T, kv_heads, dim] in the cache's dtype, last dim contiguous");
   TORCH_CHECK(slot_mapping.dim() == 1 && slot_mapping.size(0) == k.size(0), "one slot per new key");
   const at::Tensor slots = slot_mapping.contiguous();
-  if (slots.scalar_type() == at::kLong) {
-    store<int64_t>(k, v, k_cache, v_cache, slots);
-  } else {
-    TORCH_CHECK(slots.scalar_type() == at::kInt, "slot_mapping must be int64 or int32");
-    store<int32_t>(k, v, k_cache, v_cache, slots);
-  }
+  AT_DISPATCH_INDEX_TYPES(slots.scalar_type(), "store", [&] { store<index_t>(k, v, k_cache, v_cache, slots); });
   auto out = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_attention", [&] {
     attend<scalar_t>(q, k_cache, v_cache, block_tables.contiguous(), seq_lens.contiguous(),

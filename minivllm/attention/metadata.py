@@ -2,9 +2,8 @@
 
 The step's tokens from all requests are concatenated into one list of T tokens. Request b owns
 tokens query_start_loc[b]:query_start_loc[b+1] (its new tokens), and after the step its context
-holds seq_lens[b] tokens, stored in the physical blocks block_tables[b, :]. Token t's K and V are
-written to slot slot_mapping[t] = block_id * block_size + offset. A query at position p may see keys
-0..p.
+holds seq_lens[b] tokens, stored in the physical blocks block_tables[b, :]. Token t's K and V go to
+slot slot_mapping[t] = block_id * block_size + offset. A query at position p sees keys 0..p.
 """
 
 from __future__ import annotations
@@ -24,11 +23,9 @@ class AttentionMetadata:
     max_seq_len: int
     query_lens_cpu: list[int]
     seq_lens_cpu: list[int]
-    # decode split-K slices: fixed inside a CUDA graph, else chosen per step
-    num_splits: int | None = None
+    num_splits: int | None = None  # decode split-K slices: fixed inside a CUDA graph, else per step
     # the torch backend's grouping of this step's requests (rows, block ids, masks): built by the
-    # first layer, reused by the others; keyed by (query length, GQA group size, the requests' batch
-    # indices)
+    # first layer, reused by the others; keyed by (query length, GQA group size, batch indices)
     group_plans: dict = field(default_factory=dict, repr=False)
 
     @property

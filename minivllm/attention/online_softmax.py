@@ -1,15 +1,13 @@
-"""Decode attention one block at a time, with an online softmax: how the Triton decode kernel works,
-in torch.
+"""Decode attention one block at a time with an online softmax: the Triton decode kernel, in torch.
 
 A decoding query attends over its whole context, which lies in blocks scattered over the cache.
 Instead of gathering the context and taking one softmax over it, walk the block table and keep three
 running values per head: the largest score so far `m`, the sum of exp(score - m) `l`, and the sum of
 exp(score - m) * value `acc`, rescaled by exp(m_old - m_new) whenever a block raises the maximum. At
-the end acc / l equals softmax(q K) V
-exactly, and no row of scores longer than one block ever exists: FlashAttention's trick, and what
-each program of kernels/paged_decode.py does. The engine runs this path only when a learner plugs in
-their own update (EngineHooks.online_softmax_update, chapter 02); its default decode path is
-torch_backend's batched SDPA.
+the end acc / l equals softmax(q K) V exactly, and no row of scores longer than one block ever
+exists: FlashAttention's trick, and what each program of kernels/paged_decode.py does. The engine
+runs this path only when a learner plugs in their own update (EngineHooks.online_softmax_update,
+chapter 02); its default decode path is torch_backend's batched SDPA.
 """
 
 from __future__ import annotations
@@ -31,17 +29,15 @@ def online_softmax_update(m: torch.Tensor, l: torch.Tensor,  # noqa: E741
     """Fold one block into the running state. m, l: [H]; acc: [H, D]; scores: [H, n] (already
     scaled); v: [H, n, D]. Starts from m = -inf, l = 0, acc = 0."""
     m_new = torch.maximum(m, scores.amax(dim=-1))
-    # how much the old sums shrink under the new maximum (0 at the start)
-    correction = torch.exp(m - m_new)
+    correction = torch.exp(m - m_new)  # how much the old sums shrink (0 at the start)
     p = torch.exp(scores - m_new[:, None])
     acc = acc * correction[:, None] + torch.einsum("hn,hnd->hd", p, v)
     return m_new, l * correction + p.sum(dim=-1), acc
 
 
 def blockwise_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     meta: AttentionMetadata,
-                     scale: float, update: Callable[..., State] = online_softmax_update,
-                     k_scale: float = 1.0,
+                     meta: AttentionMetadata, scale: float,
+                     update: Callable[..., State] = online_softmax_update, k_scale: float = 1.0,
                      v_scale: float = 1.0) -> torch.Tensor:
     """q [B, heads, dim] -> [B, heads, dim]: each request's context read block by block through its
     table (an fp8 cache's blocks upcast times their scales)."""

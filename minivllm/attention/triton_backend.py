@@ -1,12 +1,10 @@
-"""The Triton backend: the same contract as TorchAttentionBackend, done by the kernels in
-minivllm.kernels.
+"""The Triton backend: TorchAttentionBackend's contract, done by the kernels in minivllm.kernels.
 
 Store the step's K/V, then one kernel launch per layer: the decode kernel when every request brings
 a single token (the common steady state, memory bound), the prefill kernel otherwise (prompts,
 chunks, mixed batches). An fp8 cache is converted by bit manipulation inside the kernels
-(kernels/fp8.py), so it runs on every GPU, a T4 included. On CPU the kernels run only under Triton's
-interpreter, which is slow but exact: tests use it to run the engine with this backend on machines
-without a GPU.
+(kernels/fp8.py), so it runs on every GPU, a T4 included. On CPU only Triton's interpreter runs
+them, slow but exact (tests use it on machines without a GPU: platforms/cuda.py).
 """
 
 from __future__ import annotations
@@ -18,16 +16,14 @@ from minivllm.kernels import interpreted, paged_decode_attention, paged_prefill_
 
 
 def check_device(device: str | torch.device) -> None:
-    """Fail early and clearly where the kernels cannot run, instead of deep inside a Triton
-    launch."""
+    """Fail early and clearly where the kernels cannot run, not deep inside a Triton launch."""
     device = torch.device(device)
     if device.type == "cuda" or (device.type == "cpu" and interpreted()):
         return
     if device.type == "cpu":
         raise ValueError("the Triton attention backend needs a CUDA device; on CPU use "
                          "attention_backend='torch', or set TRITON_INTERPRET=1 before triton is "
-                         "first "
-                         "imported (slow: for testing)")
+                         "first imported (slow: for testing)")
     raise ValueError(f"the Triton attention backend does not support device {device}; use 'torch'")
 
 
@@ -43,16 +39,15 @@ class TritonAttentionBackend:
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, meta: AttentionMetadata, scale: float, k_scale: float = 1.0,
                 v_scale: float = 1.0) -> torch.Tensor:
-        # once, not once per layer call
-        if self._checked is None or q.device.type != self._checked.type:
+        if self._checked is None or q.device.type != self._checked.type:  # not on every call
             check_device(q.device)
             self._checked = q.device
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
         if meta.is_decode_only:
             return paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
-                                          scale,
-                                          max_seq_len=meta.max_seq_len, num_splits=meta.num_splits,
-                                          k_scale=k_scale, v_scale=v_scale)
+                                          scale, max_seq_len=meta.max_seq_len,
+                                          num_splits=meta.num_splits, k_scale=k_scale,
+                                          v_scale=v_scale)
         return paged_prefill_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc,
                                        meta.seq_lens, scale, meta.max_query_len, k_scale=k_scale,
                                        v_scale=v_scale)

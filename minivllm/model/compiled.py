@@ -1,5 +1,4 @@
-"""CPU, opt-in: the work around attention in each decoder layer, compiled by torch.compile
-(inductor).
+"""CPU, opt-in: the work around attention in each decoder layer, compiled by torch.compile/inductor.
 
 Why it was tried: an eager layer is some 200 small aten ops (RMSNorm alone is seven, rotary a
 dozen), each a few microseconds of dispatch plus a pass over memory; inductor fuses each run of
@@ -7,23 +6,20 @@ elementwise ops and reductions between two matmuls into one C++ loop.
 
 How, vLLM-CPU's way (piecewise): attention reads and writes the paged cache, so it stays eager; the
 two pure parts of every layer around it, `before_attention` (residual add + norm, qkv, rotary) and
-`after_attention` (o_proj, residual add + norm, gate/up, SiLU, down), are compiled. Every layer
-shares the same compiled code:
-dynamo treats a layer's weights as inputs, so 30 layers cost the compile of one. `dynamic=True`
-makes one graph serve every token count; dynamo still specialises a count of 1 (batch-1 decode) and
-the thread count (a graph per count the thread sizer picks): up to four graphs per piece, compiled
-the first time each appears (tens of seconds each on 2 cores) and cached on disk by inductor for the
-next process.
+`after_attention` (o_proj, residual add + norm, gate/up, SiLU, down), are compiled, the same code
+for every layer (dynamo treats a layer's weights as inputs: 30 layers cost the compile of one).
+`dynamic=True` makes one graph serve every token count; dynamo still specialises a count of 1
+(batch-1 decode) and the thread count (one per count the sizer picks): up to four graphs per piece,
+each compiled when it first appears (tens of seconds on 2 cores) and cached on disk by inductor for
+the next process.
 
 Why it is off by default: on the 2-core AMD EPYC of bench/RESULTS.md it made decode steps 3-9%
-slower, not faster. The fused kernels save less than the 60 compiled calls a step cost: each pays
-dynamo's guard lookup (~30 us) and wrapper, where the eager ops they replace cost 1-2 us each.
-Paying off needs one compiled call per step (the whole model with attention as an opaque op), not
-one per piece. The cpu platform (minivllm/platforms/cpu.py) applies it where MINIVLLM_CPU_COMPILE=1
-(never with enforce_eager=True).
-
-Only for float weights (the unquantized method) without tensor parallelism: quantized layers keep
-their own kernels, and collectives stay out of the graph. If compiling fails (no C++ compiler, an
+slower. The fused kernels save less than the 60 compiled calls a step cost: each pays dynamo's guard
+lookup (~30 us) and wrapper, where the eager ops they replace cost 1-2 us each. Paying off needs one
+compiled call per step (the whole model, attention an opaque op). The cpu platform
+(minivllm/platforms/cpu.py) applies it where MINIVLLM_CPU_COMPILE=1 (never with enforce_eager), only
+for float weights (the unquantized method) without tensor parallelism: quantized layers keep their
+own kernels, and collectives stay out of the graph. If compiling fails (no C++ compiler, an
 unsupported op), the layers warn once and run eager from then on.
 """
 
@@ -40,8 +36,7 @@ PIECES = ("before_attention", "after_attention")
 
 
 def compile_decoder_layers(model: nn.Module) -> CompiledLayers | None:
-    """Compile every decoder layer's before/after-attention parts in place; None where that does not
-    apply."""
+    """Compile every decoder layer's before/after-attention parts in place; None where it can't."""
     linears = [m for m in model.modules() if hasattr(m, "quant_method")]
     if (getattr(model, "tp", None) is None or model.tp.size > 1
             or not all(isinstance(m.quant_method, UnquantizedLinearMethod) for m in linears)):
@@ -50,22 +45,19 @@ def compile_decoder_layers(model: nn.Module) -> CompiledLayers | None:
 
 
 class CompiledLayers:
-    """Each layer's two pieces replaced by compiled ones (instance attributes shadow the
-    methods)."""
+    """Each layer's two pieces replaced by compiled ones (instance attributes shadow methods)."""
 
     def __init__(self, layers: list[nn.Module]) -> None:
-        # failed: the error that sent every layer back to eager
-        self.layers, self.failed = layers, None
+        self.layers, self.failed = layers, None  # failed: the error that sent them back to eager
         for layer in layers:
             for name in PIECES:
                 setattr(layer, name, CompiledPiece(self, getattr(layer, name)))
 
-    def restore_eager(self, error: Exception | None = None) -> None:
+    def restore_eager(self, error: Exception) -> None:
         """Back to the plain methods, for good (`error`: why, warned about once)."""
-        if error is not None and self.failed is None:
+        if self.failed is None:
             warnings.warn(f"torch.compile failed, running the model eager: {type(error).__name__}: "
-                          f"{error}",
-                          RuntimeWarning, stacklevel=3)
+                          f"{error}", RuntimeWarning, stacklevel=3)
         self.failed = error
         for layer in self.layers:
             for name in PIECES:
@@ -88,7 +80,6 @@ class CompiledPiece:
             args = (args[0], torch.zeros_like(args[0]), *args[2:])
         try:
             return self.compiled(*args)
-        # the pieces are pure: eager recomputes them, or raises
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:  # noqa: BLE001  (the pieces are pure: eager recomputes them)
             self.owner.restore_eager(error)
             return self.eager(*args)

@@ -1,29 +1,21 @@
-// Fused elementwise ops of a decoder layer on CPU (minivllm/model/cpu_layer_ops.py): RMSNorm (with the residual
-// add before it), rotary embedding of q and k, and SwiGLU's silu(gate) * up.
-//
-// Why: in torch each of these is a chain of small aten ops (RMSNorm seven, rotary a dozen); at decode batch sizes
-// each op costs a few microseconds of dispatch for well under a microsecond of arithmetic, ~100 ops a layer. Here
-// each chain is one op, one pass over its rows.
-//
-// Rounding follows the readable model (minivllm/model/llama.py, rotary.py) step by step, so that bf16 results
-// equal its results: every value the torch code rounds to the model's dtype is rounded here too (`round_to`).
-// What differs: sums of squares run in another order, silu's exp is a polynomial (~1 ulp from torch's), and fp32
-// products may be fused into FMAs by the compiler; measured, bf16 outputs were bit-equal, fp32 ones ~1 ulp off.
+// Fused elementwise ops of a decoder layer on CPU (minivllm/model/cpu_layer_ops.py, which says why and what they
+// saved): RMSNorm (with the residual add before it), rotary embedding of q and k, and SwiGLU's silu(gate) * up, each
+// chain of small aten ops as one op, one pass over its rows.
+// Rounding follows the readable ops (minivllm/model/layer_ops.py) step by step, so that bf16 results equal theirs:
+// every value the torch code rounds to the model's dtype is rounded here too (`round_to`). What differs: sums of
+// squares run in another order, silu's exp is a polynomial (~1 ulp from torch's), and fp32 products may be fused into
+// FMAs by the compiler; measured, bf16 outputs were bit-equal, fp32 ones ~1 ulp off.
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-
-#include "../platforms/cpu_vector_math.h"
-
-#include <algorithm>
-#include <cmath>
-#include <cstring>
 #include <type_traits>
 
+#include "../platforms/cpu_vector_math.h"  // with <algorithm>, <cmath>, <cstring>
+
 // The dtypes a model runs in on CPU.
-#define DISPATCH_MODEL_DTYPES(TYPE, NAME, ...)                                                              \
-  AT_DISPATCH_SWITCH(TYPE, NAME, AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__)                                  \
-                         AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__) AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__))
+#define DISPATCH_MODEL_DTYPES(TYPE, NAME, ...)                                                         \
+  AT_DISPATCH_SWITCH(TYPE, NAME, AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__)                             \
+                     AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__) AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__))
 
 namespace {
 
@@ -56,44 +48,31 @@ inline void store(c10::BFloat16* p, float v) {
 // v rounded to scalar_t and back: where the torch code stores an intermediate in the model's dtype.
 template <typename scalar_t>
 inline float round_to(float v) {
-  if constexpr (std::is_same_v<scalar_t, float>) {
-    return v;
-  } else {
-    scalar_t tmp;
-    store(&tmp, v);
-    return load(&tmp);
-  }
+  if constexpr (std::is_same_v<scalar_t, float>) return v;
+  scalar_t tmp;
+  store(&tmp, v);
+  return load(&tmp);
 }
 
 using minivllm_cpu::exp_approx;  // ../cpu_vector_math.h
 
-// ---- RMSNorm: out = w * round(v / sqrt(mean(v^2) + eps)), v = x, or round(x + residual) written back as the
-// new residual (llama.py's RMSNorm._norm: the add in the model's dtype, the norm in fp32, the weight product in
-// the model's dtype).
+// ---- RMSNorm: out = w * round(v / sqrt(mean(v^2) + eps)), v = x, or round(x + residual) written back as the new
+// residual (layer_ops.py's rms_norm: the add in the model's dtype, the norm in fp32, the weight product in the model's
+// dtype).
 template <typename scalar_t>
 void norm_row(const scalar_t* x, const scalar_t* residual, const scalar_t* weight, scalar_t* out,
               scalar_t* residual_out, int64_t dim, float eps) {
-  float sum = 0.0f;
-  if (residual != nullptr) {
-#pragma omp simd reduction(+ : sum)
-    for (int64_t d = 0; d < dim; ++d) {
-      const float v = round_to<scalar_t>(load(x + d) + load(residual + d));
-      store(residual_out + d, v);
-      sum += v * v;
-    }
+  if (residual != nullptr) {  // the sum, rounded, is the new residual and the row normalised
+#pragma omp simd
+    for (int64_t d = 0; d < dim; ++d) store(residual_out + d, load(x + d) + load(residual + d));
     x = residual_out;
-  } else {
-#pragma omp simd reduction(+ : sum)
-    for (int64_t d = 0; d < dim; ++d) {
-      const float v = load(x + d);
-      sum += v * v;
-    }
   }
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t d = 0; d < dim; ++d) sum += load(x + d) * load(x + d);
   const float inv_rms = 1.0f / std::sqrt(sum / static_cast<float>(dim) + eps);
 #pragma omp simd
-  for (int64_t d = 0; d < dim; ++d) {
-    store(out + d, load(weight + d) * round_to<scalar_t>(load(x + d) * inv_rms));
-  }
+  for (int64_t d = 0; d < dim; ++d) store(out + d, load(weight + d) * round_to<scalar_t>(load(x + d) * inv_rms));
 }
 
 // x: [T, dim] or [T, heads, dim] (q/k norm; any strides but the last), residual: [T, dim] or undefined.
@@ -112,14 +91,11 @@ void rms_norm_impl(const at::Tensor& x, const at::Tensor& weight, double eps, co
                 "rms_norm: the residual must be [T, dim] like x");
     stride_r = residual->stride(0);
   }
-  const int64_t rows = tokens * heads;
   DISPATCH_MODEL_DTYPES(x.scalar_type(), "minivllm_rms_norm", [&] {
-    const scalar_t* px = x.data_ptr<scalar_t>();
-    const scalar_t* pw = weight.data_ptr<scalar_t>();
-    const scalar_t* pr = residual != nullptr ? residual->data_ptr<scalar_t>() : nullptr;
-    scalar_t* po = out.data_ptr<scalar_t>();
-    scalar_t* pro = residual_out != nullptr ? residual_out->data_ptr<scalar_t>() : nullptr;
-    at::parallel_for(0, rows, grain(dim), [&](int64_t begin, int64_t end) {
+    const scalar_t *px = x.data_ptr<scalar_t>(), *pw = weight.data_ptr<scalar_t>();
+    const scalar_t* pr = residual ? residual->data_ptr<scalar_t>() : nullptr;
+    scalar_t *po = out.data_ptr<scalar_t>(), *pro = residual_out ? residual_out->data_ptr<scalar_t>() : nullptr;
+    at::parallel_for(0, tokens * heads, grain(dim), [&](int64_t begin, int64_t end) {
       for (int64_t row = begin; row < end; ++row) {
         const int64_t t = row / heads, h = row % heads;
         norm_row(px + t * stride_t + h * stride_h, pr != nullptr ? pr + t * stride_r : nullptr, pw, po + row * dim,
@@ -137,14 +113,13 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
                                                 const at::Tensor& weight, double eps) {
-  at::Tensor out = at::empty(x.sizes(), x.options());
-  at::Tensor residual_out = at::empty(x.sizes(), x.options());
+  at::Tensor out = at::empty(x.sizes(), x.options()), residual_out = at::empty(x.sizes(), x.options());
   rms_norm_impl(x, weight, eps, &residual, out, &residual_out);
   return {out, residual_out};
 }
 
-// ---- Rotary embedding (NeoX / rotate_half style), in place. rotary.py computes q * cos + rotate_half(q) * sin
-// in the model's dtype with cos and sin cast to it: each product rounded, then their sum.
+// ---- Rotary embedding (NeoX / rotate_half style), in place. layer_ops.py's rotary computes q * cos + rotate_half(q) *
+// sin in the model's dtype with cos and sin cast to it: each product rounded, then their sum.
 template <typename scalar_t>
 void rotate_heads(scalar_t* base, int64_t heads, int64_t stride_h, int64_t half, const float* cos, const float* sin) {
   for (int64_t h = 0; h < heads; ++h) {
@@ -172,22 +147,19 @@ void rotary_embedding(const at::Tensor& positions, at::Tensor q, at::Tensor k, c
               "rotary_embedding: cos_sin must be a contiguous fp32 [max_positions, 2, head_dim] table");
   TORCH_CHECK(positions.dim() == 1 && positions.size(0) == tokens && positions.is_contiguous(),
               "rotary_embedding: positions must be [T]");
-  const at::Tensor pos = positions.scalar_type() == at::kLong ? positions : positions.to(at::kLong);
+  const at::Tensor pos = positions.to(at::kLong);  // no copy when already int64
   const int64_t* ppos = pos.data_ptr<int64_t>();
-  const int64_t max_pos = cos_sin.size(0);
   const float* table = cos_sin.data_ptr<float>();
-  const int64_t heads_q = q.size(1), heads_k = k.size(1);
+  const int64_t heads_q = q.size(1), heads_k = k.size(1), max_pos = cos_sin.size(0);
   DISPATCH_MODEL_DTYPES(q.scalar_type(), "minivllm_rotary", [&] {
-    scalar_t* pq = q.data_ptr<scalar_t>();
-    scalar_t* pk = k.data_ptr<scalar_t>();
-    const int64_t work = (heads_q + heads_k) * dim;
-    at::parallel_for(0, tokens, grain(work), [&](int64_t begin, int64_t end) {
+    scalar_t *pq = q.data_ptr<scalar_t>(), *pk = k.data_ptr<scalar_t>();
+    at::parallel_for(0, tokens, grain((heads_q + heads_k) * dim), [&](int64_t begin, int64_t end) {
       float cos[kMaxHeadDim], sin[kMaxHeadDim];
       for (int64_t t = begin; t < end; ++t) {
         const int64_t p = ppos[t];
         TORCH_CHECK(p >= 0 && p < max_pos, "rotary_embedding: position ", p, " outside the table");
         const float* row = table + p * 2 * dim;
-        for (int64_t d = 0; d < dim; ++d) {  // the table cast to the model's dtype, as rotary.py casts it
+        for (int64_t d = 0; d < dim; ++d) {  // the table cast to the model's dtype, as layer_ops.py casts it
           cos[d] = round_to<scalar_t>(row[d]);
           sin[d] = round_to<scalar_t>(row[dim + d]);
         }

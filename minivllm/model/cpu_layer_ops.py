@@ -4,14 +4,12 @@ Why: a batch-1 bf16 decode step of a 135M Llama spent ~10 of its ~24 ms outside 
 small aten ops per layer (RMSNorm is seven, rotary a dozen, SwiGLU's activation three) and their
 dispatch. Here each chain is one op. They stand in for the same functions the Triton backend brings
 (minivllm/kernels/: `rms_norm`, `apply_rotary`, `silu_and_mul`, the same contracts, except that
-rotary works in place), and round where the
-readable model rounds, so bf16 results equal its results (fp32 ones within ~1 ulp). Measured on a
-2-core AMD EPYC: ~50 dispatched ops a layer become 21, and that batch-1 step went from 25 to 19 ms
-(bench/RESULTS.md).
+rotary works in place), and round where the readable model rounds, so bf16 results equal its
+results (fp32 ones within ~1 ulp). Measured on a 2-core AMD EPYC: ~50 dispatched ops a layer become
+21, and that batch-1 step went from 25 to 19 ms (bench/RESULTS.md).
 
-The cpu platform (minivllm/platforms/cpu.py) builds them and hands the model `OPS` in place of the
-readable ones (layer_ops.py), unless MINIVLLM_CPU_ATTENTION=reference or MINIVLLM_CPU_LAYER_OPS=0;
-if the extension cannot be built, the readable ops stay, after one warning.
+The cpu platform (minivllm/platforms/cpu.py, which lists its switches) hands the model `OPS` in
+place of the readable ones (layer_ops.py).
 """
 
 from __future__ import annotations
@@ -24,13 +22,12 @@ from minivllm.model.layer_ops import LayerOps
 def register_fakes() -> None:
     """The ops' output shapes, for torch.compile (model/compiled.py traces the layers through these
     ops); called once the extension is built."""
-    torch.library.register_fake("minivllm_cpu::rms_norm")(lambda x, weight,
-                                                          eps: x.new_empty(x.shape))
-    torch.library.register_fake("minivllm_cpu::add_rms_norm")(
+    fake = torch.library.register_fake
+    fake("minivllm_cpu::rms_norm")(lambda x, weight, eps: x.new_empty(x.shape))
+    fake("minivllm_cpu::add_rms_norm")(
         lambda x, residual, weight, eps: (x.new_empty(x.shape), x.new_empty(x.shape)))
-    torch.library.register_fake("minivllm_cpu::rotary_embedding")(lambda positions, q, k,
-                                                                  cos_sin: None)
-    torch.library.register_fake("minivllm_cpu::silu_and_mul")(
+    fake("minivllm_cpu::rotary_embedding")(lambda positions, q, k, cos_sin: None)
+    fake("minivllm_cpu::silu_and_mul")(
         lambda gate_up: gate_up.new_empty(gate_up.shape[0], gate_up.shape[1] // 2))
 
 
@@ -45,8 +42,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
 
 def apply_rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                  cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """q [T, heads, dim], k [T, kv_heads, dim] rotated to `positions` [T] in place (the fp32 table
-    `cos_sin` [max_positions, 2, dim]); returns them."""
+    """q [T, heads, dim], k [T, kv_heads, dim] rotated in place to `positions` [T] (by the fp32
+    table `cos_sin` [max_positions, 2, dim]); returns them."""
     torch.ops.minivllm_cpu.rotary_embedding.default(positions, q, k, cos_sin)
     return q, k
 

@@ -1,12 +1,10 @@
-"""The token embedding, split by vocabulary rows across tensor-parallel ranks (Megatron's
-vocab-parallel one).
+"""The token embedding, split by vocabulary rows across tensor-parallel ranks (Megatron's way).
 
 Rank r holds rows [r * V', (r + 1) * V') with V' = ceil(vocab / N) (the last rank's tail is zero
 padding). A token outside a rank's rows looks up zeros there; one all-reduce adds the ranks' rows,
 so every rank ends with the full hidden state. The LM head, tied to this weight or not, is split the
-same way (its logits gathered).
-A tied head whose kernel held the weight in a faster layout lends the embedding that layout and a
-`lookup` of rows in it (`read_rows_from`): the weight is held once.
+same way (its logits gathered). A tied head whose kernel held the weight in a faster layout lends
+the embedding that layout and a `lookup` of rows in it (`read_rows_from`): the weight is held once.
 """
 
 from __future__ import annotations
@@ -28,8 +26,7 @@ class VocabParallelEmbedding(nn.Module):
         self.rows = cdiv(vocab_size, tp.size)  # per rank
         self.start = tp.rank * self.rows
         self.weight = nn.Parameter(torch.empty(self.rows, hidden_size), requires_grad=False)
-        # rows of a tied head's layout
-        self.lookup: Callable[[torch.Tensor], torch.Tensor] | None = None
+        self.lookup: Callable[[torch.Tensor], torch.Tensor] | None = None  # see read_rows_from
 
     def read_rows_from(self, weight: nn.Parameter,
                        lookup: Callable[[torch.Tensor], torch.Tensor]) -> None:
@@ -38,8 +35,7 @@ class VocabParallelEmbedding(nn.Module):
         self.weight, self.lookup = weight, lookup
 
     def table(self) -> torch.Tensor:
-        """This rank's [rows, hidden] table as plain rows, whichever layout holds it (for
-        readers)."""
+        """This rank's [rows, hidden] table as plain rows, whichever layout holds it (to read)."""
         return self._rows(torch.arange(self.rows, device=self.weight.device))
 
     def _rows(self, ids: torch.Tensor) -> torch.Tensor:
@@ -57,7 +53,6 @@ class VocabParallelEmbedding(nn.Module):
         """Copy this rank's rows of the checkpoint's [vocab, hidden] tensor."""
         if loaded.shape != (self.vocab_size, self.weight.shape[1]):
             raise ValueError(f"{where} has shape {tuple(loaded.shape)}, expected "
-                             f"({self.vocab_size}, "
-                             f"{self.weight.shape[1]})")
+                             f"({self.vocab_size}, {self.weight.shape[1]})")
         with torch.no_grad():
             self.weight.copy_(shard_of(loaded, 0, self.tp.rank, self.rows))

@@ -1,5 +1,4 @@
-"""The decoder layer's small ops, in readable torch: RMSNorm (with the residual add), rotary,
-SwiGLU.
+"""The decoder layer's small ops, readable torch: RMSNorm (with the residual add), rotary, SwiGLU.
 
 The model (llama.py) calls them through a `LayerOps` bundle, so that a platform
 (minivllm/platforms/) can hand it fused kernels with the same contracts instead: the CPU's C++ ops

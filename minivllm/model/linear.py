@@ -1,24 +1,21 @@
-"""Linear layers whose weights are held by a quantization method: y = x @ W.T + b, W [outputs,
-inputs].
+"""Linear layers whose weights a quantization method holds: y = x @ W.T + b, W [outputs, inputs].
 
 The layer owns what does not depend on the format: its sizes, its bias, the list of shards a fused
 layer concatenates along its outputs (q/k/v, gate/up), and `shard_dim`, the dimension of W that
-tensor parallelism splits across GPUs: 0 for a column layer (each GPU computes some outputs: q/k/v,
-gate/up), 1 for a row layer (each GPU holds some inputs and the partial sums are added up: o_proj,
-down_proj). The method (minivllm/quantization/) owns the weight tensors themselves: which ones,
-their dtype, and, through the kernel the platform handed it (`kernels`, the readable ones by
-default), their layout and the matmul.
+tensor parallelism splits across GPUs: 0 for a column layer (each GPU computes some outputs), 1 for
+a row layer (each GPU holds some inputs and the partial sums are added up). The method
+(minivllm/quantization/) owns the weight tensors themselves: which ones, their dtype, and, through
+the kernel the platform handed it (`kernels`, the readable ones by default), their layout and the
+matmul.
 
 Loading goes through `weight_loader`: a checkpoint tensor for one shard lands in its slice of each
 parameter along that parameter's output dim (scaled down where that dim packs several values per
-element).
-
-Under tensor parallelism (`tp`, distributed/parallel.py) the layer is built at its rank's size: a
-column layer holds 1/N of each fused shard's outputs (a shard may be replicated over `replicas`
-ranks: KV heads fewer than the ranks), a row layer 1/N of the inputs and all-reduces its partial
-sums. The method creates weights of
-that local shape and never hears of ranks; `weight_loader` cuts the rank's slice out of the
-checkpoint tensor along whichever dim of it runs along `shard_dim`.
+element). Under tensor parallelism (`tp`, distributed/parallel.py) the layer is built at its rank's
+size: a column layer holds 1/N of each fused shard's outputs (a shard may be replicated over
+`replicas` ranks: KV heads fewer than the ranks), a row layer 1/N of the inputs and all-reduces its
+partial sums. The method creates weights of that local shape and never hears of ranks;
+`weight_loader` cuts the rank's slice out of the checkpoint tensor along whichever dim of it runs
+along `shard_dim`.
 """
 
 from __future__ import annotations
@@ -27,19 +24,15 @@ import torch
 from torch import nn
 
 from minivllm.distributed.parallel import SINGLE, TensorParallel, shard_of
-from minivllm.quantization import REFERENCE_KERNELS
-from minivllm.quantization.base import (
-    Layout,
-    LinearKernels,
-    LinearMethod,
-    QuantizationConfig,
-    add_weight,
-)
+from minivllm.quantization import REFERENCE_KERNELS, LinearKernels, QuantizationConfig
+from minivllm.quantization.base import Layout, LinearMethod, add_weight
 from minivllm.quantization.unquantized import UnquantizedLinearMethod
 
 
 class LinearBase(nn.Module):
     shard_dim: int  # the dim of W [outputs, inputs] tensor parallelism splits
+    # each subclass also defines local_sizes (the inputs, and outputs per shard, this rank holds)
+    # and rank_slice(shard) (which slice of a checkpoint tensor, along shard_dim, this rank holds)
 
     def __init__(self, input_size: int, output_sizes: list[int], bias: bool,
                  quant: QuantizationConfig | None = None,
@@ -53,8 +46,7 @@ class LinearBase(nn.Module):
         self.input_size, self.output_sizes = self.local_sizes(input_size, list(output_sizes))
         self.output_size = sum(self.output_sizes)
         self.tied = False  # the weight is the embedding's (see tie_to)
-        # each parameter's dims, as create_weights declared them
-        self.layouts: dict[str, Layout] = {}
+        self.layouts: dict[str, Layout] = {}  # each parameter's dims, as create_weights declared
         self.quant_method = method or (quant.linear_method(kernels) if quant is not None
                                        else UnquantizedLinearMethod(kernels.float))
         self.quant_method.create_weights(self)
@@ -63,16 +55,7 @@ class LinearBase(nn.Module):
                        Layout(output_dim=0, input_dim=None))
         else:
             self.register_parameter("bias", None)
-        # (parameter, shard) pairs copied in so far
-        self.loaded: set[tuple[str, int | None]] = set()
-
-    def local_sizes(self, input_size: int, output_sizes: list[int]) -> tuple[int, list[int]]:
-        """(inputs, outputs per shard) this rank holds."""
-        raise NotImplementedError
-
-    def rank_slice(self, shard: int | None) -> int:
-        """Which slice of the checkpoint tensor (along shard_dim) this rank holds."""
-        raise NotImplementedError
+        self.loaded: set[tuple[str, int | None]] = set()  # (parameter, shard) pairs copied in
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.quant_method.apply(self, x, self.bias)
@@ -82,21 +65,15 @@ class LinearBase(nn.Module):
         quantized)."""
         self.weight, self.tied = embedding.weight, True
 
-    @property
-    def shards(self) -> list[int | None]:
-        """What a checkpoint tensor for this layer may name: None (an unfused layer) or each fused
-        shard."""
-        return [None] if len(self.output_sizes) == 1 else list(range(len(self.output_sizes)))
-
     def expected(self) -> set[tuple[str, int | None]]:
-        """Every (parameter, shard) a complete checkpoint fills."""
+        """Every (parameter, shard) a complete checkpoint fills; shard None in an unfused layer."""
+        shards = [None] if len(self.output_sizes) == 1 else range(len(self.output_sizes))
         return {(name, shard) for name, layout in self.layouts.items() if not layout.optional
-                and not (self.tied and name == "weight") for shard in self.shards}
+                and not (self.tied and name == "weight") for shard in shards}
 
     def weight_loader(self, name: str, loaded: torch.Tensor, shard: int | None,
                       where: str = "") -> None:
-        """Copy one checkpoint tensor into parameter `name`, into `shard`'s rows of a fused
-        layer."""
+        """Copy a checkpoint tensor into parameter `name` (into `shard`'s rows of a fused layer)."""
         layout = self.layouts[name]
         target, dim, factor = getattr(self, name).data, layout.output_dim, layout.pack_factor
         if shard is not None and dim is not None:
@@ -116,11 +93,11 @@ class LinearBase(nn.Module):
         if tuple(target.shape) != tuple(loaded.shape):
             raise ValueError(f"{where} has shape {tuple(loaded.shape)}, expected "
                              f"{tuple(target.shape)}")
-        if shard is not None and dim is None and any(n == name for n, _ in self.loaded):
-            # one tensor for every shard (GPTQ's g_idx)
-            if not torch.equal(target, loaded.to(target.dtype)):
-                raise ValueError(f"{where} differs between the shards fused into one layer "
-                                 f"({self.output_sizes})")
+        # one tensor for every shard (GPTQ's g_idx): each shard's copy must be the same
+        if (shard is not None and dim is None and any(n == name for n, _ in self.loaded)
+                and not torch.equal(target, loaded.to(target.dtype))):
+            raise ValueError(f"{where} differs between the shards fused into one layer "
+                             f"({self.output_sizes})")
         with torch.no_grad():
             target.copy_(loaded)
         self.loaded.add((name, shard))
@@ -140,8 +117,7 @@ class LinearBase(nn.Module):
 
 class ColumnLinear(LinearBase):
     """Outputs split across GPUs under tensor parallelism: q/k/v, gate/up, the LM head. Each rank's
-    outputs stay on it (the next layer wants them split: attention heads, or a row layer's
-    inputs)."""
+    outputs stay on it (the next layer wants them split: attention heads, a row layer's inputs)."""
 
     shard_dim = 0
 
@@ -180,5 +156,5 @@ class RowLinear(LinearBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x @ W_r.T on this rank's inputs, then one all-reduce sums the ranks' partial outputs
         (bias added once)."""
-        return self.tp.all_reduce(self.quant_method.apply(self, x, self.bias if self.tp.rank == 0
-                                                          else None))
+        bias = self.bias if self.tp.rank == 0 else None
+        return self.tp.all_reduce(self.quant_method.apply(self, x, bias))

@@ -14,8 +14,7 @@ layer's format. With the defaults it is the readable torch code throughout.
 Under tensor parallelism (`tp`) each rank builds the same model at its share: its attention heads
 (q/k/v column-parallel, split per head; KV heads replicated when fewer than the ranks), its slice of
 the MLP, its rows of the vocabulary. Two all-reduces per layer (o_proj, down_proj) and one in the
-embedding; the logits are all-gathered, so every rank holds the full logits and samples the same
-tokens.
+embedding; the logits are all-gathered, so every rank samples the same tokens from the same logits.
 """
 
 from __future__ import annotations
@@ -71,12 +70,10 @@ class Attention(nn.Module):
         self.num_heads = cfg.num_heads // tp.size
         self.num_kv_heads = local_kv_heads(cfg.num_kv_heads, tp.size)
         quant, kv_copies = cfg.quantization, kv_head_replicas(cfg.num_kv_heads, tp.size)
-        self.qkv_proj = ColumnLinear(cfg.hidden_size,
-                                     [cfg.num_heads * hd] + [cfg.num_kv_heads * hd] * 2,
-                                     cfg.qkv_bias, quant, impl.linear, tp=tp,
-                                     replicas=[1, kv_copies, kv_copies])
-        self.o_proj = RowLinear(cfg.num_heads * hd, [cfg.hidden_size], False, quant, impl.linear,
-                                tp=tp)
+        sizes = [cfg.num_heads * hd, cfg.num_kv_heads * hd, cfg.num_kv_heads * hd]
+        self.qkv_proj = ColumnLinear(cfg.hidden_size, sizes, cfg.qkv_bias, quant, impl.linear,
+                                     tp=tp, replicas=[1, kv_copies, kv_copies])
+        self.o_proj = RowLinear(sizes[0], [cfg.hidden_size], False, quant, impl.linear, tp=tp)
         self.qk_norm = cfg.qk_norm
         if cfg.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, impl.ops)
@@ -88,8 +85,7 @@ class Attention(nn.Module):
         self.backend = impl.attention
 
     def project(self, x, positions, rotary) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """This step's queries, keys and values, [T, heads, dim], q and k rotated to their
-        positions."""
+        """This step's q, k, v [T, heads, dim], q and k rotated to their positions."""
         heads = self.num_heads + 2 * self.num_kv_heads
         qkv = self.qkv_proj(x).view(-1, heads, self.head_dim)  # rows of heads
         q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
@@ -99,8 +95,7 @@ class Attention(nn.Module):
         return q, k, v
 
     def attend(self, q, k, v, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
-        """Store k, v in the cache, attend every query over its request's context: [T, heads, dim].
-        """
+        """Store k, v in the cache, attend each query over its request's context [T, heads, dim]."""
         return self.backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale,
                                     self.k_scale, self.v_scale)
 
@@ -109,8 +104,8 @@ class MLP(nn.Module):
     def __init__(self, hidden: int, intermediate: int, impl: Implementations = READABLE, quant=None,
                  tp: TensorParallel = SINGLE) -> None:
         super().__init__()
-        self.gate_up_proj = ColumnLinear(hidden, [intermediate, intermediate], False, quant,
-                                         impl.linear, tp=tp)
+        self.gate_up_proj = ColumnLinear(hidden, [intermediate] * 2, False, quant, impl.linear,
+                                         tp=tp)
         self.down_proj = RowLinear(intermediate, [hidden], False, quant, impl.linear, tp=tp)
         self.silu_and_mul = impl.ops.silu_and_mul
 
@@ -138,8 +133,7 @@ class DecoderLayer(nn.Module):
     # Attention reads and writes the paged cache; everything around it is a pure function of its
     # inputs, which is what model/compiled.py hands to torch.compile on CPU.
     def before_attention(self, x, residual, positions, rotary):
-        """Norm (adding the residual the layer before deferred), then q, k, v: (q, k, v, residual).
-        """
+        """Norm (adding the residual the layer before deferred), then (q, k, v, residual)."""
         if residual is None:  # the first layer: nothing to add yet
             x, residual = self.input_layernorm(x), x
         else:
@@ -147,8 +141,7 @@ class DecoderLayer(nn.Module):
         return *self.self_attn.project(x, positions, rotary), residual
 
     def after_attention(self, o, residual) -> tuple[torch.Tensor, torch.Tensor]:
-        """Output projection, the residual add deferred into the next norm, then the MLP:
-        (x, residual)."""
+        """Output projection, its residual add deferred to the next norm, the MLP: (x, residual)."""
         x, residual = self.post_attention_layernorm(self.self_attn.o_proj(o.flatten(1)), residual)
         return self.mlp(x), residual
 
@@ -168,8 +161,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config, self.tp = cfg, tp
         self.model = LlamaModel(cfg, impl, tp)
-        # the vocab split like the embedding's, padded to N equal shards
-        rows = self.model.embed_tokens.rows
+        rows = self.model.embed_tokens.rows  # the embedding's vocab split: N equal shards, padded
         self.lm_head = ColumnLinear(cfg.hidden_size, [rows * tp.size], False,
                                     method=UnquantizedLinearMethod(impl.linear.float), tp=tp)
         if cfg.tie_word_embeddings:
@@ -177,23 +169,21 @@ class LlamaForCausalLM(nn.Module):
 
     def share_tied_weight(self) -> None:
         """After loading: a tied head whose platform replaced the plain weight by a faster layout
-        lends that layout to the embedding, which looks its rows up there, so the weight is held
-        once."""
+        lends that layout to the embedding, which looks rows up there: the weight is held once."""
         head, embedding = self.lm_head, self.model.embed_tokens
         if head.tied and head.weight is not embedding.weight:
             embedding.read_rows_from(head.weight, functools.partial(head.quant_method.rows, head))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
-        """input_ids, positions: [T]; kv_caches: [layers, 2, blocks, block_size, kv_heads, dim] ->
-        [T, hidden]."""
+        """input_ids, positions: [T]; kv_caches: [layers, 2, blocks, block_size, kv_heads, dim].
+        Returns the last layer's normed hidden states, [T, hidden]."""
         x, residual = self.model.embed_tokens(input_ids), None
         for layer, kv_cache in zip(self.model.layers, kv_caches):
             x, residual = layer(x, residual, positions, self.model.rotary_emb, kv_cache, meta)
         return self.model.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[T, vocab] float logits; under tensor parallelism every rank's vocab shard, gathered
-        (padding cut)."""
+        """[T, vocab] float logits (under tensor parallelism all ranks' shards, padding cut)."""
         logits = self.tp.all_gather(self.lm_head(hidden))
         return (logits if self.tp.size == 1 else logits[:, : self.config.vocab_size]).float()

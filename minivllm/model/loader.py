@@ -1,5 +1,4 @@
-"""Load a Hugging Face checkpoint directory (config.json + *.safetensors), or a GGUF file, into our
-decoder.
+"""Load a Hugging Face checkpoint (config.json + *.safetensors), or a GGUF file, into our decoder.
 
 The config is parsed by transformers' AutoConfig and the tensors are read with safetensors, shard by
 shard, straight into the (possibly fused) parameters, so nothing is held twice in memory. A
@@ -54,16 +53,13 @@ class ModelConfig:
     torch_dtype: torch.dtype | None
     eos_token_id: int | list[int] | None
     hf_config: object = None
-    # tokens a query may look back, where the model limits it (Mistral v0.1)
-    sliding_window: int | None = None
-    # what the linear layers hold (None: float weights)
-    quantization: QuantizationConfig | None = None
+    sliding_window: int | None = None  # tokens a query may look back, where limited (Mistral v0.1)
+    quantization: QuantizationConfig | None = None  # what the linear layers hold (None: floats)
     gguf: bool = False  # the checkpoint is one GGUF file (dequantized at load)
 
 
 def read_model_config(path: str | Path) -> ModelConfig:
-    """Parse config.json with transformers; raise ValueError naming the path when it isn't
-    usable."""
+    """Parse config.json with transformers; a ValueError naming the path where it isn't usable."""
     from transformers import AutoConfig
 
     path = Path(path)
@@ -87,6 +83,7 @@ def read_model_config(path: str | Path) -> ModelConfig:
     theta = rope.get("rope_theta", getattr(hf, "rope_theta", 10000.0))
     # transformers 5 calls it `dtype`, 4.x `torch_dtype` (reading the old name in 5 warns)
     dtype = vars(hf).get("dtype") or vars(hf).get("torch_dtype")
+    qc = getattr(hf, "quantization_config", None)
     return ModelConfig(
         model_type=hf.model_type, vocab_size=hf.vocab_size, hidden_size=hf.hidden_size,
         intermediate_size=hf.intermediate_size, num_layers=hf.num_hidden_layers, num_heads=heads,
@@ -104,20 +101,15 @@ def read_model_config(path: str | Path) -> ModelConfig:
         # Qwen2/3 configs carry a window that is off unless use_sliding_window says otherwise
         sliding_window=getattr(hf, "sliding_window", None)
         if getattr(hf, "use_sliding_window", True) else None,
-        quantization=checkpoint_quantization(_as_dict(getattr(hf, "quantization_config", None)),
-                                             str(path)),
+        quantization=checkpoint_quantization(qc if qc is None or isinstance(qc, dict)
+                                             else qc.to_dict(), str(path)),
         gguf=gguf,
     )
 
 
-def _as_dict(qc) -> dict | None:
-    return qc if qc is None or isinstance(qc, dict) else qc.to_dict()
-
-
 def read_generation_config(path: str | Path) -> dict:
-    """generation_config.json as a dict ({} when the checkpoint has none): EOS ids and sampling
-    defaults."""
-    # (a GGUF file has none: the path is not a directory)
+    """generation_config.json as a dict: EOS ids and sampling defaults ({} when the checkpoint has
+    none, as a GGUF file: its path is not a directory)."""
     file = Path(path) / "generation_config.json"
     if not file.is_file():
         return {}
@@ -128,16 +120,13 @@ def read_generation_config(path: str | Path) -> dict:
 
 
 def load_model(path: str | Path, cfg: ModelConfig, impl: Implementations, dtype: torch.dtype,
-               device: str,
-               tp: TensorParallel = SINGLE) -> LlamaForCausalLM:
-    """Build the model without initialising weights, then copy every checkpoint tensor into place.
-
-    A linear layer's tensors go through its `weight_loader` (model/linear.py), whatever the format;
+               device: str, tp: TensorParallel = SINGLE) -> LlamaForCausalLM:
+    """Build the model without initialising weights, then copy every checkpoint tensor into place. A
+    linear layer's tensors go through its `weight_loader` (model/linear.py), whatever the format;
     once all are in, each layer's quantization method prepares them for its kernels
     (`process_weights_after_loading`). `impl`: the ops, attention and linear kernels the model runs
     (a platform's, minivllm/platforms/). Under tensor parallelism (`tp`) every rank reads the whole
-    checkpoint and keeps its slices.
-    """
+    checkpoint and keeps its slices."""
     path = Path(path)
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg, impl, tp)
@@ -149,9 +138,8 @@ def load_model(path: str | Path, cfg: ModelConfig, impl: Implementations, dtype:
               if name.rpartition(".")[0] not in linears}
     loaded: set[str] = set()
     for where, name, tensor in _checkpoint_tensors(path, cfg):
-        if "rotary_emb" in name or (cfg.tie_word_embeddings and name == "lm_head.weight"):
-            continue
-        if _load_kv_scale(model, name, tensor):
+        if ("rotary_emb" in name or (cfg.tie_word_embeddings and name == "lm_head.weight")
+                or _load_kv_scale(model, name, tensor)):
             continue
         target, shard = name, None
         for ckpt_name, (fused, idx) in PACKED.items():
@@ -171,16 +159,15 @@ def load_model(path: str | Path, cfg: ModelConfig, impl: Implementations, dtype:
                              f"model{hint}")
         param, value = params[target], tensor()
         owner = model.get_submodule(target.rpartition(".")[0])
+        loaded.add(target)
         if isinstance(owner, VocabParallelEmbedding):  # this rank's vocab rows
             owner.weight_loader(value, where=f"{where}: {name}")
-            loaded.add(target)
-            continue
-        if param.shape != value.shape:
+        elif param.shape != value.shape:
             raise ValueError(f"{where}: {name} has shape {tuple(value.shape)}, expected "
                              f"{tuple(param.shape)}")
-        with torch.no_grad():
-            param.copy_(value)
-        loaded.add(target)
+        else:
+            with torch.no_grad():
+                param.copy_(value)
     missing = sorted([f"{n}#None" for n in params if n not in loaded]
                      + [f"{name}.{p}#{s}" for name, layer in linears.items()
                         for p, s in layer.expected() - layer.loaded])
@@ -195,17 +182,14 @@ def load_model(path: str | Path, cfg: ModelConfig, impl: Implementations, dtype:
 
 
 def _load_kv_scale(model: LlamaForCausalLM, name: str, tensor) -> bool:
-    """vLLM's convention for fp8 KV scales:
-    `model.layers.N.self_attn[.k_proj|.v_proj|.attn].k_scale` (or `.v_scale`; an older `.kv_scale`
-    serves both). True when `name` was one, now on layer N's
-    attention."""
+    """vLLM's names for fp8 KV scales: `model.layers.N.self_attn[.k_proj|.v_proj|.attn].k_scale`
+    (or `.v_scale`; an older `.kv_scale` serves both). True when `name` was one, now on layer N."""
     match = re.fullmatch(r"model\.layers\.(\d+)\.self_attn\.(?:[kv]_proj\.|attn\.)?(k|v|kv)_scale",
                          name)
     if match is None:
         return False
     attn = model.model.layers[int(match.group(1))].self_attn
-    # per tensor: one value (some exporters store shape [1])
-    scale = float(tensor().float().reshape(-1)[0])
+    scale = float(tensor().float().reshape(-1)[0])  # per tensor: one value (or shape [1])
     if not scale > 0:
         raise ValueError(f"{name} must be a positive scale, got {scale}")
     for which in ("k", "v") if match.group(2) == "kv" else (match.group(2),):
@@ -230,15 +214,11 @@ def _checkpoint_tensors(path: Path, cfg: ModelConfig):
 
 def generation_defaults(path: str | Path, eos_token_id: int | list[int] | None,
                         use_generation_config: bool = True) -> tuple[tuple[int, ...], dict]:
-    """Every id that ends a sequence, and the sampling defaults `generate` uses without
-    SamplingParams.
-
-    The ids: `eos_token_id` (the tokenizer's, or config.json's without one) plus
+    """Every id that ends a sequence, and the sampling defaults used without SamplingParams. The
+    ids: `eos_token_id` (the tokenizer's, or config.json's without one) plus
     generation_config.json's list (Llama 3 and Qwen name several: end of text, end of turn). The
-    defaults: its temperature, top_p, top_k,
-    min_p, repetition_penalty and max_new_tokens, in SamplingParams' names (vLLM's
-    generation_config="auto").
-    """
+    defaults: its temperature, top_p, top_k, min_p, repetition_penalty and max_new_tokens, in
+    SamplingParams' names (vLLM's generation_config="auto")."""
     generation = read_generation_config(path) if use_generation_config else {}
     eos: list = []
     for ids in (eos_token_id, generation.get("eos_token_id")):

@@ -17,8 +17,7 @@ from minivllm.model.layer_ops import rotary
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> torch.Tensor:
-    """One rotation frequency per pair of dimensions; llama3 scaling slows the low frequencies
-    down."""
+    """One rotation frequency per pair of dimensions; llama3 scaling slows the low ones down."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     if scaling and scaling.get("rope_type", scaling.get("type")) == "llama3":
         factor, old_len = scaling["factor"], scaling["original_max_position_embeddings"]

@@ -1,5 +1,4 @@
-"""Platforms: every choice of implementation (attention, layer ops, matmuls, compile, graphs), made
-once.
+"""Platforms: each choice of implementation (attention, layer ops, matmuls, compile, graphs), once.
 
     interface.py       what a platform supplies (`Platform`) and its op table
     reference.py       plain torch everywhere: the code the chapters teach
@@ -30,8 +29,8 @@ def platform_name(device: str | torch.device, attention_backend: str = "auto") -
     attention is asked for: on a CPU, under Triton's interpreter), "reference" for torch attention
     on a GPU, "cpu" on a CPU, "reference" elsewhere."""
     if attention_backend not in BACKENDS:
-        raise ValueError(f"attention_backend must be 'auto', 'torch' or 'triton', "
-                         f"got {attention_backend!r}")
+        raise ValueError(f"attention_backend must be 'auto', 'torch' or 'triton', got "
+                         f"{attention_backend!r}")
     device, name = torch.device(device), envs.MINIVLLM_PLATFORM
     if name == "auto":
         if attention_backend == "triton":
@@ -51,8 +50,7 @@ def choose_platform(device: str | torch.device, dtype: torch.dtype, attention_ba
     learner's decode update (minivllm.hooks), which then attends decode steps on any platform."""
     name = platform_name(device, attention_backend)
     if name == "cuda":
-        from minivllm.platforms.cuda import CudaPlatform  # imports Triton, an optional dependency
-
-        return CudaPlatform(device, dtype, online_softmax_update)
-    cls = CpuPlatform if name == "cpu" else ReferencePlatform
+        from minivllm.platforms.cuda import CudaPlatform as cls  # Triton: an optional dependency
+    else:
+        cls = CpuPlatform if name == "cpu" else ReferencePlatform
     return cls(device, dtype, online_softmax_update)

@@ -1,17 +1,14 @@
 """The cpu platform: the C++ fast paths, each registered here and nowhere else.
 
-What it replaces, and the switch (read here, once per platform) that keeps the readable code
-instead:
+What it replaces, and the switch (read here, once per platform) that keeps the readable code:
 
 * attention: attention/cpu_attention.py (the cache read in place);
   MINIVLLM_CPU_ATTENTION=reference keeps the torch reference, and with it the readable layer ops;
 * norm, rotary, SwiGLU: model/cpu_layer_ops.py (one fused op per chain); MINIVLLM_CPU_LAYER_OPS=0;
-* float matmuls: quantization/cpu_unquantized.py, each weight held once, tiled where the CPU has
-  AVX-512 (MINIVLLM_CPU_SMALL_LINEAR=0 rules that out), else in oneDNN's layout where oneDNN is
-  fast, else plain;
+* float matmuls: quantization/cpu_unquantized.py, each weight held once: tiled where the CPU has
+  AVX-512 (MINIVLLM_CPU_SMALL_LINEAR=0 rules that out), else oneDNN's layout where fast, else plain;
 * int8 and int4 matmuls: torch's packed-weight kernels (quantization/cpu_quantized.py);
-* the layers around attention compiled by torch.compile (model/compiled.py): opt-in,
-  MINIVLLM_CPU_COMPILE=1.
+* torch.compile of the layers around attention (model/compiled.py): opt-in, MINIVLLM_CPU_COMPILE=1.
 
 The C++ sources are built once per process (platforms/cpu_extension.py); without a compiler every
 C++ path falls back to the readable one after one warning.
@@ -42,8 +39,7 @@ logger = init_logger(__name__)
 
 @functools.cache  # one build (or one failure, one warning) per process
 def extension_built() -> bool:
-    """Build the C++ ops and register their shapes for torch.compile; False (warned once) if they
-    cannot be built here."""
+    """Build the C++ ops, register their shapes for torch.compile; False (warned once) if not."""
     reason = cpu_extension.build_failure()
     if reason is not None:  # no compiler, no headers, a failed build: the readable code still works
         logger.warning("CPU C++ fast paths unavailable, using the readable torch code: %s", reason)
@@ -62,8 +58,7 @@ def tiled_applies(dtype: torch.dtype) -> bool:
 
 
 def onednn_applies(dtype: torch.dtype) -> bool:
-    """fp32, or bf16 on a CPU with native bf16 instructions, through a torch built with oneDNN's
-    linear."""
+    """fp32, or bf16 on a CPU with native bf16, through a torch built with oneDNN's linear."""
     fast_dtype = dtype == torch.float32 or dtype == torch.bfloat16 and cpu_has_native_bf16()
     return (fast_dtype and torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
@@ -94,21 +89,14 @@ class CpuPlatform(Platform):
         fused_ops, tiled = envs.MINIVLLM_CPU_LAYER_OPS, envs.MINIVLLM_CPU_SMALL_LINEAR
         self.compile_layers = envs.MINIVLLM_CPU_COMPILE
         if kernel_attention and extension_built():
-            self.attention = cpu_attention.CpuAttentionBackend()
+            self.attention = self._hooked(cpu_attention.CpuAttentionBackend())
             if fused_ops:
                 self.ops = cpu_layer_ops.OPS
-        self.attention = self._hooked(self.attention)
         self.linear = LinearKernels(float=float_kernel(dtype, tiled), int8=CPU_INT8, int4=CPU_INT4)
 
     def compile(self, model: nn.Module, enforce_eager: bool) -> CompiledLayers | None:
-        """Opt-in, MINIVLLM_CPU_COMPILE=1 (and not enforce_eager): on the machines measured so far
-        it costs more than it saves (bench/RESULTS.md), so the plain layers stay the default,
-        notebooks included."""
-        if not self.compile_layers or enforce_eager:
-            return None
-        return compile_decoder_layers(model)
+        """Opt-in (MINIVLLM_CPU_COMPILE=1, not enforce_eager): so far it cost more than it saved."""
+        return compile_decoder_layers(model) if self.compile_layers and not enforce_eager else None
 
     def compiler_name(self) -> str:
         return qualified_name(compile_decoder_layers) if self.compile_layers else "none"
-
-

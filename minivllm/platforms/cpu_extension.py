@@ -1,14 +1,12 @@
-"""The C++ extension behind the CPU fast path: every source it lists built together, once per
-machine.
+"""The C++ extension behind the CPU fast path: every source it lists, built together once a machine.
 
 torch's cpp_extension compiles them at first use (10-25 s, `-O3 -march=native`) into its extension
 cache (TORCH_EXTENSIONS_DIR, by default ~/.cache/torch_extensions) and rebuilds when a source
 changes. The module's name carries a hash of the CPU's flags and the sources' paths, so a cache
-shared by different machines (or checkouts) never hands one another's build.
-Each source registers its ops under torch.ops.minivllm_cpu: the paged-attention kernel
-(attention/cpu_attention.py), the fused layer ops (model/cpu_layer_ops.py) and the tiled linear
-kernel (quantization/cpu_unquantized.py). Only the cpu platform (platforms/cpu.py) builds it, once
-per process.
+shared by different machines (or checkouts) never hands one another's build. Each source registers
+its ops under torch.ops.minivllm_cpu: the paged-attention kernel (attention/cpu_attention.py), the
+fused layer ops (model/cpu_layer_ops.py), the tiled linear kernel (quantization/cpu_unquantized.py).
+Only the cpu platform (platforms/cpu.py) builds it, once per process.
 """
 
 from __future__ import annotations
@@ -20,48 +18,34 @@ from pathlib import Path
 from minivllm.platforms.cpu_hardware import cpu_flags
 
 PACKAGE = Path(__file__).parent.parent
-SOURCES = (
-    PACKAGE / "attention" / "cpu_paged_attention.cpp",
-    PACKAGE / "model" / "cpu_layer_ops.cpp",
-    PACKAGE / "quantization" / "cpu_unquantized.cpp",
-)
-# what the sources share (the vectorisable exp)
-HEADERS = (Path(__file__).parent / "cpu_vector_math.h",)
+SOURCES = (PACKAGE / "attention/cpu_paged_attention.cpp", PACKAGE / "model/cpu_layer_ops.cpp",
+           PACKAGE / "quantization/cpu_unquantized.cpp")
+HEADERS = (Path(__file__).parent / "cpu_vector_math.h",)  # what they share (the vectorisable exp)
 
 
 def _fingerprint() -> str:
     """A hash of the CPU's flags and of where the sources are: two checkouts never share (and
     rebuild) one build."""
-    return hashlib.sha1("\n".join([*sorted(cpu_flags()),
-                                   *map(str, SOURCES)]).encode()).hexdigest()[:10]
-
-
-def build() -> None:
-    """Build the extension (or find it built) and load it, registering its ops; raises the build's
-    error.
-
-    A build takes seconds, a cached one ~10 ms, one already loaded less than 1 ms; `build_failure`
-    caches it.
-    """
-    from torch.utils.cpp_extension import load
-
-    # torch rebuilds when a source or a build flag changes, not a header: the headers' hash rides
-    # along as a flag
-    headers = hashlib.sha1(b"".join(h.read_bytes() for h in HEADERS)).hexdigest()[:10]
-    load(name=f"minivllm_cpu_{_fingerprint()}", sources=[str(s) for s in SOURCES],
-         extra_cflags=["-O3", "-march=native", "-fopenmp", f"-DMINIVLLM_CPU_HEADERS={headers}"],
-         extra_ldflags=["-fopenmp"], is_python_module=False)
+    text = "\n".join([*sorted(cpu_flags()), *map(str, SOURCES)])
+    return hashlib.sha1(text.encode()).hexdigest()[:10]
 
 
 @functools.cache  # one build (or one failure) per process
 def build_failure() -> str | None:
-    """`build()`; None once the ops are registered, else why not, in one line (no compiler, no
-    headers, a failed build): what the cpu platform's warning says before it keeps the readable
-    torch path."""
+    """Build the extension (or find it built) and load it, registering its ops (a build takes
+    seconds, a cached one ~10 ms, a loaded one under 1 ms). None once they are, else why not in one
+    line (no compiler, no headers, a failed build): what the cpu platform's warning says before it
+    keeps the readable torch path."""
     try:
-        build()
-    # every failure means the same to the callers: fall back
-    except Exception as err:  # noqa: BLE001
+        from torch.utils.cpp_extension import load
+
+        # torch rebuilds when a source or a build flag changes, not a header: the headers' hash
+        # rides along as a flag
+        headers = hashlib.sha1(b"".join(h.read_bytes() for h in HEADERS)).hexdigest()[:10]
+        load(name=f"minivllm_cpu_{_fingerprint()}", sources=[str(s) for s in SOURCES],
+             extra_cflags=["-O3", "-march=native", "-fopenmp", f"-DMINIVLLM_CPU_HEADERS={headers}"],
+             extra_ldflags=["-fopenmp"], is_python_module=False)
+    except Exception as err:  # noqa: BLE001  (every failure means the same to callers: fall back)
         text = str(err).strip()
         return text.splitlines()[-1] if text else type(err).__name__
     return None

@@ -1,12 +1,11 @@
-"""The cuda platform: Triton kernels for attention, the layer ops and the quantized matmuls; CUDA
-graphs.
+"""The cuda platform: Triton kernels (attention, layer ops, quantized matmuls) and CUDA graphs.
 
 Attention is attention/triton_backend.py; norm, rotary and SwiGLU are minivllm/kernels/ (norm.py,
 rotary.py, activation.py); int8 and int4 weights go through kernels/int8_linear.py and
-int4_linear.py (kernels/quantized_linear.py); float weights stay with `F.linear` (cuBLAS).
-Decode steps are recorded as CUDA graphs (runner/cuda_graphs.py) unless enforce_eager. On a CPU the
-Triton kernels run only under Triton's interpreter (TRITON_INTERPRET=1 before triton is imported):
-tests run this platform that way, `attention_backend="triton"`, without graphs.
+int4_linear.py (kernels/quantized_linear.py); float weights stay with `F.linear` (cuBLAS). Decode
+steps are recorded as CUDA graphs (runner/cuda_graphs.py) unless enforce_eager. On a CPU the Triton
+kernels run only under Triton's interpreter (TRITON_INTERPRET=1 before triton is imported): tests
+run this platform that way, `attention_backend="triton"`, without graphs.
 """
 
 from __future__ import annotations

@@ -6,9 +6,8 @@ and hands down: the model is built from its `Implementations` (the small ops, th
 one linear kernel per format family) and names no hardware; the runner asks it whether to compile,
 whether to capture CUDA graphs and how to size CPU threads. A platform holds no mutable global
 state, so two engines in one process may run on different platforms (a test comparing the reference
-with the cpu platform does).
-
-`op_table()` names the function behind each op, for a chapter's table and for tests.
+with the cpu platform does). `op_table()` names the function behind each op, for a chapter's table
+and for tests.
 """
 
 from __future__ import annotations
@@ -26,8 +25,6 @@ from minivllm.platforms.cpu_hardware import CpuThreadSizer, torch_default_thread
 from minivllm.quantization import REFERENCE_KERNELS, LinearKernels
 
 if TYPE_CHECKING:
-    from torch import nn
-
     from minivllm.model.compiled import CompiledLayers
 
 
@@ -38,8 +35,7 @@ def qualified_name(obj) -> str:
 
 
 class Platform:
-    """The readable defaults; each platform replaces what it has faster (reference.py, cpu.py,
-    cuda.py)."""
+    """The readable defaults; each platform replaces what it has faster (cpu.py, cuda.py)."""
 
     name = "reference"
     # op (as op_table names it) -> the test that runs this platform's implementation against the
@@ -48,34 +44,29 @@ class Platform:
 
     def __init__(self, device: str | torch.device, dtype: torch.dtype,
                  online_softmax_update=None) -> None:
-        """`online_softmax_update`: a learner's own (minivllm.hooks, chapter 02): decode steps are
-        then attended block by block with it (attention/online_softmax.py), whatever the platform.
-        """
+        """`online_softmax_update`: a learner's own (minivllm.hooks, chapter 02), with which decode
+        steps are attended block by block (attention/online_softmax.py), whatever the platform."""
         self.device, self.dtype = torch.device(device), dtype
+        self.online_softmax_update = online_softmax_update
         self.ops: LayerOps = REFERENCE
         self.linear: LinearKernels = REFERENCE_KERNELS
-        self.attention: AttentionBackend = TorchAttentionBackend()
-        self.online_softmax_update = online_softmax_update
+        self.attention: AttentionBackend = self._hooked(TorchAttentionBackend())
 
     def _hooked(self, attention: AttentionBackend) -> AttentionBackend:
         """`attention`, unless the learner's online-softmax update replaces it."""
-        if self.online_softmax_update is None:
-            return attention
-        return OnlineSoftmaxBackend(self.online_softmax_update)
+        update = self.online_softmax_update
+        return attention if update is None else OnlineSoftmaxBackend(update)
 
     @property
     def implementations(self) -> Implementations:
-        """What the model is built from (model/llama.py)."""
         return Implementations(ops=self.ops, attention=self.attention, linear=self.linear)
 
-    def compile(self, model: nn.Module, enforce_eager: bool) -> CompiledLayers | None:
-        """Compile the model's layers in place where this platform does (cpu.py, opt-in); None:
-        eager."""
+    def compile(self, model: torch.nn.Module, enforce_eager: bool) -> CompiledLayers | None:
+        """Compile the model's layers in place where a platform does (cpu.py); None: eager."""
         return None
 
     def captures_graphs(self, enforce_eager: bool) -> bool:
-        """Whether decode steps are recorded as CUDA graphs (runner/cuda_graphs.py): cuda.py only.
-        """
+        """Whether decode steps are recorded as CUDA graphs (runner/cuda_graphs.py): cuda.py's."""
         return False
 
     def thread_sizer(self, fixed: int | None, ranks: int = 1) -> CpuThreadSizer | None:
@@ -88,9 +79,7 @@ class Platform:
     def op_table(self) -> dict[str, str]:
         """Each op -> the qualified name of the function (or class) that implements it here."""
         table = {"attention": qualified_name(self.attention),
-                 "rms_norm": qualified_name(self.ops.rms_norm),
-                 "rotary": qualified_name(self.ops.rotary),
-                 "silu_and_mul": qualified_name(self.ops.silu_and_mul)}
+                 **{op: qualified_name(fn) for op, fn in self.ops._asdict().items()}}
         for family, kernel in self.linear._asdict().items():
             table[f"linear[{family}]"] = qualified_name(type(kernel).apply)
             table[f"linear[{family}].layout"] = qualified_name(type(kernel).layout)
