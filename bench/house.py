@@ -28,7 +28,8 @@ ROOMS: list[tuple[str, tuple[str, ...]]] = [
     ("core (plain Python)", ("core/*",)),
     ("reference model and attention", (
         "model/__init__.py", "model/llama.py", "model/layer_ops.py", "model/rotary.py",
-        "model/linear.py", "model/embedding.py", "model/loader.py", "attention/__init__.py",
+        "model/linear.py", "model/embedding.py", "model/loader.py", "model/weights.py",
+        "model/lazy_loading.py", "attention/__init__.py",
         "attention/backend.py", "attention/metadata.py", "attention/online_softmax.py",
         "attention/torch_backend.py")),
     ("runner", ("runner/*",)),

@@ -63,6 +63,8 @@ class EngineConfig:
     attention_backend: str = "auto"
     # True: no CUDA graphs (CUDA + Triton), no torch.compile (CPU: model/compiled.py)
     enforce_eager: bool = False
+    # decoder layers read from the checkpoint when a step first runs them (model/lazy_loading.py)
+    lazy_loading: bool = False
     seed: int = 0
     # CPU only: None sizes torch's threads to the cores left free (platforms/cpu_hardware.py)
     cpu_threads: int | None = None

@@ -87,6 +87,8 @@ class EngineArgs:
     enforce_eager: bool = arg(EngineConfig.enforce_eager,
                               "no CUDA graphs for decode steps, no torch.compile on CPU")
     seed: int = arg(EngineConfig.seed)
+    lazy_loading: bool = arg(EngineConfig.lazy_loading, "read each decoder layer's weights when a "
+                             "step first runs it: a sooner start, a slower first request")
     cpu_threads: int | None = arg(None, "torch threads on CPU (default: the free cores)")
     max_logprobs: int = arg(EngineConfig.max_logprobs,
                             "most logprobs / prompt_logprobs a request may ask for (-1: no cap)")

@@ -10,7 +10,6 @@ tensors (minivllm/quantization/).
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,16 +17,13 @@ import torch
 from safetensors import safe_open
 
 from minivllm.distributed.parallel import SINGLE, TensorParallel
-from minivllm.model.embedding import VocabParallelEmbedding
-from minivllm.model.linear import LinearBase
+from minivllm.model.lazy_loading import load_layers_on_first_use
 from minivllm.model.llama import Implementations, LlamaForCausalLM
+from minivllm.model.weights import LAYERS, CheckpointWeights
 from minivllm.quantization import QuantizationConfig, checkpoint_quantization
 from minivllm.quantization.gguf import gguf_tensors, is_gguf, read_gguf_hf_config
 
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
-# checkpoint name -> (our fused parameter, which shard of it)
-PACKED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-          "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
 
 
 @dataclass
@@ -120,84 +116,37 @@ def read_generation_config(path: str | Path) -> dict:
 
 
 def load_model(path: str | Path, cfg: ModelConfig, impl: Implementations, dtype: torch.dtype,
-               device: str, tp: TensorParallel = SINGLE) -> LlamaForCausalLM:
+               device: str, tp: TensorParallel = SINGLE, lazy: bool = False) -> LlamaForCausalLM:
     """Build the model without initialising weights, then copy every checkpoint tensor into place. A
     linear layer's tensors go through its `weight_loader` (model/linear.py), whatever the format;
     once all are in, each layer's quantization method prepares them for its kernels
     (`process_weights_after_loading`). `impl`: the ops, attention and linear kernels the model runs
     (a platform's, minivllm/platforms/). Under tensor parallelism (`tp`) every rank reads the whole
-    checkpoint and keeps its slices."""
+    checkpoint and keeps its slices. `lazy`: the decoder layers stay unallocated until a forward
+    pass first reaches them (lazy_loading.py); a GGUF file is always read whole."""
     path = Path(path)
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg, impl, tp)
-    model = model.to_empty(device=device).to(dtype)
+    lazy = lazy and not cfg.gguf
+    layers, model.model.layers = model.model.layers, torch.nn.ModuleList()
+    model = model.to_empty(device=device).to(dtype)  # all but the decoder layers
+    if not lazy:
+        layers = layers.to_empty(device=device).to(dtype)
+    model.model.layers = layers
     if cfg.tie_word_embeddings:
         model.lm_head.tie_to(model.model.embed_tokens)
-    linears = {name: m for name, m in model.named_modules() if isinstance(m, LinearBase)}
-    params = {name: p for name, p in model.named_parameters()
-              if name.rpartition(".")[0] not in linears}
-    loaded: set[str] = set()
-    for where, name, tensor in _checkpoint_tensors(path, cfg):
-        if ("rotary_emb" in name or (cfg.tie_word_embeddings and name == "lm_head.weight")
-                or _load_kv_scale(model, name, tensor)):
-            continue
-        target, shard = name, None
-        for ckpt_name, (fused, idx) in PACKED.items():
-            if f".{ckpt_name}." in name:
-                target, shard = name.replace(ckpt_name, fused), idx
-        layer_name, _, param_name = target.rpartition(".")
-        layer = linears.get(layer_name)
-        if layer is not None and param_name in layer.layouts:
-            layer.weight_loader(param_name, tensor(), shard, where=f"{where}: {name}")
-            continue
-        if layer is not None and param_name == "bias" and not tensor().any():
-            continue  # some GPTQ exporters save all-zero biases for layers that have none
-        if target not in params:
-            hint = ("" if cfg.quantization else
-                    " (a quantized checkpoint whose config.json lacks quantization_config?)")
-            raise ValueError(f"{where}: unexpected tensor {name!r} for a {cfg.model_type} "
-                             f"model{hint}")
-        param, value = params[target], tensor()
-        owner = model.get_submodule(target.rpartition(".")[0])
-        loaded.add(target)
-        if isinstance(owner, VocabParallelEmbedding):  # this rank's vocab rows
-            owner.weight_loader(value, where=f"{where}: {name}")
-        elif param.shape != value.shape:
-            raise ValueError(f"{where}: {name} has shape {tuple(value.shape)}, expected "
-                             f"{tuple(param.shape)}")
-        else:
-            with torch.no_grad():
-                param.copy_(value)
-    missing = sorted([f"{n}#None" for n in params if n not in loaded]
-                     + [f"{name}.{p}#{s}" for name, layer in linears.items()
-                        for p, s in layer.expected() - layer.loaded])
-    if missing:
-        raise ValueError(f"{path}: checkpoint is missing weights: {', '.join(missing[:5])}"
-                         + (" ..." if len(missing) > 5 else ""))
-    for layer in linears.values():
-        layer.process_weights_after_loading()
+    weights = CheckpointWeights(model, cfg, skip=LAYERS if lazy else None)
+    for where, name, tensor in checkpoint_tensors(path, cfg):
+        weights.load(where, name, tensor)
+    weights.finish(path)
+    if lazy:
+        load_layers_on_first_use(model, path, cfg, device, dtype)
     model.share_tied_weight()
     model.model.rotary_emb.build()
     return model.eval()
 
 
-def _load_kv_scale(model: LlamaForCausalLM, name: str, tensor) -> bool:
-    """vLLM's names for fp8 KV scales: `model.layers.N.self_attn[.k_proj|.v_proj|.attn].k_scale`
-    (or `.v_scale`; an older `.kv_scale` serves both). True when `name` was one, now on layer N."""
-    match = re.fullmatch(r"model\.layers\.(\d+)\.self_attn\.(?:[kv]_proj\.|attn\.)?(k|v|kv)_scale",
-                         name)
-    if match is None:
-        return False
-    attn = model.model.layers[int(match.group(1))].self_attn
-    scale = float(tensor().float().reshape(-1)[0])  # per tensor: one value (or shape [1])
-    if not scale > 0:
-        raise ValueError(f"{name} must be a positive scale, got {scale}")
-    for which in ("k", "v") if match.group(2) == "kv" else (match.group(2),):
-        setattr(attn, f"{which}_scale", scale)
-    return True
-
-
-def _checkpoint_tensors(path: Path, cfg: ModelConfig):
+def checkpoint_tensors(path: Path, cfg: ModelConfig):
     """(where, name, get-the-tensor) for each tensor of the checkpoint, in Hugging Face names."""
     if cfg.gguf:
         for name, tensor in gguf_tensors(path, cfg):

@@ -63,7 +63,7 @@ class ModelRunner:
                                         config.hooks.online_softmax_update)
         self.thread_sizer = self.platform.thread_sizer(config.cpu_threads, tp.size)  # CPU threads
         self.model = load_model(config.model, mc, self.platform.implementations, self.dtype,
-                                config.device, tp)
+                                config.device, tp, config.lazy_loading)
         self.compiled = self.platform.compile(self.model, config.enforce_eager)  # opt-in, CPU
         self.sampler = Sampler(config.seed, config.hooks.top_p)
         self.logits_processors = PersistentBatch(config, self.device)  # vLLM v1's, if any
