@@ -65,6 +65,8 @@ class EngineConfig:
     enforce_eager: bool = False
     # decoder layers read from the checkpoint when a step first runs them (model/lazy_loading.py)
     lazy_loading: bool = False
+    # GiB of the decoder layers' weights a GPU streams from host memory (runner/weight_offload.py)
+    cpu_offload_gb: float = 0
     seed: int = 0
     # CPU only: None sizes torch's threads to the cores left free (platforms/cpu_hardware.py)
     cpu_threads: int | None = None
@@ -118,6 +120,9 @@ class EngineConfig:
         if self.preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got "
                              f"{self.preemption_mode!r}")
+        if not isinstance(self.cpu_offload_gb, (int, float)) or self.cpu_offload_gb < 0:
+            raise ValueError(f"cpu_offload_gb must be a non-negative number of GiB, got "
+                             f"{self.cpu_offload_gb!r}")
         if not isinstance(self.swap_space, (int, float)) or self.swap_space < 0:
             raise ValueError(f"swap_space must be a non-negative number of GiB, got "
                              f"{self.swap_space!r}")

@@ -113,6 +113,8 @@ class EngineArgs:
     tensor_parallel_size: int = arg(EngineConfig.tensor_parallel_size, "split the model over this "
                                     "many processes (gloo on CPU, NCCL on GPUs)", short="-tp")
     swap_space: float = arg(EngineConfig.swap_space, "GiB of host memory for swapped-out KV blocks")
+    cpu_offload_gb: float = arg(EngineConfig.cpu_offload_gb, "GiB of weights a GPU keeps in host "
+                                "memory, streaming each layer in (does nothing on a CPU)")
     logits_processors: list | None = arg(None, "vLLM v1 LogitsProcessor classes or 'module:Class' "
                                          "names", cli=False)
     hooks: EngineHooks | None = arg(None, cli=False)
@@ -144,7 +146,6 @@ class EngineArgs:
     disable_chunked_mm_input: bool = vllm_arg(False, ANY)
     enable_prompt_embeds: bool = vllm_arg(False, (False,))
     logprobs_mode: str = vllm_arg("raw_logprobs", ("raw_logprobs",))
-    cpu_offload_gb: float = vllm_arg(0, (0,))
     num_gpu_blocks_override: int | None = vllm_arg(None, (None,), "ours: --num-kv-blocks")
     enable_lora: bool = vllm_arg(False, (False,))
     enable_sleep_mode: bool = vllm_arg(False, (False,))

@@ -32,6 +32,7 @@ from minivllm.runner.memory import (
 )
 from minivllm.runner.sequence_state import SequenceState
 from minivllm.runner.step_batch import StepRow, attention_metadata, prepare_inputs, to_device
+from minivllm.runner.weight_offload import offload_weights
 from minivllm.sampling import Sampler, SamplingBatch
 from minivllm.sampling.persistent_batch import PersistentBatch
 from minivllm.sampling.rejection_sampler import verify_greedy, verify_sampled
@@ -64,6 +65,7 @@ class ModelRunner:
         self.thread_sizer = self.platform.thread_sizer(config.cpu_threads, tp.size)  # CPU threads
         self.model = load_model(config.model, mc, self.platform.implementations, self.dtype,
                                 config.device, tp, config.lazy_loading)
+        offloaded = offload_weights(self.model, config.cpu_offload_gb, self.device)  # (GPU only)
         self.compiled = self.platform.compile(self.model, config.enforce_eager)  # opt-in, CPU
         self.sampler = Sampler(config.seed, config.hooks.top_p)
         self.logits_processors = PersistentBatch(config, self.device)  # vLLM v1's, if any
@@ -87,7 +89,8 @@ class ModelRunner:
         self.block_copier = BlockCopier(self.kv_cache, host, self.bytes_per_block)
         # decode steps as CUDA graphs where the platform records them (not collectives: TP is eager)
         self.graphs = (build_decode_graphs(self.model, self.kv_cache, config, self.device)
-                       if tp.size == 1 and self.platform.captures_graphs(config.enforce_eager)
+                       if tp.size == 1
+                       and self.platform.captures_graphs(config.enforce_eager or offloaded > 0)
                        else None)
 
     def profile_run(self) -> int:
