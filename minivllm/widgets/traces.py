@@ -19,13 +19,9 @@ def relabel_requests(steps: Sequence[StepTrace], names: Mapping[str, str]) -> li
     def by_request(d: dict) -> dict:
         return {rn(rid): v for rid, v in d.items()}
 
-    out = []
-    for t in steps:
-        out.append(dataclasses.replace(
-            t, scheduled=[dataclasses.replace(e, request_id=rn(e.request_id)) for e in t.scheduled],
-            preempted=[rn(r) for r in t.preempted], finished=by_request(t.finished),
-            allocated=by_request(t.allocated), cache_hits=by_request(t.cache_hits),
-            freed=by_request(t.freed),
-            block_tables=by_request(t.block_tables), waiting=[rn(r) for r in t.waiting],
-            running=[rn(r) for r in t.running]))
-    return out
+    return [dataclasses.replace(
+        t, scheduled=[dataclasses.replace(e, request_id=rn(e.request_id)) for e in t.scheduled],
+        preempted=[rn(r) for r in t.preempted], finished=by_request(t.finished),
+        allocated=by_request(t.allocated), cache_hits=by_request(t.cache_hits),
+        freed=by_request(t.freed), block_tables=by_request(t.block_tables),
+        waiting=[rn(r) for r in t.waiting], running=[rn(r) for r in t.running]) for t in steps]
