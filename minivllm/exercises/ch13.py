@@ -27,8 +27,7 @@ from minivllm.quantization.unquantized import UnquantizedLinearMethod, plain_wei
 
 def engine_qkv_rows(num_heads: int, num_kv_heads: int, head_dim: int, tp_size: int,
                     rank: int) -> list[int]:
-    """The rows the engine's q/k/v layer keeps on `rank`: load row numbers as weights, read them
-    back."""
+    """The rows the engine's q/k/v layer keeps on `rank`: load row numbers as weights, read back."""
     tp = TensorParallel(rank, tp_size)  # no process group: loading needs only the rank and the size
     copies = kv_head_replicas(num_kv_heads, tp_size)
     layer = ColumnLinear(1, [num_heads * head_dim] + [num_kv_heads * head_dim] * 2, False,
@@ -44,14 +43,11 @@ def engine_qkv_rows(num_heads: int, num_kv_heads: int, head_dim: int, tp_size: i
 def splitting_shapes(max_ranks: int = 8) -> list[tuple[int, int, int, int]]:
     """(num_heads, num_kv_heads, head_dim, tp_size) the engine accepts: heads divide, KV heads
     divide or are divided by the ranks (tensor_parallel_size does not have to divide head_dim)."""
-    shapes = []
-    for tp_size in range(1, max_ranks + 1):
-        for num_heads in (tp_size, 2 * tp_size, 4 * tp_size):
-            for num_kv_heads in range(1, num_heads + 1):
-                if num_heads % num_kv_heads == 0 and (num_kv_heads % tp_size == 0
-                                                      or tp_size % num_kv_heads == 0):
-                    shapes.append((num_heads, num_kv_heads, 3, tp_size))
-    return shapes
+    return [(num_heads, num_kv_heads, 3, tp_size) for tp_size in range(1, max_ranks + 1)
+            for num_heads in (tp_size, 2 * tp_size, 4 * tp_size)
+            for num_kv_heads in range(1, num_heads + 1)
+            if num_heads % num_kv_heads == 0
+            and (num_kv_heads % tp_size == 0 or tp_size % num_kv_heads == 0)]
 
 
 def _rows(fn: Callable, *shape: int) -> list[int]:
@@ -75,13 +71,12 @@ def _compare(fn: Callable, num_heads: int, num_kv_heads: int, head_dim: int, tp_
     if len(yours) != len(want):
         raise ExerciseFailure(f"for {case} rank {rank} holds {len(want)} rows ({q} of q, "
                               f"{(len(want) - q) // 2} each of k and v); yours has {len(yours)}.")
-    part = next(name for name, lo, hi in (("q", 0, q), ("k", q, (len(want) + q) // 2),
-                                          ("v", (len(want) + q) // 2,
-                                                                                         len(want)))
+    k_end = (len(want) + q) // 2
+    part = next(name for name, lo, hi in (("q", 0, q), ("k", q, k_end), ("v", k_end, len(want)))
                 if yours[lo:hi] != want[lo:hi])
     hint = (" Fewer KV heads than ranks: each KV head is replicated on tp_size / num_kv_heads "
-            "ranks, so neighbouring ranks hold the same k and v "
-            "rows." if num_kv_heads < tp_size and part != "q" else "")
+            "ranks, so neighbouring ranks hold the same k and v rows."
+            if num_kv_heads < tp_size and part != "q" else "")
     raise ExerciseFailure(f"for {case} your {part} rows differ from the engine's: yours {yours}, "
                           f"the engine's {want}.{hint}")
 

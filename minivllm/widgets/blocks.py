@@ -63,10 +63,8 @@ def blocks_to_show(step: StepTrace, max_blocks: int = 64, columns: int = 16) -> 
     """How many pool cells to draw: all of a small pool, else every used block up to a full row."""
     if step.num_total_blocks <= max_blocks:
         return step.num_total_blocks
-    used = [b for table in step.block_tables.values() for b in table]
-    top = max(used, default=-1) + 1
-    rows = max(cdiv(max(top, columns), columns), 1)
-    return min(step.num_total_blocks, max(rows * columns, min(max_blocks, step.num_total_blocks)))
+    top = max((b for table in step.block_tables.values() for b in table), default=-1) + 1
+    return min(step.num_total_blocks, max(cdiv(max(top, columns), columns) * columns, max_blocks))
 
 
 def block_table_html(step: StepTrace, block_size: int | None = None,

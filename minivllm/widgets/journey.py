@@ -55,9 +55,8 @@ def step_html(step: StepTrace, position: int | None = None, total: int | None = 
     """The waiting queue, the batch, tokens per request, blocks in and out, preemptions, finishes.
 
     `tokenizer` (anything with `decode(list[int]) -> str`, e.g. `llm.tokenizer`) adds each sampled
-    token's text; `position`/`total` say where this step sits in the recording. Events that did not
-    happen in this step are named on one line at the end, so the page stays short enough to sit
-    above its figure.
+    token's text; `position`/`total` place the step in the recording. Events that did not happen
+    share one line at the end, so the page stays short enough to sit above its figure.
     """
     colors = colors or request_colors([e.request_id for e in step.scheduled] + step.waiting)
     kinds = [f"{kind} {n} token{'s' * (n != 1)}" for kind, n in

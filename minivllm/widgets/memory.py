@@ -37,8 +37,7 @@ def fork_rows(steps: Sequence[StepTrace]) -> list[ForkRow]:
 
 def fork_html(steps: Sequence[StepTrace]) -> str:
     """One line per live sequence per step: its blocks, shared ones grey (with their ref count),
-    copies made on write red, fresh blocks green. The tables fork, share their prefix, and split
-    only where written."""
+    copies made on write red, fresh ones green: the tables fork, share a prefix, split on writes."""
     colors = {"shared": SHARED_COLOR, "copied": COPY_COLOR, "new": NEW_COLOR, "own": FREE_COLOR}
     refs = {t.step: t.shared_blocks for t in steps}
     lines, last = [], None

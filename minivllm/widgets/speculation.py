@@ -1,11 +1,8 @@
 """The speculation stepper's page: one verification round of speculative decoding, token by token.
 
-Pure functions of a recorded trace (no ipywidgets here). `spec_rounds` reads one request's steps out
-of the engine's `StepTrace`s: for each step that gave it tokens, what the drafter proposed
-(`spec_token_ids`), how many of those the target accepted (`num_accepted`) and the tokens appended
-(`new_token_ids`: the accepted drafts, then the target's own token). `speculation_html` draws a
-round: the drafts as text, each marked accepted, rejected (with the target's correction) or
-discarded, and the bonus token when all were accepted.
+Pure functions of a recorded trace (no ipywidgets here): `spec_rounds` reads, for each step that
+gave one request tokens, what the drafter proposed, how many drafts the target accepted and the
+tokens appended; `speculation_html` draws one such round.
 
 Every appended token is one *reveal*: reveal i is draft i accepted, or the first rejected draft
 replaced by the target's correction, or (after k accepted drafts) the target's bonus token. Stepping
@@ -159,9 +156,8 @@ def speculation_html(rnd: SpecRound, tokenizer=None, revealed: int | None = None
     """One round as HTML; `revealed`: how many appended tokens to show judged so far (None: all).
 
     The context line is the prompt (`prompt_token_ids`, if given) and the output before this round,
-    then the tokens revealed so far, highlighted. Below, one cell per draft (then one for the
-    target's bonus token), marked accepted, rejected -> the target's correction, discarded (after a
-    rejection), or pending.
+    then the tokens revealed so far, highlighted. Below, one cell per draft (then the target's bonus
+    token): accepted, rejected -> the target's correction, discarded (after a rejection) or pending.
     """
     shown = rnd.num_reveals if revealed is None else max(0, min(revealed, rnd.num_reveals))
     if rnd.outcome == "plain":

@@ -92,9 +92,8 @@ def timeline_figure(tl: Timeline, title: str = "", ax: Axes | None = None,
                     xlabel: str = "engine step") -> Figure:
     """Draw the timeline: prefill cells carry their token count; a black bar marks a request's end.
 
-    Without `ax`, a timeline longer than ROW_STEPS steps wraps onto several rows (one axes per
-    window of steps), so that the figure stays at most 10 inches wide and its text readable at the
-    size it is shown.
+    Without `ax`, a timeline longer than ROW_STEPS steps wraps onto rows (one axes per window of
+    steps), so the figure stays at most 10 inches wide and its text readable at the size shown.
     """
     from matplotlib.figure import Figure
 

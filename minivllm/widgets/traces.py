@@ -9,9 +9,8 @@ from minivllm.engine.trace import StepTrace
 
 
 def relabel_requests(steps: Sequence[StepTrace], names: Mapping[str, str]) -> list[StepTrace]:
-    """Copies of `steps` with request ids renamed by `names` (ids not in it are kept), e.g. a
-    server's generated ids ("cmpl-3f2a...-0") to the clients that sent them, so figures and pages
-    read better."""
+    """Copies of `steps` with request ids renamed by `names` (others kept), e.g. a server's ids
+    ("cmpl-3f2a...-0") to the clients that sent them, so that figures and pages read better."""
 
     def rn(rid: str) -> str:
         return names.get(rid, rid)

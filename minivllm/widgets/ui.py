@@ -90,6 +90,11 @@ class _Slider(Generic[T]):
     def _moved(self, change) -> None:
         self.render()
 
+    def reset(self) -> None:
+        if self.index == 0:
+            self._moved(None)  # the slider stays where it is: redraw as if it had moved
+        self.index = 0
+
     def _update_controls(self, can_step: bool) -> None:
         self.total.value = f"of {len(self.items)}"
         self.slider.disabled = len(self.items) < 2
@@ -162,11 +167,6 @@ class _StepWidget(_Slider[StepTrace]):
             self.render()
         self.slider.value = self.slider.max
 
-    def reset(self) -> None:
-        if self.index == 0:
-            self.render()
-        self.index = 0
-
     def render(self) -> None:
         at_end = self.index >= len(self.steps) - 1
         self._update_controls(can_step=not at_end or self.live)
@@ -187,12 +187,8 @@ class _StepWidget(_Slider[StepTrace]):
 
 class JourneyStepper(_StepWidget):
     """Step through a recording: the batch, the queues, blocks in and out, and (optionally) the
-    block pool.
-
-    `source` is a list of StepTrace (a finished recording) or an LLMEngine: its trace from
-    `since_step` on, and when the recording runs out, Step calls `engine.step()` while requests are
-    unfinished.
-    """
+    block pool. `source` is a list of StepTrace (a finished recording) or an LLMEngine: its trace
+    from `since_step` on, then Step calls `engine.step()` while requests are unfinished."""
 
     def __init__(self, source: LLMEngine | Sequence[StepTrace], tokenizer=None,
                  show_blocks: bool = True, max_blocks: int = 64, since_step: int = 0) -> None:
@@ -226,8 +222,8 @@ class BlockTableViewer(_StepWidget):
 
 class SpeculationStepper(_Slider[SpecRound]):
     """Speculative decoding, one request, token by token: a slider over the rounds (steps that gave
-    it tokens) and a Step button that reveals the target's verdict on one more token; past the last
-    one, the next round.
+    it tokens) and a Step button that reveals the target's verdict on one more token, then the next
+    round.
 
     `source` is a list of StepTrace (a recording of an engine with a drafter) or an LLMEngine (its
     trace); `request_id` picks the request (default: the first one in the recording);
@@ -239,8 +235,8 @@ class SpeculationStepper(_Slider[SpecRound]):
     def __init__(self, source: LLMEngine | Sequence[StepTrace], request_id: str | None = None,
                  tokenizer=None, prompt_token_ids: Sequence[int] = (), since_step: int = 0) -> None:
         engine = source if isinstance(source, LLMEngine) else None
-        steps = [t for t in engine.trace
-                 if t.step >= since_step] if engine is not None else list(source)
+        steps = (list(source) if engine is None
+                 else [t for t in engine.trace if t.step >= since_step])
         self.request_id = next(iter(request_ids(steps)), "") if request_id is None else request_id
         self.tokenizer = tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
         self.prompt_token_ids = list(prompt_token_ids)
@@ -281,12 +277,6 @@ class SpeculationStepper(_Slider[SpecRound]):
         if self.current is not None:
             self.revealed = self.current.num_reveals
             self.render()
-
-    def reset(self) -> None:
-        if self.index == 0:
-            self.revealed = 0
-            self.render()
-        self.index = 0
 
     def render(self) -> None:
         rnd = self.current
