@@ -2,8 +2,7 @@
 
 The checker tries the function alone (the properties a chained name needs), then runs the engine
 with it on prompts built to trip a name that forgets its parent: the second prompt is the first
-shifted by one block, so its first block has the same tokens as the first prompt's second block, at
-another position.
+shifted by one block, so its first block holds the first prompt's second block's tokens, elsewhere.
 """
 
 from __future__ import annotations

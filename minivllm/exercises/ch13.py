@@ -3,10 +3,9 @@
 The learner's `my_qkv_rows(num_heads, num_kv_heads, head_dim, tp_size, rank)` returns row indices of
 the fused weight [(num_heads + 2 * num_kv_heads) * head_dim, hidden]. The engine answers the same
 question with its own layer: a `ColumnLinear` built for that rank loads a weight whose row i holds
-the number i, and keeps exactly the rows its `weight_loader` chooses. The checker compares the two
-on a known case, on every shape that splits up to 8 ranks (KV heads replicated when fewer than the
-ranks), then on the embedded model's real weights as the engine's loader shards them for each of 2
-ranks.
+the number i, and keeps the rows its `weight_loader` chooses. The checker compares the two on a
+known case, on every shape that splits up to 8 ranks (KV heads replicated when fewer than the
+ranks), then on the embedded model's real weights as the loader shards them for 2 ranks.
 """
 
 from __future__ import annotations

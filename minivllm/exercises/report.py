@@ -40,10 +40,7 @@ class Report:
         p.text(str(self))
 
 
-Check = tuple[str, Callable[[], None]]
-
-
-def run_checks(exercise: str, checks: Sequence[Check]) -> Report:
+def run_checks(exercise: str, checks: Sequence[tuple[str, Callable[[], None]]]) -> Report:
     """Run the checks in order; the first that fails (or raises) decides the verdict."""
     start, passed = time.perf_counter(), []
 
