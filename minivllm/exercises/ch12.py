@@ -59,8 +59,8 @@ def _check_properties(quantize_fn: Callable) -> None:
 
 
 def check_int8_quantize(quantize_fn: Callable) -> Report:
-    """Grade `my_quantize(weight [N, K] float32) -> (q [N, K] int8, scale [N])`, W ~ q * scale[:,
-    None]."""
+    """Grade `my_quantize(weight [N, K] float32) -> (q [N, K] int8, scale [N])`, with
+    W ~ q * scale[:, None]."""
 
     def known_answer():
         q, scale = _call(quantize_fn, torch.tensor(KNOWN))

@@ -204,9 +204,8 @@ class JourneyStepper(_StepWidget):
 
 
 class BlockTableViewer(_StepWidget):
-    """Each request's logical blocks -> the physical pool, at the step the slider points to; one
-    line above the figure says which blocks this step allocated or freed (most decode steps: none).
-    """
+    """Each request's logical blocks -> the physical pool at the slider's step; a line above the
+    figure says which blocks the step allocated or freed (most decode steps: none)."""
 
     def __init__(self, source: LLMEngine | Sequence[StepTrace], block_size: int | None = None,
                  max_blocks: int = 64, since_step: int = 0) -> None:
