@@ -20,8 +20,7 @@ class ArrivalOrder:
     """A step observer: no request is admitted while one that arrived before it still waits."""
 
     def __init__(self, workload: dict) -> None:
-        reqs = workload["requests"]
-        # by arrival step, then as added
+        reqs = workload["requests"]  # ranked by arrival step, then as added
         order = sorted(range(len(reqs)), key=lambda i: (reqs[i][2], i))
         self.rank = {str(i): k for k, i in enumerate(order)}
         self.preempted: set[str] = set()
@@ -39,13 +38,12 @@ class ArrivalOrder:
 
 
 def check_enqueue(enqueue: Callable, max_examples: int = 10) -> Report:
-    """Grade `enqueue(waiting: deque, request, preempted: bool) -> None` (it changes `waiting` in
-    place)."""
+    """Grade `enqueue(waiting: deque, request, preempted: bool) -> None` (it edits `waiting`)."""
     hooks = EngineHooks(enqueue=enqueue)
 
     def queue_alone():
-        a, b, c = (SimpleNamespace(request_id=r, arrival_time=t) for r,
-                   t in (("a", 1.0), ("b", 2.0), ("c", 3.0)))
+        a, b, c = (SimpleNamespace(request_id=r, arrival_time=t)
+                   for r, t in (("a", 1.0), ("b", 2.0), ("c", 3.0)))
         waiting: deque = deque()
         for r in (a, b, c):
             enqueue(waiting, r, False)

@@ -19,8 +19,8 @@ from minivllm.hooks import EngineHooks
 
 def _fold(update: Callable, scores: torch.Tensor, v: torch.Tensor, block: int) -> torch.Tensor:
     heads, dim = v.shape[0], v.shape[2]
-    m, l, acc = torch.full((heads,), float("-inf")), torch.zeros(heads), \
-        torch.zeros(heads, dim)  # noqa: E741
+    m, acc = torch.full((heads,), float("-inf")), torch.zeros(heads, dim)
+    l = torch.zeros(heads)  # noqa: E741
     for start in range(0, scores.shape[1], block):
         m, l, acc = update(m, l, acc, scores[:, start : start + block],  # noqa: E741
                            v[:, start : start + block])
@@ -28,8 +28,8 @@ def _fold(update: Callable, scores: torch.Tensor, v: torch.Tensor, block: int) -
 
 
 def check_online_softmax_update(update: Callable) -> Report:
-    """Grade `online_softmax_update(m [H], l [H], acc [H, D], scores [H, n], v [H, n, D]) -> (m, l,
-    acc)`."""
+    """Grade `online_softmax_update(m [H], l [H], acc [H, D], scores [H, n], v [H, n, D])`, which
+    returns the new (m, l, acc)."""
     gen = torch.Generator().manual_seed(0)  # the checker's own inputs, the same every run
 
     def randn(*shape: int) -> torch.Tensor:

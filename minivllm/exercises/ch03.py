@@ -18,8 +18,8 @@ from minivllm.exercises.report import ExerciseFailure, Report, run_checks
 from minivllm.hooks import EngineHooks
 
 WORDS = {"alloc": "allocated to", "hit": "shared (prefix-cache hit) with", "free": "freed by",
-         "fork": "forked to",
-         "cow": "copied on write for", "swap_out": "swapped out by", "swap_in": "swapped in for"}
+         "fork": "forked to", "cow": "copied on write for", "swap_out": "swapped out by",
+         "swap_in": "swapped in for"}
 
 
 def _history(record, block_id: int) -> str:
@@ -34,12 +34,9 @@ def _history(record, block_id: int) -> str:
 
 
 def check_pool_invariants(engine, record) -> None:
-    """Each block's ref_cnt equals the number of block tables holding it; free blocks, and only
-    they, queue."""
-    kv = engine.kv
-    pool = kv.pool
-    holders: dict[int, list[str]] = {}
-    for rid, table in kv.block_tables.items():
+    """Each block's ref_cnt equals the number of block tables holding it; only free blocks queue."""
+    pool, holders = engine.kv.pool, {}
+    for rid, table in engine.kv.block_tables.items():
         for b in table:
             holders.setdefault(b, []).append(rid)
     for block in pool.blocks:
@@ -54,11 +51,11 @@ def check_pool_invariants(engine, record) -> None:
                      else "is missing from the free queue, so")
             raise ExerciseFailure(f"after step {record.step}, block {b} {state} {len(held)} "
                                   f"request(s) hold it{names}{_history(record, b)}.")
-    if len(pool.free_queue) != sum(1 for blk in pool.blocks if blk.ref_cnt == 0):
+    num_free = sum(1 for blk in pool.blocks if blk.ref_cnt == 0)
+    if len(pool.free_queue) != num_free:
         raise ExerciseFailure(f"after step {record.step}, the free queue holds "
-                              f"{len(pool.free_queue)} entries for "
-                              f"{sum(1 for blk in pool.blocks if blk.ref_cnt == 0)} free blocks: "
-                              f"one is in it twice.")
+                              f"{len(pool.free_queue)} entries for {num_free} free blocks: one is "
+                              f"in it twice.")
 
 
 def _hands_out_and_takes_back(pool_cls: type) -> None:
@@ -125,21 +122,10 @@ def _reuse_order_and_eviction(pool_cls: type) -> None:
                               f"keeps its hash until it is handed out again, so a later "
                               f"request can still hit it.")
     again = pool.allocate()
-    if (again != a or pool.lookup(b"prefix") is not None
-        or pool.blocks[a].block_hash is not None):
+    if again != a or pool.lookup(b"prefix") is not None or pool.blocks[a].block_hash is not None:
         raise ExerciseFailure(f"when allocate hands out block {a}, which still held a cached "
                               f"prefix, it must evict it (delete it from pool.cached and clear "
                               f"block_hash): its contents are about to be overwritten.")
-
-
-def _unit_checks(pool_cls: type) -> list:
-    """The pool on its own, before the engine runs it: (what is checked, the check) pairs."""
-    return [("the pool hands out each block once and takes it back",
-             lambda: _hands_out_and_takes_back(pool_cls)),
-            ("a shared block is freed only by its last reader, and a double free raises",
-             lambda: _shared_blocks_wait_for_the_last_reader(pool_cls)),
-            ("unhashed blocks are reused first, and a reused cached block is evicted",
-             lambda: _reuse_order_and_eviction(pool_cls))]
 
 
 def check_block_pool(pool_cls: type, max_examples: int = 10) -> Report:
@@ -147,20 +133,25 @@ def check_block_pool(pool_cls: type, max_examples: int = 10) -> Report:
     hooks = EngineHooks(block_pool_cls=pool_cls)
 
     def engine_property():
-        for_all_workloads(hooks, lambda w: _finish_clean(run_workload(hooks, w,
-                                                                      check_pool_invariants), w),
-                          max_examples)
+        for_all_workloads(
+            hooks, lambda w: _finish_clean(run_workload(hooks, w, check_pool_invariants), w),
+            max_examples)
 
     def equality():
         check_greedy_matches_transformers(hooks, "16 blocks of 4 tokens (preemption) and prefix "
-                                          "caching",
-                                          block_size=4, num_kv_blocks=16, max_num_batched_tokens=32)
+                                          "caching", block_size=4, num_kv_blocks=16,
+                                          max_num_batched_tokens=32)
 
+    # first the pool on its own, then inside the engine
     return run_checks("ch03 BlockPool.allocate / free", [
-        *_unit_checks(pool_cls),
+        ("the pool hands out each block once and takes it back",
+         lambda: _hands_out_and_takes_back(pool_cls)),
+        ("a shared block is freed only by its last reader, and a double free raises",
+         lambda: _shared_blocks_wait_for_the_last_reader(pool_cls)),
+        ("unhashed blocks are reused first, and a reused cached block is evicted",
+         lambda: _reuse_order_and_eviction(pool_cls)),
         ("inside the real engine, on random workloads, every block's ref_cnt equals the tables "
-         "holding it",
-         engine_property),
+         "holding it", engine_property),
         ("the engine's greedy tokens still equal transformers'", equality)])
 
 

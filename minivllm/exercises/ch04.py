@@ -1,5 +1,4 @@
-"""Chapter 04 exercise: how much of a waiting prompt fits in what is left of the step's token
-budget.
+"""Chapter 04 exercise: how much of a waiting prompt fits in what the step's token budget has left.
 
 The checker tries the rule on a few cases, then runs the real engine with it on random workloads
 (hypothesis), checking after every step that the step stayed within max_num_batched_tokens and that
@@ -21,8 +20,7 @@ from minivllm.hooks import EngineHooks
 
 
 def check_budget(engine, record) -> None:
-    """A step observer: the step stayed within the budget, and without chunked prefill no prompt was
-    cut."""
+    """A step observer: the step stays within budget; without chunked prefill no prompt is cut."""
     sched, budget = record.scheduler_output, engine.scheduler.max_num_batched_tokens
     if sched.num_tokens > budget:
         raise ExerciseFailure(f"step {record.step} computed {sched.num_tokens} tokens, but the "
@@ -38,18 +36,15 @@ def check_budget(engine, record) -> None:
 
 
 def check_prefill_chunk(prefill_chunk: Callable, max_examples: int = 10) -> Report:
-    """Grade `prefill_chunk(num_remaining: int, budget: int, enable_chunked_prefill: bool) ->
-    int`."""
+    """Grade `prefill_chunk(num_remaining: int, budget: int, enable_chunked_prefill: bool)`."""
     hooks = EngineHooks(prefill_chunk=prefill_chunk)
 
     def cases():
-        for args, want, why in [((10, 20, True), 10, "it all fits"),
-                                ((10, 10, False), 10, "it just fits"),
-                                ((30, 20, True), 20, "chunked prefill takes what fits, the rest "
-                                 "next "
-                                 "step"), ((30, 20, False), 0, "without chunked prefill the prompt "
-                                           "waits for a step with room"),
-                                ((1, 5, True), 1, "a decode or the last chunk is small")]:
+        rules = [((10, 20, True), 10, "it all fits"), ((10, 10, False), 10, "it just fits"),
+                 ((30, 20, True), 20, "chunked prefill takes what fits, the rest next step"),
+                 ((30, 20, False), 0, "without chunked prefill the prompt waits for a step "
+                  "with room"), ((1, 5, True), 1, "a decode or the last chunk is small")]
+        for args, want, why in rules:
             got = prefill_chunk(*args)
             if got != want:
                 raise ExerciseFailure(f"prefill_chunk(num_remaining={args[0]}, budget={args[1]}, "

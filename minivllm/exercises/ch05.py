@@ -47,8 +47,7 @@ def _check_sampler_distribution(top_p_fn: Callable, draws: int) -> None:
 
 
 def check_top_p(top_p_fn: Callable, draws: int = 20000) -> Report:
-    """Grade `top_p(logits [B, V], top_p [B]) -> logits with the tokens outside each row's nucleus
-    at -inf`."""
+    """Grade `top_p(logits [B, V], top_p [B])`: logits, those outside each row's nucleus at -inf."""
     def known_answers():
         for p, want in [(0.45, [1]), (0.75, [1, 3]), (0.9, [1, 2, 3]), (1e-6, [1]),
                         (1.0, [0, 1, 2, 3])]:

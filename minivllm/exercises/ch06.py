@@ -1,10 +1,8 @@
-"""Chapter 06 exercise: `hash_block`, the chained name of a full block that prefix caching looks
-blocks up by.
+"""Chapter 06 exercise: `hash_block`, the chained name prefix caching looks full blocks up by.
 
 The checker tries the function alone (the properties a chained name needs), then runs the engine
 with it on prompts built to trip a name that forgets its parent: the second prompt is the first
-shifted by one block, so its first block has the same tokens as the first prompt's second block, at
-another position.
+shifted by one block, so its first block holds the first prompt's second block's tokens, elsewhere.
 """
 
 from __future__ import annotations
@@ -19,10 +17,8 @@ from minivllm.hooks import EngineHooks
 def _check_hits_and_equality(hooks: EngineHooks, block_size: int) -> None:
     """The engine with it: shared prefixes are found, and the tokens still match transformers."""
     rng = list(range(40, 40 + 5 * block_size))
-    # its first block = the first prompt's second block
-    shifted = rng[block_size:] + [7] * block_size
-    # the third shares 3 full blocks
-    prompts = [rng, shifted, rng[: 3 * block_size] + [11, 12, 13]]
+    shifted = rng[block_size:] + [7] * block_size  # its first block = the first prompt's second
+    prompts = [rng, shifted, rng[: 3 * block_size] + [11, 12, 13]]  # the third shares 3 blocks
     check_greedy_matches_transformers(hooks, f"prefix caching, blocks of {block_size} tokens "
                                       f"and a prompt that is another shifted by one block",
                                       prompts, max_tokens=8, block_size=block_size,

@@ -18,16 +18,13 @@ from minivllm.exercises.report import ExerciseFailure, Report, run_checks
 from minivllm.hooks import EngineHooks
 from minivllm.sampling_params import SamplingParams
 
-# the target: rows for position 0 and the bonus
-P = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25]])
-# the drafter at position 0: it likes what the target does not
-Q = torch.tensor([[0.4, 0.3, 0.2, 0.1]])
+P = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25]])  # the target: position 0, bonus
+Q = torch.tensor([[0.4, 0.3, 0.2, 0.1]])  # the drafter: it likes what the target does not
 
 
 def _first_tokens(verify: Callable, draft_probs: torch.Tensor | None, trials: int,
                   seed: int) -> tuple[list, int]:
-    """Frequencies of the first emitted token over `trials` steps with one draft, and how many
-    drafts stayed."""
+    """Frequencies of the first token emitted in `trials` one-draft steps; how many drafts held."""
     gen, draft_gen = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed + 1)
     counts, accepted = [0] * P.shape[1], 0
     for _ in range(trials):
@@ -106,6 +103,5 @@ def check_verify_sampled(verify: Callable, trials: int = 4000) -> Report:
 
 
 def _rounded(probs) -> list[float]:
-    """A probability row as a learner reads it: 0.4, not 0.4000000059604645 (float32 printed as a
-    double)."""
+    """A probability row as a learner reads it: 0.4, not 0.4000000059604645 (float32 as double)."""
     return [round(x, 4) for x in probs.tolist()]

@@ -54,14 +54,13 @@ def _check_properties(quantize_fn: Callable) -> None:
     err = (back - w).abs() - scale[:, None] / 2
     if (err > 1e-6 * w.abs().amax(dim=1, keepdim=True) + 1e-12).any():
         row = int(err.amax(dim=1).argmax())
-        raise ExerciseFailure(f"row {row} is off by more than half a step (scale / 2) "
-                              f"somewhere: round to the nearest integer rather than "
-                              f"truncating.")
+        raise ExerciseFailure(f"row {row} is off by more than half a step (scale / 2) somewhere: "
+                              "round to the nearest integer rather than truncating.")
 
 
 def check_int8_quantize(quantize_fn: Callable) -> Report:
-    """Grade `my_quantize(weight [N, K] float32) -> (q [N, K] int8, scale [N])`, W ~ q * scale[:,
-    None]."""
+    """Grade `my_quantize(weight [N, K] float32) -> (q [N, K] int8, scale [N])`, with
+    W ~ q * scale[:, None]."""
 
     def known_answer():
         q, scale = _call(quantize_fn, torch.tensor(KNOWN))

@@ -3,10 +3,9 @@
 The learner's `my_qkv_rows(num_heads, num_kv_heads, head_dim, tp_size, rank)` returns row indices of
 the fused weight [(num_heads + 2 * num_kv_heads) * head_dim, hidden]. The engine answers the same
 question with its own layer: a `ColumnLinear` built for that rank loads a weight whose row i holds
-the number i, and keeps exactly the rows its `weight_loader` chooses. The checker compares the two
-on a known case, on every shape that splits up to 8 ranks (KV heads replicated when fewer than the
-ranks), then on the embedded model's real weights as the engine's loader shards them for each of 2
-ranks.
+the number i, and keeps the rows its `weight_loader` chooses. The checker compares the two on a
+known case, on every shape that splits up to 8 ranks (KV heads replicated when fewer than the
+ranks), then on the embedded model's real weights as the loader shards them for 2 ranks.
 """
 
 from __future__ import annotations
@@ -27,8 +26,7 @@ from minivllm.quantization.unquantized import UnquantizedLinearMethod, plain_wei
 
 def engine_qkv_rows(num_heads: int, num_kv_heads: int, head_dim: int, tp_size: int,
                     rank: int) -> list[int]:
-    """The rows the engine's q/k/v layer keeps on `rank`: load row numbers as weights, read them
-    back."""
+    """The rows the engine's q/k/v layer keeps on `rank`: load row numbers as weights, read back."""
     tp = TensorParallel(rank, tp_size)  # no process group: loading needs only the rank and the size
     copies = kv_head_replicas(num_kv_heads, tp_size)
     layer = ColumnLinear(1, [num_heads * head_dim] + [num_kv_heads * head_dim] * 2, False,
@@ -44,14 +42,11 @@ def engine_qkv_rows(num_heads: int, num_kv_heads: int, head_dim: int, tp_size: i
 def splitting_shapes(max_ranks: int = 8) -> list[tuple[int, int, int, int]]:
     """(num_heads, num_kv_heads, head_dim, tp_size) the engine accepts: heads divide, KV heads
     divide or are divided by the ranks (tensor_parallel_size does not have to divide head_dim)."""
-    shapes = []
-    for tp_size in range(1, max_ranks + 1):
-        for num_heads in (tp_size, 2 * tp_size, 4 * tp_size):
-            for num_kv_heads in range(1, num_heads + 1):
-                if num_heads % num_kv_heads == 0 and (num_kv_heads % tp_size == 0
-                                                      or tp_size % num_kv_heads == 0):
-                    shapes.append((num_heads, num_kv_heads, 3, tp_size))
-    return shapes
+    return [(num_heads, num_kv_heads, 3, tp_size) for tp_size in range(1, max_ranks + 1)
+            for num_heads in (tp_size, 2 * tp_size, 4 * tp_size)
+            for num_kv_heads in range(1, num_heads + 1)
+            if num_heads % num_kv_heads == 0
+            and (num_kv_heads % tp_size == 0 or tp_size % num_kv_heads == 0)]
 
 
 def _rows(fn: Callable, *shape: int) -> list[int]:
@@ -75,13 +70,12 @@ def _compare(fn: Callable, num_heads: int, num_kv_heads: int, head_dim: int, tp_
     if len(yours) != len(want):
         raise ExerciseFailure(f"for {case} rank {rank} holds {len(want)} rows ({q} of q, "
                               f"{(len(want) - q) // 2} each of k and v); yours has {len(yours)}.")
-    part = next(name for name, lo, hi in (("q", 0, q), ("k", q, (len(want) + q) // 2),
-                                          ("v", (len(want) + q) // 2,
-                                                                                         len(want)))
+    k_end = (len(want) + q) // 2
+    part = next(name for name, lo, hi in (("q", 0, q), ("k", q, k_end), ("v", k_end, len(want)))
                 if yours[lo:hi] != want[lo:hi])
     hint = (" Fewer KV heads than ranks: each KV head is replicated on tp_size / num_kv_heads "
-            "ranks, so neighbouring ranks hold the same k and v "
-            "rows." if num_kv_heads < tp_size and part != "q" else "")
+            "ranks, so neighbouring ranks hold the same k and v rows."
+            if num_kv_heads < tp_size and part != "q" else "")
     raise ExerciseFailure(f"for {case} your {part} rows differ from the engine's: yours {yours}, "
                           f"the engine's {want}.{hint}")
 

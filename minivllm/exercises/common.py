@@ -10,6 +10,7 @@ instead of one per token, and names the first token that differs.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 
 import torch
@@ -29,8 +30,7 @@ PROMPTS = ["Hi, my name is", "Today is a beautiful summer day", "Hello there",
 def generate(hooks: EngineHooks, prompts: Sequence[str | list[int]] = PROMPTS, max_tokens: int = 16,
              params: SamplingParams | None = None,
              **engine_args) -> tuple[list[list[int]], list[list[int]], LLM]:
-    """(prompt ids, generated ids, the LLM) for greedy generation (or `params`) with the learner's
-    hooks."""
+    """(prompt ids, generated ids, the LLM) for greedy generation (or `params`) with the hooks."""
     llm = LLM(DEFAULT_MODEL, hooks=hooks, trace_steps=0, **{"device": "cpu", **engine_args})
     params = params or SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     inputs = [{"prompt_token_ids": p} if isinstance(p, list) else p for p in prompts]
@@ -41,8 +41,7 @@ def generate(hooks: EngineHooks, prompts: Sequence[str | list[int]] = PROMPTS, m
 
 def transformers_mismatch(prompt_ids: Sequence[list[int]],
                           output_ids: Sequence[list[int]]) -> str | None:
-    """None if every generated token is transformers' greedy choice, else where the first one is
-    not."""
+    """None if every generated token is transformers' greedy choice, else where the first is not."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging
 
@@ -64,8 +63,7 @@ def transformers_mismatch(prompt_ids: Sequence[list[int]],
 
 def check_greedy_matches_transformers(hooks: EngineHooks, setting: str, prompts=PROMPTS,
                                       max_tokens: int = 16, **engine_args) -> LLM:
-    """Greedy tokens with the learner's hooks equal transformers'; every block is free at the
-    end."""
+    """Greedy tokens with the learner's hooks equal transformers', and all blocks end up free."""
     prompt_ids, output_ids, llm = generate(hooks, prompts, max_tokens, **engine_args)
     wrong = transformers_mismatch(prompt_ids, output_ids)
     if wrong:
@@ -80,15 +78,13 @@ def check_greedy_matches_transformers(hooks: EngineHooks, setting: str, prompts=
 
 def workloads():
     """A hypothesis strategy of small, tight workloads: few blocks (so requests get preempted),
-    small token budgets (so prompts are chunked), prompts from a tiny alphabet (so they share
-    prefixes)."""
+    small token budgets (so prompts are chunked), a tiny alphabet (so prompts share prefixes)."""
     from hypothesis import strategies as st
 
     return st.fixed_dictionaries({
         "num_blocks": st.integers(6, 20), "block_size": st.sampled_from([2, 4]),
-        "budget": st.integers(4, 32),
-        "max_seqs": st.integers(1, 4), "caching": st.booleans(), "chunking": st.booleans(),
-        "seed": st.integers(0, 1000),
+        "budget": st.integers(4, 32), "max_seqs": st.integers(1, 4), "caching": st.booleans(),
+        "chunking": st.booleans(), "seed": st.integers(0, 1000),
         # (prompt length, max_tokens, the step it arrives at)
         "requests": st.lists(st.tuples(st.integers(1, 24), st.integers(1, 8), st.integers(0, 4)),
                              min_size=1, max_size=5)})
@@ -112,17 +108,15 @@ HARD_WORKLOADS = [
 def describe(w: dict) -> str:
     reqs = ", ".join(f"'{i}': {p} prompt tokens + {m} new, arriving at step {a}"
                      for i, (p, m, a) in enumerate(w["requests"]))
+    on = {k: "on" if w[k] else "off" for k in ("caching", "chunking")}
     return (f"{w['num_blocks']} blocks of {w['block_size']} tokens, a budget of {w['budget']} "
-            f"tokens per step, at most {w['max_seqs']} running, prefix caching "
-            f"{'on' if w['caching'] else 'off'}, chunked prefill "
-            f"{'on' if w['chunking'] else 'off'}; requests {reqs}")
+            f"tokens per step, at most {w['max_seqs']} running, prefix caching {on['caching']}, "
+            f"chunked prefill {on['chunking']}; requests {reqs}")
 
 
 def run_workload(hooks: EngineHooks, w: dict, observer=None, max_steps: int = 1000):
     """Drive the real LLMEngine.step through workload `w`; `observer(engine, record)` sees every
     step. Returns the engine, every request finished (else ExerciseFailure)."""
-    import random
-
     rng = random.Random(w["seed"])
     capacity = w["num_blocks"] * w["block_size"]
     budget = w["budget"] if w["chunking"] else max(w["budget"], capacity)
@@ -135,8 +129,7 @@ def run_workload(hooks: EngineHooks, w: dict, observer=None, max_steps: int = 10
     if observer is not None:
         engine.add_step_observer(observer)
     pending = []
-    # every prompt starts with a part of it: shared blocks
-    system = [3 + rng.randrange(3) for _ in range(capacity)]
+    system = [3 + rng.randrange(3) for _ in range(capacity)]  # every prompt starts with some of it
     for i, (plen, max_tokens, arrival) in enumerate(w["requests"]):
         plen = min(plen, capacity - 1)
         prompt = system[: plen // 2] + [3 + rng.randrange(3) for _ in range(plen - plen // 2)]
@@ -157,13 +150,12 @@ def run_workload(hooks: EngineHooks, w: dict, observer=None, max_steps: int = 10
 
 
 def for_all_workloads(hooks: EngineHooks, check, max_examples: int = 12) -> None:
-    """Run `check(w)` (which drives run_workload) on hypothesis-generated workloads; a failure says
-    which."""
+    """Run `check(w)` (which drives run_workload) on hypothesis' workloads; a failure says which."""
     from hypothesis import HealthCheck, Phase, Verbosity, example, given, settings
 
     @settings(max_examples=max_examples, deadline=None, derandomize=True, database=None,
-              verbosity=Verbosity.quiet,
-              phases=(Phase.explicit, Phase.generate), suppress_health_check=list(HealthCheck))
+              verbosity=Verbosity.quiet, phases=(Phase.explicit, Phase.generate),
+              suppress_health_check=list(HealthCheck))
     @given(workloads())
     def property_(w):
         try:

@@ -30,9 +30,7 @@ class Report:
         return self.status == "passed"
 
     def __str__(self) -> str:
-        mark = {"passed": "PASSED", "failed": "FAILED",
-                "not attempted": "NOT ATTEMPTED"}[self.status]
-        lines = [f"{self.exercise}: {mark} ({self.seconds:.1f} s)"]
+        lines = [f"{self.exercise}: {self.status.upper()} ({self.seconds:.1f} s)"]
         lines += [f"  ok  {name}" for name in self.passed_checks]
         if self.message:
             lines.append(("  " + self.message).replace("\n", "\n  "))
@@ -42,10 +40,7 @@ class Report:
         p.text(str(self))
 
 
-Check = tuple[str, Callable[[], None]]
-
-
-def run_checks(exercise: str, checks: Sequence[Check]) -> Report:
+def run_checks(exercise: str, checks: Sequence[tuple[str, Callable[[], None]]]) -> Report:
     """Run the checks in order; the first that fails (or raises) decides the verdict."""
     start, passed = time.perf_counter(), []
 
@@ -58,14 +53,13 @@ def run_checks(exercise: str, checks: Sequence[Check]) -> Report:
         except NotImplementedError as stub:
             where = traceback.extract_tb(stub.__traceback__)[-1]
             return report("not attempted", f"`{where.name}` still raises NotImplementedError: "
-                          f"write it in the exercise cell, run that cell, then run the checker "
-                          f"again.")
+                          "write it in the exercise cell, run that cell, then run the checker "
+                          "again.")
         except ExerciseFailure as failure:
             return report("failed", f"while checking that {name}:\n{failure}")
         except Exception as error:  # the learner's code crashed: say where, briefly
-            frames = traceback.extract_tb(error.__traceback__)
+            frame = traceback.extract_tb(error.__traceback__)[-1]
             return report("failed", f"while checking that {name}, your code raised "
-                          f"{type(error).__name__}: {error} (at {frames[-1].name}, line "
-                          f"{frames[-1].lineno})")
+                          f"{type(error).__name__}: {error} (at {frame.name}, line {frame.lineno})")
         passed.append(name)
     return report("passed")

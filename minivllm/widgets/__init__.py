@@ -1,19 +1,10 @@
 """Widgets for the chapters: pure render functions of recorded engine state, plus thin ipywidgets
 wiring.
 
-Render functions (no ipywidgets; they return matplotlib Figures, HTML strings or plain data;
-matplotlib is imported only where a figure is drawn):
-    blocks:    pool_cells, block_table_html, block_table_figure   (the block-table viewer)
-    journey:   step_html                                           (one step of a prompt's journey)
-    timelines: timeline, timeline_figure                           (the batching timeline)
-    workloads: run_arrivals, kv_occupancy (drive a real engine; measure its trace) speculation:
-    spec_rounds, speculation_html (speculative decoding, token by token) traces: relabel_requests
-    (rename the requests of a recording) graphs: graph_batch_html (a CUDA-graph decode step's padded
-    buffers) memory: fork_rows, fork_html, swap_totals (beam forks and copy-on-write; swaps)
-    figures: figure_png, show (a Figure as PNG bytes; shown in a notebook) step_time:
-    step_time_breakdown, step_time_figure (host vs model time per step, measured) Widgets
-(ipywidgets, the `notebook` extra): JourneyStepper, BlockTableViewer, SpeculationStepper. They live
-in `ui`, which is imported on first use of one of those names, so `import minivllm.widgets` needs no
+The render functions (imported below, one view per module) need no ipywidgets: they return
+matplotlib Figures, HTML strings or plain data, and import matplotlib only where a figure is drawn.
+The widgets (ipywidgets, the `notebook` extra: JourneyStepper, BlockTableViewer, SpeculationStepper)
+live in `ui`, imported on first use of one of those names, so `import minivllm.widgets` needs no
 ipywidgets.
 """
 
@@ -46,16 +37,15 @@ def __getattr__(name: str):
             from minivllm.widgets import ui
         except ModuleNotFoundError as e:
             raise ModuleNotFoundError(f"minivllm.widgets.{name} needs {e.name}: pip install "
-                                      f"'minivllm[notebook]'",
-                                      name=e.name) from e
+                                      f"'minivllm[notebook]'", name=e.name) from e
         return getattr(ui, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["ForkRow", "fork_html", "fork_rows", "swap_totals",
-           "Arrival", "BlockCell", "BlockTableViewer", "JourneyStepper", "Occupancy", "Recording",
-           "SpecRound", "SpeculationStepper", "Timeline", "block_table_figure", "block_table_html",
-           "figure_png", "graph_batch_html", "kv_occupancy", "new_steps", "pool_cells",
-           "relabel_requests", "request_colors", "request_ids", "run_arrivals", "show",
-           "spec_rounds", "speculation_html", "step_html", "timeline", "timeline_figure",
-           "host_share", "step_time_breakdown", "step_time_figure"]
+__all__ = ["Arrival", "BlockCell", "BlockTableViewer", "ForkRow", "JourneyStepper", "Occupancy",
+           "Recording", "SpecRound", "SpeculationStepper", "Timeline", "block_table_figure",
+           "block_table_html", "figure_png", "fork_html", "fork_rows", "graph_batch_html",
+           "host_share", "kv_occupancy", "new_steps", "pool_cells", "relabel_requests",
+           "request_colors", "request_ids", "run_arrivals", "show", "spec_rounds",
+           "speculation_html", "step_html", "step_time_breakdown", "step_time_figure",
+           "swap_totals", "timeline", "timeline_figure"]

@@ -1,5 +1,4 @@
-"""The block-table viewer: each request's logical blocks and the physical pool they map to, at one
-step.
+"""The block-table viewer: each request's logical blocks and the physical pool they map to.
 
 Pure functions of one recorded `StepTrace` (no ipywidgets here): `pool_cells` turns the step into
 plain data, `block_table_html` and `block_table_figure` draw it. The trace holds the block tables
@@ -61,39 +60,33 @@ def pool_cells(step: StepTrace) -> list[BlockCell]:
 
 
 def blocks_to_show(step: StepTrace, max_blocks: int = 64, columns: int = 16) -> int:
-    """How many pool cells to draw: all of a small pool, else every used block rounded up to a full
-    row."""
+    """How many pool cells to draw: all of a small pool, else every used block up to a full row."""
     if step.num_total_blocks <= max_blocks:
         return step.num_total_blocks
-    used = [b for table in step.block_tables.values() for b in table]
-    top = max(used, default=-1) + 1
-    rows = max(cdiv(max(top, columns), columns), 1)
-    return min(step.num_total_blocks, max(rows * columns, min(max_blocks, step.num_total_blocks)))
+    top = max((b for table in step.block_tables.values() for b in table), default=-1) + 1
+    return min(step.num_total_blocks, max(cdiv(max(top, columns), columns) * columns, max_blocks))
 
 
 def block_table_html(step: StepTrace, block_size: int | None = None,
                      colors: dict[str, str] | None = None) -> str:
-    """Each live request's block table as an HTML table: logical block index -> physical block
-    id."""
+    """Each live request's block table as HTML: logical block index -> physical block id."""
     colors = colors or request_colors(step.block_tables)
     width = max((len(t) for t in step.block_tables.values()), default=0)
     head = "".join(f"<th>{i}</th>" for i in range(width))
     rows = []
     for rid, table in step.block_tables.items():
-        cells = []
+        td, cells = f'<td style="background:{colors[rid]};text-align:center">', []
         for block_id in table:
             shared = step.shared_blocks.get(block_id, 1)
             mark = f" <small>(x{shared} shared)</small>" if shared > 1 else ""
-            cells.append(f'<td '
-                         f'style="background:{colors[rid]};text-align:center">{block_id}{mark}</td>')
+            cells.append(f"{td}{block_id}{mark}</td>")
         rows.append(f"<tr><th>{html.escape(rid)}</th>{''.join(cells)}</tr>")
     if not rows:
         rows.append(f'<tr><td colspan="{width + 1}"><i>no live block tables</i></td></tr>')
     size = f", {block_size} tokens each" if block_size else ""
     caption = (f"engine step {step.step}: block tables (logical block -> physical block id{size}); "
                f"{step.num_free_blocks} of {step.num_total_blocks} blocks free")
-    # the caption is a line of its own: a <caption> would wrap to the width of a table of a few
-    # columns
+    # the caption is a line of its own: a <caption> would wrap to the width of a narrow table
     return (f'<div class="minivllm-blocks minivllm-page"><div>{caption}</div><table>'
             f"<tr><th>request \\ logical</th>{head}</tr>{''.join(rows)}</table></div>")
 
@@ -101,22 +94,18 @@ def block_table_html(step: StepTrace, block_size: int | None = None,
 def block_step_html(step: StepTrace, position: int | None = None, total: int | None = None,
                     block_size: int | None = None) -> str:
     """One line under the block-table viewer's controls: where we are and which blocks moved in this
-    step (the figure shows the tables themselves; most decode steps move none, which this line
-    says)."""
+    step (the figure shows the tables; most decode steps move none, which this line says)."""
     size = f" of {block_size} tokens" if block_size else ""
     n_shared = sum(1 for n in step.shared_blocks.values() if n > 1)
-    moved = []
-    for name, events in (("allocated", step.allocated), ("re-used from the cache", step.cache_hits),
-                         ("freed", step.freed)):
-        if events:
-            moved.append(f"{name} " + "; ".join(f"<b>{html.escape(r)}</b> {b}" for r,
-                                                b in events.items()))
+    kinds = (("allocated", step.allocated), ("re-used from the cache", step.cache_hits),
+             ("freed", step.freed))
+    moved = [f"{name} " + "; ".join(f"<b>{html.escape(r)}</b> {b}" for r, b in events.items())
+             for name, events in kinds if events]
     change = (", ".join(moved) if moved
               else f'<span style="{QUIET_STYLE}">no block allocated or freed</span>')
-    return (f'<div class="minivllm-blocks minivllm-page"><b>{where(step, position, total)}</b>: '
-            f"{step.num_free_blocks} of {step.num_total_blocks} blocks{size} free, {n_shared} "
-            f"shared; "
-            f"{change}</div>")
+    return (f'<div class="minivllm-blocks minivllm-page"><b>{where(step.step, position, total)}'
+            f"</b>: {step.num_free_blocks} of {step.num_total_blocks} blocks{size} free, "
+            f"{n_shared} shared; {change}</div>")
 
 
 def _block_patch(x: float, y: float, face: str, shared: bool, **style):
@@ -135,22 +124,20 @@ def _draw_tables(ax, step: StepTrace, cells: list[BlockCell], colors: dict[str, 
     width = max([len(t) for t in tables.values()] + [1])
     for row, (rid, table) in enumerate(tables.items()):
         for i, block_id in enumerate(table):
-            shared = len(cells[block_id].owners) > 1
+            shared = cells[block_id].is_shared
             ax.add_patch(_block_patch(i, row, colors[rid], shared))
             ax.text(i + 0.46, row + 0.42, str(block_id), ha="center", va="center",
                     fontsize=8 if shared else 7,
                     fontweight="bold" if shared else None, bbox=_LABEL_BOX if shared else None)
-    ax.set_xlim(0, xmax)
-    ax.set_ylim(max(len(tables), 1), 0)
-    ax.set_yticks([r + 0.42 for r in range(len(tables))], list(tables) or [])
+    ax.set(xlim=(0, xmax), ylim=(max(len(tables), 1), 0))
+    ax.set_yticks([r + 0.42 for r in range(len(tables))], list(tables))
     ax.set_xticks([i + 0.46 for i in range(width)], [str(i) for i in range(width)], fontsize=7)
     ax.xaxis.tick_top()
     ax.set_title(f"{title}: block tables (column = logical block, number = physical block id)",
                  fontsize=9, pad=14)
     if not tables:
         ax.text(0.5, 0.5, "no live requests", ha="center", va="center", transform=ax.transAxes)
-    for side in ("bottom", "right"):
-        ax.spines[side].set_visible(False)
+    ax.spines[["bottom", "right"]].set_visible(False)
 
 
 def _draw_pool(ax, step: StepTrace, cells: list[BlockCell], shown: int, colors: dict[str, str],
@@ -169,10 +156,7 @@ def _draw_pool(ax, step: StepTrace, cells: list[BlockCell], shown: int, colors: 
                     va="center", fontsize=7, fontweight="bold", linespacing=0.9, bbox=_LABEL_BOX)
         else:
             ax.text(c + 0.46, r + 0.42, str(cell.block_id), ha="center", va="center", fontsize=6)
-    ax.set_xlim(0, xmax)
-    ax.set_ylim(cdiv(shown, columns), 0)
-    ax.set_xticks([])
-    ax.set_yticks([])
+    ax.set(xlim=(0, xmax), ylim=(cdiv(shown, columns), 0), xticks=[], yticks=[])
     hidden = cells[shown:]
     hidden_used = sum(not c.is_free for c in hidden)
     more = f" (+{len(hidden)} more not drawn, {hidden_used} of them in use)" if hidden else ""
@@ -200,6 +184,6 @@ def block_table_figure(step: StepTrace, max_blocks: int = 64, columns: int = 16,
     fig = Figure(figsize=(0.45 * xmax + 1.6, 0.45 * (top_h + pool_rows) + 1.6))
     gs = fig.add_gridspec(2, 1, height_ratios=[top_h, pool_rows], hspace=0.35)
     ax_t, ax_p = fig.add_subplot(gs[0]), fig.add_subplot(gs[1])
-    _draw_tables(ax_t, step, cells, colors, xmax, label or where(step, None, None))
+    _draw_tables(ax_t, step, cells, colors, xmax, label or where(step.step, None, None))
     _draw_pool(ax_p, step, cells, shown, colors, columns, xmax)
     return fig

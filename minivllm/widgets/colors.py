@@ -1,5 +1,4 @@
-"""One colour per request, stable across the steps of a recording, and the other colours the widgets
-share."""
+"""One colour per request, stable across the steps of a recording; the colours the widgets share."""
 
 from __future__ import annotations
 
@@ -30,14 +29,10 @@ def request_ids(steps: Iterable[StepTrace]) -> list[str]:
 # stays readable), written out so that the HTML views need no matplotlib; tests/test_widgets.py
 # checks it against matplotlib's own colormaps.
 PALETTE = ("#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2", "#c7c7c7",
-           "#dbdb8d",
-           "#9edae5", "#5254a3", "#9c9ede", "#8ca252", "#cedb9c", "#bd9e39", "#e7cb94", "#ad494a",
-           "#e7969c",
-           "#a55194", "#de9ed6", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
-           "#e377c2",
-           "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#6b6ecf", "#637939", "#b5cf6b", "#8c6d31",
-           "#e7ba52",
-           "#843c39", "#d6616b", "#7b4173", "#ce6dbd")
+           "#dbdb8d", "#9edae5", "#5254a3", "#9c9ede", "#8ca252", "#cedb9c", "#bd9e39", "#e7cb94",
+           "#ad494a", "#e7969c", "#a55194", "#de9ed6", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728",
+           "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#6b6ecf",
+           "#637939", "#b5cf6b", "#8c6d31", "#e7ba52", "#843c39", "#d6616b", "#7b4173", "#ce6dbd")
 
 
 def request_colors(ids: Iterable[str]) -> dict[str, str]:

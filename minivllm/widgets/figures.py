@@ -1,5 +1,4 @@
-"""Figures out to the notebook: a matplotlib Figure as PNG bytes, and shown as an image in any front
-end."""
+"""Figures out to the notebook: a matplotlib Figure as PNG bytes, or shown in any front end."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""A CUDA-graph decode step as the graph sees it: the static buffers, real rows first, then the
-padding."""
+"""A CUDA-graph decode step as the graph sees it: static buffers, real rows first, then padding."""
 
 from __future__ import annotations
 
@@ -8,19 +7,17 @@ ROW_STYLE = "background:#dbe9f6;text-align:center"
 
 
 def graph_batch_html(graphs) -> str:
-    """After a step served by `graphs` (a runner's DecodeGraphs): one column per row of the replayed
-    batch.
+    """One column per row of the batch `graphs` (a runner's DecodeGraphs) replayed last.
 
     The step had n requests and replayed the graph recorded for the next size up; the last size - n
-    columns are padding: they store nothing (slot -1) and attend to a single position (context
-    length 1).
+    columns are padding: they store nothing (slot -1) and attend to one position (context length 1).
     """
     if graphs.last_replay is None:
         return "<p><i>no decode step has gone through the graphs yet</i></p>"
     n, size = graphs.last_replay
     fields = {"input token": graphs.input_ids, "position": graphs.positions,
-              "cache slot": graphs.slot_mapping,
-              "context length": graphs.seq_lens, "first block": graphs.block_tables[:, 0]}
+              "cache slot": graphs.slot_mapping, "context length": graphs.seq_lens,
+              "first block": graphs.block_tables[:, 0]}
     head = "".join(f"<th>row {i}{' (pad)' if i >= n else ''}</th>" for i in range(size))
     rows = []
     for name, buffer in fields.items():

@@ -1,21 +1,17 @@
-"""Widgets that say "run this cell again" once their kernel is gone: a save hook, a hint, and their
-install.
+"""When a widget's kernel is gone, say "run this cell again": a save hook, a hint, their install.
 
 A widget view points at a model that lives only in the kernel that drew it. Two things end that
 kernel's models while the view stays in the notebook:
 
 - **the notebook is saved and reopened**: JupyterLab would show "Error displaying widget: model not
-found"
-  (and storing the widget state instead, JupyterLab's saveState, would bring back dead controls
-whose Step
-  does nothing). A Jupyter server pre-save hook, `drop_widget_outputs`, saves the notebook without
-widget
-  views: each one gives way to the hint shown after it, or to a line of text where there is none.
+  found" (and storing the widget state instead, JupyterLab's saveState, would bring back dead
+  controls whose Step does nothing). A Jupyter server pre-save hook, `drop_widget_outputs`, saves
+  the notebook without widget views: each gives way to the hint shown after it, or to a line of
+  text where there is none.
 - **the kernel restarts**: JupyterLab keeps the views, greyed out behind broken-link icons
   (`jupyter-widgets-disconnected`), and their buttons do nothing. So the chapters' widgets
   (`minivllm.widgets.ui`) display a second output after the view, `hint_html()`: a line asking to
-run the
-  cell again, which a CSS rule hides while a connected widget view precedes it.
+  run the cell again, which a CSS rule hides while a connected widget view precedes it.
 
 `make install` runs `python -m minivllm.widgets.jupyter`, which enables the hook for every Jupyter
 server started from this Python environment: it sets `ContentsManager.pre_save_hook` in
@@ -31,8 +27,7 @@ from pathlib import Path
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 PLACEHOLDER = "[a minivllm widget: run the cell again to bring it back]"
-# the import path Jupyter Server resolves; written out, since run as `python -m` this module is
-# `__main__`
+# the import path Jupyter Server resolves; written out: run as `python -m`, this is `__main__`
 HOOK = "minivllm.widgets.jupyter.drop_widget_outputs"
 HINT_CLASS = "minivllm-rerun-hint"
 HINT_TEXT = "This widget's kernel has stopped: run this cell again to bring the widget back."
@@ -40,9 +35,7 @@ HINT_TEXT = "This widget's kernel has stopped: run this cell again to bring the 
 
 def hint_html() -> str:
     """The "run this cell again" line shown after a widget view: hidden while the view before it is
-    alive (its output holds a rendered widget), visible once the kernel restarts or the notebook is
-    reopened."""
-    # a restart marks views
+    alive, visible once the kernel restarts (marking views disconnected) or the notebook reopens."""
     live = ".jp-OutputArea-output > .jupyter-widgets:not(.jupyter-widgets-disconnected)"
     return (f"<style>.jp-OutputArea-child:has({live}) + .jp-OutputArea-child .{HINT_CLASS} "
             f"{{display: none;}}</style><div class='{HINT_CLASS}' style='color: #8a6d3b; "
@@ -61,8 +54,7 @@ def strip_widget_views(nb: dict) -> int:
     for cell in nb.get("cells", []):
         if cell.get("cell_type") != "code":
             continue
-        kept = []
-        outputs = cell.get("outputs", [])
+        kept, outputs = [], cell.get("outputs", [])
         for i, out in enumerate(outputs):
             data = out.get("data")
             if isinstance(data, dict) and WIDGET_VIEW in data:

@@ -1,5 +1,4 @@
-"""Memory-pressure views: block tables forking under beam search, and what preemption moved, from a
-recording.
+"""Memory-pressure views of a recording: block tables forking under beam search; what was swapped.
 
 `fork_rows` reads the steps into plain data (per step, per live sequence: each block and whether it
 is shared, copied on write or new); `fork_html` draws it as an HTML table. `swap_totals` adds up
@@ -38,23 +37,20 @@ def fork_rows(steps: Sequence[StepTrace]) -> list[ForkRow]:
 
 def fork_html(steps: Sequence[StepTrace]) -> str:
     """One line per live sequence per step: its blocks, shared ones grey (with their ref count),
-    copies made on write red, fresh blocks green. The tables fork, share their prefix, and split
-    only where written."""
+    copies made on write red, fresh ones green: the tables fork, share a prefix, split on writes."""
     colors = {"shared": SHARED_COLOR, "copied": COPY_COLOR, "new": NEW_COLOR, "own": FREE_COLOR}
     refs = {t.step: t.shared_blocks for t in steps}
     lines, last = [], None
     for row in fork_rows(steps):
         step = f"<b>step {row.step}</b>" if row.step != last else ""
         last = row.step
-        cells = "".join(
-            f'<td style="background:{colors[kind]};border:1px solid #888;padding:1px '
-            f'4px;font-size:11px">{b}'
-            + (f"<sub>×{refs[row.step][b]}</sub>" if kind == "shared" else "") + "</td>" for b,
-            kind in row.blocks)
+        cells = "".join(f'<td style="background:{colors[kind]};border:1px solid #888;padding:1px '
+                        f'4px;font-size:11px">{b}'
+                        + (f"<sub>×{refs[row.step][b]}</sub>" if kind == "shared" else "") + "</td>"
+                        for b, kind in row.blocks)
         mark = " (forked)" if row.forked else ""
-        lines.append(f"<tr><td>{step}</td><td "
-                     f"style='font-family:monospace'>{html.escape(row.request_id)}{mark}</td>"
-                     f"<td><table "
+        lines.append(f"<tr><td>{step}</td><td style='font-family:monospace'>"
+                     f"{html.escape(row.request_id)}{mark}</td><td><table "
                      f"style='border-collapse:collapse'><tr>{cells}</tr></table></td></tr>")
     legend = " ".join(f'<span style="background:{c};border:1px solid #888;padding:0 6px">{k}</span>'
                       for k, c in colors.items())

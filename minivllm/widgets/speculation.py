@@ -1,11 +1,8 @@
 """The speculation stepper's page: one verification round of speculative decoding, token by token.
 
-Pure functions of a recorded trace (no ipywidgets here). `spec_rounds` reads one request's steps out
-of the engine's `StepTrace`s: for each step that gave it tokens, what the drafter proposed
-(`spec_token_ids`), how many of those the target accepted (`num_accepted`) and the tokens appended
-(`new_token_ids`: the accepted drafts, then the target's own token). `speculation_html` draws a
-round: the drafts as text, each marked accepted, rejected (with the target's correction) or
-discarded, and the bonus token when all were accepted.
+Pure functions of a recorded trace (no ipywidgets here): `spec_rounds` reads, for each step that
+gave one request tokens, what the drafter proposed, how many drafts the target accepted and the
+tokens appended; `speculation_html` draws one such round.
 
 Every appended token is one *reveal*: reveal i is draft i accepted, or the first rejected draft
 replaced by the target's correction, or (after k accepted drafts) the target's bonus token. Stepping
@@ -20,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from minivllm.engine.trace import StepTrace
+from minivllm.widgets.journey import where
 
 ACCEPTED_COLOR = "#b7e4c7"
 REJECTED_COLOR = "#f4a3a3"
@@ -38,8 +36,7 @@ class SpecRound:
     output_before: list[int]  # the request's output tokens before this step
     drafted: list[int]  # the drafter's proposals verified in this step (empty: a plain step)
     num_accepted: int
-    # accepted drafts + the target's token (fewer if the request stopped early)
-    new_token_ids: list[int]
+    new_token_ids: list[int]  # accepted drafts + the target's token (fewer if it stopped early)
 
     @property
     def rejected_index(self) -> int | None:
@@ -48,8 +45,7 @@ class SpecRound:
 
     @property
     def target_token(self) -> int | None:
-        """The target's own token: the correction of the first rejected draft, or the bonus after
-        all of them."""
+        """The target's own token: the first rejected draft's correction, or the bonus after all."""
         if len(self.new_token_ids) > self.num_accepted:
             return self.new_token_ids[self.num_accepted]
         return None  # the request stopped (EOS, stop token) on an accepted draft
@@ -67,8 +63,7 @@ class SpecRound:
 
 
 def spec_rounds(steps: Sequence[StepTrace], request_id: str) -> list[SpecRound]:
-    """Every step of `steps` that appended tokens to `request_id`, in order, with its drafts and
-    verdict."""
+    """Every step of `steps` that appended tokens to `request_id`, with its drafts and verdict."""
     rounds, output = [], []
     for t in steps:
         for e in t.scheduled:
@@ -90,8 +85,7 @@ def _text(tokenizer, ids: Sequence[int]) -> str:
 def _cell(token_text: str, verdict: str, color: str, strike: bool = False) -> str:
     body = f"<s>{html.escape(token_text)}</s>" if strike else html.escape(token_text)
     return (f'<td style="background:{color};text-align:center;padding:2px 6px;border:1px solid '
-            f'#999">'
-            f"<code>{body}</code><br><small>{verdict}</small></td>")
+            f'#999"><code>{body}</code><br><small>{verdict}</small></td>')
 
 
 def _context_line(rnd: SpecRound, tokenizer, shown: int, prompt_token_ids: Sequence[int],
@@ -106,9 +100,8 @@ def _context_line(rnd: SpecRound, tokenizer, shown: int, prompt_token_ids: Seque
         context, so_far = _text(None, before), _text(None, rnd.new_token_ids[:shown])
     if len(context) > context_chars:
         context = "\u2026" + context[-context_chars:]
-    return (f"<div>context: <code>{html.escape(context)}</code>"
-            f'<span style="background:{ACCEPTED_COLOR}">'
-            f'<code>{html.escape(so_far)}</code></span></div>')
+    return (f'<div>context: <code>{html.escape(context)}</code><span style="background:'
+            f'{ACCEPTED_COLOR}"><code>{html.escape(so_far)}</code></span></div>')
 
 
 def _draft_cell(rnd: SpecRound, tokenizer, shown: int, i: int, d: int) -> str:
@@ -160,24 +153,21 @@ def _summary_line(rnd: SpecRound, shown: int) -> str:
 def speculation_html(rnd: SpecRound, tokenizer=None, revealed: int | None = None,
                      position: int | None = None, total: int | None = None,
                      prompt_token_ids: Sequence[int] = (), context_chars: int = 80) -> str:
-    """One round as HTML. `revealed` = how many appended tokens to show judged so far (None: all of
-    them).
+    """One round as HTML; `revealed`: how many appended tokens to show judged so far (None: all).
 
     The context line is the prompt (`prompt_token_ids`, if given) and the output before this round,
-    then the tokens revealed so far, highlighted. Below, one cell per draft (then one for the
-    target's bonus token), marked accepted, rejected -> the target's correction, discarded (after a
-    rejection), or pending.
+    then the tokens revealed so far, highlighted. Below, one cell per draft (then the target's bonus
+    token): accepted, rejected -> the target's correction, discarded (after a rejection) or pending.
     """
     shown = rnd.num_reveals if revealed is None else max(0, min(revealed, rnd.num_reveals))
-    where = (f"round {position + 1} of {total} (engine step {rnd.step})"
-             if position is not None and total else f"engine step {rnd.step}")
     if rnd.outcome == "plain":
         what = ("no drafts: the target's own token" if rnd.kind == "decode"
                 else "prefill: the first token")
     else:
         what = (f"{len(rnd.drafted)} drafted, {rnd.num_accepted} accepted, "
                 f"{len(rnd.new_token_ids)} appended")
-    head = f"<h4>{where}: request <b>{html.escape(rnd.request_id)}</b>, {what}</h4>"
+    head = (f"<h4>{where(rnd.step, position, total, 'round')}: request "
+            f"<b>{html.escape(rnd.request_id)}</b>, {what}</h4>")
     cells = [_draft_cell(rnd, tokenizer, shown, i, d) for i, d in enumerate(rnd.drafted)]
     cells += _target_cells(rnd, tokenizer, shown)
     return (f'<div class="minivllm-speculation minivllm-page">{head}'

@@ -1,5 +1,4 @@
-"""Where a step's time goes: the host's work around the model against the model's forward pass, as
-measured.
+"""Where a step's time goes, as measured: the host's work around the model against its forward pass.
 
 `step_time_breakdown` takes the median of the engine's own per-step timings
 (StepRecord.phase_seconds, and the runner's forward_seconds) over the steps it is given;
@@ -47,8 +46,7 @@ def host_share(breakdown: dict[str, float]) -> float:
 
 
 def step_time_figure(breakdowns: dict[str, dict[str, float]], title: str = "") -> Figure:
-    """One horizontal stacked bar per label (e.g. "batch 1", "batch 64"): milliseconds per step by
-    part."""
+    """One horizontal stacked bar per label (e.g. "batch 1"): milliseconds per step by part."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(8, 1.3 + 0.5 * len(breakdowns)), layout="constrained")

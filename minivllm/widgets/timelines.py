@@ -1,5 +1,4 @@
-"""The batching timeline: requests on the y axis, steps on the x axis, each cell what that request
-did.
+"""The batching timeline: requests on the y axis, steps on the x axis, each cell what one did.
 
 `timeline` reads a recording (a list of `StepTrace`) into plain data; `timeline_figure` draws it. A
 cell is "prefill" or "decode" when the request was scheduled in that step (with its token count),
@@ -27,13 +26,10 @@ STATES = ("prefill", "decode", "waiting", "idle", "preempted", "swapped out")
 @dataclass
 class Timeline:
     request_ids: list[str]
-    # the x position of each recorded step: its step number, or the clock tick it ran at
-    xs: list[int]
+    xs: list[int]  # the x of each recorded step: its step number, or the clock tick it ran at
     cells: dict[tuple[str, int], str] = field(default_factory=dict)  # (request, x) -> one of STATES
-    # (request, x) -> tokens scheduled
-    tokens: dict[tuple[str, int], int] = field(default_factory=dict)
-    # request -> x of the step it finished in
-    finished_at: dict[str, int] = field(default_factory=dict)
+    tokens: dict[tuple[str, int], int] = field(default_factory=dict)  # (request, x) -> tokens
+    finished_at: dict[str, int] = field(default_factory=dict)  # request -> x it finished at
     arrivals: dict[str, int] = field(default_factory=dict)
 
     def row(self, request_id: str) -> list[str | None]:
@@ -79,9 +75,8 @@ def timeline(steps: Sequence[StepTrace], clock: Sequence[int] | None = None,
         for rid in t.finished:
             tl.finished_at[rid] = x
     for rid, arrived in tl.arrivals.items():
-        first = min((x for (r, x), s in tl.cells.items() if r == rid
-                     and s in ("prefill", "decode")),
-                    default=tl.last_x + 1)
+        first = min((x for (r, x), s in tl.cells.items()
+                     if r == rid and s in ("prefill", "decode")), default=tl.last_x + 1)
         for x in range(arrived, first):
             tl.cells.setdefault((rid, x), "waiting")
     return tl
@@ -95,32 +90,27 @@ MIN_COUNT_CELL_PT = 14
 
 def timeline_figure(tl: Timeline, title: str = "", ax: Axes | None = None,
                     xlabel: str = "engine step") -> Figure:
-    """Draw the timeline; prefill cells carry their token count, a black bar marks where a request
-    finished.
+    """Draw the timeline: prefill cells carry their token count; a black bar marks a request's end.
 
-    Without `ax`, a timeline longer than ROW_STEPS steps wraps onto several rows (one axes per
-    window of steps), so that the figure stays at most 10 inches wide and its text readable at the
-    size it is shown.
+    Without `ax`, a timeline longer than ROW_STEPS steps wraps onto rows (one axes per window of
+    steps), so the figure stays at most 10 inches wide and its text readable at the size shown.
     """
     from matplotlib.figure import Figure
 
+    start, end = min([0, *tl.arrivals.values()]), tl.last_x + 1
     if ax is not None:
-        _draw_timeline(tl, ax, title, xlabel, (min([0, *tl.arrivals.values()]), tl.last_x + 1))
+        _draw_timeline(tl, ax, title, xlabel, (start, end))
         ax.figure.tight_layout()
         return ax.figure
-    start = min([0, *tl.arrivals.values()])
-    span = tl.last_x + 1 - start
-    windows = [(a, min(a + ROW_STEPS, tl.last_x + 1)) for a in range(start, tl.last_x + 1,
-                                                                     ROW_STEPS)] or [
-        (start, tl.last_x + 1)]
-    width = min(2 + 0.2 * (min(span, ROW_STEPS) + 2), 10)
+    windows = [(a, min(a + ROW_STEPS, end)) for a in range(start, end, ROW_STEPS)] or [(start, end)]
+    width = min(2 + 0.2 * (min(end - start, ROW_STEPS) + 2), 10)
     row_height = 0.9 + 0.34 * max(len(tl.request_ids), 1)
     fig = Figure(figsize=(width, row_height * len(windows)))
     axes = fig.subplots(len(windows), 1, squeeze=False)[:, 0]
     for i, (ax_i, window) in enumerate(zip(axes, windows)):
         _draw_timeline(tl, ax_i, title if i == 0 else "", xlabel if i == len(windows) - 1 else "",
-                       window,
-                       legend=i == 0, align_width=ROW_STEPS + 0.2 if len(windows) > 1 else None)
+                       window, legend=i == 0,
+                       align_width=ROW_STEPS + 0.2 if len(windows) > 1 else None)
     fig.tight_layout()
     return fig
 
@@ -160,9 +150,8 @@ def _draw_timeline(tl: Timeline, ax: Axes, title: str, xlabel: str, window: tupl
     ax.set_xlabel(xlabel)
     ax.set_title(title, fontsize=10)
     if legend:
-        used = [s for s in STATES if any(v == s for v in tl.cells.values())]
-        handles = [Patch(facecolor=KIND_COLORS[s], label=s) for s in used]
+        handles = [Patch(facecolor=KIND_COLORS[s], label=s) for s in STATES
+                   if s in tl.cells.values()]
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8,
                   frameon=False)
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
+    ax.spines[["top", "right"]].set_visible(False)

@@ -1,5 +1,4 @@
-"""Thin ipywidgets wiring around the pure render functions: buttons and a slider over recorded
-steps.
+"""Thin ipywidgets wiring around the pure render functions: buttons and a slider over the steps.
 
 Each widget object keeps its state (the recorded steps and the current position) and re-renders with
 the functions in `minivllm.widgets.blocks` / `.journey` / `.speculation` whenever the position
@@ -37,8 +36,7 @@ FIGURE_DPI = 90
 
 
 class _Slider(Generic[T]):
-    """Reset, Step, one "next ..." button per kind of event the recording holds, and a 1-based
-    slider."""
+    """Reset, Step, a 1-based slider, and a "next ..." button per kind of event in the recording."""
 
     noun = "step"
 
@@ -79,6 +77,10 @@ class _Slider(Generic[T]):
     def index(self, i: int) -> None:
         self.slider.value = min(max(i, 0), max(len(self.items) - 1, 0)) + 1
 
+    @property
+    def current(self) -> T | None:
+        return self.items[self.index] if self.items else None
+
     def jump(self, hit: Callable[[T], bool]) -> None:
         """Move to the next item (after the current one) for which `hit` is true."""
         i = next((j for j in range(self.index + 1, len(self.items)) if hit(self.items[j])), None)
@@ -87,6 +89,11 @@ class _Slider(Generic[T]):
 
     def _moved(self, change) -> None:
         self.render()
+
+    def reset(self) -> None:
+        if self.index == 0:
+            self._moved(None)  # the slider stays where it is: redraw as if it had moved
+        self.index = 0
 
     def _update_controls(self, can_step: bool) -> None:
         self.total.value = f"of {len(self.items)}"
@@ -111,27 +118,29 @@ class _Slider(Generic[T]):
 
 
 class _StepWidget(_Slider[StepTrace]):
-    """The step slider over recorded steps; subclasses say what to draw. A live engine's recording
-    grows: Step past its end runs one `engine.step()` while the engine has unfinished requests."""
+    """The step slider over recorded steps, a line of HTML and (if `show_blocks`) the block tables
+    figure. A live engine's recording grows: Step past its end runs one `engine.step()` while the
+    engine has unfinished requests."""
 
-    def __init__(self, source: LLMEngine | Sequence[StepTrace], since_step: int = 0,
-                 jumps: Sequence[tuple[str, Callable[[StepTrace], bool]]] = ()) -> None:
+    def __init__(self, source: LLMEngine | Sequence[StepTrace], since_step: int, max_blocks: int,
+                 show_blocks: bool, jumps: Sequence[tuple[str, Callable[[StepTrace], bool]]]):
         self.engine = source if isinstance(source, LLMEngine) else None
-        if self.engine is not None:
-            steps = [t for t in self.engine.trace if t.step >= since_step]
-        else:
-            steps = list(source)
+        steps = (list(source) if self.engine is None
+                 else [t for t in self.engine.trace if t.step >= since_step])
         super().__init__(steps, jumps, "next recorded step (past the end of a live engine's: run "
                          "one step)")
         self.colors = request_colors(request_ids(self.steps))
+        self.show_blocks, self.max_blocks = show_blocks, max_blocks
+        self.html = ipw.HTML()
+        self.image = ipw.Image(format="png",
+                               layout=ipw.Layout(max_width="100%", align_self="flex-start"))
+        self.image.layout.display = None if show_blocks else "none"
+        self.figure: Figure | None = None
+        self.widget = ipw.VBox([self.controls, self.html, self.image])
 
     @property
     def steps(self) -> list[StepTrace]:
         return self.items
-
-    @property
-    def current(self) -> StepTrace | None:
-        return self.steps[self.index] if self.steps else None
 
     @property
     def live(self) -> bool:
@@ -139,8 +148,7 @@ class _StepWidget(_Slider[StepTrace]):
         return self.engine is not None and self.engine.has_unfinished_requests()
 
     def step(self) -> None:
-        """Next recorded step; at the end of the recording, a live engine with work left runs one
-        more."""
+        """Next recorded step; past the recording's end, a live engine with work left runs one."""
         if self.index < len(self.steps) - 1:
             self.index += 1
             return
@@ -159,92 +167,62 @@ class _StepWidget(_Slider[StepTrace]):
             self.render()
         self.slider.value = self.slider.max
 
-    def reset(self) -> None:
-        if self.index == 0:
-            self.render()
-        self.index = 0
-
     def render(self) -> None:
         at_end = self.index >= len(self.steps) - 1
         self._update_controls(can_step=not at_end or self.live)
         self.step_button.description = "Step (live)" if at_end and self.live else "Step"
-        self._draw()
+        step = self.current
+        if step is None:
+            self.html.value, self.figure = empty_html(), None
+            return
+        self.html.value = self._page(step)
+        if self.show_blocks:
+            self.figure = block_table_figure(step, self.max_blocks, colors=self.colors,
+                                             label=f"step {self.index + 1} of {len(self.steps)}")
+            self.image.value = figure_png(self.figure, dpi=FIGURE_DPI)
 
-    def _draw(self) -> None:
+    def _page(self, step: StepTrace) -> str:
         raise NotImplementedError
-
-    def _figure(self, step: StepTrace) -> bytes:
-        self.figure = block_table_figure(step, self.max_blocks, colors=self.colors,
-                                         label=f"step {self.index + 1} of {len(self.steps)}")
-        return figure_png(self.figure, dpi=FIGURE_DPI)
 
 
 class JourneyStepper(_StepWidget):
     """Step through a recording: the batch, the queues, blocks in and out, and (optionally) the
-    block pool.
-
-    `source` is a list of StepTrace (a finished recording) or an LLMEngine: its trace from
-    `since_step` on, and when the recording runs out, Step calls `engine.step()` while requests are
-    unfinished.
-    """
+    block pool. `source` is a list of StepTrace (a finished recording) or an LLMEngine: its trace
+    from `since_step` on, then Step calls `engine.step()` while requests are unfinished."""
 
     def __init__(self, source: LLMEngine | Sequence[StepTrace], tokenizer=None,
                  show_blocks: bool = True, max_blocks: int = 64, since_step: int = 0) -> None:
-        super().__init__(source, since_step, jumps=[("preemption", lambda t: bool(t.preempted)),
-                                                    ("prefix hit", lambda t: bool(t.cache_hits))])
+        super().__init__(source, since_step, max_blocks, show_blocks,
+                         [("preemption", lambda t: bool(t.preempted)),
+                          ("prefix hit", lambda t: bool(t.cache_hits))])
         self.tokenizer = tokenizer if tokenizer is not None else getattr(self.engine, "tokenizer",
                                                                          None)
-        self.show_blocks, self.max_blocks = show_blocks, max_blocks
-        self.html = ipw.HTML()
-        self.image = (ipw.Image(format="png", layout=ipw.Layout(max_width="100%",
-                                                                align_self="flex-start")))
-        self.image.layout.display = None if show_blocks else "none"
-        self.figure: Figure | None = None
-        self.widget = ipw.VBox([self.controls, self.html, self.image])
         self.render()
 
-    def _draw(self) -> None:
-        step = self.current
-        if step is None:
-            self.html.value, self.figure = empty_html(), None
-            return
-        self.html.value = step_html(step, self.index, len(self.steps), self.tokenizer, self.colors)
-        if self.show_blocks:
-            self.image.value = self._figure(step)
+    def _page(self, step: StepTrace) -> str:
+        return step_html(step, self.index, len(self.steps), self.tokenizer, self.colors)
 
 
 class BlockTableViewer(_StepWidget):
-    """Each request's logical blocks -> the physical pool, at the step the slider points to; one
-    line above the figure says which blocks this step allocated or freed (most decode steps:
-    none)."""
+    """Each request's logical blocks -> the physical pool at the slider's step; a line above the
+    figure says which blocks the step allocated or freed (most decode steps: none)."""
 
     def __init__(self, source: LLMEngine | Sequence[StepTrace], block_size: int | None = None,
                  max_blocks: int = 64, since_step: int = 0) -> None:
-        super().__init__(source, since_step, jumps=[
+        super().__init__(source, since_step, max_blocks, True, [
             ("block change", lambda t: bool(t.allocated or t.freed or t.cache_hits)),
             ("preemption", lambda t: bool(t.preempted))])
         self.block_size = block_size or (self.engine.config.block_size if self.engine else None)
-        self.max_blocks = max_blocks
-        self.html = ipw.HTML()
-        self.image = (ipw.Image(format="png", layout=ipw.Layout(max_width="100%",
-                                                                align_self="flex-start")))
-        self.figure: Figure | None = None
-        self.widget = ipw.VBox([self.controls, self.html, self.image])
         self.render()
 
-    def _draw(self) -> None:
-        step = self.current
-        if step is None:
-            self.html.value, self.figure = empty_html(), None
-            return
-        self.html.value = block_step_html(step, self.index, len(self.steps), self.block_size)
-        self.image.value = self._figure(step)
+    def _page(self, step: StepTrace) -> str:
+        return block_step_html(step, self.index, len(self.steps), self.block_size)
 
 
 class SpeculationStepper(_Slider[SpecRound]):
     """Speculative decoding, one request, token by token: a slider over the rounds (steps that gave
-    it tokens) and a Step button that reveals the target's verdict on one more token; past the last
-    one, the next round.
+    it tokens) and a Step button that reveals the target's verdict on one more token, then the next
+    round.
 
     `source` is a list of StepTrace (a recording of an engine with a drafter) or an LLMEngine (its
     trace); `request_id` picks the request (default: the first one in the recording);
@@ -256,10 +234,9 @@ class SpeculationStepper(_Slider[SpecRound]):
     def __init__(self, source: LLMEngine | Sequence[StepTrace], request_id: str | None = None,
                  tokenizer=None, prompt_token_ids: Sequence[int] = (), since_step: int = 0) -> None:
         engine = source if isinstance(source, LLMEngine) else None
-        steps = [t for t in engine.trace
-                 if t.step >= since_step] if engine is not None else list(source)
-        self.request_id = request_id if request_id is not None else next(iter(request_ids(steps)),
-                                                                         "")
+        steps = (list(source) if engine is None
+                 else [t for t in engine.trace if t.step >= since_step])
+        self.request_id = next(iter(request_ids(steps)), "") if request_id is None else request_id
         self.tokenizer = tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
         self.prompt_token_ids = list(prompt_token_ids)
         self.revealed = 0
@@ -280,17 +257,12 @@ class SpeculationStepper(_Slider[SpecRound]):
     def rounds(self) -> list[SpecRound]:
         return self.items
 
-    @property
-    def current(self) -> SpecRound | None:
-        return self.rounds[self.index] if self.rounds else None
-
     def _moved(self, change) -> None:
         self.revealed = 0  # a new round starts with its drafts proposed and nothing judged yet
         self.render()
 
     def step(self) -> None:
-        """Reveal one more appended token; once a round is fully revealed, go on to the next
-        round."""
+        """Reveal one more appended token; once a round is fully revealed, go on to the next one."""
         rnd = self.current
         if rnd is None:
             return
@@ -304,12 +276,6 @@ class SpeculationStepper(_Slider[SpecRound]):
         if self.current is not None:
             self.revealed = self.current.num_reveals
             self.render()
-
-    def reset(self) -> None:
-        if self.index == 0:
-            self.revealed = 0
-            self.render()
-        self.index = 0
 
     def render(self) -> None:
         rnd = self.current

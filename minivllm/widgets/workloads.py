@@ -30,10 +30,8 @@ class Recording:
     steps: list[StepTrace]  # the engine's trace of this run
     clock: list[int]  # the tick each of those steps ran at
     arrivals: dict[str, int]
-    # request -> tick it was handed to the engine
-    admitted: dict[str, int] = field(default_factory=dict)
-    # request -> tick of the step it finished in
-    finished: dict[str, int] = field(default_factory=dict)
+    admitted: dict[str, int] = field(default_factory=dict)  # request -> tick it was handed over
+    finished: dict[str, int] = field(default_factory=dict)  # request -> tick of its last step
     outputs: dict[str, RequestOutput] = field(default_factory=dict)
 
     @property
@@ -46,8 +44,7 @@ class Recording:
 
 
 def new_steps(engine: LLMEngine, since_step: int) -> list[StepTrace]:
-    """The recorded steps numbered `since_step` or later (the engine's trace keeps a window of
-    recent steps)."""
+    """The recorded steps from `since_step` on (the trace keeps a window of recent steps)."""
     steps = [t for t in engine.trace if t.step >= since_step]
     if engine.num_steps > since_step and (not steps or steps[0].step != since_step):
         raise ValueError(f"step {since_step} is no longer in the trace (it keeps "
