@@ -19,6 +19,7 @@ from safetensors import safe_open
 from minivllm.distributed.parallel import SINGLE, TensorParallel
 from minivllm.model.lazy_loading import load_layers_on_first_use
 from minivllm.model.llama import Implementations, LlamaForCausalLM
+from minivllm.model.weight_cache import cache_key, load_cached
 from minivllm.model.weights import LAYERS, CheckpointWeights
 from minivllm.quantization import QuantizationConfig, checkpoint_quantization
 from minivllm.quantization.gguf import gguf_tensors, is_gguf, read_gguf_hf_config
@@ -116,15 +117,26 @@ def read_generation_config(path: str | Path) -> dict:
 
 
 def load_model(path: str | Path, cfg: ModelConfig, impl: Implementations, dtype: torch.dtype,
-               device: str, tp: TensorParallel = SINGLE, lazy: bool = False) -> LlamaForCausalLM:
+               device: str, tp: TensorParallel = SINGLE, lazy: bool = False,
+               weight_cache: Path | None = None) -> LlamaForCausalLM:
     """Build the model without initialising weights, then copy every checkpoint tensor into place. A
     linear layer's tensors go through its `weight_loader` (model/linear.py), whatever the format;
     once all are in, each layer's quantization method prepares them for its kernels
     (`process_weights_after_loading`). `impl`: the ops, attention and linear kernels the model runs
     (a platform's, minivllm/platforms/). Under tensor parallelism (`tp`) every rank reads the whole
     checkpoint and keeps its slices. `lazy`: the decoder layers stay unallocated until a forward
-    pass first reaches them (lazy_loading.py); a GGUF file is always read whole."""
+    pass first reaches them (lazy_loading.py); a GGUF file is always read whole. `weight_cache`: a
+    directory where the loaded model is written once, then mapped by every process that loads it
+    (weight_cache.py; CPU and one rank only, ignored elsewhere; mapped pages load lazily anyway).
+    """
     path = Path(path)
+    if weight_cache is not None and device == "cpu" and tp.size == 1:
+        def meta() -> LlamaForCausalLM:
+            with torch.device("meta"):
+                return LlamaForCausalLM(cfg, impl, tp)
+
+        return load_cached(Path(weight_cache), cache_key(path, cfg, impl, dtype, device), meta,
+                           lambda: load_model(path, cfg, impl, dtype, device, tp))
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg, impl, tp)
     lazy = lazy and not cfg.gguf

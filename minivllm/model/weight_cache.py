@@ -1,0 +1,255 @@
+"""One copy of the weights for several processes: a loaded model written to one file, then mapped.
+
+Data parallelism (executor/data_parallel.py) runs N engines over the same model. Each loading the
+checkpoint would hold N private copies of the weights. Instead the first process loads the model as
+usual, lets every linear layer lay its weights out for its kernels (`process_weights_after_loading`:
+the CPU's tiles, int8 rows and scales), and writes every tensor the model holds, exactly as held,
+into one file. Then every process, the writer included, builds the model on torch's "meta" device
+(shapes, no memory) and points each parameter and buffer at a slice of that file mapped read-only
+(`torch.from_file(shared=False)`: a private mapping, whose pages are the page cache's own until
+someone writes to them; nothing writes weights). The kernel keeps the bytes once, however many
+processes map them, and a later start skips the loading and the layout work too.
+
+The file: an 8-byte length, a JSON header (identity, and per tensor its module, kind, dtype, shape,
+offset), then the tensors' bytes, each at a 64-byte aligned offset. Plain raw bytes rather than
+safetensors: safetensors' Python API copies each tensor out of its mapping, and cannot say "a
+non-persistent buffer" or "an attribute the layout step set".
+
+The file's name hashes the checkpoint's identity (every file's name, size and mtime), the dtype, the
+quantization, the kernels the platform chose and the torch version: a cache from another
+checkpoint, dtype or platform is never read. A lock file makes concurrent starters wait for the
+first writer instead of writing it twice.
+
+What is not mapped: a layout that is not plain memory. oneDNN's blocked weights (`OneDnnKernel`, the
+CPU platform's choice without AVX-512) are opaque mkldnn tensors with no bytes to map; GPU tensors
+live in device memory. Such a model is loaded privately by each process (`load_cached` returns
+None) and says so in the log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import hashlib
+import json
+import os
+import struct
+from collections.abc import Callable
+from dataclasses import fields
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from minivllm.logger import init_logger
+
+if TYPE_CHECKING:
+    from minivllm.model.llama import Implementations
+    from minivllm.model.loader import ModelConfig
+
+logger = init_logger(__name__)
+
+FORMAT = 1  # bump when what a layout step writes changes: old files are then never read
+ALIGN = 64  # every tensor's offset: a cache line, and a multiple of every dtype's size
+SCALARS = (bool, int, float, str, type(None))
+EMBEDDING = "model.embed_tokens.weight"
+
+
+class NotMappable(Exception):
+    """The loaded model holds a tensor with no plain bytes (an mkldnn or GPU tensor)."""
+
+
+def cache_key(path: Path, cfg: ModelConfig, impl: Implementations, dtype: torch.dtype,
+              device: str) -> dict:
+    """Everything a cached file depends on: change any of it and another file is used."""
+    path = Path(path)
+    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
+    quant = cfg.quantization
+    quant_id = None if quant is None else {
+        "class": type(quant).__qualname__,
+        **{f.name: repr(getattr(quant, f.name)) for f in fields(quant) if f.compare}}
+    return {"format": FORMAT, "torch": torch.__version__, "device": device, "dtype": str(dtype),
+            "checkpoint": [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files],
+            "model": str(path.resolve()), "quantization": quant_id,
+            "kernels": {name: type(k).__qualname__ for name, k in impl.linear._asdict().items()},
+            "ops": {name: getattr(op, "__qualname__", type(op).__qualname__)
+                    for name, op in impl.ops._asdict().items()},
+            "attention": type(impl.attention).__qualname__}
+
+
+def cache_file(cache_dir: Path, key: dict) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+    return Path(cache_dir) / f"{digest}.weights"
+
+
+def load_cached(cache_dir: Path, key: dict, build_meta: Callable[[], nn.Module],
+                load: Callable[[], nn.Module]) -> nn.Module | None:
+    """The model with its tensors mapped from the cache: written first (from `load()`) if no
+    process has yet; None where the model cannot be mapped (`load()`'s model is then used as is, by
+    the caller loading it again: see loader.py). `build_meta()`: the same model on the meta
+    device."""
+    file = cache_file(cache_dir, key)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(file.with_suffix(".lock")):
+        if not file.exists():
+            model = load()
+            try:
+                write(model, build_meta(), key, file)
+            except NotMappable as why:
+                logger.info("weight cache: %s; every process loads its own copy", why)
+                return model
+            del model  # from here, this process maps the file like every other
+    return mapped(file, key, build_meta())
+
+
+@contextlib.contextmanager
+def _locked(lock: Path):
+    """Hold an exclusive lock on `lock` (created if absent): one writer, the others wait."""
+    with open(lock, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+# ---- writing ------------------------------------------------------------------------------------
+def module_state(model: nn.Module, meta: nn.Module) -> tuple[list[tuple[str, str, str, object]],
+                                                             dict, dict]:
+    """What the loaded `model` holds beyond a freshly built `meta` one: its tensors as (module,
+    kind, name, tensor) with kind "param", "buffer", "buffer_np" (not persistent) or "attr" (a plain
+    tensor attribute, or a repeat of a tensor listed before: "alias" with the first's place), the
+    scalar attributes that loading changed, and those it deleted."""
+    tensors, scalars, deleted, seen = [], {}, {}, {}
+    meta_modules = dict(meta.named_modules())
+    for mname, module in model.named_modules():
+        base = meta_modules[mname]
+        items = [("param", n, t) for n, t in module._parameters.items() if t is not None]
+        items += [("buffer" if n not in module._non_persistent_buffers_set else "buffer_np", n, t)
+                  for n, t in module._buffers.items() if t is not None]
+        items += [("attr", n, t) for n, t in vars(module).items()
+                  if isinstance(t, torch.Tensor) and not n.startswith("_")]
+        for kind, name, tensor in items:
+            if mname and f"{mname}.{name}" == EMBEDDING and getattr(module, "lookup", None):
+                continue  # a tied head lent its layout to the embedding: _retie redoes that
+            first = seen.setdefault(id(tensor), (mname, name))
+            tensors.append((mname, kind, name, tensor if first == (mname, name) else first))
+        changed = {n: v for n, v in vars(module).items() if isinstance(v, SCALARS)
+                   and not n.startswith("_") and (n not in vars(base) or vars(base)[n] != v)}
+        held = {*vars(module), *module._parameters, *module._buffers}
+        gone = [n for n in [*vars(base), *base._parameters, *base._buffers]
+                if not n.startswith("_") and n not in held]
+        if changed:
+            scalars[mname] = changed
+        if gone:
+            deleted[mname] = gone
+    return tensors, scalars, deleted
+
+
+def write(model: nn.Module, meta: nn.Module, key: dict, file: Path) -> None:
+    """Write `model`'s tensors and the attributes loading set into `file` (atomically: a reader
+    never sees half a file)."""
+    tensors, scalars, deleted = module_state(model, meta)
+    entries, offset = [], 0
+    for mname, kind, name, tensor in tensors:
+        if isinstance(tensor, tuple):
+            entries.append({"module": mname, "kind": kind, "name": name, "alias": list(tensor)})
+            continue
+        if tensor.is_mkldnn or tensor.device.type != "cpu" or tensor.layout != torch.strided:
+            raise NotMappable(f"{mname}.{name} is a {tensor.layout} tensor on {tensor.device} "
+                              f"(mkldnn: {tensor.is_mkldnn}), with no plain bytes to map")
+        offset = -(-offset // ALIGN) * ALIGN
+        size = tensor.numel() * tensor.element_size()
+        entries.append({"module": mname, "kind": kind, "name": name, "offset": offset,
+                        "dtype": str(tensor.dtype).removeprefix("torch."),
+                        "shape": list(tensor.shape), "nbytes": size})
+        offset += size
+    header = json.dumps({"key": key, "tensors": entries, "scalars": scalars,
+                         "deleted": deleted}).encode()
+    start = -(-(8 + len(header)) // 4096) * 4096  # the data begins on a page
+    tmp = file.with_suffix(f".tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header)
+        for entry, (_, _, _, tensor) in zip(entries, tensors):
+            if "offset" in entry:
+                f.seek(start + entry["offset"])
+                f.write(tensor.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+        f.truncate(start + offset)
+    os.replace(tmp, file)
+    logger.info("weight cache: wrote %s (%.1f MiB)", file, offset / 2**20)
+
+
+# ---- mapping ------------------------------------------------------------------------------------
+def read_header(file: Path) -> tuple[dict, int]:
+    """The JSON header and where the data begins."""
+    with open(file, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+    return header, -(-(8 + length) // 4096) * 4096
+
+
+def mapped(file: Path, key: dict, model: nn.Module) -> nn.Module:
+    """`model` (built on the meta device) with every tensor a view of `file`, mapped privately."""
+    header, start = read_header(file)
+    if header["key"] != key:  # a hash collision, or a file edited by hand
+        raise ValueError(f"weight cache {file} was written for another model: delete it")
+    size = file.stat().st_size
+    data = torch.from_file(str(file), shared=False, size=size, dtype=torch.uint8)
+    modules = dict(model.named_modules())
+    placed: dict[tuple[str, str], torch.Tensor] = {}
+    for e in header["tensors"]:
+        module = modules[e["module"]]
+        if "alias" in e:
+            tensor = placed[tuple(e["alias"])]
+        else:
+            dtype = getattr(torch, e["dtype"])
+            raw = data[start + e["offset"]: start + e["offset"] + e["nbytes"]]
+            tensor = raw.view(dtype).view(e["shape"])
+            if e["kind"] == "param":
+                tensor = nn.Parameter(tensor, requires_grad=False)
+        placed[(e["module"], e["name"])] = tensor
+        _set(module, e["kind"], e["name"], tensor)
+    for mname, names in header["deleted"].items():
+        for name in names:
+            delattr(modules[mname], name)
+    for mname, values in header["scalars"].items():
+        for name, value in values.items():
+            setattr(modules[mname], name, value)
+    leftover = [f"{m}.{n}" for m, module in modules.items()
+                for n, t in [*module._parameters.items(), *module._buffers.items()]
+                if t is not None and t.is_meta and f"{m}.{n}" != EMBEDDING]
+    if leftover:
+        raise ValueError(f"weight cache {file} lacks {', '.join(leftover[:5])}: delete it")
+    _retie(model)
+    logger.info("weight cache: mapped %s (%.1f MiB)", file, (size - start) / 2**20)
+    return model.eval()
+
+
+def _set(module: nn.Module, kind: str, name: str, tensor: torch.Tensor) -> None:
+    if kind == "param":
+        if name in module._buffers:
+            del module._buffers[name]
+        module._parameters[name] = tensor if isinstance(tensor, nn.Parameter) else nn.Parameter(
+            tensor, requires_grad=False)
+    elif kind in ("buffer", "buffer_np"):
+        if name in module._parameters:
+            del module._parameters[name]
+        module.register_buffer(name, tensor, persistent=kind == "buffer")
+    else:
+        for table in (module._parameters, module._buffers):
+            table.pop(name, None)
+        setattr(module, name, tensor)
+
+
+def _retie(model: nn.Module) -> None:
+    """Tied embeddings stay tied: a head whose layout is the plain table holds the embedding's own
+    tensor; one in another layout lends it to the embedding (LlamaForCausalLM.share_tied_weight)."""
+    head, embedding = model.lm_head, model.model.embed_tokens
+    if not head.tied:
+        return
+    if embedding.weight.is_meta and head.weight.shape == embedding.weight.shape:
+        embedding.weight = head.weight
+    elif embedding.weight.is_meta:
+        embedding.read_rows_from(head.weight, functools.partial(head.quant_method.rows, head))
