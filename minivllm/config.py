@@ -88,6 +88,9 @@ class EngineConfig:
     logits_processors: list | None = None
     # ranks the model is split over: this process is rank 0, N - 1 worker processes the others
     tensor_parallel_size: int = 1
+    # whole engines (each its scheduler and KV cache) that share one mapped copy of the weights and
+    # split the requests (executor/data_parallel.py); CPU only, one rank each, no hooks
+    data_parallel_size: int = 1
     hooks: EngineHooks = field(default_factory=EngineHooks, repr=False)  # a learner's own parts
     model_config: ModelConfig | None = field(default=None, repr=False)  # set by resolve()
 
@@ -136,9 +139,26 @@ class EngineConfig:
         self._check_speculation()
         if self.device == "auto":
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self._check_data_parallel()
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(f"attention_backend must be 'auto', 'torch' or 'triton', got "
                              f"{self.attention_backend!r}")
+
+    def _check_data_parallel(self) -> None:
+        """What data parallelism's first version runs with (the device resolved)."""
+        dp = self.data_parallel_size
+        if not isinstance(dp, int) or isinstance(dp, bool) or dp < 1:
+            raise ValueError(f"data_parallel_size must be a positive integer, got {dp!r}")
+        if dp == 1:
+            return
+        if self.tensor_parallel_size > 1:
+            raise ValueError("data_parallel_size > 1 with tensor_parallel_size > 1 is not "
+                             "supported: each data-parallel engine runs the whole model itself")
+        if self.hooks != EngineHooks():
+            raise ValueError("hooks= run in this process only: they need data_parallel_size=1")
+        if not self.device.startswith("cpu"):
+            raise ValueError(f"data_parallel_size > 1 runs on the CPU only (the engines share one "
+                             f"memory-mapped copy of the weights), not on {self.device!r}")
 
     def _check_speculation(self) -> None:
         """Speculative decoding's settings, and the features it cannot be combined with."""

@@ -7,7 +7,7 @@ Every field is an argument with vLLM's name and (where minivllm has the knob) ou
 option cannot drift apart.
 
 Two kinds of field. Most are EngineConfig's own knobs. The rest are vLLM arguments with no meaning
-in a one-GPU teaching engine (`pipeline_parallel_size`, `data_parallel_size`, ...): a value that
+in a teaching engine (`pipeline_parallel_size`, `decode_context_parallel_size`, ...): a value that
 asks for nothing we lack (1, None, "auto") is accepted and ignored; any other is refused with a
 ValueError naming the argument. So is an unknown name, or a value of the wrong type: nothing ends in
 a bare TypeError.
@@ -112,6 +112,10 @@ class EngineArgs:
                                    short="-q")
     tensor_parallel_size: int = arg(EngineConfig.tensor_parallel_size, "split the model over this "
                                     "many processes (gloo on CPU, NCCL on GPUs)", short="-tp")
+    data_parallel_size: int = arg(EngineConfig.data_parallel_size, "run this many engines, each "
+                                  "with its own scheduler and KV cache, sharing one mapped copy "
+                                  "of the weights; requests are spread over them (CPU)",
+                                  short="-dp")
     swap_space: float = arg(EngineConfig.swap_space, "GiB of host memory for swapped-out KV blocks")
     cpu_offload_gb: float = arg(EngineConfig.cpu_offload_gb, "GiB of weights a GPU keeps in host "
                                 "memory, streaming each layer in (does nothing on a CPU)")
@@ -123,7 +127,6 @@ class EngineArgs:
     trust_remote_code: bool = vllm_arg(False, ANY, "accepted: minivllm runs its own code for every "
                                        "architecture")
     pipeline_parallel_size: int = vllm_arg(1, (1,), short="-pp")
-    data_parallel_size: int = vllm_arg(1, (1,), short="-dp")
     decode_context_parallel_size: int = vllm_arg(1, (1,))
     distributed_executor_backend: str | None = vllm_arg(None, (None, "uni", "mp"))
     load_format: str = vllm_arg("auto", ("auto", "safetensors"))

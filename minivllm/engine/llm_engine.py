@@ -47,7 +47,12 @@ __all__ = ["LLMEngine", "PromptType", "StepObserver"]
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, data_parallel_rank: int | None = None) -> None:
+        """`data_parallel_rank`: which of data_parallel_size engines this is (LLM runs them all:
+        engine/data_parallel.py); without it only data_parallel_size=1 is accepted."""
+        if config.data_parallel_size > 1 and data_parallel_rank is None:
+            raise ValueError("data_parallel_size > 1 is run by the offline LLM(...) only (each "
+                             "engine is an LLMEngine; the server runs one)")
         self.config = config = config.resolve()
         # torchrun's rank > 0 is a worker, never an engine: this exits when rank 0 shuts down
         if config.tensor_parallel_size > 1 and torchrun_rank(config):

@@ -12,6 +12,7 @@ from tqdm.auto import tqdm
 
 from minivllm.engine.arg_utils import engine_config_from_kwargs
 from minivllm.engine.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
+from minivllm.engine.data_parallel import DataParallelEngines
 from minivllm.engine.llm_engine import LLMEngine, PromptType
 from minivllm.engine.step_driver import StepDriver
 from minivllm.entrypoints.profiler import EngineProfiler
@@ -25,23 +26,41 @@ class LLM:
 
     Safe to share between threads (vLLM's LLM is not): concurrent `generate` calls join one running
     batch, one thread steps the engine at a time (engine/step_driver.py).
+
+    With data_parallel_size=N, `generate` deals its prompts over N engines (this process's and
+    N - 1 others, engine/data_parallel.py); everything else (beam search, abort_request, metrics,
+    the prefix cache) concerns engine 0, this process's.
     """
 
     def __init__(self, model: str | None = None, **kwargs) -> None:
         """`model`: a local checkpoint directory or a Hub repo id (None: the embedded model).
         kwargs: EngineConfig fields and vLLM's own arguments (see engine_args.py)."""
-        self.engine = LLMEngine(engine_config_from_kwargs(model, kwargs))
+        config = engine_config_from_kwargs(model, kwargs)
+        # data_parallel_size > 1: engines 1..N-1 load in their own processes while this one loads
+        # engine 0; all map one copy of the weights (engine/data_parallel.py)
+        self._data_parallel = (DataParallelEngines(config) if config.data_parallel_size > 1
+                               else None)
+        try:
+            self.engine = LLMEngine(config, 0 if self._data_parallel else None)
+            if self._data_parallel is not None:
+                self._data_parallel.wait_ready()
+        except BaseException:
+            self.shutdown()
+            raise
         # request ids; next() on a count is atomic, so threads may share it
         self._ids = itertools.count()
         self._driver = StepDriver(self.engine)  # lets threads share the engine (step_driver.py)
         self._profiler = EngineProfiler()
 
     def shutdown(self) -> None:
-        """Stop the worker processes of tensor_parallel_size > 1 (also on `with LLM(...)` exit, `del
-        llm` and interpreter exit); a no-op with one rank."""
+        """Stop the worker processes of tensor_parallel_size > 1 and the engines of
+        data_parallel_size > 1 (also on `with LLM(...)` exit, `del llm` and interpreter exit); a
+        no-op with one rank and one engine."""
         engine = getattr(self, "engine", None)  # (absent when __init__ failed)
         if engine is not None:
             engine.shutdown()
+        if getattr(self, "_data_parallel", None) is not None:
+            self._data_parallel.shutdown()
 
     def __enter__(self) -> LLM:
         return self
@@ -102,6 +121,9 @@ class LLM:
                 bar.update(finished - bar.n)
                 bar.set_postfix_str(self._speed(before, t0), refresh=False)
 
+            if self._data_parallel is not None:  # a share for each engine (no progress shown)
+                return self._data_parallel.generate(ids, prompts, params, priority,
+                                                    self._driver.run, self._driver.abort)
             return self._driver.run(ids, prompts, params, priority, progress if use_tqdm else None)
 
     def abort_request(self, request_id: str | Sequence[str]) -> None:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from minivllm import envs
 from minivllm.config import EngineConfig
 from minivllm.core.kv_sizing import kv_bytes_per_block
 from minivllm.core.step_io import RunnerOutput, SchedulerOutput
@@ -62,9 +63,13 @@ class ModelRunner:
         # every implementation choice, made once (minivllm/platforms/): attention, layer ops, ...
         self.platform = choose_platform(self.device, self.dtype, config.attention_backend,
                                         config.hooks.online_softmax_update)
-        self.thread_sizer = self.platform.thread_sizer(config.cpu_threads, tp.size)  # CPU threads
+        # CPU threads, shared with the other ranks and data-parallel engines
+        self.thread_sizer = self.platform.thread_sizer(config.cpu_threads,
+                                                       tp.size * config.data_parallel_size)
+        # data-parallel engines map one copy of the weights (model/weight_cache.py)
+        cache = envs.MINIVLLM_WEIGHT_CACHE_DIR if config.data_parallel_size > 1 else None
         self.model = load_model(config.model, mc, self.platform.implementations, self.dtype,
-                                config.device, tp, config.lazy_loading)
+                                config.device, tp, config.lazy_loading, cache)
         offloaded = offload_weights(self.model, config.cpu_offload_gb, self.device)  # (GPU only)
         self.compiled = self.platform.compile(self.model, config.enforce_eager)  # opt-in, CPU
         self.sampler = Sampler(config.seed, config.hooks.top_p)
