@@ -89,6 +89,7 @@ class DataParallelEngines:
                     [params[i] for i in take], [priority[i] for i in take])
 
         with self._lock:
+            self.processes.check()  # a failed or stopped LLM raises, whatever the shares
             busy = [rank for rank in self.processes.ranks if shares[rank]]
             for rank in busy:
                 self.processes.send(rank, pick(rank))

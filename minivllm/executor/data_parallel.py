@@ -38,6 +38,7 @@ class EngineProcesses:
                  target: Callable[[EngineConfig, int, Connection], None]) -> None:
         """Spawn engines 1..N-1 (N = config.data_parallel_size), each running
         `target(config, rank, conn)`; they load their model while the caller loads engine 0's."""
+        self.size = config.data_parallel_size
         self.error: DataParallelError | None = None
         self.procs: list = []
         self.conns: list[Connection] = []
@@ -54,7 +55,7 @@ class EngineProcesses:
 
     @property
     def ranks(self) -> range:
-        return range(1, len(self.procs) + 1)
+        return range(1, self.size)
 
     def send(self, rank: int, message: object) -> None:
         """Hand engine `rank` a message (a batch of requests); raises if it has died."""
@@ -71,8 +72,8 @@ class EngineProcesses:
         wait([conn, proc.sentinel])
         message = receive(conn, 0)
         if message[0] not in kinds:
-            raise self.fail() or DataParallelError(f"engine {rank} sent {message[0]!r}, not "
-                                                   f"{' or '.join(kinds)}")
+            unexpected = f"engine {rank} sent {message[0]!r}, not {' or '.join(kinds)}"
+            raise self.fail({rank: message}) or DataParallelError(unexpected)
         return message
 
     def wait_for_death(self, cancel: Connection) -> bool:
@@ -92,13 +93,15 @@ class EngineProcesses:
         if not self._stop.alive:
             raise DataParallelError("the data-parallel engines have been shut down")
 
-    def fail(self) -> DataParallelError | None:
-        """After something went wrong: the engines' own errors (None if all fine); all stopped."""
+    def fail(self, read: dict[int, tuple] | None = None) -> DataParallelError | None:
+        """After something went wrong: the engines' own errors (None if all fine); all stopped.
+        `read`: reports already taken off an engine's pipe (its error, perhaps)."""
         if self.error is None:
             reasons = []
             for rank, proc, conn in zip(self.ranks, self.procs, self.conns):
                 proc.join(timeout=0.5)  # an engine that raised exits right after reporting it
-                kind, text = _last_report(conn, 0.5 if proc.exitcode is None else 0)
+                kind, text = (read or {}).get(rank) or _last_report(
+                    conn, 0.5 if proc.exitcode is None else 0)
                 if kind == "error":
                     reasons.append(f"data-parallel engine {rank} raised:\n{text}")
                 elif proc.exitcode is not None:
