@@ -46,7 +46,8 @@ ROOMS: list[tuple[str, tuple[str, ...]]] = [
         "quantization/cpu_*")),
     ("platform: cuda fast paths", ("platforms/cuda.py", "kernels/*", "attention/triton_*")),
     ("quantization", ("quantization/*",)),
-    ("distributed and executor", ("distributed/*", "executor/*")),
+    ("distributed and executor", ("distributed/*", "executor/*", "engine/data_parallel.py",
+                                  "model/weight_cache.py")),
     ("engine extras (beam search, metrics, journey)", ("engine/*",)),
     ("logits processors, structured output", (
         "sampling/*", "structured_output.py")),
