@@ -63,9 +63,9 @@ VARIABLES: dict[str, EnvVar] = {
     "MINIVLLM_CPU_OMP_THREADS_BIND": EnvVar(str.strip, "off",
         "pin torch's threads: 'off', 'auto' (the free cores, when idle) or a list like 0-7"),
     # --- data parallelism (minivllm/model/weight_cache.py) ---
-    "MINIVLLM_WEIGHT_CACHE_DIR": EnvVar(os.path.expanduser, os.path.expanduser(
-        "~/.cache/minivllm/weights"), "data_parallel_size > 1: where the loaded weights are "
-        "written once (one file per checkpoint, dtype and platform) for every engine to map"),
+    "MINIVLLM_WEIGHT_CACHE_DIR": EnvVar(str, "~/.cache/minivllm/weights",
+        "data_parallel_size > 1: where the loaded weights are written once (a file per "
+        "checkpoint, dtype and platform) for every engine to map; ~ is expanded"),
     # --- profiling and serving (vLLM's names are read too) ---
     "MINIVLLM_TORCH_PROFILER_DIR": EnvVar(os.path.expanduser, None,
                                           "LLM.start_profile() writes its trace here"),

@@ -90,7 +90,7 @@ def load_cached(cache_dir: Path, key: dict, build_meta: Callable[[], nn.Module],
     process has yet; None where the model cannot be mapped (`load()`'s model is then used as is, by
     the caller loading it again: see loader.py). `build_meta()`: the same model on the meta
     device."""
-    file = cache_file(cache_dir, key)
+    file = cache_file(Path(cache_dir).expanduser(), key)
     file.parent.mkdir(parents=True, exist_ok=True)
     with _locked(file.with_suffix(".lock")):
         if not file.exists():
