@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,13 +13,16 @@ from minivllm.model import load_model, read_model_config
 from minivllm.model.llama import READABLE
 from minivllm.model.weight_cache import cache_file, cache_key
 from minivllm.platforms import choose_platform
+from minivllm.quantization import resolve_quantization
+from minivllm.quantization.cpu_unquantized import ONEDNN
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _load(path, cache_dir, dtype=torch.float32):
+def _load(path, cache_dir, dtype=torch.float32, quantization=None, impl=None):
     cfg = read_model_config(path)
-    impl = choose_platform("cpu", dtype).implementations
+    cfg = replace(cfg, quantization=resolve_quantization(quantization, None, False, str(path)))
+    impl = impl or choose_platform("cpu", dtype).implementations
     return load_model(path, cfg, impl, dtype, "cpu", weight_cache=cache_dir), cfg, impl
 
 
@@ -41,15 +45,17 @@ def _mapped_file(model) -> str | None:
     return None
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2"])  # qwen2's tiny checkpoint ties its embeddings
-def test_cache_written_once_then_mapped_with_equal_results(checkpoints, tmp_path, kind):
+@pytest.mark.parametrize("kind,dtype,quantization", [
+    ("llama", torch.float32, None), ("qwen2", torch.float32, None),  # qwen2's tiny checkpoint is tied
+    ("llama", torch.bfloat16, None), ("llama", torch.float32, "int8")])
+def test_cache_written_once_then_mapped_with_equal_results(checkpoints, tmp_path, kind, dtype, quantization):
     path = checkpoints[kind][0]
-    plain, cfg, impl = _load(path, None)
-    cached, _, _ = _load(path, tmp_path)
+    plain, cfg, impl = _load(path, None, dtype, quantization)
+    cached, _, _ = _load(path, tmp_path, dtype, quantization)
     files = list(tmp_path.glob("*.weights"))
     assert len(files) == 1 and _mapped_file(cached) == str(files[0])
     mtime = files[0].stat().st_mtime_ns
-    again, _, _ = _load(path, tmp_path)  # a second start maps the same file, unwritten
+    again, _, _ = _load(path, tmp_path, dtype, quantization)  # a second start maps it, unwritten
     assert files[0].stat().st_mtime_ns == mtime and list(tmp_path.glob("*.weights")) == files
     for model in (cached, again):
         assert torch.equal(_logits(model, cfg), _logits(plain, cfg))
@@ -96,3 +102,15 @@ def test_two_processes_share_the_mapped_pages(llama_path, tmp_path):
     files = list(tmp_path.glob("*.weights"))
     assert len(files) == 1 and outs == [str(files[0])] * 2
 
+
+
+def test_onednn_layout_is_not_mapped_but_loads(llama_path, tmp_path):
+    """oneDNN's blocked weights (no AVX-512) are opaque mkldnn tensors: nothing to map. Each process
+    then loads its own copy, and no file is left behind."""
+    cpu = choose_platform("cpu", torch.float32).implementations
+    impl = cpu._replace(linear=cpu.linear._replace(float=ONEDNN))
+    plain, cfg, _ = _load(llama_path, None, impl=impl)
+    model, _, _ = _load(llama_path, tmp_path, impl=impl)
+    assert model.model.layers[0].mlp.down_proj.weight.is_mkldnn
+    assert not list(tmp_path.glob("*.weights")) and not (_mapped_file(model) or "").endswith(".weights")
+    assert torch.equal(_logits(model, cfg), _logits(plain, cfg))
