@@ -86,6 +86,12 @@ def test_a_refused_prompt_is_a_value_error_and_the_engines_go_on(llama_path, cac
         with pytest.raises(ValueError):
             llm.generate([[1, 2], list(range(1, 100))], GREEDY, use_tqdm=False)  # engine 1's is too long
         assert len(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == len(PROMPTS)
+        # as a Ctrl-C leaves it: engine 1 still owes a batch; the next call drops it, then deals its own
+        dp = llm._data_parallel
+        dp.processes.send(1, (["stale"], [[5, 6]], [GREEDY], [0]))
+        dp._owed.add(1)
+        outputs = llm.generate(PROMPTS[:2], GREEDY, use_tqdm=False)
+        assert [o.prompt_token_ids for o in outputs] == PROMPTS[:2] and not dp._owed
 
 
 def test_refusals(llama_path):

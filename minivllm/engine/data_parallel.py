@@ -5,14 +5,17 @@
 
 Each engine has its own scheduler and KV cache and runs its share to completion on its own; all map
 one copy of the weights (model/weight_cache.py: the first to start writes the file, the others wait
-for it, then all map it). Requests are dealt round-robin: prompt i goes to engine i mod N. That is
-what "least loaded" comes to for one batch handed over at once (every engine starts empty), it needs
-no estimate of a request's cost, and it is easy to follow. Outputs come back in input order.
+for it, then all map it). Requests are dealt round-robin: prompt i goes to engine i mod N, so each
+engine gets as many (give or take one), whatever their lengths. Choosing the least loaded engine
+would need an estimate of each request's cost, and pays off for a stream of requests (a server)
+more than for one batch handed over at once. Outputs come back in input order.
 
 A dead engine is an error, not a hang: while engine 0 runs its own share a watcher thread waits on
 the other processes, and if one ends it aborts engine 0's requests, so `generate` returns at once
 and raises a DataParallelError with that engine's own traceback (or exit code). One `generate` at a
 time crosses the pipes (a lock): calls from several threads take turns rather than share a batch.
+A call interrupted (Ctrl-C) leaves the other engines finishing their shares: the next call waits
+for those outputs and drops them before it deals its own.
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ class DataParallelEngines:
         self.size = config.data_parallel_size
         self.processes = EngineProcesses(config, engine_main)
         self._lock = threading.Lock()
+        self._owed: set[int] = set()  # engines whose outputs an interrupted call left unread
 
     def wait_ready(self) -> list[int]:
         """Each engine's KV blocks, once all have loaded (a failed start raises its error)."""
@@ -90,9 +94,12 @@ class DataParallelEngines:
 
         with self._lock:
             self.processes.check()  # a failed or stopped LLM raises, whatever the shares
+            for rank in sorted(self._owed):  # (Ctrl-C): wait for that work, and drop it
+                self._collect(rank)
             busy = [rank for rank in self.processes.ranks if shares[rank]]
             for rank in busy:
                 self.processes.send(rank, pick(rank))
+                self._owed.add(rank)
             local_ids = pick(0)[0]
             cancel_watch, cancel = Pipe(duplex=False)
             watcher = threading.Thread(target=self._watch, args=(cancel_watch, local_ids,
@@ -125,7 +132,9 @@ class DataParallelEngines:
     def _collect(self, rank: int) -> list[RequestOutput] | ValueError:
         """Engine `rank`'s outputs, or the ValueError with which it refused its share."""
         self.processes.check()  # one that died while engine 0 worked: its error, not a bare EOF
-        return self.processes.receive(rank, "outputs", "raised")[1]
+        outputs = self.processes.receive(rank, "outputs", "raised")[1]
+        self._owed.discard(rank)
+        return outputs
 
     def _watch(self, cancel: Connection, local_ids: list[str],
                abort_local: Callable[[list[str]], None]) -> None:
