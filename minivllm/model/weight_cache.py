@@ -18,12 +18,14 @@ non-persistent buffer" or "an attribute the layout step set".
 The file's name hashes the checkpoint's identity (every file's name, size and mtime), the dtype, the
 quantization, the kernels the platform chose and the torch version: a cache from another
 checkpoint, dtype or platform is never read. A lock file makes concurrent starters wait for the
-first writer instead of writing it twice.
+first writer instead of writing it twice. Nothing deletes old files: delete the directory
+(MINIVLLM_WEIGHT_CACHE_DIR) to reclaim the space.
 
 What is not mapped: a layout that is not plain memory. oneDNN's blocked weights (`OneDnnKernel`, the
 CPU platform's choice without AVX-512) are opaque mkldnn tensors with no bytes to map; GPU tensors
-live in device memory. Such a model is loaded privately by each process (`load_cached` returns
-None) and says so in the log.
+live in device memory. Such a model is loaded privately by each process (`load_cached` hands back
+the ordinary loader's model, no file is written) and says so in the log; load_model does not try
+the cache off the CPU at all.
 """
 
 from __future__ import annotations
@@ -86,10 +88,9 @@ def cache_file(cache_dir: Path, key: dict) -> Path:
 
 def load_cached(cache_dir: Path, key: dict, build_meta: Callable[[], nn.Module],
                 load: Callable[[], nn.Module]) -> nn.Module | None:
-    """The model with its tensors mapped from the cache: written first (from `load()`) if no
-    process has yet; None where the model cannot be mapped (`load()`'s model is then used as is, by
-    the caller loading it again: see loader.py). `build_meta()`: the same model on the meta
-    device."""
+    """The model with its tensors mapped from the cache, which `load()` (the ordinary loader) fills
+    first if no process has yet; where the model cannot be mapped, the model `load()` built, private
+    to this process. `build_meta()`: the same model on the meta device."""
     file = cache_file(Path(cache_dir).expanduser(), key)
     file.parent.mkdir(parents=True, exist_ok=True)
     with _locked(file.with_suffix(".lock")):
