@@ -2,7 +2,6 @@
 
 import os
 import signal
-import threading
 import time
 
 import pytest
@@ -61,8 +60,14 @@ def test_dp2_equals_dp1_and_reuses_the_cache(llama_path, cache_dir):
 def test_killed_engine_fails_generate_within_seconds(llama_path, cache_dir):
     long = SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)
     with LLM(str(llama_path), dtype="float32", num_kv_blocks=64, data_parallel_size=2) as llm:
-        pid = llm._data_parallel.processes.procs[0].pid
-        threading.Timer(1.0, os.kill, (pid, signal.SIGKILL)).start()
+        pid, steps = llm._data_parallel.processes.procs[0].pid, []
+
+        def kill_engine_1_mid_generate(engine, record) -> None:  # engine 0's third step: both busy
+            steps.append(record)
+            if len(steps) == 3:
+                os.kill(pid, signal.SIGKILL)
+
+        llm.engine.add_step_observer(kill_engine_1_mid_generate)
         start = time.perf_counter()
         with pytest.raises(DataParallelError, match=r"engine 1 .*SIGKILL"):
             llm.generate([[1, 2, 3]] * 8, long, use_tqdm=False)
