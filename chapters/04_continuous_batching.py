@@ -247,8 +247,9 @@ print("identical outputs with a 32-token and a 2048-token budget")
 # Admission checks that a request's *next* tokens have blocks, not that its whole future output will.
 # When a running request needs a new block and none is free, the scheduler **preempts** the newest
 # running request: its blocks are freed and it goes back to the head of the waiting queue, to be
-# recomputed later (its prompt plus everything it had generated, in one prefill). vLLM can instead
-# *swap* the blocks to CPU memory; `minivllm`, like vLLM's current engine, recomputes.
+# recomputed later (its prompt plus everything it had generated, in one prefill). That is the default
+# (`preemption_mode="recompute"`, as in vLLM's current engine); the other way, *swapping* the blocks to CPU
+# memory and back (`preemption_mode="swap"`), is chapter 11's, which measures the two against each other.
 #
 # Four requests of about 140 tokens each need about 9 blocks apiece; we give the engine 12.
 

@@ -328,7 +328,8 @@ assert min(allowed_per_step) == 1 and max(allowed_per_step) > 100, "sometimes on
 # %% [markdown]
 # That completes one request's journey: text to ids, the queue, prefill and decode over a paged KV cache,
 # continuous batching, and the sampler. The chapters after the exercise make it faster (prefix caching,
-# speculative decoding, GPU kernels), serve it over HTTP, run a real model, and handle memory pressure.
+# speculative decoding, GPU kernels), serve it over HTTP, run a real model, handle memory pressure, shrink
+# the weights (quantization) and split the model over several devices (tensor parallelism).
 
 # %% [markdown]
 # ## Exercise: top-p filtering
