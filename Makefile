@@ -9,6 +9,9 @@ STAMP := .install-stamp
 $(STAMP): pyproject.toml
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install torch==2.13.0
 	$(PYTHON) -m pip install -e ".[dev]"
+	@# the C++ CPU kernels, compiled now rather than silently at the first LLM(); never fails: without a
+	@# compiler it says so, and the engine runs the readable torch code
+	$(PYTHON) -c "from minivllm.platforms.cpu_extension import build_ahead; build_ahead()"
 	@# Chromium for tests/test_browser.py, from Debian's packages; best effort: without apt or root it is
 	@# left out and those tests skip, saying why (Playwright itself comes with the dev extra above)
 	-@[ -x /usr/bin/chromium ] || { command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && \

@@ -34,6 +34,7 @@ if "google.colab" in sys.modules:
 
 # %%
 import inspect
+import statistics
 import tempfile
 import time
 
@@ -56,30 +57,44 @@ KiB, MiB, GiB = 2**10, 2**20, 2**30
 # A request's first step is its **prefill**: every prompt token goes through the model in one pass, the
 # keys and values of all of them are written to the cache, and the last position's logits give the first
 # new token. Every later step is a **decode**: one token in, attending over everything cached. We run one
-# longer prompt and read the trace.
+# longer prompt and read the trace. One run decides nothing on a busy machine, so the same request runs
+# once to warm up and then five times more (its cached prefix dropped each time, so every run prefills
+# the whole prompt); the comparison uses the medians.
 
 # %%
 story = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the sun. "
          "One day, she saw a big red ball in the park. She ran to the ball and kicked it very high. ") * 3
-start = engine.num_steps
-out = llm.generate([story], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), use_tqdm=False)[0]
-steps = widgets.new_steps(engine, start)
-prefill, decodes = steps[0], steps[1:]
+greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+prefill_ms, decode_ms = [], []
+for run in range(6):  # run 0 warms up; each run is one prefill then its decodes, so the two alternate
+    llm.reset_prefix_cache()
+    start = engine.num_steps
+    out = llm.generate([story], greedy, use_tqdm=False)[0]
+    steps = widgets.new_steps(engine, start)
+    prefill, decodes = steps[0], steps[1:]
+    assert prefill.scheduled[0].kind == "prefill" and prefill.scheduled[0].num_tokens == len(out.prompt_token_ids)
+    assert all(t.scheduled[0].kind == "decode" and t.num_tokens == 1 for t in decodes)
+    if run:
+        prefill_ms.append(prefill.duration_s * 1e3)
+        decode_ms.extend(t.duration_s * 1e3 for t in decodes)
 n_prompt = len(out.prompt_token_ids)
-print(f"prompt: {n_prompt} tokens")
-print(f"step {prefill.step}: {[(e.kind, e.num_tokens) for e in prefill.scheduled]}  "
-      f"{prefill.duration_s * 1e3:.1f} ms")
-decode_ms = sorted(t.duration_s * 1e3 for t in decodes)
-median = decode_ms[len(decode_ms) // 2]
-print(f"{len(decodes)} decode steps of 1 token: median {median:.1f} ms")
-print(f"the prefill computed {n_prompt} positions in the time of {prefill.duration_s * 1e3 / median:.0f} decode steps")
-assert prefill.scheduled[0].kind == "prefill" and prefill.scheduled[0].num_tokens == n_prompt
-assert all(t.scheduled[0].kind == "decode" and t.num_tokens == 1 for t in decodes)
+prefill_median, decode_median = statistics.median(prefill_ms), statistics.median(decode_ms)
+in_decodes = prefill_median / decode_median
+print(f"prompt: {n_prompt} tokens; each run's first step: {[(e.kind, e.num_tokens) for e in prefill.scheduled]}")
+print(f"prefill: median {prefill_median:.1f} ms over {len(prefill_ms)} runs")
+print(f"decode:  median {decode_median:.1f} ms over {len(decode_ms)} steps of 1 token")
+print(f"the prefill computed {n_prompt} positions in the time of {in_decodes:.0f} decode steps:\n"
+      f"{n_prompt / in_decodes:.0f}x the positions per second of decoding one at a time"
+      if in_decodes < n_prompt else
+      f"the prefill took as long as {in_decodes:.0f} decode steps, more than its {n_prompt} positions: "
+      f"something else held the CPU during the prefills; run the cell again")
 
 # %% [markdown]
-# The prefill computed all the prompt's positions in the time of a handful of single-token decode steps:
-# its work is parallel (one matrix multiply over all positions), while decode is one position per step,
-# bound by reading the weights and the cache. (Timings are measured on this machine, so they vary.)
+# The prefill computed all the prompt's positions in the time of far fewer single-token decode steps than
+# it has positions (the last line above says how many): its work is parallel (one matrix multiply over
+# all positions), while decode is one position per step, bound by reading the weights and the cache.
+# (Timings are measured on this machine, so they vary; the medians of five runs keep one slow step from
+# deciding the comparison.)
 #
 # ## Why caching pays: the same model with and without a cache
 #

@@ -34,6 +34,7 @@ if "google.colab" in sys.modules:
 # %%
 import dataclasses
 import inspect
+import textwrap
 
 from IPython.display import display
 from matplotlib.figure import Figure
@@ -141,7 +142,7 @@ steps = widgets.relabel_requests(widgets.new_steps(shared.engine, first_step),
 tl = widgets.timeline(steps)
 widgets.show(widgets.timeline_figure(tl, "10 threads calling generate() on one shared LLM"))
 per_step = [len(t.scheduled) for t in steps]
-print("requests in each step:", per_step)
+print(textwrap.fill(f"requests in each step: {per_step}", 100, subsequent_indent="  "))
 assert max(per_step) >= 3, "the threads' requests ran in shared steps"
 
 # %% [markdown]
@@ -171,7 +172,8 @@ print(inspect.getsource(ModelRunner.execute))
 phases = ["update_states", "step_rows", "forward", "mask_grammar", "sample", "verify_drafts", "commit", "propose"]
 for name in phases:
     lines = len(inspect.getsourcelines(getattr(ModelRunner, name))[0])
-    print(f"  ModelRunner.{name:<14} {lines:3d} lines   {inspect.getdoc(getattr(ModelRunner, name)).splitlines()[0]}")
+    doc = inspect.getdoc(getattr(ModelRunner, name)).splitlines()[0]
+    print(textwrap.shorten(f"  ModelRunner.{name:<14} {lines:3d} lines   {doc}", 100, placeholder=" ..."))
 body = inspect.getsource(ModelRunner.execute)
 assert [body.index(f"self.{name}(") for name in phases] == sorted(body.index(f"self.{name}(") for name in phases)
 
@@ -247,8 +249,9 @@ print("identical outputs with a 32-token and a 2048-token budget")
 # Admission checks that a request's *next* tokens have blocks, not that its whole future output will.
 # When a running request needs a new block and none is free, the scheduler **preempts** the newest
 # running request: its blocks are freed and it goes back to the head of the waiting queue, to be
-# recomputed later (its prompt plus everything it had generated, in one prefill). vLLM can instead
-# *swap* the blocks to CPU memory; `minivllm`, like vLLM's current engine, recomputes.
+# recomputed later (its prompt plus everything it had generated, in one prefill). That is the default
+# (`preemption_mode="recompute"`, as in vLLM's current engine); the other way, *swapping* the blocks to CPU
+# memory and back (`preemption_mode="swap"`), is chapter 11's, which measures the two against each other.
 #
 # Four requests of about 140 tokens each need about 9 blocks apiece; we give the engine 12.
 
@@ -279,8 +282,16 @@ print("identical outputs with 12 blocks (preempting) and 256 blocks (never preem
 # %% [markdown]
 # Step through the tight run: it opens on the first preemption; **next preemption** jumps to the next
 # one. Watch the preempted request's blocks go back to the pool.
+#
+# A **next prefix hit** button appears when the recording has one (it is offered only then): a step in
+# which a request got some of its blocks back from the prefix cache (chapter 06) instead of computing
+# them. Here that is a preempted request returning: its full blocks were freed but keep their contents
+# and hash until the pool hands them out again, so if no one took them meanwhile its recompute starts
+# after them. The line below lists the hits in this run, from the trace.
 
 # %%
+hits = [(t.step, request, len(blocks)) for t in steps for request, blocks in t.cache_hits.items()]
+print("prefix hits (step, request, blocks re-used):", hits or "none in this run (their blocks were reused)")
 stepper = widgets.JourneyStepper(steps, tokenizer=tight.tokenizer, max_blocks=12)
 stepper.index = next(i for i, t in enumerate(steps) if t.preempted)
 assert "preempted" in stepper.html.value and steps[stepper.index].preempted[0] in stepper.html.value
@@ -317,8 +328,8 @@ timing_llm = LLM(max_num_seqs=64)
 decode_step_records(timing_llm, 4)  # warm-up: first calls allocate and load kernels
 breakdowns = {f"batch {b}": widgets.step_time_breakdown(decode_step_records(timing_llm, b)) for b in (1, 64)}
 for label, parts in breakdowns.items():
-    print(f"{label:9s} " + ", ".join(f"{part} {ms:.2f} ms" for part, ms in parts.items())
-          + f"  -> host {widgets.host_share(parts):.0%}")
+    print(textwrap.fill(f"{label:9s} " + ", ".join(f"{part} {ms:.2f} ms" for part, ms in parts.items())
+                        + f"  -> host {widgets.host_share(parts):.0%}", 100, subsequent_indent="          "))
 widgets.show(widgets.step_time_figure(breakdowns, f"minivllm-tiny, dtype {timing_llm.engine.config.dtype}"))
 per_token = {label: sum(parts.values()) / int(label.split()[1]) for label, parts in breakdowns.items()}
 assert per_token["batch 64"] < per_token["batch 1"], per_token  # batching makes each token cheaper

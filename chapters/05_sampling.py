@@ -36,6 +36,7 @@ if "google.colab" in sys.modules:
 import inspect
 import json
 import math
+import textwrap
 
 import torch
 from matplotlib.figure import Figure
@@ -86,7 +87,7 @@ def top(probs, k=8):
 
 
 probs = logits.softmax(-1)
-print("most likely next tokens:", top(probs))
+print(textwrap.fill(f"most likely next tokens: {top(probs)}", 100, subsequent_indent="  "))
 
 # %% [markdown]
 # ## Greedy
@@ -161,21 +162,43 @@ assert entropy[0.3] < entropy[1.0] < entropy[2.0]
 # * **min-p** keeps tokens with at least `min_p` times the top token's probability.
 #
 # The engine's function takes one row per request, each with its own settings (0 / 1 / 0 switch a filter
-# off). Three rows, the same logits:
+# off). Step 0's own logits can be so sure of their top tokens that every filter keeps the same few (the
+# first line below counts them): no lesson there. So the rows get those logits divided by a temperature,
+# the first of a few on which the three filters keep different tokens (a temperature spreads the mass
+# without reordering it, as the panels above showed). Three rows, the same logits:
 
 # %%
-rows = logits.expand(3, -1).clone()
-kept = apply_top_k_top_p_min_p(rows, top_k=torch.tensor([5, 0, 0]), top_p=torch.tensor([1.0, 0.9, 1.0]),
-                               min_p=torch.tensor([0.0, 0.0, 0.1]))
-counts = torch.isfinite(kept).sum(-1).tolist()
-print(f"top_k=5 keeps {counts[0]}, top_p=0.9 keeps {counts[1]}, min_p=0.1 keeps {counts[2]} "
-      f"of {logits.numel()} tokens")
-sorted_probs = probs.sort(descending=True).values
+for temperature in (1.0, 1.5, 2.0, 3.0, 4.0, 6.0):
+    spread = logits / temperature
+    kept = apply_top_k_top_p_min_p(spread.expand(3, -1).clone(), top_k=torch.tensor([5, 0, 0]),
+                                   top_p=torch.tensor([1.0, 0.9, 1.0]), min_p=torch.tensor([0.0, 0.0, 0.1]))
+    counts = torch.isfinite(kept).sum(-1).tolist()
+    print(f"step 0's logits / {temperature}: top_k=5 keeps {counts[0]}, top_p=0.9 keeps {counts[1]}, "
+          f"min_p=0.1 keeps {counts[2]} of {logits.numel()} tokens")
+    if len(set(counts)) == 3:
+        break
+assert len(set(counts)) == 3, "no temperature tried makes the three filters keep different tokens"
+spread_probs = spread.softmax(-1)
+sorted_probs = spread_probs.sort(descending=True).values
 mass = sorted_probs.cumsum(0)
-print(f"the top {counts[1]} tokens hold {mass[counts[1] - 1]:.3f} of the probability (top-p 0.9)")
+print(f"the top {counts[1]} tokens hold {mass[counts[1] - 1]:.3f} of the probability (top-p 0.9); "
+      f"min-p's bar: 0.1 x {sorted_probs[0]:.3f} = {0.1 * sorted_probs[0]:.3f}")
 assert counts[0] == 5
 assert counts[1] == 1 or mass[counts[1] - 2] < 0.9 <= mass[counts[1] - 1] + 1e-6, "the smallest set reaching 0.9"
-assert counts[2] == int((probs >= 0.1 * probs.max()).sum())
+assert counts[2] == int((spread_probs >= 0.1 * spread_probs.max()).sum())
+
+shown = spread_probs.topk(min(max(counts) + 4, 24)).indices  # at most 24 bars: a readable figure
+fig = Figure(figsize=(10, 2.8))
+axes = fig.subplots(1, 3, sharey=True)
+for ax, row, name in zip(axes, kept, ("top_k=5", "top_p=0.9", "min_p=0.1")):
+    colors = ["#4c72b0" if torch.isfinite(row[i]) else "#cccccc" for i in shown.tolist()]
+    ax.bar(range(len(shown)), spread_probs[shown].tolist(), color=colors)
+    ax.set_xticks(range(len(shown)), [repr(tok.decode([i]))[1:-1] for i in shown.tolist()], rotation=70,
+                  fontsize=7)
+    ax.set_title(f"{name}: keeps {int(torch.isfinite(row).sum())} (blue)", fontsize=9)
+axes[0].set_ylabel(f"probability at temperature {temperature}", fontsize=8)
+fig.tight_layout()
+widgets.show(fig)
 
 # %% [markdown]
 # ## Repetition penalty
@@ -202,8 +225,9 @@ assert torch.equal(penalized[unseen], logits[unseen]) and (penalized[seen] <= lo
 for penalty in (1.0, 1.3):
     out = llm.generate(["Once upon a time"], SamplingParams(temperature=0, max_tokens=40, repetition_penalty=penalty),
                        use_tqdm=False)[0].outputs[0]
-    print(f"repetition_penalty={penalty}: {out.text!r}\n    {len(set(out.token_ids))} distinct tokens of "
-          f"{len(out.token_ids)}, 'little' {out.text.count('little')} times\n")
+    print(textwrap.fill(f"repetition_penalty={penalty}: {out.text!r}", 100, subsequent_indent="    "))
+    print(f"    {len(set(out.token_ids))} distinct tokens of {len(out.token_ids)}, "
+          f"'little' {out.text.count('little')} times\n")
 
 # %% [markdown]
 # ## The order of the steps
@@ -274,7 +298,8 @@ assert abs(float(logits[little] - adjusted[little]) - (3 * 0.5 + 0.3)) < 1e-5
 for fp in (0.0, 1.0):
     out = llm.generate(["Once upon a time"], SamplingParams(temperature=0, max_tokens=40, frequency_penalty=fp),
                        use_tqdm=False)[0].outputs[0]
-    print(f"frequency_penalty={fp}: {len(set(out.token_ids))} distinct tokens of {len(out.token_ids)}: {out.text!r}")
+    print(textwrap.fill(f"frequency_penalty={fp}: {len(set(out.token_ids))} distinct tokens of "
+                        f"{len(out.token_ids)}: {out.text!r}", 100, subsequent_indent="    "))
 
 # %% [markdown]
 # ## The order of the operations
@@ -328,7 +353,8 @@ assert min(allowed_per_step) == 1 and max(allowed_per_step) > 100, "sometimes on
 # %% [markdown]
 # That completes one request's journey: text to ids, the queue, prefill and decode over a paged KV cache,
 # continuous batching, and the sampler. The chapters after the exercise make it faster (prefix caching,
-# speculative decoding, GPU kernels), serve it over HTTP, run a real model, and handle memory pressure.
+# speculative decoding, GPU kernels), serve it over HTTP, run a real model, handle memory pressure, shrink
+# the weights (quantization) and split the model over several devices (tensor parallelism).
 
 # %% [markdown]
 # ## Exercise: top-p filtering

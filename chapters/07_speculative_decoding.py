@@ -371,6 +371,9 @@ widgets.show(fig)
 
 # %%
 plain_step_ms = base_s / base_steps * 1e3
+runner = plain.engine.runner
+print(f"this machine: {runner.device} ({runner.dtype}), {os.cpu_count()} CPU cores, "
+      f"torch on {torch.get_num_threads()} threads")
 for r in draft_rows:
     verify_ms = (r["seconds"] - r["draft_s"]) / r["steps"] * 1e3
     print(f"k={r['k']}: a verification pass over {r['k'] + 1} positions costs {verify_ms:5.2f} ms = "
@@ -385,18 +388,18 @@ for r in draft_rows:
 # the target's size costs about a tenth of a step per draft. That is where speculation's 2-3x at batch 1
 # comes from on real models.
 #
-# On this 2-core CPU, with a target of a few million parameters, the premise holds at best in part. A step
-# of a model this small is not limited by reading its weights from memory; it is mostly fixed costs per
-# layer and per operator, plus arithmetic that grows with the number of positions. So a pass over k + 1
-# positions may cost about a plain step or clearly more (the ratios above; on a machine shared with other
-# programs they vary from run to run); and a draft token costs far more than the draft's share of the
-# parameters (printed near the top) suggests, because the draft still runs a full stack of layers
-# per token (fewer and narrower, but each with the same fixed costs). What speculation reliably saves is
-# target *passes* (the "target steps" column); the wall-clock gain is whatever remains after paying for
-# longer verification passes and for the drafts. That is why it is modest here, and why a larger k need
-# not help: longer drafts are accepted less often, while their cost keeps growing. The n-gram drafter
-# costs almost nothing, but on these stories it rarely proposes what the target would say (its acceptance
-# rate above).
+# On a CPU (the machine is printed above), with a target of a few million parameters, the premise holds
+# at best in part. A step of a model this small is not limited by reading its weights from memory; it is
+# mostly fixed costs per layer and per operator, plus arithmetic that grows with the number of positions.
+# So a pass over k + 1 positions may cost about a plain step or clearly more (the ratios above; on a
+# machine shared with other programs they vary from run to run); and a draft token costs far more than
+# the draft's share of the parameters (printed near the top) suggests, because the draft still runs a
+# full stack of layers per token (fewer and narrower, but each with the same fixed costs). What
+# speculation reliably saves is target *passes* (the "target steps" column); the wall-clock gain is
+# whatever remains after paying for longer verification passes and for the drafts. That is why it is
+# modest here, and why a larger k need not help: longer drafts are accepted less often, while their cost
+# keeps growing. The n-gram drafter costs almost nothing, but on these stories it rarely proposes what
+# the target would say (its acceptance rate above).
 
 # %% [markdown]
 # ## Exercise: the acceptance rule

@@ -200,11 +200,52 @@ del hf
 # %% [markdown]
 # ## What is supported
 #
-# Llama-family decoders: Llama (1, 2, 3, 3.x), TinyLlama, SmolLM, Mistral (up to its sliding window), Qwen2,
-# Qwen2.5 and Qwen3, in fp32, fp16 and bf16 (bf16 on GPUs of compute capability 8.0 or newer), from
-# safetensors checkpoints. Not supported: other architectures, quantized weights, `.bin`/`.gguf`
-# checkpoints, tensor parallelism, and sliding-window attention beyond the window (`max_model_len` is
-# capped at it).
+# The list below is not written by hand: it is read from the engine's own registries, and each refusal is
+# the engine's own `ValueError`, raised here from the same checks `LLM(...)` runs before any weight is read.
+# The model families come from the loader's `SUPPORTED` (a `config.json`'s `model_type`), the weight
+# formats from what `quantization=` accepts (chapter 12 teaches them), and tensor parallelism is chapter 13's.
+
+# %%
+import json
+import tempfile
+import textwrap
+from pathlib import Path
+
+from minivllm.engine.arg_utils import EngineArgs
+from minivllm.model.loader import SUPPORTED, checkpoint_tensors, read_model_config
+from minivllm.quantization import ACCEPTED, resolve_quantization
+
+print("model_type (config.json):", ", ".join(SUPPORTED))
+print("quantization=:           ", ", ".join(["None", *ACCEPTED]), "(chapter 12)")
+print("tensor_parallel_size:    ", EngineArgs.tensor_parallel_size, "by default, more ranks in chapter 13")
+
+
+def refusal(action, where: str = "") -> str:
+    """The engine's own message for something it does not do, wrapped to the page (an action that
+    succeeds would make this list wrong, so it stops the chapter)."""
+    try:
+        action()
+    except ValueError as error:
+        message = str(error).replace(where, "<tmp>") if where else str(error)
+        return textwrap.fill("refused: " + message, 100, subsequent_indent="    ")
+    raise AssertionError("the engine accepted it")
+
+
+with tempfile.TemporaryDirectory() as tmp:
+    other = Path(tmp) / "gpt2"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    print("\n" + refusal(lambda: read_model_config(other), tmp))
+    bin_only = Path(tmp) / "bin-only"
+    bin_only.mkdir()
+    (bin_only / "pytorch_model.bin").write_bytes(b"")
+    print(refusal(lambda: next(checkpoint_tensors(bin_only, engine.config.model_config)), tmp))
+print(refusal(lambda: EngineArgs(pipeline_parallel_size=2)))
+print(refusal(lambda: resolve_quantization("fp8", None, is_gguf=False, where="this model")))
+
+# %% [markdown]
+# Sliding-window attention (Mistral v0.1) is run up to its window: `max_model_len` is capped at it, and a
+# longer prompt is refused.
 
 # %% [markdown]
 # Next: [11 · Memory pressure](11_memory_pressure.ipynb).

@@ -40,6 +40,7 @@ if "google.colab" in sys.modules:
     sys.path.insert(0, "/content/minivllm")
 
 # %%
+import statistics
 import time
 
 import torch
@@ -61,32 +62,50 @@ PARAMS = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
 
 def run(mode: str, num_kv_blocks: int = 9) -> dict:
+    """One engine per mode, its first run recorded (tokens, trace, counters), then timed again: one
+    run on a busy machine decides nothing, so the comparison uses the median of `time_runs` below."""
     llm = LLM(num_kv_blocks=num_kv_blocks, preemption_mode=mode, swap_space=0.05, max_num_seqs=8)
-    engine = llm.engine
-    start = time.perf_counter()
-    outputs = llm.generate(PROMPTS[:4], PARAMS, use_tqdm=False)
-    seconds = time.perf_counter() - start
-    return {"llm": llm, "seconds": seconds, "tokens": [o.outputs[0].token_ids for o in outputs],
-            "trace": list(engine.trace), "stats": engine.stats(), "runner": engine.runner}
+    engine, copier = llm.engine, llm.engine.runner.block_copier
+    outputs = llm.generate(PROMPTS[:4], PARAMS, use_tqdm=False)  # also the warm-up of the timings
+    return {"llm": llm, "tokens": [o.outputs[0].token_ids for o in outputs], "trace": list(engine.trace),
+            "stats": engine.stats(), "runner": engine.runner, "swap_bytes": copier.swap_bytes,
+            "swap_seconds": copier.swap_seconds, "seconds": []}
+
+
+def time_runs(runs: dict, repeats: int = 3) -> None:
+    """The same workload again on each engine, the modes alternating so that load hits both alike;
+    the prefix cache is dropped first, so each run preempts as the first one did."""
+    for _ in range(repeats):
+        for r in runs.values():
+            r["llm"].reset_prefix_cache()
+            start = time.perf_counter()
+            r["llm"].generate(PROMPTS[:4], PARAMS, use_tqdm=False)
+            r["seconds"].append(time.perf_counter() - start)
 
 
 roomy = run("recompute", num_kv_blocks=200)
 runs = {mode: run(mode) for mode in ("recompute", "swap")}
+time_runs(runs)
 for mode, r in runs.items():
     s = r["stats"]
     assert r["tokens"] == roomy["tokens"], "preemption must not change a single token"
     print(f"{mode:9s}: {s['num_preemptions']} preemptions, {s['num_steps']} steps, "
           f"{s['num_prefill_tokens_computed']} prefill tokens computed (without pressure: "
-          f"{roomy['stats']['num_prefill_tokens_computed']}), {s['num_blocks_swapped_out']} blocks swapped out, "
-          f"{r['runner'].block_copier.swap_bytes / 2**20:.2f} MiB moved in "
-          f"{r['runner'].block_copier.swap_seconds * 1e3:.1f} ms; "
-          f"{r['seconds']:.2f} s")
+          f"{roomy['stats']['num_prefill_tokens_computed']}),\n           {s['num_blocks_swapped_out']} blocks "
+          f"swapped out, {r['swap_bytes'] / 2**20:.2f} MiB moved in {r['swap_seconds'] * 1e3:.1f} ms; "
+          f"whole run: median {statistics.median(r['seconds']):.3f} s of {len(r['seconds'])}")
 print("outputs identical to the run without pressure: True")
+medians = {mode: statistics.median(r["seconds"]) for mode, r in runs.items()}
+faster, slower = sorted(medians, key=medians.get)
+print(f"over the whole run {faster} finished sooner, by {medians[slower] / medians[faster]:.2f}x")
 
 # %% [markdown]
 # Both runs write exactly the tokens of the unpressured run. Recompute pays in prefill tokens: every
 # victim's prompt *and everything it had written* is computed again. Swap computes nothing twice; it moves
-# each victim's blocks out and back in instead, and the trace records which blocks moved when.
+# each victim's blocks out and back in instead, and the trace records which blocks moved when. Which one
+# finishes the whole run sooner (the last line above) depends on more than the preemptions: with a model
+# this small and a handful of preemptions, the steps both runs share dominate, so the two can be close;
+# the next section compares the two costs per token on their own.
 #
 # Below, the two timelines (the widget of chapter 04, reading the engine's trace): purple is a preemption
 # by recompute, blue a swap-out. A swapped-in request goes straight back to *decode* (green); a recomputed
@@ -126,38 +145,58 @@ params = sum(p.numel() for p in runner.model.parameters())
 cuda = runner.device.type == "cuda"
 device_blocks = torch.zeros(64 * 2**20 // 4, dtype=torch.float32, device=runner.device)
 host_blocks = torch.empty(device_blocks.shape, dtype=torch.float32, pin_memory=cuda)
-for _ in range(2):  # the second copy is the one timed
+probe = roomy["llm"]
+long_prompt = [5 + i % 1000 for i in range(256)]
+
+
+def time_copy() -> float:
+    """Seconds to move the blocks to the host and back."""
     start = time.perf_counter()
     host_blocks.copy_(device_blocks)
     device_blocks.copy_(host_blocks)
     if cuda:
         torch.cuda.synchronize()
-    copy_seconds = time.perf_counter() - start
-bandwidth = 2 * device_blocks.nbytes / copy_seconds
-probe = roomy["llm"]
-for _ in range(2):
+    return time.perf_counter() - start
+
+
+def time_prefill() -> float:
+    """Seconds per token of a 256-token prefill (the prefix cache dropped, so it is all computed)."""
+    probe.reset_prefix_cache()
     start = time.perf_counter()
-    probe.generate([[5 + i % 1000 for i in range(256)]], SamplingParams(max_tokens=1), use_tqdm=False)
-    prefill_per_token = (time.perf_counter() - start) / 256
+    probe.generate([long_prompt], SamplingParams(max_tokens=1), use_tqdm=False)
+    return (time.perf_counter() - start) / len(long_prompt)
+
+
+time_copy(), time_prefill()  # warm-up: first touches of the memory, first prefill of this length
+copies, prefills = [], []
+for _ in range(5):  # alternating, so a burst of load elsewhere hits both
+    copies.append(time_copy())
+    prefills.append(time_prefill())
+bandwidth = 2 * device_blocks.nbytes / statistics.median(copies)
+prefill_per_token = statistics.median(prefills)
+swap_per_token = 2 * bytes_per_token / bandwidth
 print(f"this machine ({runner.device}): {params / 1e6:.1f}M parameters, {bytes_per_token:.0f} bytes of KV per token")
-print(f"  swap:      {bandwidth / 1e9:.1f} GB/s -> {2 * bytes_per_token / bandwidth * 1e6:.3f} µs per token "
-      f"(out and back in); the engine's own swaps: {runner.block_copier.swap_bytes / 2**20:.2f} MiB in "
-      f"{runner.block_copier.swap_seconds * 1e3:.1f} ms (small copies: per-call overhead dominates)")
-print(f"  recompute: {prefill_per_token * 1e6:.1f} µs per token of prefill")
+print(f"  swap:      {bandwidth / 1e9:.1f} GB/s -> {swap_per_token * 1e6:.3f} µs per token "
+      f"(out and back in);\n             the engine's own swaps: {runs['swap']['swap_bytes'] / 2**20:.2f} MiB in "
+      f"{runs['swap']['swap_seconds'] * 1e3:.1f} ms (small copies: per-call overhead dominates)")
+print(f"  recompute: {prefill_per_token * 1e6:.1f} µs per token of prefill (medians of 5 alternating runs)")
+print(f"  per token, {'swap' if swap_per_token < prefill_per_token else 'recompute'} is cheaper here, by "
+      f"{max(prefill_per_token, swap_per_token) / min(prefill_per_token, swap_per_token):,.0f}x")
 llama8b_bytes, llama8b_flops = 2 * 32 * 8 * 128 * 2, 2 * 8e9
 print(f"8B model on an H100: swap over PCIe {2 * llama8b_bytes / 25e9 * 1e6:.1f} µs per token, "
       f"recompute {llama8b_flops / 400e12 * 1e6:.1f} µs per token")
 
 # %% [markdown]
 # On a CPU "host" and "device" are the same memory, so a swap is a plain memcpy and easily beats running
-# the model again: swap wins here by orders of magnitude (see the two lines above). On a GPU the two are
-# closer than one might think: for an 8B model a token costs ~10 µs of PCIe (out and in) against ~40 µs
-# of tensor-core time to recompute, so swap still wins per token when the victim has a long context; but
-# recompute needs no host memory, overlaps with everyone else's decode, and is often partly free thanks to
-# the prefix cache. That is why vLLM V1
-# kept only recompute; minivllm keeps both, so that this chapter can measure the difference
-# (`preemption_mode="swap"`, `swap_space=` GiB of host memory; when the host pool is full a victim is
-# recomputed instead).
+# the model again: per token, swap wins on a CPU by orders of magnitude, because a copy moves only the
+# token's KV bytes while a prefill runs every layer (the factor measured here is the last line of "this
+# machine" above, a median, so one busy moment does not flip it). On a GPU the two are closer than one
+# might think: for an 8B model a token costs ~10 µs of PCIe (out and in) against ~40 µs of tensor-core
+# time to recompute (the line above), so swap still wins per token when the victim has a long context;
+# but recompute needs no host memory, overlaps with everyone else's decode, and is often partly free
+# thanks to the prefix cache. That is why vLLM V1 kept only recompute; minivllm keeps both, so that this
+# chapter can measure the difference (`preemption_mode="swap"`, `swap_space=` GiB of host memory; when
+# the host pool is full a victim is recomputed instead).
 
 # %% [markdown]
 # ## Priority: who waits, and who is pushed out
@@ -285,11 +324,11 @@ widgets.show(fig)
 fcfs, sjf, rr = results["fcfs"], results["sjf"], results["round_robin"]
 longer = sjf["long mean"] - fcfs["long mean"]
 print(f"SJF: short requests finish {fcfs['short mean'] / sjf['short mean']:.1f}x sooner than under FCFS "
-      f"({sjf['short mean']:.1f} vs {fcfs['short mean']:.1f} steps); the long ones "
+      f"({sjf['short mean']:.1f} vs {fcfs['short mean']:.1f} steps);\n  the long ones "
       + (f"take {longer:.1f} steps longer ({sjf['long mean']:.1f} vs {fcfs['long mean']:.1f})." if longer > 0 else
          f"lose nothing here ({sjf['long mean']:.1f} vs {fcfs['long mean']:.1f} steps)."))
 print(f"Round-robin: nobody waits more than {rr['longest wait']} steps for a first token (FCFS: "
-      f"{fcfs['longest wait']}), bought with {rr['preemptions']} preemptions: {rr['prompt tokens']} prompt tokens "
+      f"{fcfs['longest wait']}),\n  bought with {rr['preemptions']} preemptions: {rr['prompt tokens']} prompt tokens "
       f"computed against FCFS's {fcfs['prompt tokens']}.")
 
 # %% [markdown]
@@ -314,14 +353,17 @@ print(f"Round-robin: nobody waits more than {rr['longest wait']} steps for a fir
 
 # %%
 llm = LLM(num_kv_blocks=64)
-out = llm.beam_search([PROMPTS[0][:20]], BeamSearchParams(beam_width=3, max_tokens=6, ignore_eos=True))[0]
+beam_prompt = llm.tokenizer.encode("Once upon a time, there was a little girl named Lily. One day, she")
+out = llm.beam_search([beam_prompt], BeamSearchParams(beam_width=3, max_tokens=6, ignore_eos=True))[0]
+print("cumulative logprob, then the beam's six tokens as text and as ids")
 for seq in out.sequences:
-    print(f"{seq.cum_logprob:8.3f}  {seq.tokens[20:]}")
+    new = seq.tokens[len(beam_prompt):]
+    print(f"{seq.cum_logprob:8.3f}  {llm.tokenizer.decode(new)!r:40s} {new}")
 trace = list(llm.engine.trace)
 display(HTML(widgets.fork_html(trace[:4])))
 stats = llm.engine.stats()
 print(f"forks shared {stats['num_forked_blocks']} blocks by reference; "
-      f"copy-on-write copied {stats['num_cow_copies']} of them "
+      f"copy-on-write copied {stats['num_cow_copies']} of them\n"
       f"({stats['num_forked_blocks'] - stats['num_cow_copies']} block copies saved against copying whole tables)")
 
 # %% [markdown]

@@ -160,3 +160,26 @@ def test_switch_and_missing_compiler(monkeypatch, caplog):
     assert "using the readable torch code" in caplog.text and "command not found" in caplog.text
     monkeypatch.setattr(cpu, "extension_built", lambda: False)
     assert type(choose_platform("cpu", torch.float32).attention) is TorchAttentionBackend
+
+
+def test_a_compile_says_so_and_building_ahead_never_fails(monkeypatch, capsys):
+    """The first LLM() on a fresh clone compiles for half a minute: one line says so first and one
+    says how long after; `make install`'s build-ahead says why it kept the readable path and exits
+    cleanly where there is no compiler."""
+    monkeypatch.setattr("torch.utils.cpp_extension.load", lambda **kwargs: None)
+    monkeypatch.setattr(cpu_extension, "needs_compiling", lambda name: True)
+    cpu_extension.build()
+    err = capsys.readouterr().err
+    assert "compiling its C++ CPU kernels" in err and "once" in err and "compiled in" in err
+    monkeypatch.setattr(cpu_extension, "needs_compiling", lambda name: False)
+    cpu_extension.build()
+    assert capsys.readouterr().err == "", "a cached build loads silently"
+
+    def no_compiler(**kwargs):
+        raise RuntimeError("Error building extension: c++: command not found")
+
+    monkeypatch.setattr("torch.utils.cpp_extension.load", no_compiler)
+    monkeypatch.setattr(cpu_extension, "build_failure", cpu_extension.build_failure.__wrapped__)
+    cpu_extension.build_ahead()
+    out = capsys.readouterr().out
+    assert "not built" in out and "command not found" in out and "readable torch code" in out

@@ -111,6 +111,12 @@ def truncates(weight):
     return (weight / scale[:, None]).trunc().to(torch.int8), scale
 
 
+def no_zero_row_guard(weight):
+    # no clamp: an all-zero row gets scale 0, and q = round(0 / 0) = round(NaN) cast to int8
+    scale = weight.abs().amax(dim=1) / 127
+    return torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8), scale
+
+
 def kv_heads_not_replicated(num_heads, num_kv_heads, head_dim, tp_size, rank):
     # rank r takes KV head r even when kv < tp
     q, kv = num_heads // tp_size, max(1, num_kv_heads // tp_size)
@@ -144,6 +150,7 @@ MISTAKES = [  # (exercise, planted mistake, words the verdict must contain)
     ("ch07", resample_from_p, "normalise(max(0, p - q))"),
     ("ch12", one_scale_per_tensor, "max|w| / 127 per row"),
     ("ch12", truncates, "round(w / scale)"),
+    ("ch12", no_zero_row_guard, "tiny positive scale"),
     ("ch13", kv_heads_not_replicated, "replicated on tp_size / num_kv_heads ranks"),
 ]
 

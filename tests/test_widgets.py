@@ -339,6 +339,23 @@ def test_saved_notebooks_keep_no_widget_views():
     assert "widgets" not in nb["metadata"]
 
 
+def test_a_saved_progress_bar_is_not_called_a_widget_to_rerun():
+    """tqdm's notebook bars are widget views too; what stands in for one names it and keeps its text."""
+    from minivllm.widgets.jupyter import PLACEHOLDER, PROGRESS_NOTE, WIDGET_VIEW, drop_widget_outputs
+
+    def bar(text):
+        return {"output_type": "display_data", "metadata": {},
+                "data": {"text/plain": text, WIDGET_VIEW: {"model_id": "t", "version_major": 2}}}
+
+    known = "Processed prompts: 100%|##########| 4/4 [00:00<00:00, 155.63it/s]"
+    unknown = "Fetching: 3it [00:00, 137.13it/s]"
+    nb = {"cells": [{"cell_type": "code", "outputs": [bar(known), bar(unknown), bar("VBox(children=(...))")]}]}
+    drop_widget_outputs({"type": "notebook", "content": nb}, path="x.ipynb")
+    texts = [o["data"]["text/plain"] for o in nb["cells"][0]["outputs"]]
+    assert texts == [known + PROGRESS_NOTE, unknown + PROGRESS_NOTE, PLACEHOLDER]
+    assert all(WIDGET_VIEW not in o["data"] for o in nb["cells"][0]["outputs"])
+
+
 def test_the_chapters_widgets_display_a_hint_after_the_view(recorded):
     from IPython.core.interactiveshell import InteractiveShell
 

@@ -26,6 +26,17 @@ class Block:
 
 
 class BlockPool:
+    """Which of the `num_blocks` KV blocks are in use, by how many requests, and which still hold a
+    cached prefix.
+
+    Why reference counts and not an owner: with prefix caching (chapter 06) and beam search forks
+    (chapter 11) several requests read one block, and it may be reused only when the last of them
+    lets go. Why an ordered free queue and not a set: the order decides what is evicted, the least
+    recently freed first, and blocks that hold no cached prefix go to its front, so a freed prefix
+    lives as long as possible. Why ids and not tensors: the pool is bookkeeping only, the same for
+    every layer and every device; the model runner turns ids into slots of the real cache.
+    """
+
     def __init__(self, num_blocks: int) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")

@@ -1,9 +1,9 @@
 """Chapter 12 exercise: int8 per-channel quantization of a weight matrix.
 
 The checker tries a matrix with a known answer, then properties on random ones (the range is used in
-full, the error is at most half a step, an all-zero row stays finite), then loads the embedded model
-with `quantization="int8"` and the learner's function plugged in (EngineHooks.int8_quantize): greedy
-tokens must equal those of the engine's own int8 quantizer.
+full, the error is at most half a step, an all-zero row gets a positive scale and q = 0), then
+loads the embedded model with `quantization="int8"` and the learner's function plugged in
+(EngineHooks.int8_quantize): greedy tokens must equal those of the engine's own int8 quantizer.
 """
 
 from __future__ import annotations
@@ -37,11 +37,24 @@ def _call(quantize_fn: Callable, weight: torch.Tensor) -> tuple[torch.Tensor, to
 
 
 def _check_properties(quantize_fn: Callable) -> None:
-    """Random rows: the full int8 range, at most half a step off, and zero rows stay finite."""
+    """Random rows: the full int8 range, at most half a step off, and a zero row gets a positive
+    scale and q = 0 (without the guard its q comes from casting NaN, which only happens to be 0 on
+    some machines: checking that `back` is finite alone would pass it)."""
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(16, 40, generator=gen) * torch.logspace(-3, 1, 16)[:, None]
     w[5] = 0.0  # a row of zeros: its scale must not make 0 / 0
     q, scale = _call(quantize_fn, w)
+    if not (torch.isfinite(scale).all() and (scale > 0).all()):
+        rows = [i for i, v in enumerate(scale.tolist()) if not 0 < v < float("inf")]
+        got = [scale[i].item() for i in rows]
+        raise ExerciseFailure(f"row(s) {rows} got scale {got}; every scale must be positive. Row 5 "
+                              f"is all zeros, so max|w| / 127 = 0 and w / scale is 0 / 0 = NaN, "
+                              f"and casting NaN to int8 is undefined (0 on some machines, anything "
+                              f"on others): give such a row a tiny positive scale, e.g. "
+                              f"clamp(min=1e-12).")
+    if q[5].any():
+        raise ExerciseFailure(f"row 5 is all zeros, so its q must be all zeros; yours holds "
+                              f"{sorted(set(q[5].tolist()))}.")
     back = q.float() * scale[:, None]
     if not torch.isfinite(back).all():
         raise ExerciseFailure("an all-zero row came back as NaN or inf: with max|w| = 0 the "

@@ -7,6 +7,7 @@ noise.
 
 from __future__ import annotations
 
+import textwrap
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -32,8 +33,10 @@ class Report:
     def __str__(self) -> str:
         lines = [f"{self.exercise}: {self.status.upper()} ({self.seconds:.1f} s)"]
         lines += [f"  ok  {name}" for name in self.passed_checks]
-        if self.message:
-            lines.append(("  " + self.message).replace("\n", "\n  "))
+        # wrapped to 100 columns, the width a notebook output shows without a scroll bar
+        lines += [textwrap.fill(part, 100, initial_indent="  ", subsequent_indent="  ",
+                                break_long_words=False, break_on_hyphens=False)
+                  for part in self.message.split("\n") if self.message]
         return "\n".join(lines)
 
     def _repr_pretty_(self, p, cycle) -> None:  # IPython shows the verdict, not the dataclass

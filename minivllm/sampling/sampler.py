@@ -1,7 +1,7 @@
 """Sampler: one batched pass from logits to next tokens, each request with its own parameters.
 
-The order is vLLM's (the lecture lists the penalty after the filters; applying it first is what vLLM
-and transformers do, and it means greedy decoding can use a penalty too):
+The order is vLLM's: penalties before the filters (some texts list the penalty after them; applying
+it first is what vLLM and transformers do, and it means greedy decoding can use a penalty too):
 
 1. masks: `allowed_token_ids` (everything else -inf) and `bad_words` (a word's last token, once
    the tokens before it are in place);

@@ -7,7 +7,8 @@ kernel's models while the view stays in the notebook:
   found" (and storing the widget state instead, JupyterLab's saveState, would bring back dead
   controls whose Step does nothing). A Jupyter server pre-save hook, `drop_widget_outputs`, saves
   the notebook without widget views: each gives way to the hint shown after it, or to a line of
-  text where there is none.
+  text where there is none (a tqdm progress bar, a widget view too, keeps its last line of text,
+  marked as needing no rerun).
 - **the kernel restarts**: JupyterLab keeps the views, greyed out behind broken-link icons
   (`jupyter-widgets-disconnected`), and their buttons do nothing. So the chapters' widgets
   (`minivllm.widgets.ui`) display a second output after the view, `hint_html()`: a line asking to
@@ -22,11 +23,16 @@ Server reads that directory only for the extensions it enables, never for other 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 PLACEHOLDER = "[a minivllm widget: run the cell again to bring it back]"
+# a tqdm progress bar (`llm.generate`'s, or a download's) is a widget view too; its text is its
+# final state, so it stays, said to need no rerun
+PROGRESS_NOTE = "  [a progress bar, finished when saved: nothing to rerun]"
+TQDM_TEXT = re.compile(r"\d+%\||\d+it \[|[?\d.]+(it/s|s/it)\]")
 # the import path Jupyter Server resolves; written out: run as `python -m`, this is `__main__`
 HOOK = "minivllm.widgets.jupyter.drop_widget_outputs"
 HINT_CLASS = "minivllm-rerun-hint"
@@ -47,9 +53,19 @@ def _is_hint(output: dict) -> bool:
     return isinstance(data, dict) and HINT_CLASS in str(data.get("text/html", ""))
 
 
+def _stand_in(data: dict) -> str:
+    """The text a widget view without a hint leaves behind: a progress bar's own last line, said to
+    need no rerun; for anything else, the placeholder asking to run the cell again."""
+    text = data.get("text/plain", "")
+    text = "".join(text) if isinstance(text, list) else str(text)
+    if TQDM_TEXT.search(text):
+        return text.rstrip() + PROGRESS_NOTE
+    return PLACEHOLDER
+
+
 def strip_widget_views(nb: dict) -> int:
     """Drop every widget view among the notebook's outputs (a line of text stands in for one that
-    has no hint after it); returns how many."""
+    has no hint after it: a progress bar's last state, or a request to rerun); returns how many."""
     n = 0
     for cell in nb.get("cells", []):
         if cell.get("cell_type") != "code":
@@ -61,7 +77,7 @@ def strip_widget_views(nb: dict) -> int:
                 n += 1
                 if i + 1 < len(outputs) and _is_hint(outputs[i + 1]):
                     continue
-                out = {**out, "data": {"text/plain": PLACEHOLDER}}
+                out = {**out, "data": {"text/plain": _stand_in(data)}}
             kept.append(out)
         if outputs:
             cell["outputs"] = kept
