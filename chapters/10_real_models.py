@@ -74,6 +74,45 @@ print(f"        {mc.model_type}, {num_params:,} parameters, {mc.num_layers} laye
 print(f"device: {runner.device}, dtype {runner.dtype}; max_model_len {engine.config.max_model_len}")
 
 # %% [markdown]
+# ## Lazy loading: ready before the weights are
+#
+# Loading reads every tensor, lays it out for its kernels and only then returns. With `lazy_loading=True`
+# the decoder layers are built on torch's *meta* device (shapes, no memory) and each one is read from the
+# checkpoint the first time a step runs it (`minivllm/model/lazy_loading.py`): the engine is ready once the
+# config, tokenizer, embeddings and KV cache are, and the first request pays for the weights. Below the same
+# checkpoint loads both ways; the bytes are counted from the parameters that exist, before and after the
+# first request. (On a GPU the engine's memory-profiling step already runs every layer while it starts, so
+# there lazy loading saves nothing; `bench/lazy_loading.py` measures whole processes, cold.)
+
+# %%
+def allocated_mib(model) -> float:
+    return sum(p.numel() * p.element_size() for p in model.parameters() if not p.is_meta) / 2**20
+
+
+path = engine.config.model
+for lazy in (False, True):
+    start = time.perf_counter()
+    fresh = LLM(path, lazy_loading=lazy, max_num_seqs=8, num_kv_blocks=256)
+    ready = time.perf_counter() - start
+    model = fresh.engine.runner.model
+    before = allocated_mib(model)
+    start = time.perf_counter()
+    fresh.generate(["The weights arrive"], SamplingParams(max_tokens=1), use_tqdm=False)
+    first = time.perf_counter() - start
+    print(f"lazy_loading={lazy!s:5}: LLM() {ready:5.2f} s with {before:7.1f} MiB of weights, "
+          f"first token {first:5.2f} s later, then {allocated_mib(model):7.1f} MiB")
+    del fresh, model
+
+# %% [markdown]
+# The lazy engine starts with only the embeddings and the output head in memory; its first request reads
+# and lays out every layer, so it takes longer than the eager engine's, and every later step is the same.
+# (The seconds depend on this machine, its disk and how busy it is; the mebibytes do not.) Serving several engines
+# from one copy of the weights is the other half of this story: `LLM(..., data_parallel_size=2)` runs two
+# engines, each with its own scheduler and KV cache, which map the same weight file read-only, so the page
+# cache holds the bytes once (README, "Data parallelism"; `bench/data_parallel.py` measures each process's
+# proportional share).
+
+# %% [markdown]
 # ## What a real checkpoint brings
 #
 # **The vocabulary.** A model's embedding matrix often has more rows than its tokenizer has tokens: it is
