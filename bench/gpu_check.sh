@@ -66,7 +66,8 @@ if ! "$PYTHON" -c "import minivllm, nbval, triton, transformers" 2>/dev/null; th
 fi
 step "kernel checks in fp16 and bf16, and timings" 120 "$PYTHON" bench/gpu_kernels.py
 # TRITON_INTERPRET=0: tests/conftest.py interprets Triton unless told otherwise
-step "CUDA-graph tests" 90 env TRITON_INTERPRET=0 "$PYTHON" -m pytest tests/test_cuda_graphs.py -q -p no:cacheprovider
+step "CUDA-graph and cpu_offload_gb tests" 90 env TRITON_INTERPRET=0 "$PYTHON" -m pytest tests/test_cuda_graphs.py \
+    tests/test_weight_offload.py -q -p no:cacheprovider
 step "chapters on the GPU, dtype auto" 180 "$PYTHON" -m pytest chapters/ --nbval-lax --nbval-current-env \
     -q -p no:cacheprovider
 step "chapters on the GPU, fp16 forced (as a T4)" 150 env MINIVLLM_CUDA_DTYPE=float16 "$PYTHON" -m pytest \

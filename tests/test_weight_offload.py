@@ -38,3 +38,15 @@ def test_streamed_layers_give_the_same_tokens_and_hand_the_memory_back(llama_pat
     for stream in streamed:  # between forwards each tensor is its host copy
         assert all(t.data_ptr() == host.data_ptr() for t, host in stream.pairs)
     assert seen and all(ptr != streamed[0].pairs[0][1].data_ptr() for ptr in seen), "copied in"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="cpu_offload_gb streams weights onto a GPU")
+def test_cpu_offload_on_a_gpu_gives_the_same_tokens_and_frees_gpu_memory(llama_path):
+    """Run by `make gpu-check`: the offloaded layers' weights leave the GPU, the tokens do not change."""
+    plain = LLM(llama_path, device="cuda", dtype="float32", num_kv_blocks=64)
+    expected, held = tokens(plain), torch.cuda.memory_allocated()
+    del plain
+    offloaded = LLM(llama_path, device="cuda", dtype="float32", num_kv_blocks=64, cpu_offload_gb=1)
+    assert offloaded.engine.runner.graphs is None, "streamed layers run eagerly"
+    assert torch.cuda.memory_allocated() < held
+    assert tokens(offloaded) == expected
