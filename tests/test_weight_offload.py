@@ -1,6 +1,7 @@
 """cpu_offload_gb (vLLM's): on a CPU it does nothing and says so; the streaming mechanism itself (host
 copies in before a layer's forward, out after) gives the same tokens."""
 
+import gc
 import logging
 
 import pytest
@@ -45,7 +46,9 @@ def test_cpu_offload_on_a_gpu_gives_the_same_tokens_and_frees_gpu_memory(llama_p
     """Run by `make gpu-check`: the offloaded layers' weights leave the GPU, the tokens do not change."""
     plain = LLM(llama_path, device="cuda", dtype="float32", num_kv_blocks=64)
     expected, held = tokens(plain), torch.cuda.memory_allocated()
+    plain.shutdown()
     del plain
+    gc.collect()
     offloaded = LLM(llama_path, device="cuda", dtype="float32", num_kv_blocks=64, cpu_offload_gb=1)
     assert offloaded.engine.runner.graphs is None, "streamed layers run eagerly"
     assert torch.cuda.memory_allocated() < held
