@@ -21,9 +21,7 @@ for those outputs and drops them before it deals its own.
 from __future__ import annotations
 
 import signal
-import sys
 import threading
-import traceback
 from collections.abc import Callable, Sequence
 from multiprocessing import Pipe
 from multiprocessing.connection import Connection
@@ -33,6 +31,7 @@ from minivllm.engine.input_processor import PromptType
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.engine.step_driver import StepDriver
 from minivllm.executor.data_parallel import EngineProcesses
+from minivllm.executor.worker import report_failure
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
 
@@ -55,11 +54,7 @@ def engine_main(config: EngineConfig, rank: int, conn: Connection) -> None:
             except ValueError as e:  # refused before any step ran: the engine is as it was
                 conn.send(("raised", e))
     except BaseException:  # noqa: BLE001 - whatever it was, engine 0 must hear it
-        try:
-            conn.send(("error", traceback.format_exc()))
-        except OSError:  # engine 0 is gone too
-            pass
-        sys.exit(1)
+        report_failure(conn)
 
 
 def deal(count: int, engines: int) -> list[list[int]]:

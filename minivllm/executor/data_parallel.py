@@ -26,7 +26,7 @@ from multiprocessing.connection import Connection, wait
 import torch.multiprocessing as mp
 
 from minivllm.config import EngineConfig
-from minivllm.executor.workers import receive
+from minivllm.executor.workers import reap, receive
 
 
 class DataParallelError(RuntimeError):
@@ -146,12 +146,4 @@ def stop(procs: list, conns: list[Connection], polite: bool = True) -> None:
             conn.send(None)
         except OSError:  # it went away meanwhile: nothing to ask
             pass
-    for proc in procs:
-        proc.join(timeout=5 if polite else 0.1)
-        if proc.exitcode is None:
-            proc.kill()
-            proc.join(timeout=5)
-    for conn in conns:
-        conn.close()
-    procs.clear()
-    conns.clear()
+    reap(procs, conns, 5 if polite else 0.1)

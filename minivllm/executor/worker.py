@@ -51,11 +51,16 @@ def worker_main(config: EngineConfig, rank: int, size: int, host: str, port: int
         conn.send(("joined", None))
         serve_steps(config, rank, size, store, timeout_s, conn.send)
     except BaseException:  # noqa: BLE001 - whatever it was, rank 0 must hear it
-        try:
-            conn.send(("error", traceback.format_exc()))
-        except OSError:  # rank 0 is gone too
-            pass
-        sys.exit(1)
+        report_failure(conn)
+
+
+def report_failure(conn) -> None:
+    """Inside a child's `except`: send ("error", traceback) to the parent, then exit with 1."""
+    try:
+        conn.send(("error", traceback.format_exc()))
+    except OSError:  # the parent is gone too
+        pass
+    sys.exit(1)
 
 
 def serve_steps(config: EngineConfig, rank: int, size: int, store: dist.Store, timeout_s: float,

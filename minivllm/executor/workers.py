@@ -154,11 +154,18 @@ def stop(procs: list, conns: list, groups: list[TensorParallel]) -> None:
             groups[0].broadcast_object(None)
         except Exception:  # noqa: BLE001 - a worker went away meanwhile: it is killed below
             pass
+    reap(procs, conns, 5 if groups else 0.1)
+
+
+def reap(procs: list, conns: list, wait_s: float) -> None:
+    """Give each process `wait_s` to exit, kill any still there, close the pipes and forget both
+    (tensor-parallel workers and data-parallel engines alike)."""
     for proc in procs:
-        proc.join(timeout=5 if groups else 0.1)
+        proc.join(timeout=wait_s)
         if proc.exitcode is None:
             proc.kill()
             proc.join(timeout=5)
     for conn in conns:
         conn.close()
     procs.clear()
+    conns.clear()
