@@ -128,18 +128,25 @@ CHILDREN = {"llama.cpp": child_llama_cpp, "minivllm": child_minivllm, "floor": c
 
 
 # ---- parent ---------------------------------------------------------------------------------------------------
-def train_tokenizer(checkpoint: Path, convert_python: str) -> None:
-    """A 400-piece SentencePiece model with byte fallback: what the converter needs to write a vocabulary."""
-    if (checkpoint / "tokenizer.model").exists():
-        return
+def converter_input(checkpoint: Path, convert_python: str) -> Path:
+    """The checkpoint's files linked beside a 400-piece SentencePiece model with byte fallback: what the
+    converter needs to write a vocabulary (kept out of the checkpoint itself, which stays tokenizer-free)."""
+    linked = checkpoint.with_name(checkpoint.name + "-with-tokenizer")
+    if (linked / "tokenizer.model").exists():
+        return linked
+    linked.mkdir(exist_ok=True)
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        if not (linked / name).exists():
+            (linked / name).symlink_to(checkpoint / name)
     text = "\n".join(p.read_text() for p in sorted((BENCH.parent / "chapters").glob("*.py")))
-    corpus = checkpoint / "corpus.txt"
+    corpus = linked / "corpus.txt"
     corpus.write_text(text)
     code = ("import sentencepiece as spm, sys; spm.SentencePieceTrainer.train(input=sys.argv[1], "
             "model_prefix=sys.argv[2], vocab_size=400, model_type='bpe', byte_fallback=True, "
             "unk_id=0, bos_id=1, eos_id=2, pad_id=-1)")
-    subprocess.run([convert_python, "-c", code, str(corpus), str(checkpoint / "tokenizer")], check=True,
+    subprocess.run([convert_python, "-c", code, str(corpus), str(linked / "tokenizer")], check=True,
                    capture_output=True)
+    return linked
 
 
 def convert(checkpoint: Path, fmt: str, args) -> Path:
@@ -193,9 +200,9 @@ def main() -> None:
     checkpoint = work / "135m"
     if not (checkpoint / "model.safetensors").exists():
         build_checkpoint("135m", work)
-    train_tokenizer(checkpoint, args.convert_python)
     formats = args.formats.split(",")
-    files = {fmt: convert(checkpoint, fmt, args) for fmt in formats}
+    source = converter_input(checkpoint, args.convert_python)
+    files = {fmt: convert(source, fmt, args) for fmt in formats}
     rows: dict[str, tuple[str, dict]] = {}
     for fmt in formats:
         rows[f"llama.cpp {fmt}"] = ("llama.cpp", dict(path=str(files[fmt]), threads=args.threads))

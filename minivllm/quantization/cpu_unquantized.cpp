@@ -32,8 +32,24 @@ at::Tensor pack_small_linear(const at::Tensor& weight) {
 }
 
 #ifdef __AVX512F__
+inline float bf16_to_float(uint32_t bits) {  // bits: a bf16 already in the top half
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// fp32 -> bf16 bits in the low half of each lane, rounded to nearest even as torch rounds (NaN stays NaN)
+inline __m512i round_to_bf16(__m512 value) {
+  const __m512i bits = _mm512_castps_si512(value);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i bias = _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF));
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, bias), 16);
+  return _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(value, value, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+}
+
 // One tile of 64 outputs for ROWS rows of x. bf16: x is read as 32-bit pairs, each broadcast to 16 lanes and
-// multiplied pairwise into the 16 accumulators (vdpbf16ps); fp32: one element broadcast and fused-multiply-added.
+// multiplied pairwise into the 16 accumulators (vdpbf16ps, or two FMAs on a CPU without AVX512-BF16: the same
+// bytes read, so decoding runs at the same speed); fp32: one element broadcast and fused-multiply-added.
 template <int ROWS, bool BF16>
 inline void tile_rows(const void* x, int64_t x_stride, const void* tile, int64_t steps, const float* bias,
                       void* out, int64_t out_stride, int64_t cols) {
@@ -45,12 +61,23 @@ inline void tile_rows(const void* x, int64_t x_stride, const void* tile, int64_t
     _mm_prefetch(w + 1024, _MM_HINT_T0);
     for (int r = 0; r < ROWS; ++r) {
       if constexpr (BF16) {
-#ifdef __AVX512BF16__
         uint32_t pair;
         std::memcpy(&pair, static_cast<const char*>(x) + (r * x_stride + 2 * s) * 2, 4);
+#ifdef __AVX512BF16__
         const __m512bh xb = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
         for (int v = 0; v < 4; ++v)
           acc[r][v] = _mm512_dpbf16_ps(acc[r][v], (__m512bh)_mm512_loadu_si512(w + 64 * v), xb);
+#else
+        // no vdpbf16ps: a bf16 is the top half of an fp32, so each 32-bit lane's pair widens with one shift
+        // (the even input) and one mask (the odd), and two fused multiply-adds do what vdpbf16ps does in one
+        const __m512 x_even = _mm512_set1_ps(bf16_to_float(pair << 16));
+        const __m512 x_odd = _mm512_set1_ps(bf16_to_float(pair & 0xFFFF0000u));
+        for (int v = 0; v < 4; ++v) {
+          const __m512i both = _mm512_loadu_si512(w + 64 * v);
+          const __m512 even = _mm512_castsi512_ps(_mm512_slli_epi32(both, 16));
+          const __m512 odd = _mm512_castsi512_ps(_mm512_and_si512(both, _mm512_set1_epi32(0xFFFF0000)));
+          acc[r][v] = _mm512_fmadd_ps(odd, x_odd, _mm512_fmadd_ps(even, x_even, acc[r][v]));
+        }
 #endif
       } else {
         const __m512 xb = _mm512_set1_ps(static_cast<const float*>(x)[r * x_stride + s]);
@@ -65,9 +92,11 @@ inline void tile_rows(const void* x, int64_t x_stride, const void* tile, int64_t
       const int64_t left = std::clamp<int64_t>(cols - 16 * v, 0, 16);
       const __mmask16 mask = static_cast<__mmask16>((1u << left) - 1u);
       if constexpr (BF16) {
+        uint16_t* o = static_cast<uint16_t*>(out) + r * out_stride + 16 * v;
 #ifdef __AVX512BF16__
-        _mm256_mask_storeu_epi16(static_cast<uint16_t*>(out) + r * out_stride + 16 * v, mask,
-                                 (__m256i)_mm512_cvtneps_pbh(acc[r][v]));  // round to nearest even, as torch
+        _mm256_mask_storeu_epi16(o, mask, (__m256i)_mm512_cvtneps_pbh(acc[r][v]));  // nearest even, as torch
+#else
+        _mm512_mask_cvtepi32_storeu_epi16(o, mask, round_to_bf16(acc[r][v]));
 #endif
       } else {
         _mm512_mask_storeu_ps(static_cast<float*>(out) + r * out_stride + 16 * v, mask, acc[r][v]);
@@ -97,9 +126,6 @@ at::Tensor small_linear(const at::Tensor& x_in, const at::Tensor& packed, const 
 #endif
   const bool bf16 = packed.scalar_type() == at::kBFloat16;
   TORCH_CHECK(x_in.scalar_type() == packed.scalar_type(), "x and the weight must share a dtype");
-#ifndef __AVX512BF16__
-  TORCH_CHECK(!bf16, "bf16 small_linear needs AVX512-BF16");
-#endif
   const int64_t pack = packed.size(3), k_padded = packed.size(1) * pack, tiles = packed.size(0);
   const int64_t k = x_in.size(-1), m = x_in.numel() / std::max<int64_t>(k, 1);
   TORCH_CHECK(k <= k_padded && k_padded - k < pack && n <= tiles * kTile, "x, the weight and n disagree");

@@ -8,7 +8,8 @@ batches use the same layout, each tile staying in L2 while every group of four r
 as fast as oneDNN's blocked GEMM up to a few hundred rows. Past TILED_MAX_ROWS (prompts) the weight
 is unpacked for the one call and MKL's GEMM multiplies it: the copy is cheap beside M x N x K flops,
 and at 1024-2048 rows it measured 1.05-1.1x oneDNN's speed where the tiles reached 0.77-0.99x
-(bench/RESULTS.md has the numbers). Needs AVX-512 (and AVX512-BF16 for bf16).
+(bench/RESULTS.md has the numbers). Needs AVX-512; bf16 pairs multiply with AVX512-BF16's
+vdpbf16ps where the CPU has it, else as two fp32 fused multiply-adds (a bf16 widens by a shift).
 
 `ONEDNN`, elsewhere: oneDNN's blocked layout, reordered once (a plain `F.linear` on CPU re-blocks a
 bf16 weight on every call: about 1.5x slower). An LM head tied to the embedding keeps the plain
