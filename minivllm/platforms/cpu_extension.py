@@ -5,7 +5,8 @@ cache (TORCH_EXTENSIONS_DIR, by default ~/.cache/torch_extensions) and rebuilds 
 changes. The module's name carries a hash of the CPU's flags and the sources' paths, so a cache
 shared by different machines (or checkouts) never hands one another's build. Each source registers
 its ops under torch.ops.minivllm_cpu: the paged-attention kernel (attention/cpu_attention.py), the
-fused layer ops (model/cpu_layer_ops.py), the tiled linear kernel (quantization/cpu_unquantized.py).
+fused layer ops (model/cpu_layer_ops.py), the tiled linear kernel (quantization/cpu_unquantized.py),
+GGUF's block formats multiplied as stored (quantization/cpu_gguf.py).
 Only the cpu platform (platforms/cpu.py) builds it, once per process.
 """
 
@@ -21,7 +22,7 @@ from minivllm.platforms.cpu_hardware import cpu_flags
 
 PACKAGE = Path(__file__).parent.parent
 SOURCES = (PACKAGE / "attention/cpu_paged_attention.cpp", PACKAGE / "model/cpu_layer_ops.cpp",
-           PACKAGE / "quantization/cpu_unquantized.cpp")
+           PACKAGE / "quantization/cpu_unquantized.cpp", PACKAGE / "quantization/cpu_gguf.cpp")
 HEADERS = (Path(__file__).parent / "cpu_vector_math.h",)  # what they share (the vectorisable exp)
 
 
