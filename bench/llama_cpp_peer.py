@@ -1,7 +1,7 @@
 """llama.cpp as a peer at batch 1 (issue 37): the same weights, converted by llama.cpp's own converter.
 
 The checkpoint is bench/cpu_peer.py's random 135M-shaped Llama (seed 0, float32 safetensors). llama.cpp's
-`convert_hf_to_gguf.py` (shipped in llama-cpp-python's source package, vendor/llama.cpp/) needs a tokenizer:
+`convert_hf_to_gguf.py` (shipped in the vendor directory of llama-cpp-python's source package) needs a tokenizer:
 a small SentencePiece model trained here on the repository's own text gives it one; the converter pads its
 vocabulary to the config's 49,152 entries, and every engine is fed the same token ids, so the tokenizer
 changes nothing that is timed. Formats: GGUF f32, bf16 and q8_0 straight from the converter; q4_0 and q4_1
