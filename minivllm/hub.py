@@ -1,11 +1,6 @@
 """Turn what a learner types for vLLM (`LLM("HuggingFaceTB/SmolLM2-360M-Instruct")`) into a local
-directory.
-
-A local directory is used as is; anything else that is a valid Hub repo id is fetched with
-huggingface_hub's `snapshot_download` into the normal Hugging Face cache, so a model downloaded once
-(by us, vLLM or transformers) is not downloaded again. Every failure becomes a ValueError that names
-the id and says what to do about it.
-"""
+directory: a Hub id is fetched with `snapshot_download` into the normal Hugging Face cache (shared
+with vLLM and transformers). Every failure becomes a ValueError naming the id and what to do."""
 
 from __future__ import annotations
 

@@ -1,22 +1,11 @@
 """Beam search on copy-on-write blocks: `LLM.beam_search(prompts, BeamSearchParams(...))`.
 
-Every beam is a scheduler sequence whose next token the search picks itself (`external_sampling`).
-Each round drives the engine's own `core_step` until every live beam's last token is computed (one
-decode each), reading its log-probabilities through the runner's logits observer. Each beam proposes
-its 2 * beam_width best next tokens; candidates ending in EOS are set aside as finished, and the
-beam_width best of the rest (by vLLM's score) become the next round's beams.
-
-A chosen candidate is a *fork* of its beam (`Scheduler.fork`): a new request that shares every block
-of its parent by reference count, the partly filled last block included. The first write into that
-shared block gives the writer its own copy (copy-on-write, `KVCacheManager.allocate`), so a fork
-costs at most one block copy instead of a copy of the whole table: `stats()` counts both
-(`num_forked_blocks`, `num_cow_copies`). The parents then finish, and blocks no beam shares any more
-go back to the pool. A parent that lost its blocks to preemption has none to share: its forks are
-computed afresh (from the prefix cache, if it can).
-
-vLLM V1 runs the same algorithm on its engine (each beam a request asking for logprobs, sharing by
-prefix caching); forking block tables makes the sharing explicit, and needs no prefix caching.
-"""
+Every beam is a scheduler sequence whose next token the search picks itself (`external_sampling`);
+each round steps the engine until every live beam's last token is computed and reads its logprobs.
+The beam_width best candidates (vLLM's score) become *forks* (`Scheduler.fork`): new requests that
+share their parent's blocks by reference count, so a fork costs at most one copy-on-write block copy
+instead of a copy of the whole table (`stats()`: `num_forked_blocks`, `num_cow_copies`). vLLM V1
+shares beams' prefixes through prefix caching instead; forking makes the sharing explicit."""
 
 from __future__ import annotations
 

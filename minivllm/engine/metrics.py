@@ -1,13 +1,8 @@
-"""Prometheus metrics under vLLM's `vllm:` names, fed by the engine loop after each step.
+"""Prometheus metrics under vLLM's `vllm:` names (and `model_name` label), fed after each step.
 
-vLLM's names, so that dashboards and alerts written for vLLM work unchanged; each sample carries a
-`model_name` label, as vLLM's do. Two minivllm extras have no vLLM counterpart: the KV block counts
-(`minivllm:kv_blocks_total`, `minivllm:kv_blocks_free`), which make a leaked block visible. The
-registry belongs to the app, not prometheus_client's global one, so two servers in one process
-(tests) keep separate counts. Gauges are read from the owner's stats snapshot at scrape time;
-counters and histograms are updated from step outputs, so nothing here ever touches the engine
-itself.
-"""
+vLLM's names, so dashboards written for vLLM work unchanged; minivllm adds the KV block counts,
+which make a leaked block visible. The registry is the app's own, not prometheus_client's global
+one, so two servers in one process keep separate counts. Nothing here touches the engine itself."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
 """EngineProfiler: `LLM.start_profile()` / `stop_profile()` record the engine with torch.profiler.
 
-As in vLLM, profiling is switched on by naming a directory in the environment:
-MINIVLLM_TORCH_PROFILER_DIR, or vLLM's VLLM_TORCH_PROFILER_DIR. `stop_profile()` writes one
-Chrome-trace JSON file there (open it in https://ui.perfetto.dev or chrome://tracing): every
-operator the steps ran, on CPU and, where there is one, on the GPU, with shapes. Without a
-directory, start_profile() says how to set one rather than profiling into nowhere.
-"""
+As in vLLM, profiling is switched on by naming a directory in the environment (ours or vLLM's
+variable); `stop_profile()` writes one Chrome-trace JSON file there (open it in ui.perfetto.dev)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,9 @@
 """vLLM's v1 logits-processor interface: batch-level processors keeping per-row state across steps.
 
-A processor is a class: the engine builds one instance at start-up (`__init__(vllm_config, device,
-is_pin_memory)`), tells it before every sampling step how the batch changed
-(`update_state(BatchUpdate)`: rows that left, requests that arrived at a row, rows that moved), then
-hands it the batch's logits (`apply(logits)`, one row per request, in row order). State is kept per
-row index, never per request id, so vLLM's processors can keep tensors indexed like the batch.
-Requests opt in through `SamplingParams.extra_args`. `AdapterLogitsProcessor` wraps an old
-per-request function `f([prompt_ids,] output_ids, logits_row)` into this interface.
-
-How rows are assigned and moved is persistent_batch.py's job; this module is only the contract, so
-code written against `vllm.v1.sample.logits_processor` imports the same names from here.
-"""
+The engine builds one instance per class at start-up, tells it before each sampling step how the
+batch changed (`update_state(BatchUpdate)`), then hands it the logits (`apply`). State is kept per
+row, never per request id, so processors can keep tensors indexed like the batch; requests opt in
+through `SamplingParams.extra_args`. Row bookkeeping is persistent_batch.py's job."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """The server's command line (vLLM's flag names): the engine's table (AsyncEngineArgs) plus the HTTP
-front end's own flags. `minivllm serve` and `python -m minivllm.entrypoints.openai.api_server` both
-parse with this."""
+front end's own flags."""
 
 from __future__ import annotations
 

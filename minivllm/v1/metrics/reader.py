@@ -1,11 +1,5 @@
-"""The engine's Prometheus metrics as plain Python objects: what `LLM.get_metrics()` returns (vLLM's
-reader).
-
-The numbers are the ones `/metrics` serves (engine/metrics.py keeps them): this module only reads a
-registry and turns its samples into vLLM's `Counter`, `Gauge`, `Histogram` and `Vector`, so a script
-written for `vllm.v1.metrics.reader` works unchanged. Only `vllm:` metrics are returned, as vLLM
-does.
-"""
+"""vLLM's `vllm.v1.metrics.reader`: the registry `/metrics` serves (engine/metrics.py), read into
+vLLM's `Counter`, `Gauge`, `Histogram` and `Vector` objects: what `LLM.get_metrics()` returns."""
 
 from __future__ import annotations
 
