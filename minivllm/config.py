@@ -120,7 +120,7 @@ class EngineConfig:
                 raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got "
                                  f"{getattr(self, name)!r}")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "round_robin_quantum",
-                     "sjf_aging_steps"):
+                     "sjf_aging_steps", "tensor_parallel_size"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
         for name in ("num_kv_blocks", "cpu_threads"):
@@ -141,9 +141,6 @@ class EngineConfig:
                                  f"{getattr(self, name)!r}")
         if self.logits_processors:  # a bad entry fails here, naming itself
             load_logits_processor_classes(self.logits_processors)
-        if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
-            raise ValueError(f"tensor_parallel_size must be a positive integer, got "
-                             f"{self.tensor_parallel_size!r}")
         if self.tensor_parallel_size > 1 and self.hooks != EngineHooks():
             raise ValueError("hooks= run in this process only: they need tensor_parallel_size=1")
         self._check_speculation()
@@ -191,13 +188,8 @@ class EngineConfig:
 
     def resolve(self) -> EngineConfig:
         """A copy with Hub ids turned into local directories, the checkpoint's config read, the
-        dtype chosen and max_model_len fixed.
-
-        max_model_len defaults to the model's window, capped by what the KV cache can hold where
-        that is known before loading (num_kv_blocks, or a byte budget off the GPU). A GPU's cache is
-        sized by profiling; a request that could outgrow it is refused when it arrives
-        (InputProcessor).
-        """
+        dtype chosen and max_model_len fixed (a GPU's cache is sized later, by profiling: a request
+        that could outgrow it is refused when it arrives)."""
         model = resolve_model_path(self.model, self.revision, self.download_dir)
         tokenizer = model if self.tokenizer is None else resolve_model_path(
             self.tokenizer, self.tokenizer_revision, self.download_dir, "tokenizer")
@@ -260,8 +252,7 @@ class EngineConfig:
 
     @property
     def cache_dtype(self) -> torch.dtype:
-        """The KV cache tensors' element type (the model's dtype, or fp8): once resolved, as dtype
-        is then final."""
+        """The KV cache's element type (the model's dtype, or fp8), once dtype is resolved."""
         if not isinstance(self.dtype, torch.dtype):
             raise ValueError("cache_dtype needs a resolved config (EngineConfig.resolve)")
         return kv_cache_torch_dtype(self.kv_cache_dtype, self.dtype)

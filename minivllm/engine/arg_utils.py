@@ -277,18 +277,12 @@ def _json_value(text: str) -> Any:
 
 
 def human_readable_int(text: str) -> int:
-    """'2048', or with vLLM's suffixes: '32k' (x1000), '32K' (x1024), 'm'/'M', 'g'/'G'."""
-    match = re.fullmatch(r"(-?\d+(?:\.\d+)?)([kKmMgG]?)", text.strip())
-    if not match:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}")
-    number, suffix = match.groups()
-    if not suffix:
-        if "." in number:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}")
-        return int(number)
+    """'2048', or with vLLM's suffixes: '32k' (x1000), '32K' (x1024), 'm'/'M', 'g'/'G'; decimals
+    only with the decimal (lower-case) ones."""
+    match = re.fullmatch(r"(-?\d+(?:\.\d+)?)([kmg]?)", text.strip(), re.IGNORECASE)
+    number, suffix = match.groups() if match else ("", "")
+    if match is None or ("." in number and not suffix.islower()):
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r} (no decimals, bar k, m, g)")
     if suffix.isupper():
-        if "." in number:
-            raise argparse.ArgumentTypeError(f"{text!r}: no decimals with binary suffixes (did you "
-                                             f"mean {number}{suffix.lower()}?)")
-        return int(number) * 1024 ** "KMG".index(suffix.upper()) * 1024
-    return int(float(number) * 1000 ** ("kmg".index(suffix) + 1))
+        return int(number) * 1024 ** ("KMG".index(suffix) + 1)
+    return int(float(number) * 1000 ** ("kmg".index(suffix) + 1)) if suffix else int(number)

@@ -34,10 +34,9 @@ class BeamSearchParams:
     include_stop_str_in_output: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.beam_width, int) or self.beam_width < 1:
-            raise ValueError(f"beam_width must be a positive integer, got {self.beam_width!r}")
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        for name in ("beam_width", "max_tokens"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
 
@@ -69,8 +68,7 @@ def get_beam_search_score(tokens: list[int], cumulative_logprob: float, eos_toke
 
 
 @dataclass
-class _Instance:
-    """One prompt's search: live beams (each with the request computing it) and finished ones."""
+class _Instance:  # one prompt's search: live beams (each with its request) and finished ones
 
     beams: list[tuple[Sequence, BeamSearchSequence]]
     completed: list[BeamSearchSequence] = field(default_factory=list)
@@ -156,13 +154,9 @@ class BeamSearch:
         return outputs
 
     def _logprobs(self, live: list[Sequence], temperature: float) -> dict[str, torch.Tensor]:
-        """Step the engine until every live beam's last token is computed; its log-softmax.
-
-        Usually one step; more when a long prompt is prefilled in chunks or a small pool preempts
-        beams. Under pressure, beams that are done give their blocks up (they finish early): their
-        forks are then computed afresh, helped by the prefix cache, rather than sharing blocks. Each
-        step goes to the engine's step observers, so the trace shows the forks and copies.
-        """
+        """Step the engine until every live beam's last token is computed; its log-softmax. Under
+        memory pressure beams that are done give their blocks up, and their forks are computed
+        afresh (helped by the prefix cache) rather than sharing blocks."""
         eng, seqs = self.engine, self.engine.scheduler.sequences
         wanted, got = {r.request_id for r in live}, {}
         vocab = eng.config.model_config.vocab_size

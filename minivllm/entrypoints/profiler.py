@@ -43,16 +43,14 @@ class EngineProfiler:
                              f"before calling start_profile()")
         if self._profile is not None:
             raise ValueError("start_profile() called twice: call stop_profile() first")
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        if torch.cuda.is_available():
-            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        activities = [torch.profiler.ProfilerActivity.CPU] + (
+            [torch.profiler.ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
         self._prefix, self._dir = profile_prefix or "minivllm", directory
         self._profile = torch.profiler.profile(activities=activities, record_shapes=True,
                                                with_stack=False)
         self._profile.__enter__()
 
     def stop(self) -> Path:
-        """Stop recording and write the trace; returns its path."""
         if self._profile is None:
             raise ValueError("stop_profile() without start_profile()")
         profile, self._profile = self._profile, None

@@ -62,30 +62,25 @@ class LogitsProcessor(ABC):
 
     @abstractmethod
     def __init__(self, vllm_config: EngineConfig, device: torch.device,
-                 is_pin_memory: bool) -> None:
-        raise NotImplementedError
+                 is_pin_memory: bool) -> None: ...
 
     @abstractmethod
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         """Process [batch_size, vocab] float32 logits (row i = request i); may work in place."""
-        raise NotImplementedError
 
     @abstractmethod
     def is_argmax_invariant(self) -> bool:
         """True if the processor never changes which token has the largest logit (min_p, say): then
         skipped when every row is greedy."""
-        raise NotImplementedError
 
     @abstractmethod
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         """Called before every apply(); `batch_update` is None when the batch did not change."""
-        raise NotImplementedError
 
 
 class BatchUpdateBuilder:
-    """Collects one step's changes, then freezes them into a BatchUpdate (None if nothing changed).
-    Removed indices are kept sorted once first read, so `pop_removed()` hands out the lowest free
-    row: a request added in the same step takes it (and it is then no longer "removed")."""
+    """One step's changes, frozen into a BatchUpdate (None if none). `pop_removed()` hands out the
+    lowest free row: a request added in the same step takes it (and it is no longer "removed")."""
 
     def __init__(self) -> None:
         self._removed: list[int] = []
@@ -164,7 +159,7 @@ class AdapterLogitsProcessor(LogitsProcessor):
 
     @abstractmethod
     def new_req_logits_processor(self, params: SamplingParams) -> RequestLogitsProcessor | None:
-        raise NotImplementedError
+        """The request's function, or None where this processor does not apply to it."""
 
     def _new_state(self, params: SamplingParams, prompt_ids: list[int] | None,
                    output_ids: list[int]):
