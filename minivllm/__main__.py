@@ -1,9 +1,5 @@
-"""Command line: `minivllm generate "Hi, my name is" --max-tokens 32`, or `minivllm serve [MODEL]`
-(vLLM's).
-
-Both read the engine's flags from one table, EngineArgs (engine/arg_utils.py): the names of LLM()'s
-keyword arguments, spelled as flags (`--max-num-seqs`), as vLLM's CLI does.
-"""
+"""Command line: `minivllm generate "Hi, my name is" --max-tokens 32`, or `minivllm serve [MODEL]`;
+both read the engine's flags from EngineArgs (engine/arg_utils.py), as vLLM's CLI does."""
 
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -22,7 +23,11 @@ from minivllm.model import read_model_config
 from minivllm.model.loader import ModelConfig
 from minivllm.platforms.cpu_hardware import default_cpu_dtype
 from minivllm.quantization import resolve_quantization
-from minivllm.quantization.kv_cache import check_kv_cache_dtype, kv_cache_torch_dtype
+from minivllm.quantization.kv_cache import (
+    ACCEPTED_KV_CACHE_DTYPES,
+    check_kv_cache_dtype,
+    kv_cache_torch_dtype,
+)
 from minivllm.sampling.logits_processor import load_logits_processor_classes
 
 DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "data" / "models" / "minivllm-tiny"
@@ -31,78 +36,91 @@ DEFAULT_DRAFT_MODEL = DEFAULT_MODEL.parent / "minivllm-tiny-draft"  # its specul
 NGRAM = "[ngram]"
 
 
+def arg(default: Any = None, help: str = "", *, cli: bool = True, choices: tuple | None = None,
+        short: str | None = None, **kwargs: Any) -> Any:
+    """A knob of the table: its default, its --help text (the why), its choices and whether it is a
+    CLI flag (Python objects are not). EngineArgs (engine/arg_utils.py) copies these fields, so a
+    knob, its keyword and its flag are written once."""
+    if "default_factory" not in kwargs:
+        kwargs["default"] = default
+    return field(metadata={"help": help, "cli": cli, "choices": choices, "short": short}, **kwargs)
+
+
 @dataclass
 class EngineConfig:
-    # a local directory, a .gguf file or a Hub repo id; None: the embedded model
-    model: str | Path | None = None
-    tokenizer: str | Path | None = None  # None: the model's own
-    revision: str | None = None  # of a Hub model: branch, tag or commit
-    tokenizer_revision: str | None = None
-    download_dir: str | Path | None = None  # where Hub downloads go (default: the HF cache)
-    # "auto": the checkpoint's EOS ids and sampling defaults; "vllm": ignore them
-    generation_config: str = "auto"
-    # the name the server answers to (default: `model` exactly as given)
-    served_model_name: str | None = None
-    dtype: str | torch.dtype = "auto"
-    # None: as the checkpoint is (float, GPTQ, AWQ, GGUF); "int8": weight-only int8 quantized at
-    # load (see minivllm/quantization/__init__.py for every accepted spelling)
-    quantization: str | None = None
-    # the KV cache's elements: "auto" (the model's dtype), or "fp8" (= "fp8_e4m3") / "fp8_e5m2" with
-    # a per-tensor scale per layer: twice the blocks for the same bytes (quantization/kv_cache.py)
-    kv_cache_dtype: str = "auto"
-    device: str = "auto"
-    block_size: int = 16
-    num_kv_blocks: int | None = None
-    kv_cache_memory_bytes: int | None = None
-    gpu_memory_utilization: float = 0.9
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
-    max_model_len: int | None = None
-    enable_chunked_prefill: bool = True
-    enable_prefix_caching: bool = True
-    attention_backend: str = "auto"
-    # True: no CUDA graphs (CUDA + Triton), no torch.compile (CPU: model/compiled.py)
-    enforce_eager: bool = False
-    # decoder layers read from the checkpoint when a step first runs them (model/lazy_loading.py)
-    lazy_loading: bool = False
-    # GiB of the decoder layers' weights a GPU streams from host memory (runner/weight_offload.py)
-    cpu_offload_gb: float = 0
-    seed: int = 0
-    # CPU only: None sizes torch's threads to the cores left free (platforms/cpu_hardware.py)
-    cpu_threads: int | None = None
-    # vLLM's: the most logprobs / prompt_logprobs a request may ask for (-1: no cap)
-    max_logprobs: int = 20
-    trace_steps: int = 1000  # how many recent steps the step trace keeps (0: none)
-    speculative_model: str | Path | None = None  # a draft checkpoint (or Hub id), NGRAM, or None
-    num_speculative_tokens: int = 0
-    prompt_lookup_max: int = 4  # n-gram drafting: the longest and shortest suffix looked up
-    prompt_lookup_min: int = 1
-    # "fcfs", "priority" (vLLM's: lower value first), "sjf" or "round_robin" (scheduling_policy.py)
-    scheduling_policy: str = "fcfs"
-    round_robin_quantum: int = 16  # "round_robin": tokens a request makes before it yields its slot
-    sjf_aging_steps: int = 256  # "sjf": steps of waiting after which a request goes ahead of others
-    preemption_mode: str = "recompute"  # what a preempted request loses: its blocks, or "swap"
-    # GiB of host memory for swapped-out blocks (vLLM's name and default); used by "swap"
-    swap_space: float = 4
-    # vLLM v1 logits processors: LogitsProcessor subclasses or "module:Class" names
-    logits_processors: list | None = None
-    # ranks the model is split over: this process is rank 0, N - 1 worker processes the others
-    tensor_parallel_size: int = 1
-    # whole engines (each its scheduler and KV cache) that share one mapped copy of the weights and
-    # split the requests (executor/data_parallel.py); CPU only, one rank each, no hooks
-    data_parallel_size: int = 1
-    hooks: EngineHooks = field(default_factory=EngineHooks, repr=False)  # a learner's own parts
+    model: str | Path | None = arg(None, "checkpoint directory, .gguf file or Hub repo id "
+                                   "(default: minivllm-tiny)")
+    tokenizer: str | Path | None = arg(None, "tokenizer directory or Hub id (default: the model's)")
+    revision: str | None = arg(None, "branch, tag or commit of a Hub model")
+    tokenizer_revision: str | None = arg(None)
+    download_dir: str | Path | None = arg(None, "where Hub downloads go (default: the HF cache)")
+    generation_config: str = arg("auto", "'auto': the checkpoint's EOS ids and sampling defaults; "
+                                 "'vllm': ignore them", choices=("auto", "vllm"))
+    served_model_name: str | None = arg(None, "the name the server answers to (default: --model "
+                                        "exactly as given)")
+    dtype: str | torch.dtype = arg("auto", "weights and activations dtype", choices=(
+        "auto", "half", "float16", "bfloat16", "float", "float32"))
+    quantization: str | None = arg(None, "int8 (weight-only, from a float checkpoint), or gptq/awq/"
+                                   "gguf to insist on the checkpoint's own format (default: as it "
+                                   "is; quantization/__init__.py lists every spelling)", short="-q")
+    kv_cache_dtype: str = arg("auto", "KV cache elements: the model's dtype ('auto'), or fp8 "
+                              "('fp8' = 'fp8_e4m3', 'fp8_e5m2', scaled per layer): 2x the blocks",
+                              choices=ACCEPTED_KV_CACHE_DTYPES)
+    device: str = arg("auto", '"auto", "cpu", "cuda" or "cuda:N"')
+    block_size: int = arg(16, "tokens per KV cache block")
+    num_kv_blocks: int | None = arg(None, "KV cache blocks (default: sized from memory)")
+    kv_cache_memory_bytes: int | None = arg(None, "KV cache size in bytes")
+    gpu_memory_utilization: float = arg(0.9, "share of GPU memory for weights, activations and KV "
+                                        "cache")
+    max_num_seqs: int = arg(256, "most sequences in one batch")
+    max_num_batched_tokens: int = arg(2048, "most tokens a step")
+    max_model_len: int | None = arg(None, "context length (default: the model's)")
+    enable_chunked_prefill: bool = arg(True)
+    enable_prefix_caching: bool = arg(True)
+    attention_backend: str = arg("auto", choices=("auto", "torch", "triton"))
+    enforce_eager: bool = arg(False, "no CUDA graphs for decode steps, no torch.compile on CPU")
+    lazy_loading: bool = arg(False, "read each decoder layer's weights when a step first runs it: "
+                             "a sooner start, a slower first request")
+    cpu_offload_gb: float = arg(0, "GiB of weights a GPU keeps in host memory, streaming each "
+                                "layer in (does nothing on a CPU)")
+    seed: int = arg(0)
+    cpu_threads: int | None = arg(None, "torch threads on CPU (default: the free cores)")
+    max_logprobs: int = arg(20, "most logprobs / prompt_logprobs a request asks for (-1: no cap)")
+    trace_steps: int = arg(1000, "recent steps the trace keeps (0: none)", cli=False)
+    speculative_model: str | Path | None = arg(None, 'draft checkpoint directory, or "[ngram]"')
+    num_speculative_tokens: int = arg(0)
+    prompt_lookup_max: int = arg(4, "n-gram drafting: the longest suffix looked up")
+    prompt_lookup_min: int = arg(1, "n-gram drafting: the shortest suffix looked up")
+    scheduling_policy: str = arg("fcfs", "priority: lower value first (vLLM's)", choices=POLICIES)
+    round_robin_quantum: int = arg(16, "round_robin: tokens a request makes before it yields its "
+                                   "slot to a waiting one")
+    sjf_aging_steps: int = arg(256, "sjf: steps a request waits before it goes ahead of every "
+                               "younger one")
+    preemption_mode: str = arg("recompute", "what a preempted request loses: its blocks, or "
+                               "'swap' them out", choices=("recompute", "swap"))
+    swap_space: float = arg(4, "GiB of host memory for swapped-out KV blocks")
+    logits_processors: list | None = arg(None, "vLLM v1 LogitsProcessor classes or 'module:Class' "
+                                         "names", cli=False)
+    tensor_parallel_size: int = arg(1, "split the model over this many processes (gloo on CPU, "
+                                    "NCCL on GPUs)", short="-tp")
+    data_parallel_size: int = arg(1, "run this many engines, each with its own scheduler and KV "
+                                  "cache, sharing one mapped copy of the weights; requests are "
+                                  "spread over them (CPU)", short="-dp")
+    hooks: EngineHooks = arg(cli=False, default_factory=EngineHooks, repr=False)  # a learner's own
     model_config: ModelConfig | None = field(default=None, repr=False)  # set by resolve()
 
     def __post_init__(self) -> None:
         if self.model is None:
             self.model = DEFAULT_MODEL
         check_kv_cache_dtype(self.kv_cache_dtype)
-        if self.generation_config not in ("auto", "vllm"):
-            raise ValueError(f"generation_config must be 'auto' or 'vllm', got "
-                             f"{self.generation_config!r}")
+        for name in ("generation_config", "attention_backend", "scheduling_policy",
+                     "preemption_mode"):
+            choices = self.__dataclass_fields__[name].metadata["choices"]
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got "
+                                 f"{getattr(self, name)!r}")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "round_robin_quantum",
-                     "sjf_aging_steps"):
+                     "sjf_aging_steps", "tensor_parallel_size"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
         for name in ("num_kv_blocks", "cpu_threads"):
@@ -117,32 +135,18 @@ class EngineConfig:
                              f"{self.gpu_memory_utilization}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
-        if self.scheduling_policy not in POLICIES:
-            raise ValueError(f"scheduling_policy must be one of {', '.join(POLICIES)}, got "
-                             f"{self.scheduling_policy!r}")
-        if self.preemption_mode not in ("recompute", "swap"):
-            raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got "
-                             f"{self.preemption_mode!r}")
-        if not isinstance(self.cpu_offload_gb, (int, float)) or self.cpu_offload_gb < 0:
-            raise ValueError(f"cpu_offload_gb must be a non-negative number of GiB, got "
-                             f"{self.cpu_offload_gb!r}")
-        if not isinstance(self.swap_space, (int, float)) or self.swap_space < 0:
-            raise ValueError(f"swap_space must be a non-negative number of GiB, got "
-                             f"{self.swap_space!r}")
+        for name in ("cpu_offload_gb", "swap_space"):
+            if not isinstance(getattr(self, name), (int, float)) or getattr(self, name) < 0:
+                raise ValueError(f"{name} must be a non-negative number of GiB, got "
+                                 f"{getattr(self, name)!r}")
         if self.logits_processors:  # a bad entry fails here, naming itself
             load_logits_processor_classes(self.logits_processors)
-        if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
-            raise ValueError(f"tensor_parallel_size must be a positive integer, got "
-                             f"{self.tensor_parallel_size!r}")
         if self.tensor_parallel_size > 1 and self.hooks != EngineHooks():
             raise ValueError("hooks= run in this process only: they need tensor_parallel_size=1")
         self._check_speculation()
         if self.device == "auto":
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self._check_data_parallel()
-        if self.attention_backend not in ("auto", "torch", "triton"):
-            raise ValueError(f"attention_backend must be 'auto', 'torch' or 'triton', got "
-                             f"{self.attention_backend!r}")
 
     def _check_data_parallel(self) -> None:
         """What data parallelism's first version runs with (the device resolved)."""
@@ -184,13 +188,8 @@ class EngineConfig:
 
     def resolve(self) -> EngineConfig:
         """A copy with Hub ids turned into local directories, the checkpoint's config read, the
-        dtype chosen and max_model_len fixed.
-
-        max_model_len defaults to the model's window, capped by what the KV cache can hold where
-        that is known before loading (num_kv_blocks, or a byte budget off the GPU). A GPU's cache is
-        sized by profiling; a request that could outgrow it is refused when it arrives
-        (InputProcessor).
-        """
+        dtype chosen and max_model_len fixed (a GPU's cache is sized later, by profiling: a request
+        that could outgrow it is refused when it arrives)."""
         model = resolve_model_path(self.model, self.revision, self.download_dir)
         tokenizer = model if self.tokenizer is None else resolve_model_path(
             self.tokenizer, self.tokenizer_revision, self.download_dir, "tokenizer")
@@ -253,8 +252,7 @@ class EngineConfig:
 
     @property
     def cache_dtype(self) -> torch.dtype:
-        """The KV cache tensors' element type (the model's dtype, or fp8): once resolved, as dtype
-        is then final."""
+        """The KV cache's element type (the model's dtype, or fp8), once dtype is resolved."""
         if not isinstance(self.dtype, torch.dtype):
             raise ValueError("cache_dtype needs a resolved config (EngineConfig.resolve)")
         return kv_cache_torch_dtype(self.kv_cache_dtype, self.dtype)

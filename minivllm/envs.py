@@ -1,10 +1,7 @@
 """Every environment variable minivllm reads, in one table: name, type, default and what it does.
 
-No other module reads `os.environ`: they ask here (`envs.MINIVLLM_CPU_DTYPE`), so a reader finds
-every switch in one place, and a bad value fails with a message that names the variable. A value is
-read when asked for, not at import: a notebook cell that sets a variable after `import minivllm`
-still counts, and so does a test's monkeypatch. (vLLM's `vllm/envs.py` works the same way.)
-"""
+No other module reads `os.environ`. A value is read when asked for, not at import (as vLLM's envs):
+a notebook cell that sets a variable after `import minivllm` counts, as does a monkeypatch."""
 
 from __future__ import annotations
 

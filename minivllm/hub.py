@@ -1,11 +1,6 @@
 """Turn what a learner types for vLLM (`LLM("HuggingFaceTB/SmolLM2-360M-Instruct")`) into a local
-directory.
-
-A local directory is used as is; anything else that is a valid Hub repo id is fetched with
-huggingface_hub's `snapshot_download` into the normal Hugging Face cache, so a model downloaded once
-(by us, vLLM or transformers) is not downloaded again. Every failure becomes a ValueError that names
-the id and says what to do about it.
-"""
+directory: a Hub id is fetched with `snapshot_download` into the normal Hugging Face cache (shared
+with vLLM and transformers). Every failure becomes a ValueError naming the id and what to do."""
 
 from __future__ import annotations
 
@@ -27,13 +22,9 @@ TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 def resolve_model_path(name_or_path: str | os.PathLike, revision: str | None = None,
                        download_dir: str | os.PathLike | None = None, what: str = "model") -> Path:
-    """A local directory holding `name_or_path`: the directory itself, or the cached Hub snapshot of
-    that repo id.
-
-    `revision` (branch, tag or commit hash) and `download_dir` (a cache directory; default: the HF
-    cache) only apply to Hub ids. `what` ("model", "tokenizer", "draft model") only words the
-    errors; a tokenizer needs no weights, so none are downloaded for it.
-    """
+    """The directory itself, or the cached Hub snapshot of that repo id (`revision` and
+    `download_dir` apply to Hub ids only). `what` words the errors; a "tokenizer" downloads no
+    weights."""
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         return path
@@ -63,8 +54,7 @@ def _download(repo_id: str, revision: str | None, cache: Path, what: str, ref: s
         RevisionNotFoundError,
     )
 
-    # huggingface_hub reads HF_HUB_OFFLINE once, at import; a learner sets it in a notebook cell
-    # after that.
+    # huggingface_hub reads HF_HUB_OFFLINE once, at import; a learner may set it later
     offline = envs.HF_HUB_OFFLINE or bool(constants.HF_HUB_OFFLINE)
     patterns = CONFIG_FILES + TOKENIZER_FILES + ([] if what == "tokenizer" else WEIGHT_FILES)
     try:
@@ -95,22 +85,17 @@ def _download(repo_id: str, revision: str | None, cache: Path, what: str, ref: s
 
 
 def _is_repo_id(name: str | os.PathLike) -> bool:
-    """Whether huggingface_hub itself would accept `name` as "org/name" or "name" (a Path never is
-    one)."""
+    """Whether huggingface_hub itself accepts `name` as "org/name" or "name" (a Path never is)."""
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
-    if not isinstance(name, str):
-        return False
     try:
-        validate_repo_id(name)
+        return isinstance(name, str) and validate_repo_id(name) is None
     except HFValidationError:
         return False
-    return True
 
 
 def _default_cache_dir() -> Path:
-    """The HF cache as the environment says now: huggingface_hub computed its own default at import
-    time."""
+    """The HF cache as the environment says now (huggingface_hub read it once, at its import)."""
     from huggingface_hub import constants
 
     env = envs.HF_HUB_CACHE or (envs.HF_HOME and os.path.join(envs.HF_HOME, "hub"))
@@ -118,8 +103,7 @@ def _default_cache_dir() -> Path:
 
 
 def _network_errors() -> tuple[type[BaseException], ...]:
-    """Connection failures of whichever HTTP client this huggingface_hub version uses (requests,
-    httpx, httpx2)."""
+    """Connection failures of whichever HTTP client this huggingface_hub version uses."""
     errors: list[type[BaseException]] = [ConnectionError, TimeoutError]
     for module, name in (("requests", "ConnectionError"), ("requests", "Timeout"),
                          ("httpx", "TransportError"), ("httpx2", "TransportError")):

@@ -1,8 +1,4 @@
-"""vLLM's `vllm.inputs` prompt types: typed dicts that `LLM.generate` and `AsyncLLM.generate` take.
-
-They are plain dicts at run time (`TokensPrompt(prompt_token_ids=[...])` is `{"prompt_token_ids":
-[...]}`), which is what the engine's input processor reads.
-"""
+"""vLLM's `vllm.inputs` prompt types: plain dicts at run time, which the input processor reads."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
 """Constructors that name what they refuse: an unknown keyword argument is a ValueError naming it.
 
-Python's own "unexpected keyword argument" is a TypeError that says nothing of what the class does
-accept, and vLLM code passes names minivllm has no use for. `refuse_unknown_kwargs(cls, harmless)`
-wraps a dataclass's __init__: a name in `harmless` is accepted when its value is one that asks for
-nothing (and then ignored), refused with a ValueError naming it otherwise; any other unknown name is
-refused the same way.
-"""
+Python's own is a TypeError that says nothing of what the class accepts, and vLLM code passes names
+minivllm has no use for: `harmless` ones are accepted at values asking for nothing, then ignored."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""vLLM's `vllm.logger.init_logger`: a standard `logging` logger under the "minivllm" hierarchy.
-
-Scripts written for vLLM call `logger = init_logger(__name__)`; their messages then follow whatever
-logging configuration the application set up (nothing is configured here: a library leaves that to
-its user).
-"""
+"""vLLM's `vllm.logger.init_logger`: a standard logger under "minivllm" (configured by the app)."""
 
 from __future__ import annotations
 

@@ -19,9 +19,8 @@ FLOAT32_TINY = 1.1754943508222875e-38
 
 
 class RequestOutputKind(enum.Enum):
-    """Which steps report a request: every step that advanced it (streaming), or only its last one.
-    `LLM.generate` asks for FINAL_ONLY, as vLLM's does: building a cumulative output for every
-    running request on every step costs more than the step itself at large batch sizes."""
+    """Which steps report a request. `LLM.generate` asks for FINAL_ONLY, as vLLM's does: cumulative
+    outputs for every running request every step cost more than the step at large batch sizes."""
 
     CUMULATIVE = "cumulative"  # the whole text and token ids so far, every step
     DELTA = "delta"  # only what is new since the request's last output
@@ -201,15 +200,14 @@ class SamplingParams:
 
     def _check_structured_and_extras(self) -> None:
         """Structured outputs (guided_decoding: the old name), output_kind, extra_args, best_of."""
+        for name in ("guided_decoding", "structured_outputs"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name),
+                                                                  StructuredOutputsParams):
+                self._fail(name, "must be a StructuredOutputsParams")
         if self.guided_decoding is not None:
-            if not isinstance(self.guided_decoding, StructuredOutputsParams):
-                self._fail("guided_decoding", "must be a StructuredOutputsParams")
             if self.structured_outputs is not None:
                 self._fail("guided_decoding", "and structured_outputs cannot both be set")
             self.structured_outputs, self.guided_decoding = self.guided_decoding, None
-        if self.structured_outputs is not None and not isinstance(self.structured_outputs,
-                                                                  StructuredOutputsParams):
-            self._fail("structured_outputs", "must be a StructuredOutputsParams")
         if not isinstance(self.output_kind, RequestOutputKind):
             self._fail("output_kind", "must be a RequestOutputKind")
         if self.extra_args is not None and not (isinstance(self.extra_args, dict) and all(

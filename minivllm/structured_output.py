@@ -1,19 +1,10 @@
 """Structured output: keep the output inside a grammar (JSON schema, regex, choice list, Lark).
 
-Each step, before sampling, every constrained request gets a token bitmask from its grammar's
-matcher: one bit per vocabulary entry, set where that token can continue a valid output. The runner
-sets the logits of the others to -inf, so whatever the sampler picks keeps the text valid. When the
-scheduler appends a token, the matcher advances over it; once the grammar can take nothing more, the
-request stops.
-
-With speculative decoding a request verifies k drafts in one pass, so it needs k + 1 masks: the
-matcher walks through the drafts (as far as the grammar accepts them) to compute them, then rolls
-back; only the tokens the verifier accepts are consumed for good, so rejected drafts leave no trace
-in the grammar state.
-
-The grammar engine is llguidance (Microsoft's Rust library, used by vLLM too): a 3 MB wheel with no
-Python dependencies that runs on any CPU (xgrammar needs tvm-ffi, pydantic and triton).
-"""
+Before sampling, each constrained request gets a token bitmask from its grammar's matcher; the
+runner sets the other logits to -inf, so any pick keeps the text valid. With speculative decoding a
+request needs k + 1 masks: the matcher walks through the drafts, then rolls back, so rejected drafts
+leave no trace. The engine is llguidance (also vLLM's): a small wheel that runs on any CPU, where
+xgrammar needs tvm-ffi, pydantic and triton."""
 
 from __future__ import annotations
 

@@ -65,10 +65,8 @@ class Tokenizer:
         return ""
 
     def detokenize_rest(self, all_token_ids: list[int], state: DetokenizerState) -> str:
-        """All the text after `state.read_offset` in one decode: what detokenize_step emits token by
-        token, for a request whose text nobody reads until it finishes. Only if the text ends inside
-        an unfinished character (which the step-by-step path holds back, with everything since its
-        last emission) is that path replayed, so the result is the same either way."""
+        """What detokenize_step would emit token by token, in one decode (for a request nobody reads
+        until it finishes); replayed step by step only if it ends inside an unfinished character."""
         prefix_text, full_text = self._window(all_token_ids, state)
         if not full_text.endswith("\ufffd"):
             state.prefix_offset, state.read_offset = state.read_offset, len(all_token_ids)
@@ -85,11 +83,9 @@ class Tokenizer:
 
     def _join(self, tokens: list[str | None], skip_special_tokens: bool = True,
               spaces_between_special_tokens: bool = True) -> str:
-        """Tokens to text. An id beyond the tokenizer's vocabulary has no token (None): real
-        checkpoints pad their embedding matrix past the tokenizer (Qwen2: 151,936 rows for 151,646
-        tokens), and a model can sample such an id. Like vLLM, it decodes to nothing. Special tokens
-        are left out, or kept (set apart by spaces, as transformers' slow tokenizers do, if
-        spaces_between_special_tokens)."""
+        """Tokens to text. An id past the tokenizer's vocabulary (None here: Qwen2's embedding
+        has 151,936 rows for 151,646 tokens) decodes to nothing, as in vLLM. Special tokens are
+        left out, or kept (spaced apart if spaces_between_special_tokens, as slow tokenizers do)."""
         special = self.special_tokens
         tokens = [t for t in tokens if t is not None and not (skip_special_tokens and t in special)]
         parts = []  # each special token alone, each run of other tokens as one string

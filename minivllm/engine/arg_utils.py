@@ -6,11 +6,11 @@ Every field is an argument with vLLM's name and (where minivllm has the knob) ou
 `--x/--no-x`, as vLLM's do) and `from_cli_args` reads them back, so a flag, a keyword and a server
 option cannot drift apart.
 
-Two kinds of field. Most are EngineConfig's own knobs. The rest are vLLM arguments with no meaning
-in a teaching engine (`pipeline_parallel_size`, `decode_context_parallel_size`, ...): a value that
-asks for nothing we lack (1, None, "auto") is accepted and ignored; any other is refused with a
-ValueError naming the argument. So is an unknown name, or a value of the wrong type: nothing ends in
-a bare TypeError.
+Most fields are EngineConfig's own knobs, copied from its table (name, type, default, help), so
+they are written once. The rest are vLLM arguments with no meaning in a teaching engine
+(`pipeline_parallel_size`, ...): a value that asks for nothing we lack (1, None, "auto") is accepted
+and ignored; any other is refused with a ValueError naming the argument. So is an unknown name, or a
+value of the wrong type: nothing ends in a bare TypeError.
 """
 
 from __future__ import annotations
@@ -21,25 +21,15 @@ import json
 import re
 import types
 import typing
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, make_dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from minivllm.config import NGRAM, EngineConfig
-from minivllm.core.scheduling_policy import POLICIES
 from minivllm.hooks import EngineHooks
 from minivllm.keyword_args import ANY, refuse_unknown_kwargs, same_value
-from minivllm.quantization.kv_cache import ACCEPTED_KV_CACHE_DTYPES
-
-
-def arg(default: Any, help: str = "", *, cli: bool = True, choices: tuple | None = None,
-        short: str | None = None) -> Any:
-    """A field of the table: its default, its --help text, and whether it is a CLI flag (Python
-    objects are not)."""
-    return field(default=default, metadata={"help": help, "cli": cli, "choices": choices,
-                                            "short": short})
 
 
 def vllm_arg(default: Any, accepts: tuple | list, help: str = "", short: str | None = None) -> Any:
@@ -50,80 +40,13 @@ def vllm_arg(default: Any, accepts: tuple | list, help: str = "", short: str | N
 
 
 @dataclass
-class EngineArgs:
-    """vLLM's EngineArgs: every engine argument, checked when the args are made (a ValueError names
-    the bad one)."""
+class _VllmArgs:
+    """vLLM's arguments that are no EngineConfig knob: speculative_config (translated into ours),
+    then the ones accepted only at a value that asks for nothing."""
 
-    # ---- minivllm's knobs (EngineConfig's fields, its defaults) ----
-    model: str | None = arg(None, "checkpoint directory or Hub repo id (default: minivllm-tiny)")
-    served_model_name: str | list[str] | None = arg(
-        None, "the name the server answers to (default: --model exactly as given)")
-    tokenizer: str | None = arg(None, "tokenizer directory or Hub id (default: the model's)")
-    revision: str | None = arg(None, "branch, tag or commit of a Hub model")
-    tokenizer_revision: str | None = arg(None)
-    download_dir: str | None = arg(None, "where Hub downloads go (default: the Hugging Face cache)")
-    generation_config: str = arg(EngineConfig.generation_config, "'auto': the checkpoint's EOS ids "
-                                 "and sampling defaults; 'vllm': ignore them",
-                                 choices=("auto", "vllm"))
-    dtype: str | torch.dtype = arg(EngineConfig.dtype, "weights and activations dtype",
-                                   choices=("auto", "half", "float16", "bfloat16", "float",
-                                            "float32"))
-    kv_cache_dtype: str = arg(EngineConfig.kv_cache_dtype,
-                              "KV cache elements: the model's dtype ('auto'), or fp8 "
-                              "('fp8' = 'fp8_e4m3', 'fp8_e5m2'): twice the blocks",
-                              choices=ACCEPTED_KV_CACHE_DTYPES)
-    device: str = arg(EngineConfig.device, '"auto", "cpu", "cuda" or "cuda:N"')
-    block_size: int = arg(EngineConfig.block_size, "tokens per KV cache block")
-    num_kv_blocks: int | None = arg(None, "KV cache blocks (default: sized from memory)")
-    kv_cache_memory_bytes: int | None = arg(None, "KV cache size in bytes")
-    gpu_memory_utilization: float = arg(EngineConfig.gpu_memory_utilization,
-                                        "share of GPU memory for weights, activations and KV cache")
-    max_num_seqs: int = arg(EngineConfig.max_num_seqs, "most sequences in one batch")
-    max_num_batched_tokens: int = arg(EngineConfig.max_num_batched_tokens, "most tokens a step")
-    max_model_len: int | None = arg(None, "context length (default: the model's)")
-    enable_chunked_prefill: bool = arg(EngineConfig.enable_chunked_prefill)
-    enable_prefix_caching: bool = arg(EngineConfig.enable_prefix_caching)
-    attention_backend: str = arg("auto", choices=("auto", "torch", "triton"))
-    enforce_eager: bool = arg(EngineConfig.enforce_eager,
-                              "no CUDA graphs for decode steps, no torch.compile on CPU")
-    seed: int = arg(EngineConfig.seed)
-    lazy_loading: bool = arg(EngineConfig.lazy_loading, "read each decoder layer's weights when a "
-                             "step first runs it: a sooner start, a slower first request")
-    cpu_threads: int | None = arg(None, "torch threads on CPU (default: the free cores)")
-    max_logprobs: int = arg(EngineConfig.max_logprobs,
-                            "most logprobs / prompt_logprobs a request may ask for (-1: no cap)")
-    trace_steps: int = arg(EngineConfig.trace_steps, "recent steps the trace keeps (0: none)",
-                           cli=False)
-    speculative_model: str | None = arg(None, 'draft checkpoint directory, or "[ngram]"')
-    num_speculative_tokens: int = arg(EngineConfig.num_speculative_tokens)
-    prompt_lookup_max: int = arg(EngineConfig.prompt_lookup_max)
-    prompt_lookup_min: int = arg(EngineConfig.prompt_lookup_min)
-    speculative_config: dict | None = arg(None, 'vLLM\'s form, JSON: {"model": DIR or "method": '
-                                          '"ngram", "num_speculative_tokens": K}')
-    scheduling_policy: str = arg(EngineConfig.scheduling_policy, choices=POLICIES)
-    round_robin_quantum: int = arg(EngineConfig.round_robin_quantum, "round_robin: tokens a "
-                                   "request makes before it yields its slot to a waiting one")
-    sjf_aging_steps: int = arg(EngineConfig.sjf_aging_steps, "sjf: steps a request waits before "
-                               "it goes ahead of every younger one")
-    preemption_mode: str = arg(EngineConfig.preemption_mode, choices=("recompute", "swap"))
-    quantization: str | None = arg(EngineConfig.quantization,
-                                   "int8 (weight-only, from a float checkpoint), or gptq/awq/gguf "
-                                   "to insist on the checkpoint's own format (default: as it is)",
-                                   short="-q")
-    tensor_parallel_size: int = arg(EngineConfig.tensor_parallel_size, "split the model over this "
-                                    "many processes (gloo on CPU, NCCL on GPUs)", short="-tp")
-    data_parallel_size: int = arg(EngineConfig.data_parallel_size, "run this many engines, each "
-                                  "with its own scheduler and KV cache, sharing one mapped copy "
-                                  "of the weights; requests are spread over them (CPU)",
-                                  short="-dp")
-    swap_space: float = arg(EngineConfig.swap_space, "GiB of host memory for swapped-out KV blocks")
-    cpu_offload_gb: float = arg(EngineConfig.cpu_offload_gb, "GiB of weights a GPU keeps in host "
-                                "memory, streaming each layer in (does nothing on a CPU)")
-    logits_processors: list | None = arg(None, "vLLM v1 LogitsProcessor classes or 'module:Class' "
-                                         "names", cli=False)
-    hooks: EngineHooks | None = arg(None, cli=False)
-
-    # ---- vLLM arguments that ask for nothing here when left at these values ----
+    speculative_config: dict | None = field(default=None, metadata={
+        "help": 'vLLM\'s form, JSON: {"model": DIR or "method": "ngram", "num_speculative_tokens": '
+                'K}', "cli": True})
     trust_remote_code: bool = vllm_arg(False, ANY, "accepted: minivllm runs its own code for every "
                                        "architecture")
     pipeline_parallel_size: int = vllm_arg(1, (1,), short="-pp")
@@ -170,6 +93,10 @@ class EngineArgs:
     use_tqdm_on_load: bool = vllm_arg(True, ANY)
     worker_cls: str = vllm_arg("auto", ("auto",))
 
+
+class _EngineArgsMethods:
+    """EngineArgs' behaviour; its fields are EngineConfig's knobs and _VllmArgs'."""
+
     def __post_init__(self) -> None:
         if isinstance(self.served_model_name, (list, tuple)):
             if len(self.served_model_name) != 1:
@@ -215,6 +142,23 @@ class EngineArgs:
     def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
         """The args a parsed command line holds (fields it has no flag for keep their defaults)."""
         return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
+
+
+def _engine_args_fields() -> list[tuple[str, Any, Any]]:
+    """EngineConfig's knobs (name, type, default, help), then the vLLM-only arguments."""
+    own = {"served_model_name": "str | list[str] | None",  # vLLM's list form, one name in it
+           "hooks": "EngineHooks | None"}  # None: EngineConfig's empty EngineHooks()
+    out = [(f.name, own.get(f.name, f.type),
+            field(default=None if f.name == "hooks" else f.default, metadata=f.metadata))
+           for f in fields(EngineConfig) if f.name != "model_config"]
+    return out + [(f.name, f.type, field(default=f.default, metadata=f.metadata))
+                  for f in fields(_VllmArgs)]
+
+
+EngineArgs = make_dataclass("EngineArgs", _engine_args_fields(), bases=(_EngineArgsMethods,),
+                            namespace={"__module__": __name__, "__doc__": (
+                                "vLLM's EngineArgs: every engine argument, checked when the args "
+                                "are made (a ValueError names the bad one).")})
 
 
 @dataclass
@@ -333,18 +277,12 @@ def _json_value(text: str) -> Any:
 
 
 def human_readable_int(text: str) -> int:
-    """'2048', or with vLLM's suffixes: '32k' (x1000), '32K' (x1024), 'm'/'M', 'g'/'G'."""
-    match = re.fullmatch(r"(-?\d+(?:\.\d+)?)([kKmMgG]?)", text.strip())
-    if not match:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}")
-    number, suffix = match.groups()
-    if not suffix:
-        if "." in number:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}")
-        return int(number)
+    """'2048', or with vLLM's suffixes: '32k' (x1000), '32K' (x1024), 'm'/'M', 'g'/'G'; decimals
+    only with the decimal (lower-case) ones."""
+    match = re.fullmatch(r"(-?\d+(?:\.\d+)?)([kmg]?)", text.strip(), re.IGNORECASE)
+    number, suffix = match.groups() if match else ("", "")
+    if match is None or ("." in number and not suffix.islower()):
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r} (no decimals, bar k, m, g)")
     if suffix.isupper():
-        if "." in number:
-            raise argparse.ArgumentTypeError(f"{text!r}: no decimals with binary suffixes (did you "
-                                             f"mean {number}{suffix.lower()}?)")
-        return int(number) * 1024 ** "KMG".index(suffix.upper()) * 1024
-    return int(float(number) * 1000 ** ("kmg".index(suffix) + 1))
+        return int(number) * 1024 ** ("KMG".index(suffix) + 1)
+    return int(float(number) * 1000 ** ("kmg".index(suffix) + 1)) if suffix else int(number)

@@ -1,22 +1,11 @@
 """Beam search on copy-on-write blocks: `LLM.beam_search(prompts, BeamSearchParams(...))`.
 
-Every beam is a scheduler sequence whose next token the search picks itself (`external_sampling`).
-Each round drives the engine's own `core_step` until every live beam's last token is computed (one
-decode each), reading its log-probabilities through the runner's logits observer. Each beam proposes
-its 2 * beam_width best next tokens; candidates ending in EOS are set aside as finished, and the
-beam_width best of the rest (by vLLM's score) become the next round's beams.
-
-A chosen candidate is a *fork* of its beam (`Scheduler.fork`): a new request that shares every block
-of its parent by reference count, the partly filled last block included. The first write into that
-shared block gives the writer its own copy (copy-on-write, `KVCacheManager.allocate`), so a fork
-costs at most one block copy instead of a copy of the whole table: `stats()` counts both
-(`num_forked_blocks`, `num_cow_copies`). The parents then finish, and blocks no beam shares any more
-go back to the pool. A parent that lost its blocks to preemption has none to share: its forks are
-computed afresh (from the prefix cache, if it can).
-
-vLLM V1 runs the same algorithm on its engine (each beam a request asking for logprobs, sharing by
-prefix caching); forking block tables makes the sharing explicit, and needs no prefix caching.
-"""
+Every beam is a scheduler sequence whose next token the search picks itself (`external_sampling`);
+each round steps the engine until every live beam's last token is computed and reads its logprobs.
+The beam_width best candidates (vLLM's score) become *forks* (`Scheduler.fork`): new requests that
+share their parent's blocks by reference count, so a fork costs at most one copy-on-write block copy
+instead of a copy of the whole table (`stats()`: `num_forked_blocks`, `num_cow_copies`). vLLM V1
+shares beams' prefixes through prefix caching instead; forking makes the sharing explicit."""
 
 from __future__ import annotations
 
@@ -45,10 +34,9 @@ class BeamSearchParams:
     include_stop_str_in_output: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.beam_width, int) or self.beam_width < 1:
-            raise ValueError(f"beam_width must be a positive integer, got {self.beam_width!r}")
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        for name in ("beam_width", "max_tokens"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
 
@@ -80,8 +68,7 @@ def get_beam_search_score(tokens: list[int], cumulative_logprob: float, eos_toke
 
 
 @dataclass
-class _Instance:
-    """One prompt's search: live beams (each with the request computing it) and finished ones."""
+class _Instance:  # one prompt's search: live beams (each with its request) and finished ones
 
     beams: list[tuple[Sequence, BeamSearchSequence]]
     completed: list[BeamSearchSequence] = field(default_factory=list)
@@ -167,13 +154,9 @@ class BeamSearch:
         return outputs
 
     def _logprobs(self, live: list[Sequence], temperature: float) -> dict[str, torch.Tensor]:
-        """Step the engine until every live beam's last token is computed; its log-softmax.
-
-        Usually one step; more when a long prompt is prefilled in chunks or a small pool preempts
-        beams. Under pressure, beams that are done give their blocks up (they finish early): their
-        forks are then computed afresh, helped by the prefix cache, rather than sharing blocks. Each
-        step goes to the engine's step observers, so the trace shows the forks and copies.
-        """
+        """Step the engine until every live beam's last token is computed; its log-softmax. Under
+        memory pressure beams that are done give their blocks up, and their forks are computed
+        afresh (helped by the prefix cache) rather than sharing blocks."""
         eng, seqs = self.engine, self.engine.scheduler.sequences
         wanted, got = {r.request_id for r in live}, {}
         vocab = eng.config.model_config.vocab_size

@@ -25,8 +25,7 @@ def format_step(t: StepTrace) -> str:
 
 
 def format_journey(trace: Iterable[StepTrace], max_lines: int = 40) -> str:
-    """Every step that changed something interesting, plus a count of plain decode steps in
-    between."""
+    """Every step that changed something interesting; plain decode steps between them counted."""
     lines, quiet = [], 0
     for t in trace:
         interesting = (t.allocated or t.freed or t.preempted or t.finished or t.num_prefill_tokens

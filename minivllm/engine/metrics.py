@@ -1,13 +1,8 @@
-"""Prometheus metrics under vLLM's `vllm:` names, fed by the engine loop after each step.
+"""Prometheus metrics under vLLM's `vllm:` names (and `model_name` label), fed after each step.
 
-vLLM's names, so that dashboards and alerts written for vLLM work unchanged; each sample carries a
-`model_name` label, as vLLM's do. Two minivllm extras have no vLLM counterpart: the KV block counts
-(`minivllm:kv_blocks_total`, `minivllm:kv_blocks_free`), which make a leaked block visible. The
-registry belongs to the app, not prometheus_client's global one, so two servers in one process
-(tests) keep separate counts. Gauges are read from the owner's stats snapshot at scrape time;
-counters and histograms are updated from step outputs, so nothing here ever touches the engine
-itself.
-"""
+vLLM's names, so dashboards written for vLLM work unchanged; minivllm adds the KV block counts,
+which make a leaked block visible. The registry is the app's own, not prometheus_client's global
+one, so two servers in one process keep separate counts. Nothing here touches the engine itself."""
 
 from __future__ import annotations
 
@@ -22,55 +17,45 @@ _TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 2
 FINISHED_REASONS = tuple(r.value for r in FinishReason)
 
 
-# attribute -> (metric class, name, help text, histogram buckets), in registration (scrape) order
+# attribute -> (metric class, name, help text), in registration (scrape) order
 _METRICS = {
-    "running": (Gauge, "vllm:num_requests_running", "Sequences in the running batch.", None),
-    "waiting": (Gauge, "vllm:num_requests_waiting", "Sequences waiting to be scheduled.", None),
-    "kv_usage": (Gauge, "vllm:kv_cache_usage_perc", "KV-cache usage: 1 means every block is held.",
-                 None),
-    "blocks_total": (Gauge, "minivllm:kv_blocks_total", "KV-cache blocks in the pool.", None),
+    "running": (Gauge, "vllm:num_requests_running", "Sequences in the running batch."),
+    "waiting": (Gauge, "vllm:num_requests_waiting", "Sequences waiting to be scheduled."),
+    "kv_usage": (Gauge, "vllm:kv_cache_usage_perc", "KV-cache usage: 1 means every block is held."),
+    "blocks_total": (Gauge, "minivllm:kv_blocks_total", "KV-cache blocks in the pool."),
     "blocks_free": (Gauge, "minivllm:kv_blocks_free", "KV-cache blocks no request holds (cached "
-                    "ones included: they are evictable).", None),
-    "cache_queries": (Counter, "vllm:prefix_cache_queries",
-                      "Prompt tokens looked up in the prefix cache.", None),
-    "cache_hits": (Counter, "vllm:prefix_cache_hits", "Prompt tokens the prefix cache served.",
-                   None),
-    "ttft": (Histogram, "vllm:time_to_first_token_seconds", "Arrival to first output token.",
-             _LATENCY_BUCKETS),
+                    "ones included: they are evictable)."),
+    "cache_queries": (Counter, "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix "
+                      "cache."),
+    "cache_hits": (Counter, "vllm:prefix_cache_hits", "Prompt tokens the prefix cache served."),
+    "ttft": (Histogram, "vllm:time_to_first_token_seconds", "Arrival to first output token."),
     "tpot": (Histogram, "vllm:time_per_output_token_seconds",
-             "Mean time between output tokens after the first, per request.", _LATENCY_BUCKETS),
-    "e2e": (Histogram, "vllm:e2e_request_latency_seconds", "Arrival to last output token.",
-            _LATENCY_BUCKETS),
-    "queue_time": (Histogram, "vllm:request_queue_time_seconds", "Arrival to first scheduled.",
-                   _LATENCY_BUCKETS),
-    "req_prompt": (Histogram, "vllm:request_prompt_tokens", "Prompt tokens per finished request.",
-                   _TOKEN_BUCKETS),
+             "Mean time between output tokens after the first, per request."),
+    "e2e": (Histogram, "vllm:e2e_request_latency_seconds", "Arrival to last output token."),
+    "queue_time": (Histogram, "vllm:request_queue_time_seconds", "Arrival to first scheduled."),
+    "req_prompt": (Histogram, "vllm:request_prompt_tokens", "Prompt tokens per finished request."),
     "req_generation": (Histogram, "vllm:request_generation_tokens",
-                       "Output tokens per finished request.", _TOKEN_BUCKETS),
-    "generation_tokens": (Counter, "vllm:generation_tokens", "Output tokens generated.", None),
-    "prompt_tokens": (Counter, "vllm:prompt_tokens", "Prompt tokens of requests admitted.", None),
-    "preemptions": (Counter, "vllm:num_preemptions", "Sequences preempted to free blocks.", None),
+                       "Output tokens per finished request."),
+    "generation_tokens": (Counter, "vllm:generation_tokens", "Output tokens generated."),
+    "prompt_tokens": (Counter, "vllm:prompt_tokens", "Prompt tokens of requests admitted."),
+    "preemptions": (Counter, "vllm:num_preemptions", "Sequences preempted to free blocks."),
     # speculative decoding (vLLM's names): verification steps, drafts proposed, drafts accepted
-    "spec_drafts": (Counter, "vllm:spec_decode_num_drafts", "Verification steps (one draft each).",
-                    None),
-    "spec_draft_tokens": (Counter, "vllm:spec_decode_num_draft_tokens", "Draft tokens proposed.",
-                          None),
-    "spec_accepted": (Counter, "vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted.",
-                      None),
+    "spec_drafts": (Counter, "vllm:spec_decode_num_drafts", "Verification steps (one draft each)."),
+    "spec_draft_tokens": (Counter, "vllm:spec_decode_num_draft_tokens", "Draft tokens proposed."),
+    "spec_accepted": (Counter, "vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted."),
 }
 
 
 class ServerMetrics:
     def __init__(self, model_name: str) -> None:
         r = self.registry = CollectorRegistry()
-        for attr, (kind, name, doc, buckets) in _METRICS.items():
-            extra = {} if buckets is None else {"buckets": buckets}
-            setattr(self, attr, kind(name, doc, ["model_name"], registry=r, **extra)
-                    .labels(model_name))
-        self._spec_per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
-                                     "Draft tokens accepted, by "
-                                     "their position in the draft.", ["model_name", "position"],
-                                     registry=r)
+        for attr, (kind, name, doc) in _METRICS.items():
+            extra = {"buckets": _TOKEN_BUCKETS if name.endswith("tokens") else _LATENCY_BUCKETS}
+            setattr(self, attr, kind(name, doc, ["model_name"], registry=r,
+                                     **(extra if kind is Histogram else {})).labels(model_name))
+        self._spec_per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos", "Draft "
+                                     "tokens accepted, by their position in the draft.",
+                                     ["model_name", "position"], registry=r)
         self._model_name = model_name
         success = Counter("vllm:request_success", "Requests finished, by why they stopped.",
                           ["model_name", "finished_reason"], registry=r)

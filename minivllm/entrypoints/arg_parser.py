@@ -1,10 +1,5 @@
-"""FlexibleArgumentParser: vLLM's argparse, forgiving in spelling and clear about what it does not
-know.
-
-`--max_model_len` works like `--max-model-len` (vLLM accepts both), and a flag minivllm does not
-have is an error that names it, says so for vLLM's flags we do not implement, and points to --help,
-instead of argparse's bare "unrecognized arguments".
-"""
+"""FlexibleArgumentParser: vLLM's argparse: `--max_model_len` works like `--max-model-len`, and an
+unknown flag is an error naming it (not argparse's bare "unrecognized arguments")."""
 
 from __future__ import annotations
 

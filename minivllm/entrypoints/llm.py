@@ -25,16 +25,12 @@ class LLM:
     """Load a model once, then generate for batches of prompts with continuous batching underneath.
 
     Safe to share between threads (vLLM's LLM is not): concurrent `generate` calls join one running
-    batch, one thread steps the engine at a time (engine/step_driver.py).
-
-    With data_parallel_size=N, `generate` deals its prompts over N engines (this process's and
-    N - 1 others, engine/data_parallel.py); everything else (beam search, abort_request, metrics,
-    the prefix cache) concerns engine 0, this process's.
+    batch (engine/step_driver.py). With data_parallel_size=N, `generate` deals its prompts over N
+    engines; everything else (beam search, aborts, metrics, prefix cache) concerns this process's.
     """
 
     def __init__(self, model: str | None = None, **kwargs) -> None:
-        """`model`: a local checkpoint directory or a Hub repo id (None: the embedded model).
-        kwargs: EngineConfig fields and vLLM's own arguments (see engine_args.py)."""
+        """`model`: checkpoint directory or Hub id (None: the embedded one); kwargs: EngineArgs."""
         config = engine_config_from_kwargs(model, kwargs)
         # data_parallel_size > 1: engines 1..N-1 load in their own processes while this one loads
         # engine 0; all map one copy of the weights (engine/data_parallel.py)
@@ -53,9 +49,7 @@ class LLM:
         self._profiler = EngineProfiler()
 
     def shutdown(self) -> None:
-        """Stop the worker processes of tensor_parallel_size > 1 and the engines of
-        data_parallel_size > 1 (also on `with LLM(...)` exit, `del llm` and interpreter exit); a
-        no-op with one rank and one engine."""
+        """Stop the tensor- and data-parallel worker processes (also on `with` exit and `del`)."""
         engine = getattr(self, "engine", None)  # (absent when __init__ failed)
         if engine is not None:
             engine.shutdown()
@@ -78,8 +72,7 @@ class LLM:
 
     @property
     def tokenizer(self):
-        """Our tokenizer wrapper (incremental detokenization); get_tokenizer() gives the Hugging
-        Face one."""
+        """Our wrapper (incremental detokenizing); get_tokenizer() gives the Hugging Face one."""
         return self.engine.tokenizer
 
     def get_tokenizer(self):
@@ -88,8 +81,7 @@ class LLM:
 
     def get_default_sampling_params(self) -> SamplingParams:
         """What generate() uses when given none: the checkpoint's generation_config.json sampling
-        defaults (temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens), as vLLM
-        does."""
+        defaults, as vLLM does."""
         return SamplingParams(**self.engine.default_sampling_overrides)
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
@@ -98,9 +90,7 @@ class LLM:
                  priority: Sequence[int] | None = None) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in input order. `priority`: one per
         prompt (scheduling_policy="priority"; lower runs first), as in vLLM."""
-        if not isinstance(prompts, (list, tuple)) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        prompts = list(prompts)
+        prompts = _prompt_list(prompts)
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
         if isinstance(sampling_params, SamplingParams):
@@ -127,26 +117,20 @@ class LLM:
             return self._driver.run(ids, prompts, params, priority, progress if use_tqdm else None)
 
     def abort_request(self, request_id: str | Sequence[str]) -> None:
-        """Abort requests that a `generate` call (in any thread) is running: their outputs come back
-        from that call finished, with finish_reason "abort". The ids are the
-        RequestOutput.request_id strings: the calls' prompts numbered "0", "1", ... in the order
-        they were submitted."""
+        """Abort requests a `generate` call (in any thread) is running: that call returns them with
+        finish_reason "abort". Ids are RequestOutput.request_id: "0", "1", ... as submitted."""
         self._driver.abort([request_id] if isinstance(request_id, str) else list(request_id))
 
     def beam_search(self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams,
                     use_tqdm: bool = False) -> list[BeamSearchOutput]:
-        """Beam search (vLLM's API and scoring) over forked, copy-on-write block tables
-        (engine/beam_search.py). Needs an idle engine; returns one BeamSearchOutput per prompt, best
-        sequences first. (`use_tqdm` is accepted for vLLM's signature; no bar is shown.)"""
-        if not isinstance(prompts, (list, tuple)) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
+        """Beam search (vLLM's API and scoring) over forked, copy-on-write block tables, on an idle
+        engine: one BeamSearchOutput per prompt, best first. (`use_tqdm`: no bar is shown.)"""
         with self._driver.exclusive() as engine:
-            return BeamSearch(engine).run(list(prompts), params)
+            return BeamSearch(engine).run(_prompt_list(prompts), params)
 
     @staticmethod
     def _final_only(params: list) -> list:
-        """generate() returns finished requests only, so it asks the engine for nothing else (as
-        vLLM does)."""
+        """generate() returns finished requests only, so it asks for nothing else (as vLLM does)."""
         final, copies, out = RequestOutputKind.FINAL_ONLY, {}, []
         for sp in params:
             sp = SamplingParams() if sp is None else sp
@@ -163,8 +147,7 @@ class LLM:
              chat_template: str | None = None, add_generation_prompt: bool = True,
              continue_final_message: bool = False,
              chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
-        """Generate replies to conversations, formatted by the tokenizer's chat template (or
-        `chat_template`)."""
+        """Replies to conversations, formatted by the chat template (the tokenizer's, or given)."""
         if self.tokenizer is None:
             raise ValueError("this model has no tokenizer, so it has no chat template")
         if add_generation_prompt and continue_final_message:
@@ -185,21 +168,17 @@ class LLM:
 
     # ---- vLLM's engine controls (issue 27) -------------------------------------------------------
     def get_metrics(self) -> list[Metric]:
-        """Counter, Gauge, Histogram and Vector objects (vllm.v1.metrics.reader's), from the
-        counters a server over this engine would serve at /metrics: tokens, requests by finish
-        reason, latencies, KV usage."""
+        """vllm.v1.metrics.reader's objects: what a server on this engine serves at /metrics."""
         self.engine.metrics.set_gauges(self.engine.stats())
         return read_metrics(self.engine.metrics.registry)
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
-        """Forget every cached prefix; False while requests hold blocks (unless
-        reset_running_requests)."""
+        """Forget every cached prefix; False while requests hold blocks (unless reset too)."""
         return self.engine.reset_prefix_cache(reset_running_requests)
 
     def start_profile(self, profile_prefix: str | None = None) -> None:
-        """Record the engine's steps with torch.profiler into the directory named by
-        MINIVLLM_TORCH_PROFILER_DIR (or vLLM's VLLM_TORCH_PROFILER_DIR); stop_profile() writes the
-        trace."""
+        """Record the engine's steps with torch.profiler (into MINIVLLM_TORCH_PROFILER_DIR or vLLM's
+        VLLM_TORCH_PROFILER_DIR); stop_profile() writes the trace."""
         self._profiler.start(profile_prefix)
 
     def stop_profile(self) -> Path:
@@ -211,3 +190,9 @@ class LLM:
         prefill = now["num_prefill_tokens_computed"] - before["num_prefill_tokens_computed"]
         decode = now["num_generated_tokens"] - before["num_generated_tokens"]
         return f"prefill {prefill / dt:.0f} tok/s, decode {decode / dt:.0f} tok/s"
+
+
+def _prompt_list(prompts) -> list:
+    """One prompt (a string, a dict or a list of token ids) or a list of them, as a list."""
+    single = not isinstance(prompts, (list, tuple)) or (prompts and isinstance(prompts[0], int))
+    return [prompts] if single else list(prompts)

@@ -1,11 +1,7 @@
 """EngineProfiler: `LLM.start_profile()` / `stop_profile()` record the engine with torch.profiler.
 
-As in vLLM, profiling is switched on by naming a directory in the environment:
-MINIVLLM_TORCH_PROFILER_DIR, or vLLM's VLLM_TORCH_PROFILER_DIR. `stop_profile()` writes one
-Chrome-trace JSON file there (open it in https://ui.perfetto.dev or chrome://tracing): every
-operator the steps ran, on CPU and, where there is one, on the GPU, with shapes. Without a
-directory, start_profile() says how to set one rather than profiling into nowhere.
-"""
+As in vLLM, profiling is switched on by naming a directory in the environment (ours or vLLM's
+variable); `stop_profile()` writes one Chrome-trace JSON file there (open it in ui.perfetto.dev)."""
 
 from __future__ import annotations
 
@@ -47,16 +43,14 @@ class EngineProfiler:
                              f"before calling start_profile()")
         if self._profile is not None:
             raise ValueError("start_profile() called twice: call stop_profile() first")
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        if torch.cuda.is_available():
-            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        activities = [torch.profiler.ProfilerActivity.CPU] + (
+            [torch.profiler.ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
         self._prefix, self._dir = profile_prefix or "minivllm", directory
         self._profile = torch.profiler.profile(activities=activities, record_shapes=True,
                                                with_stack=False)
         self._profile.__enter__()
 
     def stop(self) -> Path:
-        """Stop recording and write the trace; returns its path."""
         if self._profile is None:
             raise ValueError("stop_profile() without start_profile()")
         profile, self._profile = self._profile, None

@@ -1,16 +1,9 @@
 """vLLM's v1 logits-processor interface: batch-level processors keeping per-row state across steps.
 
-A processor is a class: the engine builds one instance at start-up (`__init__(vllm_config, device,
-is_pin_memory)`), tells it before every sampling step how the batch changed
-(`update_state(BatchUpdate)`: rows that left, requests that arrived at a row, rows that moved), then
-hands it the batch's logits (`apply(logits)`, one row per request, in row order). State is kept per
-row index, never per request id, so vLLM's processors can keep tensors indexed like the batch.
-Requests opt in through `SamplingParams.extra_args`. `AdapterLogitsProcessor` wraps an old
-per-request function `f([prompt_ids,] output_ids, logits_row)` into this interface.
-
-How rows are assigned and moved is persistent_batch.py's job; this module is only the contract, so
-code written against `vllm.v1.sample.logits_processor` imports the same names from here.
-"""
+The engine builds one instance per class at start-up, tells it before each sampling step how the
+batch changed (`update_state(BatchUpdate)`), then hands it the logits (`apply`). State is kept per
+row, never per request id, so processors can keep tensors indexed like the batch; requests opt in
+through `SamplingParams.extra_args`. Row bookkeeping is persistent_batch.py's job."""
 
 from __future__ import annotations
 
@@ -69,30 +62,25 @@ class LogitsProcessor(ABC):
 
     @abstractmethod
     def __init__(self, vllm_config: EngineConfig, device: torch.device,
-                 is_pin_memory: bool) -> None:
-        raise NotImplementedError
+                 is_pin_memory: bool) -> None: ...
 
     @abstractmethod
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         """Process [batch_size, vocab] float32 logits (row i = request i); may work in place."""
-        raise NotImplementedError
 
     @abstractmethod
     def is_argmax_invariant(self) -> bool:
         """True if the processor never changes which token has the largest logit (min_p, say): then
         skipped when every row is greedy."""
-        raise NotImplementedError
 
     @abstractmethod
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         """Called before every apply(); `batch_update` is None when the batch did not change."""
-        raise NotImplementedError
 
 
 class BatchUpdateBuilder:
-    """Collects one step's changes, then freezes them into a BatchUpdate (None if nothing changed).
-    Removed indices are kept sorted once first read, so `pop_removed()` hands out the lowest free
-    row: a request added in the same step takes it (and it is then no longer "removed")."""
+    """One step's changes, frozen into a BatchUpdate (None if none). `pop_removed()` hands out the
+    lowest free row: a request added in the same step takes it (and it is no longer "removed")."""
 
     def __init__(self) -> None:
         self._removed: list[int] = []
@@ -171,7 +159,7 @@ class AdapterLogitsProcessor(LogitsProcessor):
 
     @abstractmethod
     def new_req_logits_processor(self, params: SamplingParams) -> RequestLogitsProcessor | None:
-        raise NotImplementedError
+        """The request's function, or None where this processor does not apply to it."""
 
     def _new_state(self, params: SamplingParams, prompt_ids: list[int] | None,
                    output_ids: list[int]):

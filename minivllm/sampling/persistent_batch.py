@@ -1,19 +1,9 @@
 """PersistentBatch: stable rows for the requests that sample, so logits processors can keep state.
 
-vLLM's processors (logits_processor.py) index their state by batch row, and are told how rows change
-(`BatchUpdate`) rather than re-reading every request each step. The runner knows requests by id, and
-the set that samples changes from step to step (a prefill chunk samples nothing; a finished request
-leaves). This class bridges the two, as vLLM's persistent input batch does:
-
-- a request keeps its row while it keeps sampling;
-- a request that stops sampling (finished, preempted, between prefill chunks) frees its row;
-- a new arrival takes the lowest free row, and the rows are then packed: the highest-numbered
-  request moves into each hole that is left (a UNIDIRECTIONAL move), so rows are 0..batch_size-1.
-
-The runner calls `add_request` when a request reaches it, `remove_request` when it leaves, and
-`apply(request_ids, logits)` once per step on the rows it is about to sample. With no processors
-configured every call returns at once.
-"""
+vLLM's processors index their state by batch row and are told how rows change (`BatchUpdate`); the
+runner knows requests by id, and the set that samples changes every step. As vLLM's persistent input
+batch does, a request keeps its row while it samples, frees it when it stops, an arrival takes the
+lowest free row, and the rows are packed (UNIDIRECTIONAL moves) so they stay 0..batch_size-1."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""vLLM's import path `vllm.utils.argparse_utils` (newer vLLM's home of FlexibleArgumentParser): a
-re-export."""
+"""vLLM's `vllm.utils.argparse_utils` (a re-export)."""
 
 from minivllm.entrypoints.arg_parser import FlexibleArgumentParser
 

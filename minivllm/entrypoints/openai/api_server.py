@@ -1,9 +1,5 @@
-"""`python -m minivllm.entrypoints.openai.api_server --model M --port P`: vLLM's server command.
-
-The same server as `minivllm serve M`; the model comes from --model here (vLLM's older command),
-positionally there. It is served under the name given on the command line, as vLLM does
-(--served-model-name overrides).
-"""
+"""`python -m minivllm.entrypoints.openai.api_server --model M`: vLLM's older server command, the
+same server as `minivllm serve M`."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """The server's command line (vLLM's flag names): the engine's table (AsyncEngineArgs) plus the HTTP
-front end's own flags. `minivllm serve` and `python -m minivllm.entrypoints.openai.api_server` both
-parse with this."""
+front end's own flags."""
 
 from __future__ import annotations
 
@@ -30,13 +29,11 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                      help="json: one JSON object per log record (request events carry their id)")
     srv.add_argument("--shutdown-timeout", type=float, default=30.0,
                      help="seconds in-flight requests get after SIGTERM before they are aborted")
-    srv.add_argument("--max-request-bytes", type=int, default=4 * 2**20,
-                     help="larger request bodies get 413")
-    srv.add_argument("--max-n", type=int, default=128,
-                     help="the largest n a request may ask for (at most 128)")
-    srv.add_argument("--max-tokens-times-n", type=int, default=2**17,
-                     help="the most output tokens one request may ask for: "
-                          "max_tokens x n x prompts")
+    srv.add_argument("--max-request-bytes", type=int, default=4 * 2**20, help="larger get 413")
+    srv.add_argument("--max-n", type=int, default=128, help="the largest n a request may ask for "
+                     "(at most 128)")
+    srv.add_argument("--max-tokens-times-n", type=int, default=2**17, help="the most output tokens "
+                     "one request may ask for: max_tokens x n x prompts")
     return AsyncEngineArgs.add_cli_args(parser)
 
 
@@ -56,6 +53,7 @@ def load_chat_template(value: str | None) -> str | None:
 
 
 def _origins(text: str) -> list[str]:
+    """vLLM's JSON list, or comma-separated names."""
     if text.strip().startswith("["):
         try:
             origins = json.loads(text)

@@ -1,14 +1,9 @@
 """OpenAI's batch format, offline: `python -m minivllm.entrypoints.openai.run_batch -i IN -o OUT`.
 
-Each input line is one request: `{"custom_id": ..., "method": "POST", "url": "/v1/chat/completions"
-or "/v1/completions", "body": {...the request...}}`. Each output line, in input order, is
-`{"id": ..., "custom_id": ..., "response": {"status_code": ..., "request_id": ..., "body": {...}},
-"error": ...}`: the body is exactly what the server would have answered (a completion, or an error
-object with `error` also set), because every line goes through the server's own routes, in process
-(FastAPI app + httpx's ASGI transport, no socket). A line that is not a request at all (bad JSON,
-unknown url) gets `response: null` and an `error` saying why; one bad line never stops the others.
-Lines run concurrently, so they share the running batch exactly as concurrent HTTP clients do.
-"""
+Each input line is one request (`custom_id`, `method`, `url`, `body`); each output line, in input
+order, holds what the server would have answered, because every line goes through the server's own
+routes in process (httpx's ASGI transport, no socket), concurrently, sharing the running batch as
+HTTP clients do. A malformed line gets `response: null` and an `error`: it stops no other."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""The engine's Prometheus metrics as plain Python objects: what `LLM.get_metrics()` returns (vLLM's
-reader).
-
-The numbers are the ones `/metrics` serves (engine/metrics.py keeps them): this module only reads a
-registry and turns its samples into vLLM's `Counter`, `Gauge`, `Histogram` and `Vector`, so a script
-written for `vllm.v1.metrics.reader` works unchanged. Only `vllm:` metrics are returned, as vLLM
-does.
-"""
+"""vLLM's `vllm.v1.metrics.reader`: the registry `/metrics` serves (engine/metrics.py), read into
+vLLM's `Counter`, `Gauge`, `Histogram` and `Vector` objects: what `LLM.get_metrics()` returns."""
 
 from __future__ import annotations
 
@@ -22,35 +16,24 @@ class Metric:
 
 @dataclass
 class Counter(Metric):
-    """Only ever goes up."""
-
-    value: int
+    value: int  # only ever goes up
 
 
 @dataclass
 class Gauge(Metric):
-    """Goes up and down (running requests, KV-cache usage)."""
-
-    value: float
+    value: float  # up and down (running requests, KV-cache usage)
 
 
 @dataclass
 class Histogram(Metric):
-    """Observations in buckets: `buckets` maps each upper bound ("0.1", ..., "+Inf") to the
-    cumulative count at or below it; `count` equals the "+Inf" bucket, `sum` is the total of every
-    observation."""
-
-    count: int
-    sum: float
-    buckets: dict[str, int]
+    count: int  # = the "+Inf" bucket
+    sum: float  # of every observation
+    buckets: dict[str, int]  # upper bound ("0.1", ..., "+Inf") -> cumulative count at or below it
 
 
 @dataclass
 class Vector(Metric):
-    """A list of counters by position: vLLM's one use is the accepted drafts per speculative
-    position."""
-
-    values: list[int]
+    values: list[int]  # counters by position (vLLM's one use: accepted drafts per position)
 
 
 # vector metric -> its index label

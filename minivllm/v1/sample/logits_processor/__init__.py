@@ -1,6 +1,4 @@
-"""vLLM's `vllm.v1.sample.logits_processor`: the interface lives in
-minivllm/sampling/logits_processor.py, the row bookkeeping in
-minivllm/sampling/persistent_batch.py."""
+"""vLLM's `vllm.v1.sample.logits_processor` (sampling/logits_processor.py)."""
 
 from minivllm.sampling.logits_processor import (
     AdapterLogitsProcessor,

@@ -1,6 +1,4 @@
-"""vLLM's `vllm.v1.sample.logits_processor.builtin`, for its helper `process_dict_updates`. (vLLM's
-built-in processors, min_tokens, logit_bias and min_p, are steps of minivllm's sampler:
-sampling/sampler.py.)"""
+"""vLLM's `...logits_processor.builtin`: `process_dict_updates` (its processors: sampler steps)."""
 
 from minivllm.sampling.logits_processor import process_dict_updates
 
