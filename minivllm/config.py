@@ -89,7 +89,7 @@ class EngineConfig:
     # ranks the model is split over: this process is rank 0, N - 1 worker processes the others
     tensor_parallel_size: int = 1
     # whole engines (each its scheduler and KV cache) that share one mapped copy of the weights and
-    # split the requests (executor/data_parallel.py); CPU only, one rank each, no hooks
+    # split the requests (engine/data_parallel.py); CPU only, one rank each, no hooks
     data_parallel_size: int = 1
     hooks: EngineHooks = field(default_factory=EngineHooks, repr=False)  # a learner's own parts
     model_config: ModelConfig | None = field(default=None, repr=False)  # set by resolve()
