@@ -102,8 +102,11 @@ class DataParallelEngines:
                 self._owed.add(rank)
             local_ids = pick(0)[0]
             cancel_watch, cancel = Pipe(duplex=False)
-            watcher = threading.Thread(target=self._watch, args=(cancel_watch, local_ids,
-                                                                 abort_local), daemon=True)
+            def watch() -> None:  # another engine died while engine 0 runs: stop its share now
+                if self.processes.wait_for_death(cancel_watch):
+                    abort_local(local_ids)
+
+            watcher = threading.Thread(target=watch, daemon=True)
             watcher.start()
             try:
                 local = run_local(*pick(0)) if local_ids else []
@@ -129,12 +132,6 @@ class DataParallelEngines:
         outputs = self.processes.receive(rank, "outputs", "raised")[1]
         self._owed.discard(rank)
         return outputs
-
-    def _watch(self, cancel: Connection, local_ids: list[str],
-               abort_local: Callable[[list[str]], None]) -> None:
-        """If another engine dies while engine 0 runs its share, stop engine 0's share at once."""
-        if self.processes.wait_for_death(cancel):
-            abort_local(local_ids)
 
     def shutdown(self) -> None:
         self.processes.shutdown()
