@@ -7,9 +7,8 @@ import time
 import pytest
 
 from minivllm import LLM, EngineArgs, SamplingParams
-from minivllm.engine.data_parallel import deal
+from minivllm.engine.data_parallel import DataParallelError, deal
 from minivllm.engine.llm_engine import LLMEngine
-from minivllm.executor.data_parallel import DataParallelError
 from minivllm.hooks import EngineHooks
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0)

@@ -1,13 +1,11 @@
 """One rank's view of tensor parallelism: who it is, and the three collectives the model needs.
 
 A `TensorParallel` is passed explicitly to every layer that splits (model/linear.py,
-model/embedding.py): no global state beyond the process-group objects it holds. They are built
-directly on a c10d store (TCPStore), not through `init_process_group`, so two engines in one process
-(or a user's own default group) never meet. Two groups over the same ranks: `device_group` for the
-model's tensors (gloo on CPU, NCCL on CUDA) and `cpu_group` (always gloo) for the engine's own
-messages: the step's SchedulerOutput, the KV block count. Each rank counts what its model's
-collectives carried (`traffic`): chapter 13 reads rank 0's to check the bytes per token it computed
-from the config.
+model/embedding.py). Its process groups are built directly on a c10d store (TCPStore), not through
+`init_process_group`, so two engines in one process (or a user's own default group) never meet:
+`device_group` for the model's tensors (gloo on CPU, NCCL on CUDA) and `cpu_group` (always gloo) for
+the engine's own messages (the step's SchedulerOutput, the KV block count). Each rank counts what
+its collectives carried (`traffic`), which chapter 13 checks against the bytes per token it derives.
 """
 
 from __future__ import annotations
@@ -18,6 +16,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 
 @dataclass
@@ -32,8 +31,7 @@ class CollectiveTraffic:
     all_gather_bytes: int = 0
 
     def reset(self) -> None:
-        self.all_reduce_calls = self.all_reduce_bytes = 0
-        self.all_gather_calls = self.all_gather_bytes = 0
+        self.__dict__.update(CollectiveTraffic().__dict__)
 
 
 @dataclass(frozen=True)
@@ -55,9 +53,7 @@ class TensorParallel:
     def all_reduce_max(self, x: torch.Tensor) -> torch.Tensor:
         """Element-wise max over ranks in place (at load: row-parallel int8 scales; not counted)."""
         if self.size > 1:
-            opts = dist.AllreduceOptions()
-            opts.reduceOp = dist.ReduceOp.MAX
-            self.device_group.allreduce([x], opts).wait()
+            _all_reduce(self.device_group, x, dist.ReduceOp.MAX)
         return x
 
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
@@ -75,11 +71,7 @@ class TensorParallel:
         """The smallest `value` over ranks (the KV block count: all must allocate the same ids)."""
         if self.size == 1:
             return value
-        t = torch.tensor([value], dtype=torch.int64)
-        opts = dist.AllreduceOptions()
-        opts.reduceOp = dist.ReduceOp.MIN
-        self.cpu_group.allreduce([t], opts).wait()
-        return int(t.item())
+        return int(_all_reduce(self.cpu_group, torch.tensor([value]), dist.ReduceOp.MIN).item())
 
     def broadcast_object(self, obj: object = None) -> object:
         """Rank 0's `obj` on every rank: its pickle's length, then its bytes, on the gloo group."""
@@ -94,6 +86,13 @@ class TensorParallel:
             data = torch.empty(int(size.item()), dtype=torch.uint8)
         self.cpu_group.broadcast(data, 0).wait()
         return obj if self.rank == 0 else pickle.loads(data.numpy().tobytes())
+
+
+def _all_reduce(group, x: torch.Tensor, op) -> torch.Tensor:
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = op
+    group.allreduce([x], opts).wait()
+    return x
 
 
 SINGLE = TensorParallel()  # one process: every collective is the identity
@@ -145,8 +144,5 @@ def shard_of(loaded: torch.Tensor, dim: int, index: int, extent: int) -> torch.T
     start = index * extent
     have = max(0, min(extent, loaded.shape[dim] - start))
     part = loaded.narrow(dim, min(start, loaded.shape[dim]), have)
-    if have == extent:
-        return part
-    shape = list(loaded.shape)
-    shape[dim] = extent - have
-    return torch.cat([part, loaded.new_zeros(shape)], dim=dim)
+    pad = [0, 0] * (loaded.dim() - 1 - dim) + [0, extent - have]  # F.pad lists the last dim first
+    return part if have == extent else F.pad(part, pad)

@@ -1,21 +1,21 @@
 """Data-parallel engines: the requests of one `generate` spread over N whole engines.
 
-    engine 0 (this process)      engines 1..N-1 (executor/data_parallel.py spawns them)
-    LLMEngine + StepDriver       `engine_main`: an LLMEngine, then one batch per message
+Tensor parallelism splits one model over processes that step together. Data parallelism runs N
+whole engines, each with its own scheduler and KV cache, and gives each a share of the requests:
+nothing passes between them while they run, so a plain pipe per engine carries everything (a batch
+in, its outputs back) and no process group is needed. The weights are the only thing they share,
+and the kernel shares them: every engine maps one weight-cache file (model/weight_cache.py).
 
-Each engine has its own scheduler and KV cache and runs its share to completion on its own; all map
-one copy of the weights (model/weight_cache.py: the first to start writes the file, the others wait
-for it, then all map it). Requests are dealt round-robin: prompt i goes to engine i mod N, so each
-engine gets as many (give or take one), whatever their lengths. Choosing the least loaded engine
-would need an estimate of each request's cost, and pays off for a stream of requests (a server)
-more than for one batch handed over at once. Outputs come back in input order.
+Engine 0 is this process's own LLMEngine, so a single-engine run pays for no extra process; engines
+1..N-1 run `engine_main` in processes started and watched by executor/workers.py's ChildProcesses.
+Requests are dealt round-robin, so each engine gets as many (give or take one) whatever their
+lengths: choosing the least loaded would need an estimate of each request's cost, which pays off
+for a stream (a server) more than for one batch. Outputs come back in input order.
 
-A dead engine is an error, not a hang: while engine 0 runs its own share a watcher thread waits on
-the other processes, and if one ends it aborts engine 0's requests, so `generate` returns at once
-and raises a DataParallelError with that engine's own traceback (or exit code). One `generate` at a
-time crosses the pipes (a lock): calls from several threads take turns rather than share a batch.
-A call interrupted (Ctrl-C) leaves the other engines finishing their shares: the next call waits
-for those outputs and drops them before it deals its own.
+A dead engine is an error, not a hang: a watcher thread waits on the other processes while engine
+0 runs its share, and if one ends it aborts engine 0's requests so `generate` raises at once. One
+`generate` at a time crosses the pipes (a lock). A call interrupted (Ctrl-C) leaves the others
+finishing their shares: the next call waits for those outputs and drops them.
 """
 
 from __future__ import annotations
@@ -30,13 +30,17 @@ from minivllm.config import EngineConfig
 from minivllm.engine.input_processor import PromptType
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.engine.step_driver import StepDriver
-from minivllm.executor.data_parallel import EngineProcesses
 from minivllm.executor.worker import report_failure
+from minivllm.executor.workers import ChildProcesses
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
 
 # engine 0's own share: (request ids, prompts, params, priorities) -> its outputs, in order
 RunLocal = Callable[[list[str], list, list, list[int]], list[RequestOutput]]
+
+
+class DataParallelError(RuntimeError):
+    """A data-parallel engine process died or failed: the LLM cannot continue."""
 
 
 def engine_main(config: EngineConfig, rank: int, conn: Connection) -> None:
@@ -67,7 +71,10 @@ class DataParallelEngines:
 
     def __init__(self, config: EngineConfig) -> None:
         self.size = config.data_parallel_size
-        self.processes = EngineProcesses(config, engine_main)
+        self.processes = ChildProcesses(DataParallelError, "data-parallel engine")
+        # engines 1..N-1 load their model while the caller loads engine 0's
+        self.processes.spawn(self.size, engine_main, "minivllm-dp-engine",
+                             lambda rank, conn: (config, rank, conn))
         self._lock = threading.Lock()
         self._owed: set[int] = set()  # engines whose outputs an interrupted call left unread
 
@@ -82,10 +89,8 @@ class DataParallelEngines:
         theirs, and return every output in input order."""
         shares = deal(len(ids), self.size)
 
-        def pick(rank: int) -> tuple[list, list, list, list]:
-            take = shares[rank]
-            return ([ids[i] for i in take], [prompts[i] for i in take],
-                    [params[i] for i in take], [priority[i] for i in take])
+        def pick(rank: int) -> list[list]:  # engine `rank`'s ids, prompts, params, priorities
+            return [[col[i] for i in shares[rank]] for col in (ids, prompts, params, priority)]
 
         with self._lock:
             self.processes.check()  # a failed or stopped LLM raises, whatever the shares
@@ -97,30 +102,27 @@ class DataParallelEngines:
                 self._owed.add(rank)
             local_ids = pick(0)[0]
             cancel_watch, cancel = Pipe(duplex=False)
-            watcher = threading.Thread(target=self._watch, args=(cancel_watch, local_ids,
-                                                                 abort_local), daemon=True)
+            def watch() -> None:  # another engine died while engine 0 runs: stop its share now
+                if self.processes.wait_for_death(cancel_watch):
+                    abort_local(local_ids)
+
+            watcher = threading.Thread(target=watch, daemon=True)
             watcher.start()
-            local, refused = [], None
             try:
                 local = run_local(*pick(0)) if local_ids else []
             except ValueError as e:  # the others' outputs must still be collected, then this
-                refused = e
+                local = e
             finally:
                 cancel.send(None)
                 watcher.join()
                 cancel.close()
                 cancel_watch.close()
-            results = {0: local}
-            for rank in busy:
-                results[rank] = self._collect(rank)
-        if refused is not None:
-            raise refused
-        for rank in busy:  # a request another engine refused
-            if isinstance(results[rank], ValueError):
-                raise results[rank]
+            results = {0: local} | {rank: self._collect(rank) for rank in busy}
         out: list[RequestOutput | None] = [None] * len(ids)
-        for rank, share in enumerate(shares):
-            for i, output in zip(share, results.get(rank, [])):
+        for rank, outputs in results.items():
+            if isinstance(outputs, ValueError):  # a request an engine refused (engine 0's first)
+                raise outputs
+            for i, output in zip(shares[rank], outputs):
                 out[i] = output
         return out
 
@@ -130,12 +132,6 @@ class DataParallelEngines:
         outputs = self.processes.receive(rank, "outputs", "raised")[1]
         self._owed.discard(rank)
         return outputs
-
-    def _watch(self, cancel: Connection, local_ids: list[str],
-               abort_local: Callable[[list[str]], None]) -> None:
-        """If another engine dies while engine 0 runs its share, stop engine 0's share at once."""
-        if self.processes.wait_for_death(cancel):
-            abort_local(local_ids)
 
     def shutdown(self) -> None:
         self.processes.shutdown()

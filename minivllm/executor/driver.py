@@ -1,14 +1,15 @@
 """Rank 0's ModelRunner under tensor parallelism: the runner on its shard, plus the step channel.
 
-Each step it broadcasts the SchedulerOutput (plain data, pickled) over the gloo group, then executes
-it itself; the workers do the same on theirs and meet it in the collectives inside the model. Why
-the process group rather than a pipe: it is the one mechanism that also crosses machines (torchrun),
-and it costs about the same (bench/tp_throughput.py measures it). If anything fails mid-step, the
-workers' own error is raised and every worker is stopped: the engine does not limp on with ranks
-that disagree.
+Each step it broadcasts the SchedulerOutput (pickled) over the gloo group, then executes it itself;
+the workers do the same and meet it in the collectives inside the model. A process group rather
+than a pipe because it also crosses machines (torchrun), at about the same cost
+(bench/tp_throughput.py). If anything fails mid-step, every worker is stopped: the engine does not
+limp on with ranks that disagree.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 from minivllm.config import EngineConfig
 from minivllm.core.step_io import RunnerOutput, SchedulerOutput
@@ -21,21 +22,21 @@ from minivllm.runner.model_runner import ModelRunner
 class TensorParallelRunner(ModelRunner):
     def __init__(self, config: EngineConfig, draft_reserve: tuple[int, int] = (0, 0)) -> None:
         self.workers = Workers(config)
-        try:
+        with self._together():  # one rank's start-up error fails the whole LLM(...) with it
             super().__init__(config, draft_reserve, self.workers.tp)
             self.workers.expect("ready")
-        except BaseException as e:
-            # one rank's start-up error fails the whole LLM(...) with it
-            error = self.workers.fail()
-            if error is not None:
-                raise error from e
-            raise
 
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
-        try:
-            self.workers.send(sched)
+        with self._together():
+            self.workers.broadcast(sched)
             return super().execute(sched)
-        # a worker died mid-step (its collective failed), or Ctrl-C: stop them all
+
+    @contextlib.contextmanager
+    def _together(self):
+        """Any failure (a worker died mid-step and its collective failed; Ctrl-C) stops every
+        worker, and raises the workers' own error where they have one."""
+        try:
+            yield
         except BaseException as e:
             error = self.workers.fail()
             if error is not None:
@@ -49,7 +50,7 @@ class TensorParallelRunner(ModelRunner):
 
     def rank_states(self) -> list[dict]:
         """Every rank's `rank_state`, rank 0 first, between steps (spawned workers only)."""
-        self.workers.send(RankStateQuery())
+        self.workers.broadcast(RankStateQuery())
         return [rank_state(self), *self.workers.expect("state")]
 
     def shutdown(self) -> None:

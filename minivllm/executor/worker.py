@@ -1,14 +1,13 @@
 """A tensor-parallel worker process (ranks 1..N-1): its shard of the model, then a step per message.
 
-Every rank runs the same `ModelRunner.execute` on the same SchedulerOutput: each computes its heads
-and its slice of the MLP, the collectives inside the model combine them, and every rank samples the
-same tokens from the same all-gathered logits with the same seeds, so its per-sequence state (the
-tokens it feeds back next step) stays equal to rank 0's without being sent. Only rank 0's
-RunnerOutput is used.
+Every rank runs the same `ModelRunner.execute` on the same SchedulerOutput and samples the same
+tokens from the same all-gathered logits with the same seeds, so its per-sequence state stays equal
+to rank 0's without being sent. Only rank 0's RunnerOutput is used.
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import traceback
@@ -26,8 +25,7 @@ from minivllm.spec_decode import make_proposer
 
 @dataclass(frozen=True)
 class RankStateQuery:
-    """Sent on the step channel instead of a step: every worker reports `rank_state` on its pipe
-    (tests and chapter 13 compare the ranks' per-sequence state with rank 0's between steps)."""
+    """Sent instead of a step: every worker reports `rank_state` on its pipe (tests, chapter 13)."""
 
 
 def rank_state(runner) -> dict:
@@ -56,10 +54,8 @@ def worker_main(config: EngineConfig, rank: int, size: int, host: str, port: int
 
 def report_failure(conn) -> None:
     """Inside a child's `except`: send ("error", traceback) to the parent, then exit with 1."""
-    try:
+    with contextlib.suppress(OSError):  # the parent may be gone too
         conn.send(("error", traceback.format_exc()))
-    except OSError:  # the parent is gone too
-        pass
     sys.exit(1)
 
 

@@ -1,31 +1,19 @@
 """One copy of the weights for several processes: a loaded model written to one file, then mapped.
 
-Data parallelism (executor/data_parallel.py) runs N engines over the same model. Each loading the
-checkpoint would hold N private copies of the weights. Instead the first process loads the model as
-usual, lets every linear layer lay its weights out for its kernels (`process_weights_after_loading`:
-the CPU's tiles, int8 rows and scales), and writes every tensor the model holds, exactly as held,
-into one file. Then every process, the writer included, builds the model on torch's "meta" device
-(shapes, no memory) and points each parameter and buffer at a slice of that file mapped read-only
-(`torch.from_file(shared=False)`: a private mapping, whose pages are the page cache's own until
-someone writes to them; nothing writes weights). The kernel keeps the bytes once, however many
-processes map them, and a later start skips the loading and the layout work too.
+Data parallelism runs N engines over the same model; each loading the checkpoint would hold N
+private copies. Instead the first process loads the model as usual (its kernels' layouts included:
+the CPU's tiles, int8 rows and scales) and writes every tensor it holds, exactly as held, into one
+file. Then every process builds the model on the "meta" device and points each tensor at a slice of
+that file mapped privately (`torch.from_file(shared=False)`: the page cache's pages until written,
+and nothing writes weights). The kernel keeps the bytes once, and a later start skips loading.
 
 The file: an 8-byte length, a JSON header (identity, and per tensor its module, kind, dtype, shape,
-offset), then the tensors' bytes, each at a 64-byte aligned offset. Plain raw bytes rather than
-safetensors: safetensors' Python API copies each tensor out of its mapping, and cannot say "a
-non-persistent buffer" or "an attribute the layout step set".
-
-The file's name hashes the checkpoint's identity (every file's name, size and mtime), the dtype, the
-quantization, the kernels the platform chose and the torch version: a cache from another
-checkpoint, dtype or platform is never read. A lock file makes concurrent starters wait for the
-first writer instead of writing it twice. Nothing deletes old files: delete the directory
-(MINIVLLM_WEIGHT_CACHE_DIR) to reclaim the space.
-
-What is not mapped: a layout that is not plain memory. oneDNN's blocked weights (`OneDnnKernel`, the
-CPU platform's choice without AVX-512) are opaque mkldnn tensors with no bytes to map; GPU tensors
-live in device memory. Such a model is loaded privately by each process (`load_cached` hands back
-the ordinary loader's model, no file is written) and says so in the log; load_model does not try
-the cache off the CPU at all.
+offset), then the tensors' bytes, 64-byte aligned. Not safetensors: its Python API copies each
+tensor out of the mapping, and cannot say "a non-persistent buffer" or "an attribute layout set".
+Its name hashes everything it depends on (`cache_key`), so a cache from another checkpoint, dtype or
+platform is never read; a lock makes concurrent starters wait for the first writer. Nothing deletes
+old files (delete MINIVLLM_WEIGHT_CACHE_DIR). A layout without plain bytes (oneDNN's opaque mkldnn
+tensors, GPU memory) is not mapped: each process then loads its own copy, and says so in the log.
 """
 
 from __future__ import annotations
@@ -109,11 +97,8 @@ def load_cached(cache_dir: Path, key: dict, build_meta: Callable[[], nn.Module],
 def _locked(lock: Path):
     """Hold an exclusive lock on `lock` (created if absent): one writer, the others wait."""
     with open(lock, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+        fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes
+        yield
 
 
 # ---- writing ------------------------------------------------------------------------------------
@@ -169,7 +154,7 @@ def write(model: nn.Module, meta: nn.Module, key: dict, file: Path) -> None:
         offset += size
     header = json.dumps({"key": key, "tensors": entries, "scalars": scalars,
                          "deleted": deleted}).encode()
-    start = -(-(8 + len(header)) // 4096) * 4096  # the data begins on a page
+    start = _data_start(len(header))
     tmp = file.with_suffix(f".tmp{os.getpid()}")
     with open(tmp, "wb") as f:
         f.write(struct.pack("<Q", len(header)) + header)
@@ -183,17 +168,15 @@ def write(model: nn.Module, meta: nn.Module, key: dict, file: Path) -> None:
 
 
 # ---- mapping ------------------------------------------------------------------------------------
-def read_header(file: Path) -> tuple[dict, int]:
-    """The JSON header and where the data begins."""
-    with open(file, "rb") as f:
-        (length,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(length))
-    return header, -(-(8 + length) // 4096) * 4096
+def _data_start(header_length: int) -> int:
+    return -(-(8 + header_length) // 4096) * 4096  # the data begins on a page
 
 
 def mapped(file: Path, key: dict, model: nn.Module) -> nn.Module:
     """`model` (built on the meta device) with every tensor a view of `file`, mapped privately."""
-    header, start = read_header(file)
+    with open(file, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header, start = json.loads(f.read(length)), _data_start(length)
     if header["key"] != key:  # a hash collision, or a file edited by hand
         raise ValueError(f"weight cache {file} was written for another model: delete it")
     size = file.stat().st_size
@@ -229,19 +212,15 @@ def mapped(file: Path, key: dict, model: nn.Module) -> nn.Module:
 
 
 def _set(module: nn.Module, kind: str, name: str, tensor: torch.Tensor) -> None:
+    module._parameters.pop(name, None)
+    module._buffers.pop(name, None)
     if kind == "param":
-        if name in module._buffers:
-            del module._buffers[name]
         module._parameters[name] = tensor if isinstance(tensor, nn.Parameter) else nn.Parameter(
             tensor, requires_grad=False)
-    elif kind in ("buffer", "buffer_np"):
-        if name in module._parameters:
-            del module._parameters[name]
-        module.register_buffer(name, tensor, persistent=kind == "buffer")
-    else:
-        for table in (module._parameters, module._buffers):
-            table.pop(name, None)
+    elif kind == "attr":
         setattr(module, name, tensor)
+    else:
+        module.register_buffer(name, tensor, persistent=kind == "buffer")
 
 
 def _retie(model: nn.Module) -> None:

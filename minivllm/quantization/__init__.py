@@ -1,15 +1,9 @@
-"""Quantized weights: one small module per format, each a config plus a linear method (see base.py).
+"""Quantized weights: one small module per format, each a config plus a linear method (base.py).
 
-    base.py         the interfaces: a config, a linear method, and the kernel a platform hands it
-    unquantized.py  float weights (cpu_unquantized.py: the CPU's layouts for them)
-    int8.py         weight-only int8, quantized as a float checkpoint loads (`quantization="int8"`)
-    int4.py         what GPTQ and AWQ share: 4-bit groups and their readable matmul
-    cpu_quantized.py, kernels/quantized_linear.py   the CPU's and the GPU's int8 and int4 matmuls
-    gptq.py, awq.py the two published 4-bit checkpoint layouts, detected from config.json
-    gguf.py         llama.cpp's GGUF files, read by path and dequantized at load
-    packing.py      our round-to-nearest quantizer writing GPTQ / AWQ checkpoints (tests, ch. 12)
-
-Every refusal happens here, when the config is read: before any weight is.
+int8.py quantizes any float checkpoint at load; gptq.py and awq.py read the two published 4-bit
+layouts, which share int4.py; gguf.py reads llama.cpp's files; packing.py writes GPTQ / AWQ
+checkpoints with our own quantizer (tests, ch. 12). Every refusal happens here, when the config is
+read: before any weight is.
 """
 
 from __future__ import annotations
@@ -43,10 +37,8 @@ def checkpoint_quantization(qc: dict | None, where: str) -> QuantizationConfig |
     if not qc:
         return None
     method = str(qc.get("quant_method", "")).lower()
-    if method == "gptq":
-        return GPTQConfig.from_hf(qc, where)
-    if method == "awq":
-        return AWQConfig.from_hf(qc, where)
+    if method in ("gptq", "awq"):
+        return {"gptq": GPTQConfig, "awq": AWQConfig}[method].from_hf(qc, where)
     named = method or "an unnamed method"
     raise ValueError(f"{where}: the checkpoint is quantized with {named!r}, which minivllm does "
                      f"not run; {SUPPORTED_TEXT}")
@@ -78,15 +70,18 @@ def resolve_quantization(requested: str | None, checkpoint: QuantizationConfig |
 def weight_bytes(model) -> int:
     """Bytes the model's weights take in their format, as loaded: every parameter and every buffer
     the linear layers keep (packed 4-bit words, scales), each tensor once; not the rotary tables."""
-    tensors = {id(t): t for t in model.parameters()}
-    for layer in model.modules():
-        if hasattr(layer, "quant_method"):  # a linear layer (model/linear.py)
-            tensors.update({id(t): t for t in layer.buffers(recurse=False) if t is not None})
-    return sum(t.numel() * t.element_size() for t in tensors.values())
+    linear_buffers = [t for layer in model.modules() if hasattr(layer, "quant_method")
+                      for t in layer.buffers(recurse=False)]  # a linear layer (model/linear.py)
+    return _bytes([*model.parameters(), *linear_buffers])
 
 
 def held_bytes(model) -> int:
     """Bytes the model holds: every parameter and buffer, each tensor once (a tied weight too). A
     platform's fast layouts replace the checkpoint's, so this stays close to `weight_bytes`."""
-    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()] if t is not None}
-    return sum(t.numel() * t.element_size() for t in tensors.values())
+    return _bytes([*model.parameters(), *model.buffers()])
+
+
+def _bytes(tensors: list) -> int:
+    """Bytes of `tensors`, each counted once however often it is listed."""
+    unique = {id(t): t for t in tensors if t is not None}
+    return sum(t.numel() * t.element_size() for t in unique.values())

@@ -1,17 +1,11 @@
 """AWQ 4-bit checkpoints (config.json: `quantization_config.quant_method == "awq"`, version "gemm").
 
-For a linear layer with K inputs, N outputs and groups of G inputs, AutoAWQ's GEMM layout holds:
-
-    qweight  int32 [K, N/8]    eight 4-bit q per word, packed *across the outputs*, in the order
-                               0, 2, 4, 6, 1, 3, 5, 7: nibble i of a word is output 8c + ORDER[i]
-    qzeros   int32 [K/G, N/8]  the zero points, packed the same way (stored as they are: no "- 1")
-    scales   fp16  [K/G, N]
-
-    W[n, k] = (q[k, n] - z[k // G, n]) * s[k // G, n]
-
-The interleaved order suits AWQ's CUDA kernel, which converts pairs of nibbles to fp16 with bit
-tricks. Here the words are unpacked and reordered once at load, into the layout every 4-bit kernel
-reads (int4.py).
+For K inputs, N outputs and groups of G inputs, AutoAWQ's GEMM layout holds qweight int32 [K, N/8]
+and qzeros int32 [K/G, N/8] (zero points as they are), eight 4-bit values per word packed *across
+the outputs* in the order 0, 2, 4, 6, 1, 3, 5, 7, and scales fp16 [K/G, N]:
+W[n, k] = (q[k, n] - z[k // G, n]) * s[k // G, n]. The interleaved order suits AWQ's CUDA kernel,
+which converts pairs of nibbles to fp16 with bit tricks; here the words are unpacked and reordered
+once at load, into the layout every 4-bit kernel reads (int4.py).
 """
 
 from __future__ import annotations
@@ -21,14 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from minivllm.quantization.base import (
-    Layout,
-    LinearKernels,
-    LinearMethod,
-    QuantizationConfig,
-    add_weight,
-)
-from minivllm.quantization.int4 import Int4LinearMethod, unpack_cols
+from minivllm.quantization.base import LinearKernels, LinearMethod, QuantizationConfig
+from minivllm.quantization.int4 import Int4LinearMethod, check_config, unpack_cols
 
 ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble i holds output ORDER[i] of its group of eight
 REVERSE = tuple(ORDER.index(j) for j in range(8))  # output j sits in nibble REVERSE[j]
@@ -41,15 +29,7 @@ def unpack_awq(packed: torch.Tensor) -> torch.Tensor:
 
 
 class AWQLinearMethod(Int4LinearMethod):
-    def create_weights(self, layer: nn.Module) -> None:
-        k, n, g = layer.input_size, layer.output_size, self.group(layer)
-        if n % 8 or k % g:
-            raise ValueError(f"AWQ: a {k} -> {n} linear layer does not fit 8-value words and "
-                             f"{g}-input groups")
-        packed = Layout(output_dim=1, input_dim=0, packed_dim=1, pack_factor=8)
-        add_weight(layer, "qweight", (k, n // 8), torch.int32, packed)
-        add_weight(layer, "qzeros", (k // g, n // 8), torch.int32, packed)
-        add_weight(layer, "scales", (k // g, n), torch.float32, Layout(output_dim=1, input_dim=0))
+    name = "AWQ"
 
     def unpack(self, layer: nn.Module):
         q, z = unpack_awq(layer.qweight.data), unpack_awq(layer.qzeros.data)
@@ -66,17 +46,13 @@ class AWQConfig(QuantizationConfig):
         bits = qc.get("bits", qc.get("w_bit", 4))
         group = qc.get("group_size", qc.get("q_group_size", 128))
         version = str(qc.get("version", "gemm")).lower()
-        if bits != 4:
-            raise ValueError(f"{where}: {bits}-bit AWQ is not supported (only 4-bit)")
+        check_config("AWQ", bits, group, where)
         if version != "gemm":
             raise ValueError(f"{where}: AWQ version {version!r} is not supported (supported: "
                              "'gemm', AutoAWQ's default layout); gemv, exllama, marlin and ipex "
                              "variants store other layouts")
         if not qc.get("zero_point", True):
             raise ValueError(f"{where}: AWQ without zero points is not supported")
-        if group != -1 and (group < 8 or group % 8):
-            raise ValueError(f"{where}: AWQ group_size {group} is not supported (-1 or a multiple "
-                             "of 8)")
         skipped = [m for m in qc.get("modules_to_not_convert") or []
                    if "lm_head" not in m and "embed" not in m]
         if skipped:

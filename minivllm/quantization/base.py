@@ -1,20 +1,13 @@
 """What every quantization format provides: a config (read before any weight) and a linear method.
 
-A linear layer (minivllm/model/linear.py) owns its shape, its bias and which dimension tensor
-parallelism splits; it holds its weights through a *method*, which says three things, as in vLLM:
-
-* `create_weights(layer)`: which tensors the checkpoint gives for this layer (`weight`, or
-  `qweight`, `scales`, ...), registered as parameters with their shapes and which of their dims run
-  along the layer's outputs and inputs (and how many values one stored element packs), so that the
-  layer's loader can copy a fused layer's shards (q/k/v, gate/up) into place whatever the format;
-* `process_weights_after_loading(layer)`: turn what was loaded into the format's plain form
-  (quantize a float weight to int8, unpack 4-bit words), then hand it to its kernel's `layout`;
-* `apply(layer, x, bias)`: y = x @ W.T + bias, through its kernel.
-
-The *kernel* (a `LinearKernel`) is the part that depends on the hardware: the layout the weights are
-held in and the matmul that reads it. Each format family has a readable torch kernel beside it
-(unquantized.py, int8.py, int4.py); a platform (minivllm/platforms/) hands the model its own
-`LinearKernels`, one per family. A fast layout replaces the plain one: every weight is held once.
+A linear layer (model/linear.py) owns its shape, its bias and which dimension tensor parallelism
+splits; it holds its weights through a *method*, which, as in vLLM, does three things:
+`create_weights` registers the tensors the checkpoint gives (with their Layout, so the loader can
+copy a fused layer's shards into place whatever the format), `process_weights_after_loading` turns
+them into the format's plain form and hands them to its kernel's `layout`, and `apply` computes
+y = x @ W.T + bias. The *kernel* is the hardware-dependent part: the layout the weights are held in
+and the matmul that reads it. Each family has a readable torch kernel (unquantized.py, int8.py,
+int4.py); a platform (minivllm/platforms/) hands the model its own `LinearKernels`.
 """
 
 from __future__ import annotations
@@ -28,9 +21,8 @@ from torch import nn
 
 @dataclass(frozen=True)
 class Layout:
-    """How a stored tensor's dims map to the layer's [outputs, inputs] (None: not along that one).
-    packed_dim/pack_factor: that dim stores `pack_factor` values per element (eight 4-bit values per
-    int32). optional: a checkpoint may leave it out (GPTQ's g_idx): the method fills a default."""
+    """Which dims of a stored tensor run along the layer's outputs and inputs; packed_dim stores
+    `pack_factor` values per element; optional: a checkpoint may omit it (GPTQ's g_idx)."""
 
     output_dim: int | None
     input_dim: int | None
@@ -41,8 +33,8 @@ class Layout:
 
 def add_weight(layer: nn.Module, name: str, shape: tuple[int, ...], dtype: torch.dtype,
                layout: Layout) -> None:
-    """Register an empty parameter `name` on `layer`, its layout kept by the layer (module.to() and
-    to_empty() replace parameter objects: attributes set on a parameter would not survive them)."""
+    """Register an empty parameter, its layout kept by the layer (module.to() replaces parameter
+    objects: an attribute set on the parameter would not survive it)."""
     empty = nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
     layer.register_parameter(name, empty)
     layer.layouts[name] = layout
@@ -52,8 +44,8 @@ class LinearKernel:
     """How one format family's weights are laid out and multiplied: `layout` once after loading
     (it may swap in another layout of the same values, never add a copy), `apply` per call."""
 
-    def layout(self, layer: nn.Module) -> None:
-        """Replace the plain tensors by the ones `apply` reads; the readable kernels keep them."""
+    def layout(self, layer: nn.Module) -> None:  # the readable kernels keep the plain tensors
+        pass
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         raise NotImplementedError
@@ -74,10 +66,11 @@ class LinearMethod:
         self.kernel = kernel
 
     def create_weights(self, layer: nn.Module) -> None:
-        raise NotImplementedError
+        """The float W [N, K] as the checkpoint has it (unquantized; int8 quantizes it after)."""
+        shape = (layer.output_size, layer.input_size)
+        add_weight(layer, "weight", shape, torch.float32, Layout(output_dim=0, input_dim=1))
 
-    def process_weights_after_loading(self, layer: nn.Module) -> None:
-        """Called once every checkpoint tensor is in place (and the layer is on its device)."""
+    def process_weights_after_loading(self, layer: nn.Module) -> None:  # all tensors in place
         self.kernel.layout(layer)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -96,5 +89,4 @@ class QuantizationConfig:
     name = "none"
 
     def linear_method(self, kernels: LinearKernels) -> LinearMethod:
-        """The method for one linear layer, running the platform's kernel for its family."""
         raise NotImplementedError

@@ -1,14 +1,9 @@
 """GPTQ 4-bit checkpoints in AutoGPTQ's layout (config.json: `quant_method == "gptq"`).
 
-For a linear layer with K inputs, N outputs and groups of G inputs, the checkpoint holds:
-
-    qweight  int32 [K/8, N]    eight 4-bit q per word, packed *down the inputs*: q[k, n] is
-                               nibble k % 8 of qweight[k // 8, n]
-    qzeros   int32 [K/G, N/8]  eight 4-bit zero points per word, packed *across the outputs*; the
-                               original ("gptq", v1) format stores z - 1, "gptq_v2" stores z
-    scales   fp16  [K/G, N]
-    g_idx    int32 [K]         the group of each input: k // G, unless the checkpoint was quantized
-                               in act-order (desc_act=True), inputs taken by decreasing importance
+For K inputs, N outputs and groups of G inputs: qweight int32 [K/8, N] (eight 4-bit q per word
+*down the inputs*), qzeros int32 [K/G, N/8] (packed *across the outputs*; format "gptq" (v1) stores
+z - 1, "gptq_v2" z), scales fp16 [K/G, N], and g_idx int32 [K], the group of each input: k // G,
+unless quantized in act-order (desc_act=True, inputs taken by decreasing importance).
 
     W[n, k] = (q[k, n] - z[g_idx[k], n]) * s[g_idx[k], n]
 
@@ -31,27 +26,21 @@ from minivllm.quantization.base import (
     QuantizationConfig,
     add_weight,
 )
-from minivllm.quantization.int4 import INT4, Int4LinearMethod, unpack_cols, unpack_rows
+from minivllm.quantization.int4 import Int4LinearMethod, check_config, unpack_cols, unpack_rows
 
 FORMATS = ("gptq", "gptq_v2")  # checkpoint_format values with this layout (v1: zero points - 1)
 
 
 class GPTQLinearMethod(Int4LinearMethod):
-    def __init__(self, group_size: int, zeros_minus_one: bool, kernel: LinearKernel = INT4) -> None:
+    name, packs_inputs = "GPTQ", True
+
+    def __init__(self, group_size: int, zeros_minus_one: bool, kernel: LinearKernel) -> None:
         super().__init__(group_size, kernel)
         self.zeros_minus_one = zeros_minus_one
 
     def create_weights(self, layer: nn.Module) -> None:
-        k, n, g = layer.input_size, layer.output_size, self.group(layer)
-        if k % 8 or n % 8 or k % g:
-            raise ValueError(f"GPTQ: a {k} -> {n} linear layer does not fit 8-value words and "
-                             f"{g}-input groups")
-        add_weight(layer, "qweight", (k // 8, n), torch.int32,
-                   Layout(output_dim=1, input_dim=0, packed_dim=0, pack_factor=8))
-        add_weight(layer, "qzeros", (k // g, n // 8), torch.int32,
-                   Layout(output_dim=1, input_dim=0, packed_dim=1, pack_factor=8))
-        add_weight(layer, "scales", (k // g, n), torch.float32, Layout(output_dim=1, input_dim=0))
-        add_weight(layer, "g_idx", (k,), torch.int32,
+        super().create_weights(layer)
+        add_weight(layer, "g_idx", (layer.input_size,), torch.int32,
                    Layout(output_dim=None, input_dim=0, optional=True))
 
     def unpack(self, layer: nn.Module):
@@ -80,15 +69,11 @@ class GPTQConfig(QuantizationConfig):
     def from_hf(cls, qc: dict, where: str) -> GPTQConfig:
         bits, group = qc.get("bits", 4), qc.get("group_size", 128)
         fmt = qc.get("checkpoint_format") or "gptq"
-        if bits != 4:
-            raise ValueError(f"{where}: {bits}-bit GPTQ is not supported (only 4-bit)")
+        check_config("GPTQ", bits, group, where)
         if fmt not in FORMATS:
             raise ValueError(f"{where}: GPTQ checkpoint_format {fmt!r} is not supported "
                              f"(supported: {FORMATS}); marlin- and bitblas-repacked checkpoints "
                              "have another layout")
-        if group != -1 and (group < 8 or group % 8):
-            raise ValueError(f"{where}: GPTQ group_size {group} is not supported (-1 or a multiple "
-                             "of 8)")
         if qc.get("dynamic"):
             raise ValueError(f"{where}: GPTQ 'dynamic' per-module settings are not supported")
         return cls(group, bool(qc.get("desc_act", False)), fmt)

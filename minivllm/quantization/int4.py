@@ -1,17 +1,11 @@
 """What GPTQ and AWQ share: 4-bit weights with a scale and a zero point per group of G inputs.
 
-Both store, for W [N outputs, K inputs] (here [K, N], as their kernels read it), a 4-bit q in
-0..15, and per group of G consecutive inputs and per output a zero point z and a scale s:
-
-    W[n, k] = (q[k, n] - z[k // G, n]) * s[k // G, n]
-
-eight q (or z) per int32 word. They differ only in which way the words run and in what order the
-eight nibbles sit (gptq.py, awq.py); each format's `unpack` returns plain q, z, s, after which the
-two share everything: the weights are held as GPTQ stores them (q packed eight to a word down the
-inputs, z as bytes, s), and a kernel multiplies them. `INT4`, the readable one, dequantizes and
-multiplies; the CPU's (cpu_quantized.py: torch's int4 kernel, in its own layout) and the GPU's
-(kernels/quantized_linear.py: dequantized tile by tile in registers) sit beside it. Each records
-its choice in `layer.kernel` ("torch", "cpu", "triton").
+Both store W [N, K] as [K, N], a 4-bit q in 0..15 and per group and output a zero z and scale s,
+W[n, k] = (q[k, n] - z[k // G, n]) * s[k // G, n], eight q (or z) per int32 word. They differ only
+in which way the words run and the nibbles' order (gptq.py, awq.py); each format's `unpack` returns
+plain q, z, s, then the weights are held as GPTQ stores them and a kernel multiplies them: `INT4`
+(readable: dequantize, multiply), the CPU's (cpu_quantized.py) or the GPU's
+(kernels/quantized_linear.py), which records itself in `layer.kernel`.
 """
 
 from __future__ import annotations
@@ -20,15 +14,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minivllm.quantization.base import LinearKernel, LinearMethod
+from minivllm.quantization.base import Layout, LinearKernel, LinearMethod, add_weight
 
 SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)  # nibble i of a word sits at bits 4i..4i+3
 
 
 def unpack_rows(packed: torch.Tensor) -> torch.Tensor:
     """int32 [R, C], eight nibbles per word down the rows -> int32 [8R, C] (row 8r + i)."""
-    nibbles = (packed[:, None, :] >> SHIFTS.to(packed.device)[None, :, None]) & 0xF
-    return nibbles.reshape(-1, packed.shape[1])
+    return unpack_cols(packed.T).T
 
 
 def unpack_cols(packed: torch.Tensor) -> torch.Tensor:
@@ -36,21 +29,16 @@ def unpack_cols(packed: torch.Tensor) -> torch.Tensor:
     return ((packed[:, :, None] >> SHIFTS.to(packed.device)) & 0xF).reshape(packed.shape[0], -1)
 
 
-def _to_int32(words: torch.Tensor) -> torch.Tensor:
-    """uint32 bit patterns held in int64 -> the same bits as int32 (>= 2**31 become negative)."""
-    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
-
-
 def pack_rows(q: torch.Tensor) -> torch.Tensor:
     """The inverse of unpack_rows: [8R, C] values in 0..15 -> int32 [R, C]."""
-    q = q.to(torch.int64).reshape(-1, 8, q.shape[1])
-    return _to_int32((q << SHIFTS.to(torch.int64).to(q.device)[None, :, None]).sum(dim=1))
+    return pack_cols(q.T).T.contiguous()
 
 
 def pack_cols(q: torch.Tensor) -> torch.Tensor:
     """The inverse of unpack_cols: [R, 8C] values in 0..15 -> int32 [R, C]."""
     q = q.to(torch.int64).reshape(q.shape[0], -1, 8)
-    return _to_int32((q << SHIFTS.to(torch.int64).to(q.device)).sum(dim=2))
+    # summed in int64, then the low 32 bits as int32 (a word >= 2**31 becomes negative)
+    return (q << SHIFTS.to(torch.int64).to(q.device)).sum(dim=2).to(torch.int32)
 
 
 def dequantize(q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor,
@@ -78,7 +66,10 @@ INT4 = Int4Kernel()
 
 
 class Int4LinearMethod(LinearMethod):
-    """The loading both formats share; subclasses declare their tensors and unpack them."""
+    """The loading both formats share; subclasses say which way qweight's words run, and unpack."""
+
+    name = "int4"
+    packs_inputs = False  # qweight's eight values per word: down the inputs (GPTQ), or across
 
     def __init__(self, group_size: int, kernel: LinearKernel = INT4) -> None:
         super().__init__(kernel)
@@ -86,6 +77,18 @@ class Int4LinearMethod(LinearMethod):
 
     def group(self, layer: nn.Module) -> int:
         return layer.input_size if self.group_size == -1 else self.group_size
+
+    def create_weights(self, layer: nn.Module) -> None:
+        k, n, g = layer.input_size, layer.output_size, self.group(layer)
+        if n % 8 or k % g or (self.packs_inputs and k % 8):
+            raise ValueError(f"{self.name}: a {k} -> {n} linear layer does not fit 8-value words "
+                             f"and {g}-input groups")
+        add_weight(layer, "qweight", (k // 8, n) if self.packs_inputs else (k, n // 8), torch.int32,
+                   Layout(output_dim=1, input_dim=0, packed_dim=0 if self.packs_inputs else 1,
+                          pack_factor=8))
+        add_weight(layer, "qzeros", (k // g, n // 8), torch.int32,
+                   Layout(output_dim=1, input_dim=0, packed_dim=1, pack_factor=8))
+        add_weight(layer, "scales", (k // g, n), torch.float32, Layout(output_dim=1, input_dim=0))
 
     def unpack(self, layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
                                                 torch.Tensor | None]:
@@ -103,3 +106,12 @@ class Int4LinearMethod(LinearMethod):
         layer.register_buffer("zeros", zeros.to(torch.uint8).contiguous(), persistent=False)
         layer.register_buffer("scales", scales.contiguous(), persistent=False)
         self.kernel.layout(layer)
+
+
+def check_config(name: str, bits: int, group: int, where: str) -> None:
+    """The settings both formats' configs refuse alike: anything but 4 bits, odd group sizes."""
+    if bits != 4:
+        raise ValueError(f"{where}: {bits}-bit {name} is not supported (only 4-bit)")
+    if group != -1 and (group < 8 or group % 8):
+        raise ValueError(f"{where}: {name} group_size {group} is not supported (-1 or a multiple "
+                         "of 8)")

@@ -1,12 +1,9 @@
 """Weight-only int8 (`quantization="int8"`): any float checkpoint, quantized as it loads.
 
-Each output channel n (a row of W [N, K]) gets one scale, s[n] = max_k |W[n, k]| / 127, and the
-weight is kept as q = round(W / s[:, None]) in [-127, 127]: one byte per weight instead of two
-(bf16) or four (fp32). Activations stay in float; since s depends only on n,
-y = x @ (q * s[:, None]).T = (x @ q.T) * s, so the matmul runs on q converted to the activations'
-dtype (exact: every int8 fits fp16 and bf16) and the scale is applied once per output: `INT8`, the
-readable kernel, does just that. The CPU's kernel (cpu_quantized.py: torch's
-`_weight_int8pack_mm`) and the GPU's (kernels/quantized_linear.py) do it without the converted copy.
+Each output n gets one scale, s[n] = max_k |W[n, k]| / 127, and W is kept as q = round(W / s) in
+[-127, 127]: one byte per weight. Since s depends only on n, y = x @ (q * s).T = (x @ q.T) * s: the
+matmul runs on q in the activations' dtype (exact: every int8 fits fp16 and bf16) and the scale is
+applied once per output (`INT8`); the CPU's and GPU's kernels skip the converted copy.
 """
 
 from __future__ import annotations
@@ -19,12 +16,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from minivllm.quantization.base import (
-    Layout,
     LinearKernel,
     LinearKernels,
     LinearMethod,
     QuantizationConfig,
-    add_weight,
 )
 
 
@@ -58,11 +53,6 @@ class Int8LinearMethod(LinearMethod):
         super().__init__(kernel)
         # a learner's own quantize_per_channel (EngineHooks.int8_quantize), or None
         self.quantize = quantize
-
-    def create_weights(self, layer: nn.Module) -> None:
-        # the checkpoint is float: load W as it is, quantize after
-        shape = (layer.output_size, layer.input_size)
-        add_weight(layer, "weight", shape, torch.float32, Layout(output_dim=0, input_dim=1))
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         weight = layer.weight.data

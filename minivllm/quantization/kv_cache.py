@@ -1,14 +1,9 @@
 """The KV cache's element type: the model's ("auto"), or fp8 with a scale per tensor (vLLM's "fp8").
 
-An fp8 cache holds twice the tokens of a 16-bit one in the same bytes. Each layer's K and V have a
-scale (`k_scale`, `v_scale`: 1.0 unless the checkpoint gives one): a value is stored as
-fp8(x / scale), clamped to the format's range, and read back as float(fp8) * scale. Two formats:
-
-    e4m3 ("fp8", "fp8_e4m3")  4 exponent bits, 3 mantissa bits: finer steps, range +-448
-    e5m2 ("fp8_e5m2")         5 exponent bits, 2 mantissa bits: coarser steps, range +-57344
-
-This module is the torch side (the reference backend and the block copies); the Triton kernels
-encode and decode the same bits themselves (minivllm/kernels/fp8.py).
+An fp8 cache holds twice the tokens of a 16-bit one. Each layer's K and V have a scale (1.0 unless
+the checkpoint gives one): stored as fp8(x / scale), clamped, read back as float(fp8) * scale.
+e4m3 ("fp8", "fp8_e4m3") has finer steps, range +-448; e5m2 ("fp8_e5m2") coarser, range +-57344.
+This is the torch side; the Triton kernels encode the same bits themselves (kernels/fp8.py).
 """
 
 from __future__ import annotations

@@ -3,10 +3,6 @@
 Not GPTQ's or AWQ's algorithm (those choose q to minimise the layer's output error on calibration
 data, or rescale salient channels first): plain rounding, enough to produce checkpoints that load
 exactly like the ones on the Hub (tests/test_quantization.py, chapter 12).
-
-    quantize_groups(W, G) -> q [K, N], z [K/G, N], s [K/G, N] (asymmetric, min/max per group)
-    gptq_tensors / awq_tensors      -> the checkpoint tensors of one layer
-    write_quantized_checkpoint(...) -> a whole checkpoint directory (and its dequantized twin)
 """
 
 from __future__ import annotations
@@ -18,7 +14,7 @@ from pathlib import Path
 import torch
 
 from minivllm.quantization.awq import ORDER
-from minivllm.quantization.int4 import dequantize, pack_cols, pack_rows
+from minivllm.quantization.int4 import pack_cols, pack_rows
 
 QUANTIZED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -61,9 +57,9 @@ def awq_tensors(q, zeros, scales) -> dict[str, torch.Tensor]:
 
 def dequantized_weight(q, zeros, scales, g_idx: torch.Tensor | None = None) -> torch.Tensor:
     """W [N, K] fp32 exactly as the loaders compute it: (q - z[g]) * s[g]."""
-    if g_idx is None:
-        return dequantize(q, zeros, scales, q.shape[0] // scales.shape[0]).T
-    return ((q.float() - zeros[g_idx.long()].float()) * scales[g_idx.long()].float()).T
+    k = q.shape[0]
+    g = torch.arange(k) // (k // scales.shape[0]) if g_idx is None else g_idx.long()
+    return ((q.float() - zeros[g].float()) * scales[g].float()).T
 
 
 def _act_order_groups(layer: str, k: int, group_size: int, orders: dict[str, torch.Tensor],

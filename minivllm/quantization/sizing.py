@@ -13,24 +13,22 @@ in every format here (as GPTQ and AWQ checkpoints keep them). Per linear layer, 
 
 from __future__ import annotations
 
-FORMATS = ("float", "int8", "gptq", "awq", "gguf-Q8_0", "gguf-Q4_0")
+# (K inputs, N outputs, dtype bytes, group size) -> bytes, per format
+BYTES = {"float": lambda k, n, d, g: n * k * d,
+         "int8": lambda k, n, d, g: n * k + n * d,
+         "gptq": lambda k, n, d, g: n * k // 2 + (k // g) * n * 2 + (k // g) * n // 2 + 4 * k,
+         "awq": lambda k, n, d, g: n * k // 2 + (k // g) * n * 2 + (k // g) * n // 2,
+         "gguf-Q8_0": lambda k, n, d, g: n * k * 34 // 32,
+         "gguf-Q4_0": lambda k, n, d, g: n * k * 18 // 32}
+FORMATS = tuple(BYTES)
 
 
 def linear_bytes(in_features: int, out_features: int, fmt: str = "float", dtype_bytes: int = 2,
                  group_size: int = 128) -> int:
-    k, n = in_features, out_features
-    g = k if group_size == -1 else group_size
-    if fmt == "float":
-        return n * k * dtype_bytes
-    if fmt == "int8":
-        return n * k + n * dtype_bytes
-    if fmt in ("gptq", "awq"):
-        return n * k // 2 + (k // g) * n * 2 + (k // g) * n // 2 + (4 * k if fmt == "gptq" else 0)
-    if fmt == "gguf-Q8_0":
-        return n * k * 34 // 32
-    if fmt == "gguf-Q4_0":
-        return n * k * 18 // 32
-    raise ValueError(f"unknown format {fmt!r} (known: {FORMATS})")
+    if fmt not in BYTES:
+        raise ValueError(f"unknown format {fmt!r} (known: {FORMATS})")
+    group = in_features if group_size == -1 else group_size
+    return BYTES[fmt](in_features, out_features, dtype_bytes, group)
 
 
 def model_weight_bytes(mc, fmt: str = "float", dtype_bytes: int = 2, group_size: int = 128) -> int:

@@ -1,10 +1,8 @@
 """Float weights as the checkpoint has them: y = x @ W.T + b.
 
-The method declares W [outputs, inputs]; its kernel holds and multiplies it. `FLOAT`, the readable
-kernel, keeps W as it is and calls `F.linear` (cuBLAS on a GPU, MKL or oneDNN on a CPU). The CPU's
-kernels (cpu_unquantized.py) replace W by a layout their matmul reads faster; `plain_weight` gives a
-reader W back whichever layout holds it, and `rows` lets a tied embedding look its rows up in that
-layout, so a weight shared by the embedding and the LM head is held once.
+`FLOAT`, the readable kernel, keeps W [N, K] and calls `F.linear`; the CPU's (cpu_unquantized.py)
+hold it in a faster layout, so `plain_weight` gives a reader W back and `rows` lets a tied embedding
+look rows up in that layout: a weight shared by the embedding and the LM head is held once.
 """
 
 from __future__ import annotations
@@ -13,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minivllm.quantization.base import Layout, LinearKernel, LinearMethod, add_weight
+from minivllm.quantization.base import LinearKernel, LinearMethod
 
 
 class FloatKernel(LinearKernel):
@@ -39,10 +37,6 @@ class UnquantizedLinearMethod(LinearMethod):
 
     def __init__(self, kernel: FloatKernel = FLOAT) -> None:
         super().__init__(kernel)
-
-    def create_weights(self, layer: nn.Module) -> None:
-        shape = (layer.output_size, layer.input_size)
-        add_weight(layer, "weight", shape, torch.float32, Layout(output_dim=0, input_dim=1))
 
     def rows(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
         return self.kernel.rows(layer, ids)
