@@ -271,3 +271,13 @@ def test_property_ranks_agree_every_step_and_no_block_leaks(embedded_tp2, worklo
         agree(embedded_tp2)
     stats = engine.stats()
     assert stats["num_free_blocks"] == stats["num_total_blocks"]
+
+
+def test_a_script_without_the_main_guard_is_told_the_fix(tmp_path):
+    """A plain script that builds LLM(tensor_parallel_size=2) at its top level: the spawned worker re-runs
+    it and dies at start; the error names the script and the missing guard in one line."""
+    script = tmp_path / "unguarded.py"
+    script.write_text("from minivllm import LLM\nLLM(tensor_parallel_size=2)\n")
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert run.returncode != 0
+    assert f'{script} has no `if __name__ == "__main__":` guard' in run.stderr.splitlines()[-1]

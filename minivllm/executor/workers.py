@@ -13,10 +13,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import signal
+import sys
 import weakref
 from collections.abc import Callable
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -110,7 +112,8 @@ class ChildProcesses:
                     reasons.append(f"{self.what} {rank} raised:\n{text}")
                 elif proc.exitcode is not None:
                     reasons.append(f"{self.what} {rank} (pid {proc.pid}) exited with code "
-                                   f"{proc.exitcode}{_signal_name(proc.exitcode)}")
+                                   f"{proc.exitcode}{_signal_name(proc.exitcode)}"
+                                   f"{_unguarded_script_hint(proc.exitcode)}")
             if reasons:
                 self.error = self.error_type(f"a {self.what} failed; the LLM has stopped: "
                                              + "\n".join(reasons))
@@ -123,6 +126,19 @@ class ChildProcesses:
             self._stop.detach()
             stop(self.procs, self.conns)
         self._stop()
+
+
+def _unguarded_script_hint(exitcode: int) -> str:
+    """A child that died at start with code 1 while the main script has no `__main__` guard: the
+    spawned process re-ran the script, whose top level started minivllm again, and Python refused
+    (its long "bootstrapping phase" message, on the child's stderr). Say the fix in one line."""
+    script = getattr(sys.modules.get("__main__"), "__file__", None)
+    if exitcode != 1 or script is None or not Path(script).is_file():
+        return ""
+    if "__main__" in Path(script).read_text(errors="replace"):
+        return ""
+    return (f"\n{script} has no `if __name__ == \"__main__\":` guard: the processes minivllm "
+            "starts re-run the script, so put the code that builds the LLM under that guard")
 
 
 def torchrun_rank(config: EngineConfig) -> int | None:
