@@ -114,7 +114,8 @@ class EngineArgs:
                                     "many processes (gloo on CPU, NCCL on GPUs)", short="-tp")
     data_parallel_size: int = arg(EngineConfig.data_parallel_size, "run this many engines, each "
                                   "with its own scheduler and KV cache, sharing one mapped copy "
-                                  "of the weights; requests are spread over them (CPU)",
+                                  "of the weights (CPU); generate deals its prompts round-robin, "
+                                  "the server sends each call to the least loaded engine",
                                   short="-dp")
     swap_space: float = arg(EngineConfig.swap_space, "GiB of host memory for swapped-out KV blocks")
     cpu_offload_gb: float = arg(EngineConfig.cpu_offload_gb, "GiB of weights a GPU keeps in host "

@@ -86,7 +86,7 @@ class EngineProcesses:
 
     def check(self) -> None:
         """Raise the DataParallelError if an engine has died (cheap: exit codes), or stopped."""
-        if self.error is None and any(p.exitcode is not None for p in self.procs):
+        if self.error is None and any(_ended(p) for p in self.procs):
             self.fail()
         if self.error is not None:
             raise self.error
@@ -104,9 +104,10 @@ class EngineProcesses:
                     conn, 0.5 if proc.exitcode is None else 0)
                 if kind == "error":
                     reasons.append(f"data-parallel engine {rank} raised:\n{text}")
-                elif proc.exitcode is not None:
-                    reasons.append(f"data-parallel engine {rank} (pid {proc.pid}) exited with code "
-                                   f"{proc.exitcode}{_signal_name(proc.exitcode)}")
+                elif _ended(proc):
+                    code = proc.exitcode
+                    reasons.append(f"data-parallel engine {rank} (pid {proc.pid}) exited" + (
+                        "" if code is None else f" with code {code}{_signal_name(code)}"))
             if reasons:
                 self.error = DataParallelError("a data-parallel engine failed; the LLM has "
                                                "stopped: " + "\n".join(reasons))
@@ -128,6 +129,12 @@ def _last_report(conn: Connection, timeout_s: float) -> tuple[str, object]:
     while message[0] not in ("error", "died"):
         message = receive(conn, 0)
     return message
+
+
+def _ended(proc) -> bool:
+    """Whether an engine process has ended: its exit code, or (when something else reaped it, so
+    that no exit code can be read) its sentinel."""
+    return proc.exitcode is not None or bool(wait([proc.sentinel], 0))
 
 
 def _signal_name(exitcode: int) -> str:

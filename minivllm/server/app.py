@@ -30,6 +30,7 @@ from minivllm.engine.metrics import ServerMetrics
 from minivllm.server import openapi
 from minivllm.server.async_engine import AsyncEngine
 from minivllm.server.connection import http_protocol
+from minivllm.server.data_parallel import DataParallelAsyncEngine
 from minivllm.server.limits import APIKeyAuth, BodySizeLimit, ServerLimits, resolve_api_key
 from minivllm.server.preprocess import Preprocessor
 from minivllm.server.protocol import (
@@ -63,14 +64,18 @@ class JSONErrorCORS(CORSMiddleware):
         return APIError(message, code="cors_refused").response(headers)
 
 
-def build_app(engine: LLMEngine, model_name: str | None = None, *,
+def build_app(engine: LLMEngine | DataParallelAsyncEngine, model_name: str | None = None, *,
               limits: ServerLimits | None = None, api_key: str | None = None,
               allowed_origins: list[str] | tuple[str, ...] = (),
               chat_template: str | None = None) -> FastAPI:
-    """An app serving `engine` under `model_name` (default: the engine's served_model_name)."""
+    """An app serving `engine` (or data-parallel engines) under `model_name` (default: the
+    engine's served_model_name)."""
+    if isinstance(engine, DataParallelAsyncEngine):
+        async_engine, engine = engine, engine.engine
+    else:
+        async_engine = AsyncEngine(engine)
     name = model_name or engine.config.served_model_name
     limits = limits or ServerLimits()
-    async_engine = AsyncEngine(engine)
     metrics = ServerMetrics(name)
     request_log = RequestLog()
     async_engine.add_listener(metrics.observe)
@@ -166,7 +171,8 @@ def _add_token_routes(app: FastAPI, serving: OpenAIServing, pre: Preprocessor,
             raise APIError(str(e), param="tokens") from e
 
 
-def _add_ops_routes(app: FastAPI, async_engine: AsyncEngine, metrics: ServerMetrics) -> None:
+def _add_ops_routes(app: FastAPI, async_engine: AsyncEngine | DataParallelAsyncEngine,
+                    metrics: ServerMetrics) -> None:
     """What operators probe: health (and SageMaker's ping), the version, Prometheus metrics."""
     @app.get("/health", responses={**openapi.responses("status"),
                                    503: {"description": "The engine died"}})
@@ -174,7 +180,7 @@ def _add_ops_routes(app: FastAPI, async_engine: AsyncEngine, metrics: ServerMetr
         error = async_engine.error
         if error is None:
             try:
-                async_engine.engine.check_health()  # a dead tensor-parallel worker, even while idle
+                async_engine.check_health()
             except RuntimeError as e:
                 error = e
         if error is not None:
@@ -268,12 +274,16 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 8000,
     limits = limits or ServerLimits()
     configure_logging(log_level, log_format)
     api_key = resolve_api_key(api_key, envs.VLLM_API_KEY)
-    config = engine_config or EngineConfig(model=model, **engine_kwargs)
-    engine = LLMEngine(replace(config, trace_steps=0))
-    log.info("serving %s on http://%s:%d (%d KV blocks of %d tokens, max_model_len %d%s)",
-             engine.config.model, host, port, engine.kv.pool.num_blocks, engine.config.block_size,
-             engine.config.max_model_len, ", API key required" if api_key else "")
-    app = build_app(engine, model_name, limits=limits, api_key=api_key,
+    config = replace(engine_config or EngineConfig(model=model, **engine_kwargs), trace_steps=0)
+    # data_parallel_size > 1: engines 1..N-1 in child processes beside this one's (data_parallel.py)
+    served = (DataParallelAsyncEngine.launch(config) if config.data_parallel_size > 1
+              else LLMEngine(config))
+    engine = served.engine if isinstance(served, DataParallelAsyncEngine) else served
+    log.info("serving %s on http://%s:%d (%d engine(s) of %d KV blocks of %d tokens, "
+             "max_model_len %d%s)", engine.config.model, host, port, config.data_parallel_size,
+             engine.kv.pool.num_blocks, engine.config.block_size, engine.config.max_model_len,
+             ", API key required" if api_key else "")
+    app = build_app(served, model_name, limits=limits, api_key=api_key,
                     allowed_origins=allowed_origins, chat_template=chat_template)
     # ~400k objects (the model, tokenizers, libraries) live as long as the process: keep them out of
     # the GC's full collections, which would pause every thread to walk them (as vLLM does too).

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -25,6 +26,17 @@ from minivllm.outputs import RequestOutput
 log = logging.getLogger("minivllm.server")
 
 StepListener = Callable[[list[RequestOutput], dict], None]
+Turn = tuple[list[RequestOutput], dict, bool]  # a step's outputs, the engine's stats, work left
+StepFn = Callable[[list[str], list[EngineRequest]], Turn]
+
+
+def step_once(engine: LLMEngine, aborts: list[str], requests: list[EngineRequest]) -> Turn:
+    """One turn of the owner, in its worker thread: the aborts, the new requests, one step."""
+    engine.abort_request(aborts)
+    for request in requests:
+        engine.enqueue(request)
+    outputs = engine.step() if engine.has_unfinished_requests() else []
+    return outputs, engine.stats(), engine.has_unfinished_requests()
 
 
 class EngineDeadError(RuntimeError):
@@ -99,8 +111,11 @@ Slice = tuple[RequestStream, list[EngineRequest]]
 class AsyncEngine:
     """Run an LLMEngine behind an asyncio API: `await generate(...)` returns a RequestStream."""
 
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: LLMEngine, step: StepFn | None = None) -> None:
+        """`step`: how a turn reaches the engine (default: `step_once` here, in a worker thread;
+        a data-parallel engine in another process passes its own, data_parallel.py)."""
         self.engine = engine
+        self._step = step or functools.partial(step_once, engine)
         self.batch = engine.config.max_num_seqs  # sequences a step may run: calls' shares divide it
         self.stats: dict = engine.stats()  # the owner's snapshot after each step, safe to read
         self.error: BaseException | None = None
@@ -134,6 +149,16 @@ class AsyncEngine:
                     await self._task
             self._task = None
         self._fail_all(EngineDeadError("the server is shutting down"))
+
+    @property
+    def load(self) -> int:
+        """Requests this engine holds, running or queued here (data_parallel.py balances on it)."""
+        return (sum(len(s.unfinished) for s in self._calls)
+                + sum(len(op.stream.request_ids) for op in self._ops if isinstance(op, _Add)))
+
+    def check_health(self) -> None:
+        """Raise if the engine cannot serve (a dead tensor-parallel worker, even while idle)."""
+        self.engine.check_health()
 
     def add_listener(self, listener: StepListener) -> None:
         """Call `listener(outputs, stats)` on the event loop after every step (metrics, logs)."""
@@ -205,7 +230,8 @@ class AsyncEngine:
                     await self._wake.wait()
                 continue
             try:
-                outputs, stats, has_work = await asyncio.to_thread(self._work, aborts, slices)
+                new = [r for _, requests in slices for r in requests]
+                outputs, stats, has_work = await asyncio.to_thread(self._step, aborts, new)
             except Exception as e:  # whatever broke the step, every waiting client must hear of it
                 self._die(e)
                 return
@@ -245,17 +271,6 @@ class AsyncEngine:
                     stream.in_engine += r.params.n
                 stream.admitted = take
         return out
-
-    def _work(self, aborts: list[str],
-              slices: list[Slice]) -> tuple[list[RequestOutput], dict, bool]:
-        """In the worker thread: aborts, then the slices, then one step; (outputs, stats, busy)."""
-        eng = self.engine
-        eng.abort_request(aborts)
-        for _, requests in slices:
-            for request in requests:
-                eng.enqueue(request)
-        outputs = eng.step() if eng.has_unfinished_requests() else []
-        return outputs, eng.stats(), eng.has_unfinished_requests()
 
     def _deliver(self, slices: list[Slice], outputs: list[RequestOutput], stats: dict) -> None:
         for stream, _ in slices:
