@@ -104,8 +104,9 @@ class EngineConfig:
     tensor_parallel_size: int = arg(1, "split the model over this many processes (gloo on CPU, "
                                     "NCCL on GPUs)", short="-tp")
     data_parallel_size: int = arg(1, "run this many engines, each with its own scheduler and KV "
-                                  "cache, sharing one mapped copy of the weights; requests are "
-                                  "spread over them (CPU)", short="-dp")
+                                  "cache, sharing one mapped copy of the weights (CPU); generate "
+                                  "deals its prompts round-robin, the server sends each call to "
+                                  "the least loaded engine", short="-dp")
     hooks: EngineHooks = arg(cli=False, default_factory=EngineHooks, repr=False)  # a learner's own
     model_config: ModelConfig | None = field(default=None, repr=False)  # set by resolve()
 

@@ -108,7 +108,7 @@ def test_refusals(llama_path):
     with pytest.raises(ValueError, match="positive"):
         EngineArgs(model=str(llama_path), data_parallel_size=0).create_engine_config()
     config = EngineArgs(model=str(llama_path), data_parallel_size=2).create_engine_config()
-    with pytest.raises(ValueError, match="offline LLM"):  # the server's engine is one engine
+    with pytest.raises(ValueError, match="minivllm serve"):  # an LLMEngine is one engine
         LLMEngine(config)
 
 

@@ -189,7 +189,7 @@ def test_api_key(keyed):
 
 
 def test_api_key_from_environment():
-    from minivllm.server.auth import resolve_api_key
+    from minivllm.server.limits import resolve_api_key
 
     assert resolve_api_key(None, "from-env") == "from-env"
     assert resolve_api_key("flag", "from-env") == "flag"

@@ -51,8 +51,8 @@ class LLMEngine:
         """`data_parallel_rank`: which of data_parallel_size engines this is (LLM runs them all:
         engine/data_parallel.py); without it only data_parallel_size=1 is accepted."""
         if config.data_parallel_size > 1 and data_parallel_rank is None:
-            raise ValueError("data_parallel_size > 1 is run by the offline LLM(...) only (each "
-                             "engine is an LLMEngine; the server runs one)")
+            raise ValueError("data_parallel_size > 1 runs N engines, each an LLMEngine: LLM(...) "
+                             "and `minivllm serve` start them (their data_parallel.py)")
         self.config = config = config.resolve()
         # torchrun's rank > 0 is a worker, never an engine: this exits when rank 0 shuts down
         if config.tensor_parallel_size > 1 and torchrun_rank(config):

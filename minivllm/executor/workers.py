@@ -92,7 +92,7 @@ class ChildProcesses:
 
     def check(self) -> None:
         """Raise the error if a process has died (cheap: reads exit codes only), or stopped."""
-        if self.error is None and any(p.exitcode is not None for p in self.procs):
+        if self.error is None and any(_ended(p) for p in self.procs):
             self.fail()
         if self.error is not None:
             raise self.error
@@ -110,10 +110,11 @@ class ChildProcesses:
                     conn, 0.5 if proc.exitcode is None else 0)
                 if kind == "error":
                     reasons.append(f"{self.what} {rank} raised:\n{text}")
-                elif proc.exitcode is not None:
-                    reasons.append(f"{self.what} {rank} (pid {proc.pid}) exited with code "
-                                   f"{proc.exitcode}{_signal_name(proc.exitcode)}"
-                                   f"{_unguarded_script_hint(proc.exitcode)}")
+                elif _ended(proc):
+                    code = proc.exitcode
+                    reasons.append(f"{self.what} {rank} (pid {proc.pid}) exited" + (
+                        "" if code is None else f" with code {code}{_signal_name(code)}"
+                        f"{_unguarded_script_hint(code)}"))
             if reasons:
                 self.error = self.error_type(f"a {self.what} failed; the LLM has stopped: "
                                              + "\n".join(reasons))
@@ -126,6 +127,12 @@ class ChildProcesses:
             self._stop.detach()
             stop(self.procs, self.conns)
         self._stop()
+
+
+def _ended(proc) -> bool:
+    """Whether a child has ended: its exit code, or (when something else reaped it, so that no exit
+    code can be read) its sentinel."""
+    return proc.exitcode is not None or bool(wait([proc.sentinel], 0))
 
 
 def _unguarded_script_hint(exitcode: int) -> str:

@@ -1,18 +1,15 @@
 """The FastAPI app: OpenAI- and vLLM-compatible routes, health, metrics, errors in OpenAI's shape.
 
-`build_app(engine)` wraps an existing LLMEngine (tests build small ones); `serve(...)` loads a model
-and runs uvicorn, as `minivllm serve` does. Around the routes, outermost first: CORS (answers
-browser preflights), request ids (X-Request-Id), the API key, and the body-size cap, so a rejected
-request costs almost nothing. Below them all, the HTTP protocol (connection.py) gives each request a
-read deadline. Every error, from a malformed request line to a refused CORS preflight, is OpenAI's
-JSON error object.
+`build_app(engine)` wraps an existing LLMEngine; `serve(...)` loads a model and runs uvicorn, as
+`minivllm serve` does. Middleware, outermost first: CORS, request ids, the API key, the body-size
+cap, so a rejected request costs almost nothing; below them the HTTP protocol (connection.py) gives
+each request a read deadline. Every error, down to a malformed request line, is OpenAI's JSON.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import logging
 import time
 from dataclasses import replace
@@ -32,9 +29,9 @@ from minivllm.engine.llm_engine import LLMEngine
 from minivllm.engine.metrics import ServerMetrics
 from minivllm.server import openapi
 from minivllm.server.async_engine import AsyncEngine
-from minivllm.server.auth import APIKeyAuth, resolve_api_key
 from minivllm.server.connection import http_protocol
-from minivllm.server.limits import BodySizeLimit, ServerLimits
+from minivllm.server.data_parallel import DataParallelAsyncEngine
+from minivllm.server.limits import APIKeyAuth, BodySizeLimit, ServerLimits, resolve_api_key
 from minivllm.server.preprocess import Preprocessor
 from minivllm.server.protocol import (
     APIError,
@@ -43,6 +40,7 @@ from minivllm.server.protocol import (
     DetokenizeRequest,
     TokenizeChatRequest,
     TokenizeCompletionRequest,
+    conversation,
     engine_error,
 )
 from minivllm.server.request_log import RequestIdMiddleware, RequestLog, configure_logging
@@ -50,17 +48,6 @@ from minivllm.server.serving import OpenAIServing
 from minivllm.server.shutdown import GracefulServer
 
 log = logging.getLogger("minivllm.server")
-
-
-class ErrorJSON(JSONResponse):
-    """JSON with non-ASCII escaped: an error may echo the client's input, lone surrogates too."""
-
-    def render(self, content) -> bytes:
-        return json.dumps(content, separators=(",", ":")).encode()
-
-
-def api_error_response(err: APIError, headers: dict | None = None) -> ErrorJSON:
-    return ErrorJSON(err.body(), status_code=err.status, headers=headers)
 
 
 class JSONErrorCORS(CORSMiddleware):
@@ -74,17 +61,21 @@ class JSONErrorCORS(CORSMiddleware):
                    if k not in ("content-length", "content-type")}
         why = response.body.decode()  # "Disallowed CORS origin, method"
         message = f"CORS preflight refused: {why[len('Disallowed CORS '):]} not allowed"
-        return api_error_response(APIError(message, code="cors_refused"), headers)
+        return APIError(message, code="cors_refused").response(headers)
 
 
-def build_app(engine: LLMEngine, model_name: str | None = None, *,
+def build_app(engine: LLMEngine | DataParallelAsyncEngine, model_name: str | None = None, *,
               limits: ServerLimits | None = None, api_key: str | None = None,
               allowed_origins: list[str] | tuple[str, ...] = (),
               chat_template: str | None = None) -> FastAPI:
-    """An app serving `engine` under `model_name` (default: the engine's served_model_name)."""
+    """An app serving `engine` (or data-parallel engines) under `model_name` (default: the
+    engine's served_model_name)."""
+    if isinstance(engine, DataParallelAsyncEngine):
+        async_engine, engine = engine, engine.engine
+    else:
+        async_engine = AsyncEngine(engine)
     name = model_name or engine.config.served_model_name
     limits = limits or ServerLimits()
-    async_engine = AsyncEngine(engine)
     metrics = ServerMetrics(name)
     request_log = RequestLog()
     async_engine.add_listener(metrics.observe)
@@ -130,7 +121,6 @@ def build_app(engine: LLMEngine, model_name: str | None = None, *,
 
 
 def _add_openai_routes(app: FastAPI, serving: OpenAIServing, model_card) -> None:
-    """OpenAI's endpoints: completions, chat completions and the model list."""
     @app.post("/v1/completions",
               responses=openapi.responses("choices", errors=openapi.BODY_ERRORS, streams=True))
     async def completions(body: CompletionRequest, request: Request) -> Response:
@@ -154,17 +144,14 @@ def _add_openai_routes(app: FastAPI, serving: OpenAIServing, model_card) -> None
 
 def _add_token_routes(app: FastAPI, serving: OpenAIServing, pre: Preprocessor,
                       max_model_len: int) -> None:
-    """vLLM's /tokenize and /detokenize, run in the preprocess pool like a request's prompt."""
     @app.post("/tokenize", responses=openapi.responses("count", "max_model_len", "tokens",
                                                        errors=openapi.BODY_ERRORS))
     async def tokenize(body: TokenizeCompletionRequest | TokenizeChatRequest) -> dict:
         serving.check_model(body.model)
         try:
             if isinstance(body, TokenizeChatRequest):
-                if not body.messages:
-                    raise APIError("messages must not be empty", param="messages")
-                conversation = [m.as_template_input() for m in body.messages]
-                chat = await pre.chat_prompt(conversation, body.add_generation_prompt)
+                messages = conversation(body.messages)
+                chat = await pre.chat_prompt(messages, body.add_generation_prompt)
                 tokens = chat["prompt_token_ids"]
                 if body.add_special_tokens:
                     tokens = await pre.tokenize(chat["prompt"], True)
@@ -184,7 +171,8 @@ def _add_token_routes(app: FastAPI, serving: OpenAIServing, pre: Preprocessor,
             raise APIError(str(e), param="tokens") from e
 
 
-def _add_ops_routes(app: FastAPI, async_engine: AsyncEngine, metrics: ServerMetrics) -> None:
+def _add_ops_routes(app: FastAPI, async_engine: AsyncEngine | DataParallelAsyncEngine,
+                    metrics: ServerMetrics) -> None:
     """What operators probe: health (and SageMaker's ping), the version, Prometheus metrics."""
     @app.get("/health", responses={**openapi.responses("status"),
                                    503: {"description": "The engine died"}})
@@ -192,7 +180,7 @@ def _add_ops_routes(app: FastAPI, async_engine: AsyncEngine, metrics: ServerMetr
         error = async_engine.error
         if error is None:
             try:
-                async_engine.engine.check_health()  # a dead tensor-parallel worker, even while idle
+                async_engine.check_health()
             except RuntimeError as e:
                 error = e
         if error is not None:
@@ -201,7 +189,6 @@ def _add_ops_routes(app: FastAPI, async_engine: AsyncEngine, metrics: ServerMetr
 
     @app.get("/ping", responses=openapi.responses("status"))
     async def ping() -> Response:
-        """SageMaker's probe, as vLLM serves it (GET and POST): the same as /health."""
         return await health()
 
     app.post("/ping", responses=openapi.responses("status"), operation_id="ping_post")(ping)
@@ -220,11 +207,11 @@ def _add_ops_routes(app: FastAPI, async_engine: AsyncEngine, metrics: ServerMetr
 def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> Response:
-        return api_error_response(exc)
+        return exc.response()
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> Response:
-        return api_error_response(validation_error(exc.errors()))
+        return validation_error(exc.errors()).response()
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> Response:
@@ -239,14 +226,12 @@ def _add_error_handlers(app: FastAPI) -> None:
         # Starlette's Allow lists the first route of the path's; say every method it has
         if exc.status_code == 405:
             headers = {**(headers or {}), "Allow": ", ".join(allowed_methods(request))}
-        return api_error_response(APIError(message, status=exc.status_code, type=kind, code=code),
-                                  headers)
+        return APIError(message, status=exc.status_code, type=kind, code=code).response(headers)
 
     @app.exception_handler(Exception)
     async def server_error(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error in %s", request.url.path, exc_info=exc)
-        return api_error_response(APIError(f"internal error: {exc!r}", status=500,
-                                           type="server_error"))
+        return APIError(f"internal error: {exc!r}", status=500, type="server_error").response()
 
 
 def allowed_methods(request: Request) -> list[str]:
@@ -285,18 +270,20 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 8000,
           shutdown_timeout: float = 30.0, limits: ServerLimits | None = None,
           chat_template: str | None = None, engine_config: EngineConfig | None = None,
           **engine_kwargs) -> None:
-    """Load the model (or the one `engine_config` names), then serve it until SIGTERM or Ctrl-C (see
-    shutdown.py). Each request must arrive within `limits.read_timeout` seconds; idle keep-alive
-    connections close after 5 s (uvicorn's default)."""
+    """Load the model (or `engine_config`'s) and serve it until SIGTERM or Ctrl-C (shutdown.py)."""
     limits = limits or ServerLimits()
     configure_logging(log_level, log_format)
     api_key = resolve_api_key(api_key, envs.VLLM_API_KEY)
-    config = engine_config or EngineConfig(model=model, **engine_kwargs)
-    engine = LLMEngine(replace(config, trace_steps=0))
-    log.info("serving %s on http://%s:%d (%d KV blocks of %d tokens, max_model_len %d%s)",
-             engine.config.model, host, port, engine.kv.pool.num_blocks, engine.config.block_size,
-             engine.config.max_model_len, ", API key required" if api_key else "")
-    app = build_app(engine, model_name, limits=limits, api_key=api_key,
+    config = replace(engine_config or EngineConfig(model=model, **engine_kwargs), trace_steps=0)
+    # data_parallel_size > 1: engines 1..N-1 in child processes beside this one's (data_parallel.py)
+    served = (DataParallelAsyncEngine.launch(config) if config.data_parallel_size > 1
+              else LLMEngine(config))
+    engine = served.engine if isinstance(served, DataParallelAsyncEngine) else served
+    log.info("serving %s on http://%s:%d (%d engine(s) of %d KV blocks of %d tokens, "
+             "max_model_len %d%s)", engine.config.model, host, port, config.data_parallel_size,
+             engine.kv.pool.num_blocks, engine.config.block_size, engine.config.max_model_len,
+             ", API key required" if api_key else "")
+    app = build_app(served, model_name, limits=limits, api_key=api_key,
                     allowed_origins=allowed_origins, chat_template=chat_template)
     # ~400k objects (the model, tokenizers, libraries) live as long as the process: keep them out of
     # the GC's full collections, which would pause every thread to walk them (as vLLM does too).

@@ -1,26 +1,20 @@
 """AsyncEngine: one asyncio task owns the LLMEngine; HTTP handlers only send it messages.
 
-Why a single owner: LLMEngine is not thread-safe (add, abort and step all touch the scheduler and
-the block pool), so only the owner task touches it; requests reach it already tokenized and checked
-(preprocess.py), so a huge prompt never holds up a step. Why a worker thread: a step is CPU-bound
-torch work (up to seconds on a CPU), and on the event loop it would stall every connection. So the
-owner runs the adds and aborts queued since the last step, then one `step()`, in a worker thread
-(`asyncio.to_thread`) and awaits it: the event loop keeps serving HTTP meanwhile, nothing else
-touches the engine, and requests that arrive during a step are added right before the next one, so
-they join the running batch (continuous batching across clients).
+LLMEngine is not thread-safe, so only the owner touches it, and requests reach it already tokenized
+(preprocess.py). Each turn the owner applies the adds and aborts queued since the last step, then
+runs one `step()` in a worker thread: the event loop keeps serving HTTP meanwhile, and requests that
+arrive during a step join the batch of the next one (continuous batching across clients).
 
-Why calls enter in slices: one HTTP call may carry 100,000 prompts. Queued at once, they would all
-stand in the scheduler's FCFS line ahead of every later client. So each call has a share of the
-batch (`max_num_seqs` sequences when it is alone, `max_num_seqs / calls` when others run) and its
-further requests wait here, not in the scheduler, until its sequences in the engine drop below that
-share: a newcomer is always at most a share behind, and one client alone still fills the whole
-batch.
+One HTTP call may carry 100,000 prompts; queued at once, they would stand ahead of every later
+client. So each call gets a share of the batch (`max_num_seqs / calls`, all of it when alone) and
+its other requests wait here until its sequences in the engine drop below that share.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -32,6 +26,17 @@ from minivllm.outputs import RequestOutput
 log = logging.getLogger("minivllm.server")
 
 StepListener = Callable[[list[RequestOutput], dict], None]
+Turn = tuple[list[RequestOutput], dict, bool]  # a step's outputs, the engine's stats, work left
+StepFn = Callable[[list[str], list[EngineRequest]], Turn]
+
+
+def step_once(engine: LLMEngine, aborts: list[str], requests: list[EngineRequest]) -> Turn:
+    """One turn of the owner, in its worker thread: the aborts, the new requests, one step."""
+    engine.abort_request(aborts)
+    for request in requests:
+        engine.enqueue(request)
+    outputs = engine.step() if engine.has_unfinished_requests() else []
+    return outputs, engine.stats(), engine.has_unfinished_requests()
 
 
 class EngineDeadError(RuntimeError):
@@ -39,11 +44,8 @@ class EngineDeadError(RuntimeError):
 
 
 class RequestStream:
-    """The outputs of one HTTP call's engine requests (one per prompt), as an async iterator.
-
-    Each item is the list of outputs updated since the last read. Outputs are cumulative, so a slow
-    reader only ever sees the newest one per request: nothing piles up while it writes to a socket.
-    """
+    """One HTTP call's engine requests as an async iterator of the outputs updated since the last
+    read; outputs are cumulative, so a slow reader gets the newest one per request, no backlog."""
 
     def __init__(self, request_ids: Sequence[str], requests: Sequence[EngineRequest] = ()) -> None:
         self.request_ids = list(request_ids)
@@ -109,8 +111,11 @@ Slice = tuple[RequestStream, list[EngineRequest]]
 class AsyncEngine:
     """Run an LLMEngine behind an asyncio API: `await generate(...)` returns a RequestStream."""
 
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: LLMEngine, step: StepFn | None = None) -> None:
+        """`step`: how a turn reaches the engine (default: `step_once` here, in a worker thread;
+        a data-parallel engine in another process passes its own, data_parallel.py)."""
         self.engine = engine
+        self._step = step or functools.partial(step_once, engine)
         self.batch = engine.config.max_num_seqs  # sequences a step may run: calls' shares divide it
         self.stats: dict = engine.stats()  # the owner's snapshot after each step, safe to read
         self.error: BaseException | None = None
@@ -125,14 +130,13 @@ class AsyncEngine:
 
     # ---- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
-        """Start the owner task on the running event loop (the server's)."""
         self._wake = asyncio.Event()
         loop = asyncio.get_running_loop()
         self._task = loop.create_task(self._run(), name="minivllm-engine-loop")
 
     async def stop(self, timeout: float = 10.0) -> None:
-        """Abort what still runs, let the owner free its blocks (within `timeout`), then stop it;
-        anyone still waiting hears so instead of hanging (uvicorn drains requests first)."""
+        """Abort what runs, let the owner free its blocks (within `timeout`), then stop it; anyone
+        still waiting hears so instead of hanging."""
         if self._task is not None:
             self.abort_all()
             self._stopping = True
@@ -146,14 +150,24 @@ class AsyncEngine:
             self._task = None
         self._fail_all(EngineDeadError("the server is shutting down"))
 
+    @property
+    def load(self) -> int:
+        """Requests this engine holds, running or queued here (data_parallel.py balances on it)."""
+        return (sum(len(s.unfinished) for s in self._calls)
+                + sum(len(op.stream.request_ids) for op in self._ops if isinstance(op, _Add)))
+
+    def check_health(self) -> None:
+        """Raise if the engine cannot serve (a dead tensor-parallel worker, even while idle)."""
+        self.engine.check_health()
+
     def add_listener(self, listener: StepListener) -> None:
         """Call `listener(outputs, stats)` on the event loop after every step (metrics, logs)."""
         self._listeners.append(listener)
 
     # ---- the API handlers use --------------------------------------------------------------------
     async def generate(self, requests: Sequence[EngineRequest]) -> RequestStream:
-        """Queue checked requests (from preprocess.py): all or none (ValueError names why). Returns
-        once the first slice is in the engine; the rest follow as the call's share allows."""
+        """Queue checked requests, all or none (ValueError names why); returns once the first slice
+        is in the engine."""
         if self.error is not None or self._task is None or self._stopping:
             raise EngineDeadError(f"the engine is not running: {self.error!r}")
         ids = [r.request_id for r in requests]
@@ -173,8 +187,7 @@ class AsyncEngine:
         return stream
 
     def abort(self, stream: RequestStream) -> None:
-        """Abort a stream's unfinished requests; their blocks are freed before the next step, and
-        those still waiting for their slice never go in."""
+        """Abort a stream's unfinished requests (freed before the next step)."""
         self._forget([stream])
         stream.unfinished.clear()
 
@@ -217,7 +230,8 @@ class AsyncEngine:
                     await self._wake.wait()
                 continue
             try:
-                outputs, stats, has_work = await asyncio.to_thread(self._work, aborts, slices)
+                new = [r for _, requests in slices for r in requests]
+                outputs, stats, has_work = await asyncio.to_thread(self._step, aborts, new)
             except Exception as e:  # whatever broke the step, every waiting client must hear of it
                 self._die(e)
                 return
@@ -257,18 +271,6 @@ class AsyncEngine:
                     stream.in_engine += r.params.n
                 stream.admitted = take
         return out
-
-    def _work(self, aborts: list[str],
-              slices: list[Slice]) -> tuple[list[RequestOutput], dict, bool]:
-        """In the worker thread: apply the aborts, queue the slices, then take one step. Returns its
-        outputs, the engine's stats and whether the engine has work left."""
-        eng = self.engine
-        eng.abort_request(aborts)
-        for _, requests in slices:
-            for request in requests:
-                eng.enqueue(request)
-        outputs = eng.step() if eng.has_unfinished_requests() else []
-        return outputs, eng.stats(), eng.has_unfinished_requests()
 
     def _deliver(self, slices: list[Slice], outputs: list[RequestOutput], stats: dict) -> None:
         for stream, _ in slices:

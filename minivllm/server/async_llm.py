@@ -5,14 +5,10 @@
         print(out.outputs[0].text)
     engine.shutdown()
 
-Every concurrent `generate()` joins the one running batch: a single owner task steps the engine in a
-worker thread while the event loop keeps accepting requests (the server is built the same way). The
-owner task starts on the event loop of the first `generate()` call.
-
-Streaming with RequestOutputKind.DELTA: the owner keeps only each request's newest output for a
-reader that has not caught up, so the engine is asked for cumulative outputs and the deltas are cut
-here, from what this reader has already been given. A slow reader therefore gets one larger delta,
-never a gap (vLLM merges pending deltas the same way).
+Concurrent `generate()` calls join one running batch, as the server's do; the owner task starts on
+the event loop of the first call. With RequestOutputKind.DELTA the engine still makes cumulative
+outputs (the owner keeps only the newest one per request) and the deltas are cut here, so a slow
+reader gets one larger delta, never a gap (vLLM merges pending deltas the same way).
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """HTTP connections a slow client cannot hold open, and protocol errors in OpenAI's shape.
 
-uvicorn's h11 protocol times out only idle keep-alive connections: a client that connects and sends
-nothing, or half its headers, or a Content-Length and then part of the body, keeps a connection (and
-a slot in the server) for as long as it likes. Here each request has `read_timeout` seconds, from
-the connection or its first byte to its last body byte; after that it gets a 408 and the connection
-is closed, which the handlers see as a hang-up (so nothing it started keeps running). uvicorn's 400
-for malformed HTTP is plain text; here it is OpenAI's error object, like every other error the
-server sends.
+uvicorn times out only idle keep-alive connections: a client that sends half its headers, or part of
+its body, holds a slot for as long as it likes. Here each request has `read_timeout` seconds from
+its first byte to its last, then a 408 and a closed connection (which the handlers see as a
+hang-up). uvicorn's 400 for malformed HTTP is plain text; here it is OpenAI's error object.
 """
 
 from __future__ import annotations
@@ -20,8 +17,7 @@ from minivllm.server.limits import error_body
 
 
 def raw_response(status: int, reason: str, body: bytes) -> bytes:
-    """A whole HTTP/1.1 response that closes the connection, written without h11 (which refuses to
-    answer a request it has not finished reading)."""
+    """A closing HTTP/1.1 response, without h11 (which won't answer a request it has not read)."""
     head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: "
             f"{len(body)}\r\nconnection: close\r\n\r\n")
     return head.encode() + body
@@ -46,8 +42,7 @@ class GuardedH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
     def _watch(self) -> None:
-        """Arm the deadline while a request is being read; disarm once it is read (or the connection
-        idles between requests, which uvicorn's keep-alive timeout covers)."""
+        """Armed while a request is read; disarmed once read, or idle (keep-alive's timeout)."""
         if self.transport.is_closing():
             return
         state = self.conn.their_state
@@ -83,7 +78,6 @@ class GuardedH11Protocol(H11Protocol):
 
 
 def http_protocol(read_timeout: float) -> type[GuardedH11Protocol]:
-    """The protocol class to give uvicorn.Config(http=...), with this read deadline."""
     if not read_timeout > 0:
         raise ValueError(f"the request read timeout must be > 0 seconds, got {read_timeout!r}")
     return type("GuardedH11Protocol", (GuardedH11Protocol,), {"read_timeout": float(read_timeout)})

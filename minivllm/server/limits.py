@@ -1,18 +1,22 @@
-"""Request limits an operator sets, and the ASGI middleware that enforces the body-size one.
+"""What a request must pass before any handler reads it: the body-size cap and `--api-key`.
 
-Why a body cap before anything parses it: a 50 MB JSON body costs memory and seconds of parsing
-before any field can be checked, so the size is checked first, from Content-Length when the client
-sends one and while reading otherwise, and the request is answered 413 without reading the rest.
+The body's size is checked first (from Content-Length, else while reading): a 50 MB JSON body costs
+memory and seconds of parsing before any field can be checked, so it gets a 413 unread. The API key
+is vLLM's `Authorization: Bearer <key>`, compared in constant time (hmac.compare_digest); the probes
+stay open for load balancers and Prometheus, and CORS preflights because browsers send no
+credentials with them.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 MAX_N = 128  # sequences per prompt (OpenAI's own cap on n is 128)
+OPEN_PATHS = frozenset({"/health", "/ping", "/version", "/metrics"})
 
 
 @dataclass(frozen=True)
@@ -48,8 +52,8 @@ class BodySizeLimit:
             await self.app(scope, receive, send)
             return
         too_big = error_body(f"the request body is larger than this server's limit of "
-                             f"{self.max_bytes} bytes",
-                             "invalid_request_error", "request_too_large")
+                             f"{self.max_bytes} bytes", "invalid_request_error",
+                             "request_too_large")
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
             await send_error(send, 413, too_big, [(b"connection", b"close")])
@@ -66,8 +70,28 @@ class BodySizeLimit:
             more = message.get("more_body", False)
         unread = [{"type": "http.request", "body": bytes(body), "more_body": False}]
 
-        async def replay() -> Message:
-            # the body once, then what follows it: the disconnect the handlers watch for
+        async def replay() -> Message:  # the body once, then the disconnect the handlers watch for
             return unread.pop() if unread else await receive()
 
         await self.app(scope, replay, send)
+
+
+class APIKeyAuth:
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        given = dict(scope.get("headers", [])).get(b"authorization", b"")
+        if (scope["type"] != "http" or scope["method"] == "OPTIONS" or scope["path"] in OPEN_PATHS
+                or hmac.compare_digest(given, self.expected)):
+            await self.app(scope, receive, send)
+            return
+        body = error_body("invalid or missing API key: send 'Authorization: Bearer <key>'",
+                          "authentication_error", "invalid_api_key")
+        await send_error(send, 401, body, [(b"www-authenticate", b"Bearer")])
+
+
+def resolve_api_key(given: str | None, from_env: str | None) -> str | None:
+    """--api-key wins, else VLLM_API_KEY (`from_env`) as vLLM reads it; an empty value: no key."""
+    return given or from_env or None

@@ -1,11 +1,5 @@
-"""Logprobs on the wire: the engine's per-position `{token id: Logprob}` dicts in OpenAI's two
-formats.
-
-Completions (the legacy API) send parallel lists: `tokens`, `token_logprobs`, `top_logprobs` (a dict
-of the top alternatives' text -> logprob per position) and `text_offset` (where each token's text
-starts). Chat sends `content`: one object per token with its `logprob`, its UTF-8 `bytes` and a
-`top_logprobs` list.
-"""
+"""The engine's per-position `{token id: Logprob}` dicts in OpenAI's two formats: completions'
+parallel lists (tokens, token_logprobs, top_logprobs, text_offset), chat's one object per token."""
 
 from __future__ import annotations
 

@@ -31,8 +31,7 @@ BODY_ERRORS = (400, 401, 404, 413, 503)  # what a route that reads a request bod
 
 def responses(*required: str, errors: tuple[int, ...] = (),
               streams: bool = False) -> dict[int | str, dict[str, Any]]:
-    """A route's `responses=`: a 200 whose JSON body is an object with these keys (and server-sent
-    events when it streams), and these error statuses, each with OpenAI's error object."""
+    """A route's `responses=`: a 200 object with these keys (or SSE), errors in OpenAI's shape."""
     why = {400: "Invalid request (a bad field, a prompt too long, a limit exceeded)",
            401: "Missing or wrong API key (only with --api-key)", 404: "No such model or route",
            413: "Request body above --max-request-bytes", 503: "The engine is not running"}
@@ -73,8 +72,7 @@ def below_pattern(n: int) -> str:
 
 
 def structured_outputs_schema() -> dict[str, Any]:
-    """vLLM's structured_outputs object: StructuredOutputsParams' fields, null meaning "not given",
-    and exactly one given (json_object only counts when true)."""
+    """vLLM's structured_outputs: exactly one of its fields given (json_object only when true)."""
     kinds = {"json": {"type": ["string", "object"]}, "regex": {"type": "string", "format": "regex"},
              "choice": {"type": "array", "minItems": 1,
                         "items": {"type": "string", "minLength": 1}},
@@ -88,11 +86,9 @@ def structured_outputs_schema() -> dict[str, Any]:
 
 def value_ranges(vocab_size: int, max_n: int, priority: bool,
                  max_model_len: int) -> dict[str, dict[str, Any]]:
-    """Field -> the JSON Schema keywords for what SamplingParams and the engine accept, so a client
-    (or a fuzzer) can tell a valid request from the schema alone. Keywords only constrain values of
-    their own type, so one set serves a union (`stop`: a non-empty string, or a list of them).
-    Checking stays in SamplingParams, whose errors name the field; rules across fields (min_tokens
-    <= max_tokens, prompt + max_tokens within the context) are not expressed here."""
+    """Field -> JSON Schema keywords for what SamplingParams and the engine accept, so a client (or
+    a fuzzer) can tell a valid request from the schema; checking stays in SamplingParams. Keywords
+    constrain only values of their type, so one set serves a union (`stop`: string or list)."""
     token = {"minimum": 0, "maximum": vocab_size - 1}
     words = {"minLength": 1, "pattern": r"\S"}
     length = {"minimum": 1, "maximum": max_model_len - 1}
@@ -123,8 +119,7 @@ CONSTRAINTS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
 
 
 def across_fields(chat: bool) -> list[dict[str, Any]]:
-    """The rules between fields the server applies: stream_options only with stream, at most one
-    output constraint (response_format "text" is none); chat: top_logprobs > 0 needs logprobs."""
+    """stream_options only with stream; one output constraint; chat: top_logprobs needs logprobs."""
     rules = [{"if": has("stream_options", {"type": "object"}),
               "then": has("stream", {"const": True})}]
     is_set = {name: has(name, {"not": {"type": "null"}}) for name in CONSTRAINTS}
@@ -150,8 +145,7 @@ def merge(into: dict[str, Any], extra: dict[str, Any]) -> None:
 
 def bound_fields(schema: dict[str, Any], max_logprobs: int,
                  ranges: dict[str, dict[str, Any]]) -> None:
-    """Add the value ranges to the request bodies' properties, and the logprob fields' range as this
-    engine's max_logprobs allows it ([0, cap], or -1 and up when -1)."""
+    """The value ranges into the bodies' properties; logprobs: [0, max_logprobs] (or >= -1)."""
     components = schema.get("components", {}).get("schemas", {})
     for model in BODIES:
         for name, prop in components.get(model, {}).get("properties", {}).items():
@@ -176,8 +170,7 @@ def bound_fields(schema: dict[str, Any], max_logprobs: int,
 
 def install(app: FastAPI, max_logprobs: int = 20,
             ranges: dict[str, dict[str, Any]] | None = None) -> None:
-    """Replace app.openapi with one that drops FastAPI's 422 entries and their schemas, and
-    documents the value ranges the server accepts (value_ranges, and the engine's max_logprobs)."""
+    """app.openapi without FastAPI's 422s, with the value ranges the server accepts."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

@@ -1,14 +1,9 @@
 """Requests tokenized and checked, large responses built: in a small thread pool, a tokenizer each.
 
-Why not on the engine's owner: a 10 MB prompt takes many seconds to tokenize, and every running
-stream would wait for it. Why not on the event loop: it would stall every connection instead. Why a
-tokenizer per thread: a Hugging Face tokenizer is not safe to share between threads, and the
-engine's own one detokenizes its outputs. The engine only queues requests already checked.
-
-Why work goes in in pieces: a call with 100,000 prompts is checked `PROMPTS_PER_JOB` prompts at a
-time, one job after the other, so one call holds at most one of the pool's threads and for at most
-one piece; a later client's job queues behind a piece, never behind the whole call, and a client
-that hangs up stops its call at the next piece.
+Not on the engine's owner: every running stream would wait for a 10 MB prompt. Not on the event
+loop: every connection would. A tokenizer per thread: Hugging Face's are not thread-safe. A call's
+prompts go in pieces of `PROMPTS_PER_JOB`, one job after another, so a later client queues behind a
+piece, never a whole 100,000-prompt call, and a client that hangs up stops at the next piece.
 """
 
 from __future__ import annotations
@@ -42,6 +37,12 @@ def check_unicode(text: str, what: str) -> None:
                          f"{e.start}") from None
 
 
+def tokenizer(proc: InputProcessor, why: str = "") -> Tokenizer:
+    if proc.tokenizer is None:
+        raise ValueError(f"this model has no tokenizer{why}")
+    return proc.tokenizer
+
+
 def pieces(prompts: list[tuple[str, PromptType]]) -> list[list[tuple[str, PromptType]]]:
     """Runs of <= PROMPTS_PER_JOB prompts, in order, and (past the first) <= CHARS_PER_JOB chars."""
     out: list[list[tuple[str, PromptType]]] = [[]]
@@ -57,8 +58,8 @@ def pieces(prompts: list[tuple[str, PromptType]]) -> list[list[tuple[str, Prompt
 
 
 class Preprocessor:
-    """`workers` threads and as many InputProcessors, each with its own tokenizer, loaded here (at
-    start-up, not while the first burst of clients waits); a job borrows one for its duration."""
+    """`workers` threads and as many InputProcessors, each with its own tokenizer (loaded at
+    start-up, not while the first clients wait); a job borrows one for its duration."""
 
     def __init__(self, engine: LLMEngine, workers: int = 4,
                  chat_template: str | None = None) -> None:
@@ -95,11 +96,9 @@ class Preprocessor:
     async def requests(self, prompts: list[tuple[str, PromptType]], params: SamplingParams,
                        arrival: float, strict_max_tokens: bool,
                        priority: int = 0) -> list[EngineRequest]:
-        """Every prompt tokenized and checked (ValueError names the first bad one), none queued yet;
-        in pieces (see the module's docstring), so cancelling the caller stops at the next piece.
-
+        """Every prompt tokenized and checked (ValueError names the first bad one), in pieces.
         `strict_max_tokens`: the client chose max_tokens, so prompt + max_tokens beyond the context
-        is an error (as in vLLM) rather than silently capped."""
+        is an error (as in vLLM), not silently capped."""
 
         def job(proc: InputProcessor, piece: list[tuple[str, PromptType]]) -> list[EngineRequest]:
             out = []
@@ -128,10 +127,8 @@ class Preprocessor:
             check_unicode(m["content"], "messages")
 
         def job(proc: InputProcessor) -> dict:
-            if proc.tokenizer is None:
-                raise ValueError("this model has no tokenizer, so it has no chat template")
             try:
-                text, ids = proc.tokenizer.apply_chat_template(
+                text, ids = tokenizer(proc, ", so it has no chat template").apply_chat_template(
                     conversation, chat_template=self.chat_template,
                     add_generation_prompt=add_generation_prompt)
             except (ValueError, TypeError, jinja2.TemplateError) as e:  # no template, bad messages
@@ -144,20 +141,16 @@ class Preprocessor:
         check_unicode(text, "prompt")
 
         def job(proc: InputProcessor) -> list[int]:
-            if proc.tokenizer is None:
-                raise ValueError("this model has no tokenizer")
-            return proc.tokenizer.hf(text, add_special_tokens=add_special_tokens).input_ids
+            return tokenizer(proc).hf(text, add_special_tokens=add_special_tokens).input_ids
 
         return await self.run(job)
 
     async def detokenize(self, tokens: list[int]) -> str:
         def job(proc: InputProcessor) -> str:
-            if proc.tokenizer is None:
-                raise ValueError("this model has no tokenizer")
-            bad = [t for t in tokens if not 0 <= t < proc.vocab_size]
-            if bad:
+            tok = tokenizer(proc)
+            if bad := [t for t in tokens if not 0 <= t < proc.vocab_size]:
                 raise ValueError(f"token ids outside the vocabulary [0, {proc.vocab_size}): "
                                  f"{bad[:5]}")
-            return proc.tokenizer.decode(tokens)
+            return tok.decode(tokens)
 
         return await self.run(job)

@@ -11,10 +11,11 @@ import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from starlette.responses import Response
 
 from minivllm.core.sequence import FinishReason
 from minivllm.sampling_params import MAX_LOGIT_BIAS, SamplingParams, StructuredOutputsParams
-from minivllm.server.limits import MAX_N
+from minivllm.server.limits import MAX_N, error_body
 
 log = logging.getLogger("minivllm.server")
 
@@ -45,9 +46,11 @@ class APIError(Exception):
         self.message, self.param, self.code = message, param, code
         self.status, self.type = status, type
 
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
+    def response(self, headers: dict | None = None) -> Response:
+        return Response(self.body(), self.status, headers, media_type="application/json")
+
+    def body(self) -> bytes:
+        return error_body(self.message, self.type, self.code, self.param)
 
 
 def clamp(value: float, bound: float) -> float:
@@ -76,32 +79,35 @@ def engine_error(e: ValueError, prompt_param: str = "prompt") -> APIError:
     return APIError(msg, param=param)
 
 
-class StreamOptions(BaseModel):
+class Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class Lenient(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")  # unknown fields: ignored, as OpenAI's
+
+
+class StreamOptions(Strict):
     include_usage: bool = False
     continuous_usage_stats: bool = False  # vLLM: usage in every chunk, not only the last
 
 
-class JSONSchemaFormat(BaseModel):
-    model_config = ConfigDict(strict=True, extra="allow")
+class JSONSchemaFormat(Lenient):
     name: str | None = None
     description: str | None = None
     schema_: dict | None = Field(None, alias="schema")
     strict: bool | None = None
 
 
-class ResponseFormat(BaseModel):
+class ResponseFormat(Strict):
     """OpenAI's response_format: plain text, any JSON object, or JSON following a schema."""
 
-    model_config = ConfigDict(strict=True, extra="forbid")
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JSONSchemaFormat | None = None
 
 
-class SamplingRequest(BaseModel):
+class SamplingRequest(Lenient):
     """The fields both endpoints share. None means "the default", as clients sending null expect."""
-
-    model_config = ConfigDict(strict=True, extra="allow")
 
     model: str | None = None
     max_tokens: Int | None = None
@@ -245,14 +251,12 @@ class CompletionRequest(SamplingRequest):
         return [x if isinstance(x, str) else {"prompt_token_ids": x} for x in p]
 
 
-class TextPart(BaseModel):
-    model_config = ConfigDict(strict=True, extra="allow")
+class TextPart(Lenient):
     type: Literal["text"]
     text: str
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(strict=True, extra="allow")
+class ChatMessage(Lenient):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
 
@@ -276,14 +280,18 @@ class ChatCompletionRequest(SamplingRequest):
         return (self.top_logprobs or 0) if self.logprobs else None
 
     def conversation(self) -> list[dict]:
-        if not self.messages:
-            raise APIError("messages must not be empty", param="messages")
-        return [m.as_template_input() for m in self.messages]
+        return conversation(self.messages)
 
     def requested_max_tokens(self) -> int | None:
         """OpenAI renamed max_tokens to max_completion_tokens for chat; either is accepted."""
         return (self.max_completion_tokens if self.max_completion_tokens is not None
                 else self.max_tokens)
+
+
+def conversation(messages: list[ChatMessage]) -> list[dict]:
+    if not messages:
+        raise APIError("messages must not be empty", param="messages")
+    return [m.as_template_input() for m in messages]
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
@@ -298,22 +306,19 @@ def finish_reason(reason: str | None) -> str | None:
 
 
 # vLLM's /tokenize and /detokenize request bodies: clients use them to count tokens before they send
-class TokenizeCompletionRequest(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid")
+class DetokenizeRequest(Strict):
+    model: str | None = None
+    tokens: list[Int]
+
+
+class TokenizeCompletionRequest(Strict):
     model: str | None = None
     prompt: str
     add_special_tokens: bool = True
 
 
-class TokenizeChatRequest(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid")
+class TokenizeChatRequest(Strict):
     model: str | None = None
     messages: list[ChatMessage]
     add_generation_prompt: bool = True
     add_special_tokens: bool = False
-
-
-class DetokenizeRequest(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid")
-    model: str | None = None
-    tokens: list[Int]

@@ -1,10 +1,7 @@
-"""Request logs: one timed record per request event (received, first_token, finished, aborted).
-
-Each record is a standard `logging` record on the "minivllm.server.requests" logger whose fields
-ride in `extra`, so the same call reads as a line of text by default and as one JSON object per
-event under `--log-format json` (python-json-logger's formatter puts every extra field in the
-object). The request id is the client's `X-Request-Id` when it sends one, so a call can be followed
-from a proxy's logs into ours.
+"""Request logs: one timed `logging` record per request event (received, first_token, finished,
+aborted) on "minivllm.server.requests", its fields in `extra`: a line of text by default, one JSON
+object under `--log-format json`. The id is the client's X-Request-Id when it sends one, so a call
+can be followed from a proxy's logs into ours.
 """
 
 from __future__ import annotations
@@ -98,8 +95,7 @@ def configure_logging(level: str, fmt: str) -> None:
 
 
 class RequestIdMiddleware:
-    """Give every HTTP request an id (the client's X-Request-Id, or a fresh one) in
-    `request.state.request_id`, echoed in the response's X-Request-Id header, errors included."""
+    """`request.state.request_id`: the client's X-Request-Id or a fresh one, echoed in the reply."""
 
     def __init__(self, app) -> None:
         self.app = app

@@ -1,14 +1,10 @@
 """OpenAI completions and chat requests in, engine requests out; engine outputs in, OpenAI out.
 
 One HTTP call becomes one engine request per prompt (each with n sequences); choice i * n + j is
-sequence j of prompt i, as in OpenAI's API. Streams send text deltas of the cumulative outputs.
-
-Nothing here costs the event loop more than a step's worth of work: a whole response (up to 100,000
-choices, logprobs, echoed prompts) is built and JSON-encoded in the preprocess pool as its outputs
-finish, at most `RESPONSE_OUTPUTS_PER_JOB` outputs per job, in time linear in its size. The client's
-X-Request-Id names the call in logs, headers and the response id, but the engine's ids get a fresh
-suffix (`cmpl-<its id>-<uuid>-<i>`), so two calls may carry the same one; without it, a call is
-`cmpl-<uuid>` and its prompts `cmpl-<uuid>-<i>`.
+sequence j of prompt i, as in OpenAI's API. Streams send text deltas of the cumulative outputs. A
+whole response (up to 100,000 choices) is JSON-encoded in the preprocess pool as its outputs finish,
+so the event loop never spends more than a step's worth of work on one. A client's X-Request-Id
+names the call, but its engine ids get a fresh suffix, so two calls may send the same one.
 """
 
 from __future__ import annotations
@@ -50,8 +46,7 @@ RESPONSE_OUTPUTS_PER_JOB = 512  # engine outputs (prompts) per response-building
 
 
 class SSEResponse(StreamingResponse):
-    """A StreamingResponse that always closes its generator, so an abandoned stream aborts its
-    requests at once (not whenever the generator happens to be garbage-collected)."""
+    """Always closes its generator: an abandoned stream aborts its requests now, not at GC."""
 
     async def __call__(self, scope, receive, send) -> None:
         try:
@@ -184,13 +179,11 @@ class OpenAIServing:
 
         try:
             stream = await unless_disconnected(raw, admit())
-        except ValueError as e:
-            err = engine_error(e, "messages" if is_chat else "prompt")
+        except (ValueError, EngineDeadError) as e:
+            err = dead(e) if isinstance(e, EngineDeadError) else engine_error(
+                e, "messages" if is_chat else "prompt")
             self.request_log.rejected(request_id, ids, err.status, err.message)
             raise err from e
-        except EngineDeadError as e:
-            self.request_log.rejected(request_id, ids, 503, str(e))
-            raise APIError(str(e), status=503, type="server_error", code="engine_dead") from e
         if stream is None:  # the client hung up while its prompts were checked: nothing went in
             self.request_log.rejected(request_id, ids, 499, "the client disconnected")
             return Response(status_code=499)
@@ -203,7 +196,7 @@ class OpenAIServing:
         try:
             body = await self._collect(call, stream, raw, is_chat)
         except EngineDeadError as e:
-            raise APIError(str(e), status=503, type="server_error", code="engine_dead") from e
+            raise dead(e) from e
         if body is None:
             return Response(status_code=499)  # nobody is listening; nginx's "client closed request"
         return Response(body, media_type="application/json")
@@ -231,8 +224,7 @@ class OpenAIServing:
             if call.include_usage:
                 yield call.chunk([], usage=call.usage())
         except EngineDeadError as e:
-            err = APIError(str(e), status=503, type="server_error")
-            yield f"data: {json.dumps(err.body())}\n\n"
+            yield f"data: {dead(e).body().decode()}\n\n"
         finally:
             self.engine.abort(stream)  # a no-op once everything finished; otherwise the client left
         yield "data: [DONE]\n\n"
@@ -271,9 +263,8 @@ class OpenAIServing:
     # ---- one response ----------------------------------------------------------------------------
     async def _collect(self, call: _Call, stream: RequestStream, raw: Request,
                        is_chat: bool) -> bytes | None:
-        """The whole response as JSON bytes, or None if the client disconnected first (then its
-        requests are aborted). Outputs become JSON text as they finish, in the pool, a batch per
-        job: a call with 100,000 prompts never holds 100,000 output objects for the GC to walk."""
+        """The response as JSON bytes (None: the client left, its requests aborted); each output
+        becomes JSON text in the pool as it finishes, so 100,000 of them are never all held."""
         fragments: dict[int, str] = {}  # prompt index -> its choices as JSON text
         totals = [0, 0]  # prompt and completion tokens
 
@@ -315,8 +306,7 @@ class OpenAIServing:
 
     def _choices_json(self, proc, call: _Call, outs: list[RequestOutput],
                       is_chat: bool) -> tuple[list[str], int, int]:
-        """In a pool thread: each output's choices as JSON text (without brackets, in choice order),
-        and the outputs' prompt and completion tokens."""
+        """In a pool thread: each output's choices as JSON text (no brackets); the token counts."""
         texts, prompt_tokens, completion_tokens = [], 0, 0
         for out in outs:
             prompt_tokens += len(out.prompt_token_ids)
@@ -349,6 +339,10 @@ class OpenAIServing:
         if echo and out.prompt_logprobs is not None:
             tokens, positions = out.prompt_token_ids + tokens, out.prompt_logprobs + positions
         return completion_logprobs(tokens, positions, call.top_logprobs, offset)
+
+
+def dead(e: EngineDeadError) -> APIError:
+    return APIError(str(e), status=503, type="server_error", code="engine_dead")
 
 
 async def unless_disconnected(raw: Request, work: Awaitable[T]) -> T | None:

@@ -1,11 +1,9 @@
-"""Graceful shutdown with a bound: uvicorn's own waits for the longest stream, however long it is.
+"""Graceful shutdown with a bound: uvicorn's own waits for the longest stream, however long.
 
-On the first SIGTERM or Ctrl-C the server stops accepting connections and lets the requests in
-flight run for `shutdown_timeout` seconds; then it aborts the rest through the engine (streams end
-with a chunk whose finish_reason is "abort", then [DONE]), the lifespan hook frees their blocks, and
-the process exits 0. A second signal aborts everything at once and skips the waiting (the engine
-still stops and logs its free blocks). uvicorn re-raises the signal after its own graceful shutdown
-(a KeyboardInterrupt traceback, or death by SIGTERM); here the signals only ask the server to exit.
+The first SIGTERM or Ctrl-C stops accepting connections and gives the requests in flight
+`shutdown_timeout` seconds; the rest are then aborted (their streams end with finish_reason "abort")
+and the process exits 0. A second signal aborts everything at once. Unlike uvicorn, the signal is
+not re-raised afterwards: it only asks the server to exit.
 """
 
 from __future__ import annotations
