@@ -1,0 +1,77 @@
+"""The reference MoE layer equals transformers' own sparse-MoE blocks (fp32, random weights)."""
+
+import pytest
+import torch
+
+from minivllm.model.moe import ExpertLoad, SparseMoeBlock, route, sort_by_expert
+
+H, INTER, E, K = 32, 48, 8, 2
+
+
+def _hf_block(family: str):
+    if family == "mixtral":
+        from transformers import MixtralConfig
+        from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+        cfg = MixtralConfig(hidden_size=H, intermediate_size=INTER, num_local_experts=E,
+                            num_experts_per_tok=K)
+        return MixtralSparseMoeBlock(cfg), True, 0
+    if family == "qwen3_moe":
+        from transformers import Qwen3MoeConfig
+        from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+        cfg = Qwen3MoeConfig(hidden_size=H, moe_intermediate_size=INTER, num_experts=E,
+                             num_experts_per_tok=K, norm_topk_prob=True)
+        return Qwen3MoeSparseMoeBlock(cfg), True, 0
+    from transformers import Qwen2MoeConfig
+    from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeSparseMoeBlock
+    cfg = Qwen2MoeConfig(hidden_size=H, moe_intermediate_size=INTER, num_experts=E, num_experts_per_tok=K,
+                         norm_topk_prob=False, shared_expert_intermediate_size=40)
+    return Qwen2MoeSparseMoeBlock(cfg), False, 40
+
+
+def _pair(family: str):
+    torch.manual_seed(0)
+    hf, renormalize, shared = _hf_block(family)
+    for p in hf.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    ours = SparseMoeBlock(H, INTER, E, K, renormalize, shared)
+    with torch.no_grad():
+        ours.router.weight.copy_(hf.gate.weight)
+        ours.gate_up_proj.copy_(hf.experts.gate_up_proj)
+        ours.down_proj.copy_(hf.experts.down_proj)
+        if shared:
+            for name in ("gate_proj", "up_proj", "down_proj"):
+                ours.shared[name].weight.copy_(getattr(hf.shared_expert, name).weight)
+            ours.shared["gate"].weight.copy_(hf.shared_expert_gate.weight)
+    return hf, ours
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "qwen2_moe"])
+@pytest.mark.parametrize("tokens", [1, 3, 17, 64])
+def test_reference_equals_transformers(family, tokens):
+    hf, ours = _pair(family)
+    x = torch.randn(1, tokens, H)
+    with torch.no_grad():
+        expected = hf(x)
+        got = ours(x[0])
+    if isinstance(expected, tuple):
+        expected = expected[0]
+    torch.testing.assert_close(got, expected.reshape(tokens, H), rtol=1e-5, atol=1e-5)
+
+
+def test_few_tokens_leave_experts_empty_and_are_counted():
+    logits = torch.randn(3, E)
+    _, ids = route(logits, K, renormalize=True)
+    order = sort_by_expert(ids, E)
+    counts = order.tokens_per_expert()
+    assert sum(counts) == 3 * K and counts.count(0) >= E - 3 * K
+    assert counts == torch.bincount(ids.reshape(-1), minlength=E).tolist()
+    load = ExpertLoad(layer=0, tokens_per_expert=tuple(counts))
+    assert load.experts_used == len(set(ids.reshape(-1).tolist()))
+
+
+def test_renormalisation_follows_the_family():
+    logits = torch.randn(5, E)
+    kept, _ = route(logits, K, renormalize=False)
+    normed, _ = route(logits, K, renormalize=True)
+    torch.testing.assert_close(normed.sum(-1), torch.ones(5))
+    assert (kept.sum(-1) < 1).all()
