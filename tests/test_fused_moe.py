@@ -20,7 +20,7 @@ def test_fused_moe_equals_reference(tokens, num_experts):
     weights, ids = route(torch.randn(tokens, num_experts), k, renormalize=True)
     order = sort_by_expert(ids, num_experts)
     expected = grouped_experts(x, weights, order, gate_up, down)
-    got = fused_moe_experts(x, weights, order.pair_order, order.offsets, k, gate_up, down)
+    got = fused_moe_experts(x, weights, order, gate_up, down)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 
 

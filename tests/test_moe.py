@@ -75,3 +75,33 @@ def test_renormalisation_follows_the_family():
     normed, _ = route(logits, K, renormalize=True)
     torch.testing.assert_close(normed.sum(-1), torch.ones(5))
     assert (kept.sum(-1) < 1).all()
+
+
+@pytest.mark.parametrize("tokens", [1, 5, 64])
+def test_cpu_chosen_experts_equals_reference(tokens):
+    from minivllm.model.moe import grouped_experts
+    from minivllm.platforms.cpu_moe import chosen_experts
+
+    torch.manual_seed(tokens)
+    x = torch.randn(tokens, H)
+    gate_up, down = torch.randn(16, 2 * INTER, H) * 0.2, torch.randn(16, H, INTER) * 0.2
+    weights, ids = route(torch.randn(tokens, 16), K, renormalize=False)
+    order = sort_by_expert(ids, 16)
+    torch.testing.assert_close(chosen_experts(x, weights, order, gate_up, down),
+                               grouped_experts(x, weights, order, gate_up, down), rtol=1e-6, atol=1e-6)
+
+
+def test_decode_reads_only_the_chosen_experts():
+    """Qwen3-MoE's routing shape (128 experts, 8 per token): a decode token reads 8/128 of the bytes."""
+    from minivllm.platforms.cpu_moe import expert_bytes_read
+
+    torch.manual_seed(0)
+    experts, k = 128, 8
+    gate_up, down = torch.empty(experts, 2 * INTER, H), torch.empty(experts, H, INTER)
+    reads = {}
+    for batch in (1, 64):
+        _, ids = route(torch.randn(batch, experts), k, renormalize=True)
+        reads[batch], total = expert_bytes_read(sort_by_expert(ids, experts), gate_up, down)
+    per_expert = total // experts
+    assert reads[1] == k * per_expert and total == experts * per_expert
+    assert k * per_expert < reads[64] <= total

@@ -81,18 +81,19 @@ def _grouped_gemm(a: torch.Tensor, row_index: torch.Tensor | None, w: torch.Tens
     return out
 
 
-def fused_moe_experts(hidden: torch.Tensor, weights: torch.Tensor, pair_order: torch.Tensor,
-                      offsets: torch.Tensor, top_k: int, gate_up_proj: torch.Tensor,
-                      down_proj: torch.Tensor) -> torch.Tensor:
-    """The experts' part of a MoE layer, given the routing sorted by expert (model/moe.py's
-    ExpertOrder): gate_up GEMM on gathered rows, silu(gate) * up, weighted down GEMM, scatter-add.
-    """
+def fused_moe_experts(hidden: torch.Tensor, weights: torch.Tensor, order,
+                      gate_up_proj: torch.Tensor, down_proj: torch.Tensor) -> torch.Tensor:
+    """The experts' part of a MoE layer, given the routing sorted by expert (`order`: model/moe.py's
+    ExpertOrder, same signature as its `grouped_experts`): gate_up GEMM on gathered rows,
+    silu(gate) * up, weighted down GEMM, scatter-add."""
     hidden = hidden if hidden.stride(-1) == 1 else hidden.contiguous()
     out = torch.zeros_like(hidden)
     if hidden.shape[0] == 0:
         return out
-    token_of_row = pair_order // top_k
-    config = fused_moe_config(hidden.shape[0] * top_k, hidden.dtype, device_arch(hidden.device))
+    pair_order, offsets = order.pair_order, order.offsets
+    token_of_row = pair_order // order.top_k
+    rows = hidden.shape[0] * order.top_k
+    config = fused_moe_config(rows, hidden.dtype, device_arch(hidden.device))
     tiles = tile_table(offsets, config["BLOCK_M"])
     gate_up = _grouped_gemm(hidden, token_of_row, gate_up_proj.contiguous(), None, offsets, config,
                             tiles)
