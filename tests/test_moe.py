@@ -105,3 +105,28 @@ def test_decode_reads_only_the_chosen_experts():
     per_expert = total // experts
     assert reads[1] == k * per_expert and total == experts * per_expert
     assert k * per_expert < reads[64] <= total
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
+def test_saved_checkpoint_stacks_into_the_in_memory_layout(family, tmp_path):
+    """transformers 5.x keeps experts fused in memory but save_pretrained writes them per expert."""
+    from safetensors.torch import load_file
+    from transformers import MixtralConfig, MixtralForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    from minivllm.model.moe import stack_expert_weights
+
+    common = dict(hidden_size=H, intermediate_size=INTER, num_hidden_layers=1, num_attention_heads=2,
+                  num_key_value_heads=1, vocab_size=64)
+    if family == "mixtral":
+        model, prefix = MixtralForCausalLM(MixtralConfig(num_local_experts=E, **common)), "block_sparse_moe"
+    else:
+        model = Qwen2MoeForCausalLM(Qwen2MoeConfig(num_experts=E, moe_intermediate_size=INTER,
+                                                   shared_expert_intermediate_size=INTER, **common))
+        prefix = "mlp"
+    model.save_pretrained(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    gate_up, down = stack_expert_weights(tensors, f"model.layers.0.{prefix}.experts", E, family)
+    experts = model.model.layers[0].mlp.experts
+    assert torch.equal(gate_up, experts.gate_up_proj) and torch.equal(down, experts.down_proj)
+    fused = {"x.gate_up_proj": gate_up, "x.down_proj": down}
+    assert stack_expert_weights(fused, "x", E, family)[0] is gate_up

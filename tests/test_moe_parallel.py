@@ -7,8 +7,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from minivllm.model.moe import grouped_experts, route, sort_by_expert
-from minivllm.model.moe_parallel import (expert_parallel_experts, expert_range, local_order,
-                                         tensor_parallel_shard)
+from minivllm.model.moe_parallel import expert_parallel_experts, expert_range, local_order, tensor_parallel_shard
 
 E, K, H, INTER = 9, 2, 16, 24  # 9 experts: not a multiple of 2 ranks
 

@@ -138,3 +138,24 @@ class SparseMoeBlock(torch.nn.Module):
             mlp = s["down_proj"](F.silu(s["gate_proj"](hidden)) * s["up_proj"](hidden))
             out = out + torch.sigmoid(s["gate"](hidden)) * mlp
         return out
+
+
+# Per-expert checkpoint names (what transformers 5.x's save_pretrained writes, and hub checkpoints
+# hold) for the gate, up and down projections: Mixtral's w1 / w3 / w2, the Qwen MoE families'.
+EXPERT_WEIGHT_NAMES = {"mixtral": ("w1", "w3", "w2"),
+                       "qwen2_moe": ("gate_proj", "up_proj", "down_proj"),
+                       "qwen3_moe": ("gate_proj", "up_proj", "down_proj")}
+
+
+def stack_expert_weights(tensors: dict[str, torch.Tensor], prefix: str, num_experts: int,
+                         family: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``{prefix}.{e}.{name}.weight`` for every expert -> ``(gate_up_proj [E, 2I, H], down_proj
+    [E, H, I])``, the layout this module computes with. A checkpoint already fused (3-D
+    ``{prefix}.gate_up_proj`` / ``{prefix}.down_proj``) is returned as it is."""
+    if f"{prefix}.gate_up_proj" in tensors:
+        return tensors[f"{prefix}.gate_up_proj"], tensors[f"{prefix}.down_proj"]
+    gate, up, down = EXPERT_WEIGHT_NAMES[family]
+    def each(name: str) -> list[torch.Tensor]:
+        return [tensors[f"{prefix}.{e}.{name}.weight"] for e in range(num_experts)]
+    gate_up = torch.stack([torch.cat(pair) for pair in zip(each(gate), each(up))])
+    return gate_up, torch.stack(each(down))
