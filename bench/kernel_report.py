@@ -189,7 +189,7 @@ def attention_variants(model: Model, arch: Arch, dtype: str, block_size: int, kv
 
 def model_variants(model: Model, arch: Arch, dtype: str, block_size: int) -> list[Variant]:
     """Every launch the engine makes for one model on one target: the same arguments the launchers pass."""
-    from minivllm.kernels import activation, int4_linear, int8_linear, norm, rotary
+    from minivllm.kernels import activation, fused_moe, int4_linear, int8_linear, norm, rotary
 
     torch_dtype, p = getattr(torch, dtype), _ptr(dtype)
     h, kv, d = model.heads, model.kv_heads, model.head_dim
@@ -231,6 +231,14 @@ def model_variants(model: Model, arch: Arch, dtype: str, block_size: int) -> lis
                     x_ptr=p, qweight_ptr="*i32", zeros_ptr="*u8", scales_ptr=p, bias_ptr=p, out_ptr=p, M=num_tokens,
                     N=n, K=k, stride_xm=k, stride_qk=n, stride_zg=n, stride_sg=n, stride_om=n),
                     dict(HAS_BIAS=bias, **int4_linear.int4_linear_config(num_tokens, group, torch_dtype, arch.sm))))
+    # MoE experts (issue 39): both grouped GEMMs at every row-tile height, an MLP's shape for an expert's
+    for rows in (1, 32, 64) if model.name == ELEMENTWISE_MODELS[-1] else ():
+        for gather, weighted, kk, nn in ((True, False, n, 2 * k), (False, True, k, n)):
+            out.append(_variant(fused_moe._grouped_gemm_kernel, arch.sm, dtype, dict(
+                a_ptr=p, row_index_ptr="*i64", w_ptr=p, row_weight_ptr="*fp32", out_ptr=p, tile_expert_ptr="*i64",
+                tile_start_ptr="*i64", offsets_ptr="*i64", N=nn, K=kk, stride_am=kk, stride_we=nn * kk,
+                stride_wn=kk, stride_om=nn), dict(GATHER=gather, WEIGHTED=weighted,
+                                                  **fused_moe.fused_moe_config(rows, torch_dtype, arch.sm))))
     return out
 
 

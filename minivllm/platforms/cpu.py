@@ -28,6 +28,7 @@ from minivllm.model import cpu_layer_ops
 from minivllm.model.compiled import CompiledLayers, compile_decoder_layers
 from minivllm.platforms import cpu_extension
 from minivllm.platforms.cpu_hardware import cpu_flags, cpu_has_native_bf16
+from minivllm.platforms.cpu_moe import chosen_experts
 from minivllm.platforms.interface import Platform, qualified_name
 from minivllm.quantization import cpu_unquantized
 from minivllm.quantization.base import LinearKernels
@@ -77,7 +78,8 @@ class CpuPlatform(Platform):
                  "silu_and_mul": "tests/test_cpu_layer_ops.py",
                  "linear[float]": "tests/test_small_linear.py",
                  "linear[int8]": "tests/test_quantization.py",
-                 "linear[int4]": "tests/test_quantization.py", "compile": "tests/test_compiled.py"}
+                 "linear[int4]": "tests/test_quantization.py", "compile": "tests/test_compiled.py",
+                 "moe_experts": "tests/test_moe.py"}
 
     def __init__(self, device, dtype, online_softmax_update=None) -> None:
         super().__init__(device, dtype, online_softmax_update)
@@ -92,6 +94,7 @@ class CpuPlatform(Platform):
             if fused_ops:
                 self.ops = cpu_layer_ops.OPS
         self.linear = LinearKernels(float=float_kernel(dtype, tiled), int8=CPU_INT8, int4=CPU_INT4)
+        self.moe_experts = chosen_experts
 
     def compile(self, model: nn.Module, enforce_eager: bool) -> CompiledLayers | None:
         """Opt-in (MINIVLLM_CPU_COMPILE=1, not enforce_eager): so far it cost more than it saved."""

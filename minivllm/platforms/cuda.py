@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from minivllm.attention.triton_backend import TritonAttentionBackend
 from minivllm.kernels import apply_rotary, rms_norm, silu_and_mul
+from minivllm.kernels.fused_moe import fused_moe_experts
 from minivllm.kernels.quantized_linear import TRITON_INT4, TRITON_INT8
 from minivllm.model.layer_ops import LayerOps
 from minivllm.platforms.interface import Platform
@@ -27,6 +28,7 @@ class CudaPlatform(Platform):
                  "rotary": "tests/test_kernels.py", "silu_and_mul": "tests/test_kernels.py",
                  "linear[int8]": "tests/test_quantization.py",
                  "linear[int4]": "tests/test_quantization.py",
+                 "moe_experts": "tests/test_fused_moe.py",
                  "cuda_graphs": "tests/test_cuda_graphs.py"}
 
     def __init__(self, device, dtype, online_softmax_update=None) -> None:
@@ -35,6 +37,7 @@ class CudaPlatform(Platform):
         self.attention = self._hooked(TritonAttentionBackend(self.device))
         self.ops = TRITON_OPS
         self.linear = LinearKernels(float=FLOAT, int8=TRITON_INT8, int4=TRITON_INT4)
+        self.moe_experts = fused_moe_experts
 
     def captures_graphs(self, enforce_eager: bool) -> bool:
         """Recorded decode steps need a real GPU (not the interpreter), and not enforce_eager."""

@@ -21,6 +21,7 @@ from minivllm.attention.online_softmax import OnlineSoftmaxBackend
 from minivllm.attention.torch_backend import TorchAttentionBackend
 from minivllm.model.layer_ops import REFERENCE, LayerOps
 from minivllm.model.llama import Implementations
+from minivllm.model.moe import grouped_experts
 from minivllm.platforms.cpu_hardware import CpuThreadSizer, torch_default_threads
 from minivllm.quantization import REFERENCE_KERNELS, LinearKernels
 
@@ -51,6 +52,8 @@ class Platform:
         self.ops: LayerOps = REFERENCE
         self.linear: LinearKernels = REFERENCE_KERNELS
         self.attention: AttentionBackend = self._hooked(TorchAttentionBackend())
+        # a MoE layer's experts given the routing sorted by expert (model/moe.py's signature)
+        self.moe_experts = grouped_experts
 
     def _hooked(self, attention: AttentionBackend) -> AttentionBackend:
         """`attention`, unless the learner's online-softmax update replaces it."""
@@ -83,6 +86,7 @@ class Platform:
         for family, kernel in self.linear._asdict().items():
             table[f"linear[{family}]"] = qualified_name(type(kernel).apply)
             table[f"linear[{family}].layout"] = qualified_name(type(kernel).layout)
+        table["moe_experts"] = qualified_name(self.moe_experts)
         table["compile"] = self.compiler_name()
         table["cuda_graphs"] = ("minivllm.runner.cuda_graphs.DecodeGraphs"
                                 if self.captures_graphs(enforce_eager=False) else "none")
