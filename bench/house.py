@@ -29,7 +29,7 @@ ROOMS: list[tuple[str, tuple[str, ...]]] = [
     ("reference model and attention", (
         "model/__init__.py", "model/llama.py", "model/layer_ops.py", "model/rotary.py",
         "model/linear.py", "model/embedding.py", "model/loader.py", "model/weights.py",
-        "model/lazy_loading.py", "attention/__init__.py",
+        "model/lazy_loading.py", "model/moe.py", "attention/__init__.py",
         "attention/backend.py", "attention/metadata.py", "attention/online_softmax.py",
         "attention/torch_backend.py")),
     ("runner", ("runner/*",)),
@@ -47,7 +47,7 @@ ROOMS: list[tuple[str, tuple[str, ...]]] = [
     ("platform: cuda fast paths", ("platforms/cuda.py", "kernels/*", "attention/triton_*")),
     ("quantization", ("quantization/*",)),
     ("distributed and executor", ("distributed/*", "executor/*", "engine/data_parallel.py",
-                                  "model/weight_cache.py")),
+                                  "model/weight_cache.py", "model/moe_parallel.py")),
     ("engine extras (beam search, metrics, journey)", ("engine/*",)),
     ("logits processors, structured output", (
         "sampling/*", "structured_output.py")),
