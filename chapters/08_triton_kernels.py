@@ -198,6 +198,121 @@ print(f"prefill: max |kernel - reference| = {err:.1e}")
 assert err < 2e-5
 
 # %% [markdown]
+# ## The kernel's walk, drawn from its own run
+#
+# Now the kernel inside the engine: a real generation with the Triton backend, and at one decode step we
+# keep what the engine passed to the kernel for layer 0: its query, its *own* KV cache and block tables.
+# Then we run the same kernel on those inputs once more, in Triton's interpreter, with 2 split-K slices
+# and 16-position tiles, logging two things as the kernel's Python body executes: every block-table
+# load (which physical blocks a tile reads) and every float `maximum` (the last one in a tile is `m_new`,
+# the running max). The interpreter runs the program instances one by one and says which is running
+# (`grid_idx`), so each record belongs to a (request, kv head, split). Nothing in the figure is recomputed
+# outside the kernel. On a GPU the compiled kernel cannot be logged, so the same drawing comes from the
+# interpreter on CPU copies, and the compiled kernel is timed with and without the split.
+
+# %%
+import contextlib
+from unittest import mock
+
+import numpy as np
+from triton.runtime import interpreter as triton_interpreter
+
+from minivllm.attention import triton_backend
+
+
+@contextlib.contextmanager
+def engine_decode_calls(calls):
+    """Keep the arguments (and output) of every decode-kernel launch the engine makes."""
+    def recording(*args, **kwargs):
+        out = paged_decode_attention(*args, **kwargs)
+        calls.append((args, kwargs, out))
+        return out
+    with mock.patch.object(triton_backend, "paged_decode_attention", recording):
+        yield
+
+
+@contextlib.contextmanager
+def record_programs(walk):
+    """Log, per program instance, each tile's block-table load and its last float maximum (m_new)."""
+    builder = triton_interpreter.interpreter_builder
+    load, maxnum = builder.create_masked_load, builder.create_maxnumf
+
+    def recording_load(ptrs, mask, other, *rest):
+        out = load(ptrs, mask, other, *rest)
+        if out.data.dtype == np.int32 and out.data.size > 1:  # a tile's table entries (seq_len is one int)
+            blocks = tuple(dict.fromkeys(out.data[mask.data].tolist()))
+            walk.setdefault(builder.grid_idx, []).append(widgets.TileRead(blocks, ()))
+        return out
+
+    def recording_max(lhs, rhs):
+        out = maxnum(lhs, rhs)
+        if builder.grid_idx in walk and out.data.dtype == np.float32:
+            walk[builder.grid_idx][-1] = walk[builder.grid_idx][-1]._replace(running_max=tuple(out.data.tolist()))
+        return out
+
+    builder.create_masked_load, builder.create_maxnumf = recording_load, recording_max
+    try:
+        yield
+    finally:
+        del builder.create_masked_load, builder.create_maxnumf
+
+
+@contextlib.contextmanager
+def interpreted_decode_kernels():
+    """On a GPU, the decode kernels swapped for their interpreted twins (CPU tensors), then restored."""
+    if interpreted():
+        yield
+        return
+    jitted = paged_decode._paged_decode_kernel, paged_decode._split_reduce_kernel
+    with mock.patch.multiple(paged_decode, **{k.fn.__name__: triton_interpreter.InterpretedFunction(k.fn)
+                                              for k in jitted}):
+        yield
+
+
+walk_llm = LLM(attention_backend="triton", dtype="float32", block_size=8, num_kv_blocks=32, trace_steps=0)
+walk_engine = walk_llm.engine
+story = ("Once upon a time there was a little dog named Max who liked to run in the park with his friends "
+         "every morning, before the sun came up over the hills behind the old town.")
+for i, prompt in enumerate([story, "Hello there, how are you today?"]):
+    walk_engine.add_request(f"r{i}", prompt, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+walk_engine.step()  # prefill
+calls = []
+with engine_decode_calls(calls):
+    walk_engine.step()  # a decode step: one launch per layer
+args, kwargs, engine_out = calls[0]  # layer 0
+q, k_cache, v_cache, block_tables, seq_lens, scale = args[:6]
+cpu_args = [a.cpu() if isinstance(a, torch.Tensor) else a for a in args]
+walk = {}
+with interpreted_decode_kernels(), record_programs(walk):
+    again = paged_decode_attention(*cpu_args, num_splits=2, block_n=16)
+print("the engine's block tables:", block_tables.tolist(), " context lengths:", seq_lens.tolist())
+print(f"2 slices vs the engine's own launch: max |difference| {(again - engine_out.cpu()).abs().max():.1e}")
+assert torch.allclose(again, engine_out.cpu(), atol=1e-5)
+read = {b: sorted({blk for s in range(2) for t in walk.get((b, 0, s), []) for blk in t.blocks})
+        for b in range(len(seq_lens))}
+assert all(read[b] == block_tables[b, : -(-int(n) // 8)].tolist() for b, n in enumerate(seq_lens)), read
+widgets.show(widgets.kernel_walk_figure(walk, group=q.shape[1] // k_cache.shape[2]))
+
+# %% [markdown]
+# Read it request by request. Each coloured band is one tile of 16 positions, two 8-token KV blocks of the
+# engine's cache (the labels are physical block ids, looked up in the block table as the kernel ran); its
+# colour is the split, i.e. the program instance, that read it. The lines are the running max `m_i` of
+# each query head sharing kv head 0, after each tile: it only ever rises within a slice, and it starts
+# again in the second slice, which began from `-inf` in a separate program; the reduce kernel then
+# rescales both slices to the larger max. The short request's context fits one tile, so its second slice
+# is empty and draws nothing. On a GPU, the compiled kernel on the same inputs, timed:
+
+# %%
+if GPU:
+    from minivllm.kernels.timing import time_ms
+
+    for splits in (1, 2):
+        ms = time_ms(lambda splits=splits: paged_decode_attention(*args, num_splits=splits))
+        print(f"num_splits={splits}: {ms * 1e3:.1f} us on {torch.cuda.get_device_name()}")
+else:
+    print("No CUDA GPU here: the figure above came from the interpreter; there is no kernel time to show.")
+
+# %% [markdown]
 # ## On a GPU: achieved bandwidth
 #
 # Decode is memory bound: each step reads every cached K/V byte of every request once and does only a
@@ -413,6 +528,35 @@ if GPU:
     print(f"CUDA graphs: {timings['eager'] / timings['CUDA graphs']:.1f}x on {torch.cuda.get_device_name()}")
 else:
     print("No CUDA GPU here: recording a graph needs one, so there is no eager-versus-graph timing to show.")
+
+# %% [markdown]
+# ## Exercise: the block-table address computation
+#
+# Write the kernel's address step in torch: `my_block_and_slot(block_table, positions, block_size)` gets one
+# request's block table (physical block ids, in the order of its context), some positions of its context and
+# the block size, and returns two tensors: the physical block each position's K and V are in, and the slot
+# inside that block. (In the kernel: `table + pos // KV_BLOCK_SIZE` is loaded, then `pos % KV_BLOCK_SIZE`
+# picks the row.)
+#
+# **How it works.** Write your version in the next cell (replace `raise NotImplementedError`) and run it, then
+# run the checker below it. The checker grades it against the kernel itself: it runs the real Triton kernel in
+# the interpreter on the engine's own KV cache and block tables after a real generation, logs every cache row
+# each program loads, and asks your function where the same positions are; then it gathers K/V at your
+# addresses and compares the attention with the kernel's output. It says *passed*, *not attempted*, or what
+# failed, in plain words. The reference solution is `chapters/solutions/ch08_block_and_slot.py`: try first.
+
+# %%
+import torch
+
+
+def my_block_and_slot(block_table: torch.Tensor, positions: torch.Tensor, block_size: int):
+    raise NotImplementedError  # your code here: return (physical blocks, slots)
+
+
+# %%
+from minivllm.exercises.ch08 import check_block_and_slot
+
+check_block_and_slot(my_block_and_slot)
 
 # %% [markdown]
 # Next: [09 · Serving: an OpenAI-compatible server around the engine](09_serving.ipynb).

@@ -369,4 +369,29 @@ assert refused, "nothing listens on the port any more"
 # tokens/s, and time-to-first-token and time-per-output-token percentiles.
 
 # %% [markdown]
+# ## Exercise: reading the stream
+#
+# Write the client's side of the wire format: `my_read_events(chunks)` gets the response body as the network
+# delivers it, an iterator of `bytes` chunks, and yields each event's JSON as a dict, stopping at
+# `data: [DONE]`. An event is `data: ` and a JSON document, ended by a blank line. The network may cut the
+# stream anywhere: in the middle of an event, or between the two bytes of an `é`.
+#
+# **How it works.** Write your version in the next cell (replace `raise NotImplementedError`) and run it, then
+# run the checker below it. The checker feeds your reader streams with a known answer, cut at awkward places,
+# then starts the real server (`build_app`, uvicorn on a free port) and feeds it the server's own bytes as
+# they arrive, and again in 1-3 byte pieces: the text must equal the server's non-streamed completion of the
+# same prompt. It says *passed*, *not attempted*, or what failed, in plain words. The reference solution is
+# `chapters/solutions/ch09_read_events.py`: try first.
+
+# %%
+def my_read_events(chunks):
+    raise NotImplementedError  # your code here: yield one dict per event
+
+
+# %%
+from minivllm.exercises.ch09 import check_read_events
+
+check_read_events(my_read_events)
+
+# %% [markdown]
 # Next: [10 · A real model](10_real_models.ipynb).

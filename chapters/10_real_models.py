@@ -287,4 +287,29 @@ print(refusal(lambda: resolve_quantization("fp8", None, is_gguf=False, where="th
 # longer prompt is refused.
 
 # %% [markdown]
+# ## Exercise: which tokens become text
+#
+# Write the detokenizer's rule `my_keep_token(token, is_special, skip_special_tokens)`: `token` is a token's
+# string, or `None` for an id past the tokenizer's vocabulary (a padded embedding row, which a model can
+# sample); return whether it goes into the text. An id without a token decodes to nothing, never an error;
+# special tokens go in only when `skip_special_tokens` is False.
+#
+# **How it works.** Write your version in the next cell (replace `raise NotImplementedError`) and run it, then
+# run the checker below it. The checker plugs your rule into the engine's tokenizer through its documented
+# hook, `LLM(hooks=EngineHooks(keep_token=...))` (`minivllm.hooks`; nothing is patched), streams token ids
+# through the engine's incremental detokenizer with padded ids and special tokens among them, and runs a
+# generation; every piece of text must equal the engine's own. It says *passed*, *not attempted*, or what
+# failed, in plain words. The reference solution is `chapters/solutions/ch10_keep_token.py`: try first.
+
+# %%
+def my_keep_token(token: str | None, is_special: bool, skip_special_tokens: bool) -> bool:
+    raise NotImplementedError  # your code here
+
+
+# %%
+from minivllm.exercises.ch10 import check_keep_token
+
+check_keep_token(my_keep_token)
+
+# %% [markdown]
 # Next: [11 · Memory pressure](11_memory_pressure.ipynb).

@@ -382,4 +382,30 @@ print(f"forks shared {stats['num_forked_blocks']} blocks by reference; "
 # | beam search with copy-on-write | one block copy per fork | always, next to copying whole tables |
 
 # %% [markdown]
+# ## Exercise: whom priority preempts
+#
+# Write the `"priority"` policy's victim choice: `my_preempt_victim(running, outranked_by)` gets the running
+# sequences (each has `priority_key`, the tuple `(priority, arrival_time)`) and, when a *waiting* request
+# needs blocks, that request (`outranked_by`; `None` when a running one needs them). Return the sequence to
+# preempt, or `None` for nobody: the running sequence with the largest key, but for a waiting request only
+# if the victim's key is larger than the waiting request's (otherwise the waiting one waits).
+#
+# **How it works.** Write your version in the next cell (replace `raise NotImplementedError`) and run it, then
+# run the checker below it. The checker plugs your rule into the real scheduler through its documented hook,
+# `LLM(hooks=EngineHooks(preempt_victim=...))` (`minivllm.hooks`; nothing is patched), on a tight pool where
+# urgent requests arrive behind a batch: every step must preempt the same requests as the engine's own policy,
+# with the same tokens in the end. It says *passed*, *not attempted*, or what failed, in plain words. The
+# reference solution is `chapters/solutions/ch11_preempt_victim.py`: try first.
+
+# %%
+def my_preempt_victim(running, outranked_by):
+    raise NotImplementedError  # your code here
+
+
+# %%
+from minivllm.exercises.ch11 import check_preempt_victim
+
+check_preempt_victim(my_preempt_victim)
+
+# %% [markdown]
 # Next: [12 · Quantization: the formats learners download](12_quantization.ipynb).

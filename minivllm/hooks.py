@@ -21,6 +21,9 @@ class EngineHooks:
     # core/scheduling_policy.py, `OutputLengthEstimator`: a sequence -> how many output tokens it
     # will have in all, the prediction behind scheduling_policy="sjf"
     predict_output_tokens: Callable[[Any], int] | None = None
+    # core/scheduling_policy.py, `SchedulingPolicy.victim`: the running sequences and a waiting one
+    # (or None) -> whom to preempt for blocks (None: nobody), in place of the policy's own choice
+    preempt_victim: Callable[[list, Any], Any] | None = None
     # core/block_pool.py, `BlockPool`: the GPU block pool's class (allocate / free, ref counts)
     block_pool_cls: type | None = None
     # core/block_hash.py, `hash_block`: the name of a full block, chained to its parent's
@@ -31,6 +34,9 @@ class EngineHooks:
     online_softmax_update: Callable[..., Any] | None = None
     # sampling/rejection_sampler.py, `verify_sampled`: which drafted tokens a sampling request keeps
     verify_sampled: Callable[..., list[int]] | None = None
+    # tokenizer.py, `keep_token`: (token string, or None for an id past the tokenizer's vocabulary;
+    # whether it is special; skip_special_tokens) -> whether it goes into the text
+    keep_token: Callable[[Any, bool, bool], bool] | None = None
     # quantization/int8.py, `quantize_per_channel`: W [N, K] float -> (q [N, K] int8, scale [N]),
     # used by quantization="int8" as each linear layer loads
     int8_quantize: Callable[[Any], tuple[Any, Any]] | None = None

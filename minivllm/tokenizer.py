@@ -9,6 +9,7 @@ ends in the replacement character U+FFFD (an unfinished multi-byte character).
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,8 +22,17 @@ class DetokenizerState:
     spaces_between_special_tokens: bool = True
 
 
+def keep_token(token: str | None, is_special: bool, skip_special_tokens: bool) -> bool:
+    """Whether a token goes into the text. None is an id past the tokenizer's vocabulary: real
+    checkpoints pad their embedding matrix (Qwen2: 151,936 rows for 151,646 tokens) and a model can
+    sample such an id; like vLLM, it decodes to nothing. Special tokens go only if not skipped."""
+    return token is not None and not (skip_special_tokens and is_special)
+
+
 class Tokenizer:
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path,
+                 keep: Callable[[str | None, bool, bool], bool] | None = None) -> None:
+        """keep: which tokens make it into text (EngineHooks.keep_token), None: `keep_token`."""
         from transformers import AutoTokenizer
 
         path = Path(path)
@@ -33,6 +43,7 @@ class Tokenizer:
         self.eos_token_id: int | None = self.hf.eos_token_id
         self.vocab_size = len(self.hf)
         self.special_tokens = set(self.hf.all_special_tokens)  # a property that rebuilds a list
+        self.keep = keep or keep_token
 
     def encode(self, text: str) -> list[int]:
         return self.hf(text).input_ids
@@ -83,11 +94,11 @@ class Tokenizer:
 
     def _join(self, tokens: list[str | None], skip_special_tokens: bool = True,
               spaces_between_special_tokens: bool = True) -> str:
-        """Tokens to text. An id past the tokenizer's vocabulary (None here: Qwen2's embedding
-        has 151,936 rows for 151,646 tokens) decodes to nothing, as in vLLM. Special tokens are
-        left out, or kept (spaced apart if spaces_between_special_tokens, as slow tokenizers do)."""
+        """Tokens to text: those `self.keep` keeps (`keep_token`: no id past the vocabulary, no
+        skipped special token); special ones set apart by spaces, as transformers' slow tokenizers
+        do, if spaces_between_special_tokens."""
         special = self.special_tokens
-        tokens = [t for t in tokens if t is not None and not (skip_special_tokens and t in special)]
+        tokens = [t for t in tokens if self.keep(t, t in special, skip_special_tokens)]
         parts = []  # each special token alone, each run of other tokens as one string
         for is_special, group in itertools.groupby(tokens, key=special.__contains__):
             run = list(group)

@@ -3,6 +3,7 @@ fails a planted mistake with a message that says what is wrong."""
 
 import hashlib
 import importlib.util
+import json
 from collections import deque
 from pathlib import Path
 
@@ -12,7 +13,22 @@ import torch
 from minivllm import EngineConfig, LLMEngine, SamplingParams
 from minivllm.config import DEFAULT_MODEL
 from minivllm.core.block_pool import BlockPool
-from minivllm.exercises import ExerciseFailure, ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch12, ch13
+from minivllm.exercises import (
+    ExerciseFailure,
+    ch01,
+    ch02,
+    ch03,
+    ch04,
+    ch05,
+    ch06,
+    ch07,
+    ch08,
+    ch09,
+    ch10,
+    ch11,
+    ch12,
+    ch13,
+)
 from minivllm.exercises.common import for_all_workloads, run_workload
 from minivllm.hooks import EngineHooks
 
@@ -125,6 +141,58 @@ def kv_heads_not_replicated(num_heads, num_kv_heads, head_dim, tp_size, rank):
             *range(v, v + kv * head_dim)]
 
 
+def logical_as_physical(block_table, positions, block_size):
+    return positions // block_size, positions % block_size  # forgot to look the block up
+
+
+def table_clamped(block_table, positions, block_size):
+    # right for the first three blocks only (all the known-answer table has)
+    return block_table[(positions // block_size).clamp(max=2)], positions % block_size
+
+
+def no_buffer(chunks):
+    for chunk in chunks:  # each network chunk taken as whole events
+        for event in chunk.split(b"\n\n"):
+            if event.startswith(b"data: ") and event != b"data: [DONE]":
+                yield json.loads(event[6:])
+
+
+def decodes_each_chunk(chunks):
+    buffer = ""
+    for chunk in chunks:
+        buffer += chunk.decode()  # a chunk may end inside a character
+        while "\n\n" in buffer:
+            event, buffer = buffer.split("\n\n", 1)
+            if event == "data: [DONE]":
+                return
+            yield json.loads(event[6:])
+
+
+def parses_done(chunks):
+    buffer = b""
+    for chunk in chunks:
+        buffer += chunk
+        while b"\n\n" in buffer:
+            event, buffer = buffer.split(b"\n\n", 1)
+            yield json.loads(event[6:])  # [DONE] too
+
+
+def keeps_padded_ids(token, is_special, skip_special_tokens):
+    return not (is_special and skip_special_tokens)  # None (a padded id) passes
+
+
+def drops_special_always(token, is_special, skip_special_tokens):
+    return token is not None and not is_special
+
+
+def newest_running(running, outranked_by):
+    return running[-1] if outranked_by is None and running else None  # fcfs, not priority
+
+
+def ignores_outranked_by(running, outranked_by):
+    return max(running, key=lambda seq: seq.priority_key) if running else None
+
+
 FAST = {"max_examples": 2}  # after the 3 hard workloads every property check tries first
 EXERCISES = {  # name: (checker, its fast arguments, solution module, solution name, stub)
     "ch01": (ch01.check_enqueue, FAST, "ch01_enqueue", "my_enqueue", stub),
@@ -136,6 +204,10 @@ EXERCISES = {  # name: (checker, its fast arguments, solution module, solution n
     "ch06": (ch06.check_hash_block, {}, "ch06_hash_block", "my_hash_block", stub),
     "ch07": (ch07.check_verify_sampled, {"trials": 3000}, "ch07_verify_sampled",
              "my_verify_sampled", stub),
+    "ch08": (ch08.check_block_and_slot, {}, "ch08_block_and_slot", "my_block_and_slot", stub),
+    "ch09": (ch09.check_read_events, {}, "ch09_read_events", "my_read_events", stub),
+    "ch10": (ch10.check_keep_token, {}, "ch10_keep_token", "my_keep_token", stub),
+    "ch11": (ch11.check_preempt_victim, {}, "ch11_preempt_victim", "my_preempt_victim", stub),
     "ch12": (ch12.check_int8_quantize, {}, "ch12_int8_quantize", "my_quantize", stub),
     "ch13": (ch13.check_qkv_rows, {"max_ranks": 4}, "ch13_qkv_rows", "my_qkv_rows", stub),
 }
@@ -148,6 +220,15 @@ MISTAKES = [  # (exercise, planted mistake, words the verdict must contain)
     ("ch05", top_p_in_sorted_order, "your filter kept tokens"),
     ("ch06", hash_without_parent, "depend on the parent"),
     ("ch07", resample_from_p, "normalise(max(0, p - q))"),
+    ("ch08", logical_as_physical, "whose physical block is table[p // block_size]"),
+    ("ch08", table_clamped, "the kernel read block"),
+    ("ch09", no_buffer, "which may arrive in a later chunk"),
+    ("ch09", decodes_each_chunk, "'é' is two bytes"),
+    ("ch09", parses_done, "which is no JSON"),
+    ("ch10", keeps_padded_ids, "padded embedding rows), your rule said True"),
+    ("ch10", drops_special_always, "skip_special_tokens=False, your rule said False"),
+    ("ch11", newest_running, "your rule picked 'd', the priority policy picks 'c'"),
+    ("ch11", ignores_outranked_by, "your rule picked 'c', the priority policy picks None"),
     ("ch12", one_scale_per_tensor, "max|w| / 127 per row"),
     ("ch12", truncates, "round(w / scale)"),
     ("ch12", no_zero_row_guard, "tiny positive scale"),

@@ -414,3 +414,21 @@ def test_a_long_timeline_wraps_onto_rows_that_fit_the_window(llama_path):
     assert len(fig.axes) == rows and fig.get_figwidth() <= 10
     drawn = sum(len(ax.patches) for ax in fig.axes)
     assert drawn == len(tl.cells), "every cell drawn once, in its row"
+
+
+def test_kernel_walk_figure_draws_each_programs_blocks_and_running_max():
+    """Two slices of request 0 (the second restarts its max), one of request 1, and kv head 1 left
+    out: one panel per request, a label per tile, one line per query head and slice."""
+    tile = widgets.TileRead
+    walk = {(0, 0, 0): [tile((4, 5), (1.0, 0.5)), tile((6, 7), (2.0, 0.5))],
+            (0, 0, 1): [tile((9,), (0.3, 1.5))], (1, 0, 0): [tile((2,), (3.0, 3.0))],
+            (0, 1, 0): [tile((4, 5), (8.0, 8.0))]}
+    fig = widgets.kernel_walk_figure(walk, kv_head=0)
+    axes = fig.get_axes()
+    assert len(axes) == 2
+    labels = [t.get_text() for t in axes[0].texts]
+    assert labels[:2] == ["blocks 4,5", "blocks 6,7"] and "blocks 9" in labels and "split 1" in labels
+    lines = axes[0].get_lines()
+    assert len(lines) == 4  # 2 query heads x 2 slices
+    assert list(lines[0].get_ydata()) == [1.0, 2.0] and list(lines[2].get_ydata()) == [0.3]
+    assert axes[0].get_xlim() == (0, 3) and 8.0 not in [y for ln in lines for y in ln.get_ydata()]

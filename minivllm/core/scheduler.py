@@ -68,6 +68,7 @@ class Scheduler:
         self.policy = make_policy(policy) if isinstance(policy, str) else policy
         self.enqueue_into = hooks.enqueue or self.policy.enqueue
         self.prefill_chunk = hooks.prefill_chunk or prefill_chunk
+        self.victim_of = hooks.preempt_victim or self.policy.victim
         self.kv = kv
         self.structured = structured
         self.max_num_seqs = max_num_seqs
@@ -230,7 +231,7 @@ class Scheduler:
         """Whom to preempt when blocks run out, by the policy: for a running sequence, someone
         always (maybe itself); for a waiting one (`outranked_by`), only whom the policy says it
         outranks ("priority"), else None: it waits."""
-        return self.policy.victim(self.running, outranked_by)
+        return self.victim_of(self.running, outranked_by)
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> int:
         """Take a running sequence's blocks back, by swap when the host has room, else by recompute.

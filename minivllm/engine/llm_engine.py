@@ -66,7 +66,8 @@ class LLMEngine:
         # a file: a GGUF model, tokenizer inside
         has_tokenizer = Path(config.tokenizer).is_file() or any(
             (Path(config.tokenizer) / f).is_file() for f in ("tokenizer.json", "tokenizer.model"))
-        self.tokenizer = Tokenizer(config.tokenizer) if has_tokenizer else None
+        self.tokenizer = (Tokenizer(config.tokenizer, config.hooks.keep_token) if has_tokenizer
+                          else None)
         self.eos_token_ids, self.default_sampling_overrides = generation_defaults(
             config.model, self.tokenizer.eos_token_id if self.tokenizer else mc.eos_token_id,
             config.generation_config == "auto")

@@ -13,6 +13,7 @@ from minivllm.widgets.colors import request_colors, request_ids
 from minivllm.widgets.figures import figure_png, show
 from minivllm.widgets.graphs import graph_batch_html
 from minivllm.widgets.journey import step_html
+from minivllm.widgets.kernel_walk import TileRead, kernel_walk_figure
 from minivllm.widgets.memory import ForkRow, fork_html, fork_rows, swap_totals
 from minivllm.widgets.speculation import SpecRound, spec_rounds, speculation_html
 from minivllm.widgets.step_time import host_share, step_time_breakdown, step_time_figure
@@ -43,9 +44,10 @@ def __getattr__(name: str):
 
 
 __all__ = ["Arrival", "BlockCell", "BlockTableViewer", "ForkRow", "JourneyStepper", "Occupancy",
-           "Recording", "SpecRound", "SpeculationStepper", "Timeline", "block_table_figure",
-           "block_table_html", "figure_png", "fork_html", "fork_rows", "graph_batch_html",
-           "host_share", "kv_occupancy", "new_steps", "pool_cells", "relabel_requests",
+           "Recording", "SpecRound", "SpeculationStepper", "TileRead", "Timeline",
+           "block_table_figure", "block_table_html", "figure_png", "fork_html", "fork_rows",
+           "graph_batch_html", "host_share", "kernel_walk_figure", "kv_occupancy", "new_steps",
+           "pool_cells", "relabel_requests",
            "request_colors", "request_ids", "run_arrivals", "show", "spec_rounds",
            "speculation_html", "step_html", "step_time_breakdown", "step_time_figure",
            "swap_totals", "timeline", "timeline_figure"]
