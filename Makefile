@@ -41,7 +41,7 @@ lint: $(STAMP)
 # pytest exits 5 when it collects nothing: for us that is a failure, not a pass.
 # HF_HUB_OFFLINE: tests never download; chapter 10 then runs its offline fallback.
 # The suite and a first pass over the chapters run in float32 (tests/conftest.py pins it), the chapters beside a
-# competing CPU job on one core (chapters/conftest.py: their measured sentences must survive a busy machine); then the chapters
+# competing CPU job on one core (tests/conftest.py: their measured sentences must survive a busy machine); then the chapters
 # run once more as a learner runs them: MINIVLLM_CPU_DTYPE unset, so dtype "auto" is bf16 on a CPU with
 # native bf16; elsewhere it is float32, the first pass exactly, so the second is skipped and says so.
 # --durations: the slowest tests, so the time CI takes can be read from its log.

@@ -11,10 +11,39 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("MINIVLLM_CPU_DTYPE", "float32")
 
+import subprocess  # noqa: E402
+import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+
+class CompetingJob:
+    """The chapters run beside a competing CPU job (issue 36): a learner's laptop or a shared Colab machine
+    is rarely idle, and every sentence a chapter derives from a measurement must stay true when a core is
+    busy. From the first notebook cell pytest runs until the session ends, one process spins on the
+    machine's last core (pinned there). A plugin, not a chapters/conftest.py: a second conftest module
+    would shadow this one for the tests that import from it."""
+
+    SPIN = "import os; os.sched_setaffinity(0, {%d})\nwhile True:\n    pass"
+
+    def __init__(self) -> None:
+        self.process: subprocess.Popen | None = None
+
+    def pytest_runtest_setup(self, item) -> None:
+        if self.process is None and item.path.suffix == ".ipynb":
+            core = max(os.sched_getaffinity(0))
+            self.process = subprocess.Popen([sys.executable, "-c", self.SPIN % core])
+
+    def pytest_unconfigure(self, config) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(CompetingJob(), "competing-cpu-job")
 
 TINY = dict(vocab_size=251, hidden_size=64, intermediate_size=136, num_hidden_layers=3, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.2, bos_token_id=None,
