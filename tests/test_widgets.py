@@ -414,3 +414,28 @@ def test_a_long_timeline_wraps_onto_rows_that_fit_the_window(llama_path):
     assert len(fig.axes) == rows and fig.get_figwidth() <= 10
     drawn = sum(len(ax.patches) for ax in fig.axes)
     assert drawn == len(tl.cells), "every cell drawn once, in its row"
+
+
+def test_detokenizer_stepper_holds_back_a_split_character(llama_path):
+    """The tokens view over the embedded tokenizer: ☕'s three byte tokens are drawn as its UTF-8
+    bytes, the detokenizer steps emit nothing at the first two, and the buttons move the view."""
+    from minivllm.tokenizer import Tokenizer
+
+    tok = Tokenizer(Path(__file__).resolve().parent.parent / "data" / "models" / "minivllm-tiny")
+    ids = tok.encode("tea ☕ now")
+    table = widgets.pieces_html(tok, ids)
+    assert "e2" in table and "98" in table and "95" in table and table.count("#ff9896") == 3 * 3  # 3 tokens x 3 rows
+    stepper = widgets.DetokenizerStepper(tok, ids, num_prompt_tokens=1)
+    assert "".join(s.emitted for s in stepper.items) == "tea ☕ now"
+    assert [s.emitted for s in stepper.items].count("") == 2, "two of ☕'s three bytes emit nothing"
+    assert "token 1 of" in stepper.html.value and stepper.reset_button is not None
+    stepper.jumps["held-back step"][0].click()
+    assert stepper.current.emitted == "" and "emitted <b>nothing</b>" in stepper.html.value
+    first_held = stepper.index
+    stepper.step_button.click()
+    stepper.step_button.click()
+    assert stepper.current.emitted == "☕" and stepper.current.read_offset == first_held + 1
+    stepper.slider.value = stepper.slider.max
+    assert stepper.step_button.disabled and "text so far: <code>&#x27;tea ☕ now&#x27;" in stepper.html.value
+    stepper.reset_button.click()
+    assert stepper.index == 0
