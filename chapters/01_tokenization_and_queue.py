@@ -94,6 +94,10 @@ print("one token at a time:", one_by_one)
 print(inspect.getsource(Tokenizer._window))
 print(inspect.getsource(Tokenizer.detokenize_step))
 
+# %% [markdown]
+# Fed the same tokens one at a time, the engine's detokenizer never emits `�` and gives the sentence
+# back whole:
+
 # %%
 state = tok.start_detokenizer(num_prompt_tokens=1)  # pretend only BOS was the prompt
 streamed = [tok.detokenize_step(ids[:k], state) for k in range(2, len(ids) + 1)]
@@ -182,6 +186,9 @@ for req in engine.scheduler.waiting:
 assert [r.request_id for r in engine.scheduler.waiting] == names
 assert all(r.status == SequenceStatus.WAITING and r.num_computed_tokens == 0 for r in engine.scheduler.waiting)
 assert engine.scheduler.running == []
+
+# %% [markdown]
+# One `step()` later the queue is empty: all three were admitted into the first batch, in arrival order.
 
 # %%
 start = engine.num_steps
