@@ -177,9 +177,6 @@ shared_cells = [c for c in cells if c.is_shared]
 print("drawn shared:", [(c.block_id, c.ref_cnt) for c in shared_cells])
 assert [c.block_id for c in shared_cells] == sorted(shared_ids)
 assert all(c.ref_cnt == len(users) and c.owners == list(users) for c in shared_cells)
-assert f"{len(shared_ids)} shared" in viewer.figure.axes[1].get_title()
-assert sum(p.get_hatch() == "//" for p in viewer.figure.axes[1].patches) == len(shared_ids)
-assert f"{len(shared_ids)} shared" in viewer.html.value and "re-used from the cache" in viewer.html.value
 grew = {rid for t in run[1:] for rid in t.allocated}
 assert grew == set(users), "every user's output crossed a block boundary"
 

@@ -432,3 +432,28 @@ def test_kernel_walk_figure_draws_each_programs_blocks_and_running_max():
     assert len(lines) == 4  # 2 query heads x 2 slices
     assert list(lines[0].get_ydata()) == [1.0, 2.0] and list(lines[2].get_ydata()) == [0.3]
     assert axes[0].get_xlim() == (0, 3) and 8.0 not in [y for ln in lines for y in ln.get_ydata()]
+
+
+def test_detokenizer_stepper_holds_back_a_split_character(llama_path):
+    """The tokens view over the embedded tokenizer: ☕'s three byte tokens are drawn as its UTF-8
+    bytes, the detokenizer steps emit nothing at the first two, and the buttons move the view."""
+    from minivllm.tokenizer import Tokenizer
+
+    tok = Tokenizer(Path(__file__).resolve().parent.parent / "data" / "models" / "minivllm-tiny")
+    ids = tok.encode("tea ☕ now")
+    table = widgets.pieces_html(tok, ids)
+    assert "e2" in table and "98" in table and "95" in table and table.count("#ff9896") == 3 * 3  # 3 tokens x 3 rows
+    stepper = widgets.DetokenizerStepper(tok, ids, num_prompt_tokens=1)
+    assert "".join(s.emitted for s in stepper.items) == "tea ☕ now"
+    assert [s.emitted for s in stepper.items].count("") == 2, "two of ☕'s three bytes emit nothing"
+    assert "token 1 of" in stepper.html.value and stepper.reset_button is not None
+    stepper.jumps["held-back step"][0].click()
+    assert stepper.current.emitted == "" and "emitted <b>nothing</b>" in stepper.html.value
+    first_held = stepper.index
+    stepper.step_button.click()
+    stepper.step_button.click()
+    assert stepper.current.emitted == "☕" and stepper.current.read_offset == first_held + 1
+    stepper.slider.value = stepper.slider.max
+    assert stepper.step_button.disabled and "text so far: <code>&#x27;tea ☕ now&#x27;" in stepper.html.value
+    stepper.reset_button.click()
+    assert stepper.index == 0

@@ -18,6 +18,7 @@ from minivllm.widgets.memory import ForkRow, fork_html, fork_rows, swap_totals
 from minivllm.widgets.speculation import SpecRound, spec_rounds, speculation_html
 from minivllm.widgets.step_time import host_share, step_time_breakdown, step_time_figure
 from minivllm.widgets.timelines import Timeline, timeline, timeline_figure
+from minivllm.widgets.tokens import DetokStep, detok_html, detok_steps, pieces_html, token_bytes
 from minivllm.widgets.traces import relabel_requests
 from minivllm.widgets.workloads import (
     Arrival,
@@ -28,7 +29,7 @@ from minivllm.widgets.workloads import (
     run_arrivals,
 )
 
-_UI = ("BlockTableViewer", "JourneyStepper", "SpeculationStepper")
+_UI = ("BlockTableViewer", "DetokenizerStepper", "JourneyStepper", "SpeculationStepper")
 
 
 def __getattr__(name: str):
@@ -43,11 +44,12 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["Arrival", "BlockCell", "BlockTableViewer", "ForkRow", "JourneyStepper", "Occupancy",
-           "Recording", "SpecRound", "SpeculationStepper", "TileRead", "Timeline",
-           "block_table_figure", "block_table_html", "figure_png", "fork_html", "fork_rows",
+__all__ = ["Arrival", "BlockCell", "BlockTableViewer", "DetokStep", "DetokenizerStepper",
+           "ForkRow", "JourneyStepper", "Occupancy", "Recording", "SpecRound",
+           "SpeculationStepper", "TileRead", "Timeline", "block_table_figure", "block_table_html",
+           "detok_html", "detok_steps", "figure_png", "fork_html", "fork_rows",
            "graph_batch_html", "host_share", "kernel_walk_figure", "kv_occupancy", "new_steps",
-           "pool_cells", "relabel_requests",
-           "request_colors", "request_ids", "run_arrivals", "show", "spec_rounds",
-           "speculation_html", "step_html", "step_time_breakdown", "step_time_figure",
-           "swap_totals", "timeline", "timeline_figure"]
+           "pieces_html", "pool_cells", "relabel_requests", "request_colors", "request_ids",
+           "run_arrivals", "show", "spec_rounds", "speculation_html", "step_html",
+           "step_time_breakdown", "step_time_figure", "swap_totals", "timeline",
+           "timeline_figure", "token_bytes"]

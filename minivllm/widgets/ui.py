@@ -20,12 +20,14 @@ import ipywidgets as ipw
 
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.engine.trace import StepTrace
+from minivllm.tokenizer import Tokenizer
 from minivllm.widgets.blocks import block_step_html, block_table_figure
 from minivllm.widgets.colors import request_colors, request_ids
 from minivllm.widgets.figures import figure_png
 from minivllm.widgets.journey import empty_html, step_html
 from minivllm.widgets.jupyter import hint_html
 from minivllm.widgets.speculation import SpecRound, spec_rounds, speculation_html
+from minivllm.widgets.tokens import DetokStep, detok_html, detok_steps
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -288,3 +290,27 @@ class SpeculationStepper(_Slider[SpecRound]):
         self.show_all_button.disabled = self.revealed >= rnd.num_reveals
         self.html.value = speculation_html(rnd, self.tokenizer, self.revealed, self.index,
                                            len(self.rounds), self.prompt_token_ids)
+
+
+class DetokenizerStepper(_Slider[DetokStep]):
+    """The engine's incremental detokenizer over `all_token_ids` (prompt then output), one output
+    token per slider position: the window it decoded, its offsets and the text it emitted."""
+
+    noun = "token"
+
+    def __init__(self, tokenizer: Tokenizer, all_token_ids: Sequence[int],
+                 num_prompt_tokens: int) -> None:
+        self.tokenizer, self.all_token_ids = tokenizer, list(all_token_ids)
+        super().__init__(detok_steps(tokenizer, self.all_token_ids, num_prompt_tokens),
+                         [("held-back step", lambda s: not s.emitted)], "the next output token")
+        self.html = ipw.HTML()
+        self.widget = ipw.VBox([self.controls, self.html])
+        self.render()
+
+    def step(self) -> None:
+        self.index += 1
+
+    def render(self) -> None:
+        self.html.value = (detok_html(self.tokenizer, self.all_token_ids, self.items, self.index)
+                           if self.items else empty_html("no output tokens"))
+        self._update_controls(self.index < len(self.items) - 1)
