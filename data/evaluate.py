@@ -1,7 +1,7 @@
 """Measure the embedded models with plain transformers and write data/README.md.
 
 Every figure in the README comes from this script (nothing is typed by hand), so
-the README always describes the weights that are actually in data/models/.
+the README always describes the weights that are actually in minivllm/data/models/ (shipped as package data).
 Models are evaluated in float32: the float16 checkpoints are upcast exactly.
 """
 
@@ -18,7 +18,7 @@ from corpus import HELDOUT_SEED, generate_chats, generate_corpus
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 DATA = Path(__file__).resolve().parent
-MODELS = DATA / "models"
+MODELS = DATA.parent / "minivllm" / "data" / "models"  # shipped in the package: LLM() finds them installed
 TARGET, DRAFT = MODELS / "minivllm-tiny", MODELS / "minivllm-tiny-draft"
 SEED_PROMPTS = ["Hi, my name is", "Today is a beautiful summer day", "Hello there"]
 CHAT_QUESTIONS = ["What color is the sky?", "What is two plus three?", "Tell me a short story."]
@@ -144,7 +144,8 @@ def main() -> None:
 
     table = model_table(models, stats, ppl)
     files = "\n".join(
-        f"| `{f.relative_to(DATA)}` | {f.stat().st_size:,} |" for p in (TARGET, DRAFT) for f in sorted(p.iterdir())
+        f"| `{f.relative_to(DATA.parent)}` | {f.stat().st_size:,} |"
+        for p in (TARGET, DRAFT) for f in sorted(p.iterdir())
     )
     samples = "\n\n".join(
         f"**`{name}`**\n\n" + "\n".join(f"- **{p}**{c}" for p, c in conts) for name, conts in continuations.items()
@@ -153,7 +154,8 @@ def main() -> None:
     ratio = stats["draft"]["parameters"] / stats["target"]["parameters"]
     readme = f"""# Embedded models
 
-`data/` holds the models every offline chapter, test and CI job uses: a small
+`data/` trains, and `minivllm/data/models/` holds (as package data), the models every offline
+chapter, test and CI job uses: a small
 Llama-architecture **target** model and a **draft** model for speculative
 decoding, both trained by this project from scratch on a synthetic corpus of
 simple children's stories and short chats (`data/corpus.py`). Nothing is
@@ -175,7 +177,8 @@ Everything below is written by `data/evaluate.py`; do not edit it by hand.
   the generator with seed {HELDOUT_SEED} (training used another seed), BOS ... EOS as in training.
 - **Draft agreement: {agreement:.1%}** of positions where the draft's greedy next token equals the target's,
   measured on {AGREEMENT_TOKENS}-token greedy target continuations of {AGREEMENT_PROMPTS + len(SEED_PROMPTS)} prompts.
-- Total size of `data/` (without the git-ignored `corpus/` and logs): {mb(folder_size(DATA))}.
+- Total size of `data/` (without the git-ignored `corpus/` and logs) and its models in
+  `minivllm/data/models/`: {mb(folder_size(DATA) + folder_size(MODELS))}.
 - Evaluation took {time.time() - start:.0f} s.
 
 ## Greedy continuations ({NEW_TOKENS} new tokens, transformers `generate`, prompt in bold)
@@ -204,7 +207,7 @@ prepended to every encoding like Llama), `</s>`={tok.eos_token_id} (EOS, ends ev
 {files}
 
 Weights are stored in float16; configs say `"dtype": "float16"`. Load with
-`AutoModelForCausalLM.from_pretrained("data/models/minivllm-tiny")` and `AutoTokenizer.from_pretrained(...)`
+`AutoModelForCausalLM.from_pretrained("minivllm/data/models/minivllm-tiny")` and `AutoTokenizer.from_pretrained(...)`
 (pass `dtype=torch.float32` for fast CPU inference).
 """
     (DATA / "README.md").write_text(readme)

@@ -27,7 +27,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 DATA = Path(__file__).resolve().parent
-MODELS = DATA / "models"
+MODELS = DATA.parent / "minivllm" / "data" / "models"  # shipped in the package: LLM() finds them installed
 TOKENIZER_DIR = DATA / "corpus" / "tokenizer"  # git-ignored staging copy; it ships inside each model folder
 STATS = MODELS / "training.json"
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>"]

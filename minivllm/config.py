@@ -30,7 +30,8 @@ from minivllm.quantization.kv_cache import (
 )
 from minivllm.sampling.logits_processor import load_logits_processor_classes
 
-DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "data" / "models" / "minivllm-tiny"
+# package data (pyproject.toml): a checkout and an installed wheel find the embedded models alike
+DEFAULT_MODEL = Path(__file__).resolve().parent / "data" / "models" / "minivllm-tiny"
 DEFAULT_DRAFT_MODEL = DEFAULT_MODEL.parent / "minivllm-tiny-draft"  # its speculative partner
 # speculative_model's name for n-gram (prompt lookup) drafting: no draft model at all
 NGRAM = "[ngram]"

@@ -48,7 +48,7 @@ def pytest_configure(config):
 TINY = dict(vocab_size=251, hidden_size=64, intermediate_size=136, num_hidden_layers=3, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.2, bos_token_id=None,
             eos_token_id=None, pad_token_id=0)
-EMBEDDED = Path(__file__).resolve().parent.parent / "data" / "models" / "minivllm-tiny"
+EMBEDDED = Path(__file__).resolve().parent.parent / "minivllm" / "data" / "models" / "minivllm-tiny"
 
 
 def build_checkpoint(kind: str, path: Path, **overrides):

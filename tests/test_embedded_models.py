@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-MODELS = Path(__file__).resolve().parents[1] / "data" / "models"
+MODELS = Path(__file__).resolve().parents[1] / "minivllm" / "data" / "models"
 TARGET, DRAFT = MODELS / "minivllm-tiny", MODELS / "minivllm-tiny-draft"
 PROMPTS = ["Hi, my name is", "Today is a beautiful summer day", "Hello there"]
 

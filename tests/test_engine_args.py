@@ -136,9 +136,9 @@ def test_server_flags_are_the_engine_table_plus_the_front_end():
 
 
 def test_served_model_name_is_the_model_as_given():
-    rel = "data/models/minivllm-tiny"
+    rel = "minivllm/data/models/minivllm-tiny"
     assert EngineConfig(model=str(EMBEDDED)).resolve().served_model_name == str(EMBEDDED)
-    assert EngineConfig(model=EMBEDDED.parent.parent.parent / rel).resolve().served_model_name.endswith(rel)
+    assert EngineConfig(model=EMBEDDED.parents[3] / rel).resolve().served_model_name.endswith(rel)
     # the embedded default, unnamed
     assert EngineConfig().resolve().served_model_name == "minivllm-tiny"
     assert EngineConfig(model=str(EMBEDDED),

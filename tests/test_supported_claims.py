@@ -34,7 +34,7 @@ def bin_checkpoint_refused(tmp_path: Path) -> bool:
     """The loader's own answer for a directory holding only a pickled `.bin` checkpoint."""
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
     (tmp_path / "pytorch_model.bin").write_bytes(b"")
-    cfg = read_model_config(ROOT / "data" / "models" / "minivllm-tiny")
+    cfg = read_model_config(ROOT / "minivllm" / "data" / "models" / "minivllm-tiny")
     try:
         next(checkpoint_tensors(tmp_path, cfg))
     except ValueError:
