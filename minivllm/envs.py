@@ -59,6 +59,9 @@ VARIABLES: dict[str, EnvVar] = {
         "dtype='auto' on a GPU for a whole run (bench/gpu_check.sh: float16, as on a T4)"),
     "MINIVLLM_CPU_OMP_THREADS_BIND": EnvVar(str.strip, "off",
         "pin torch's threads: 'off', 'auto' (the free cores, when idle) or a list like 0-7"),
+    "MINIVLLM_CACHE_DIR": EnvVar(str, "~/.cache/minivllm",
+        "where the C++ CPU kernels are built and kept (platforms/cpu_extension.py), one folder "
+        "per sources, CPU and torch; ~ is expanded"),
     # --- data parallelism (minivllm/model/weight_cache.py) ---
     "MINIVLLM_WEIGHT_CACHE_DIR": EnvVar(str, "~/.cache/minivllm/weights",
         "data_parallel_size > 1: where the loaded weights are written once (a file per "

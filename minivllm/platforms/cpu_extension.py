@@ -1,9 +1,12 @@
 """The C++ extension behind the CPU fast path: every source it lists, built together once a machine.
 
-torch's cpp_extension compiles them at first use (10-25 s, `-O3 -march=native`) into its extension
-cache (TORCH_EXTENSIONS_DIR, by default ~/.cache/torch_extensions) and rebuilds when a source
-changes. The module's name carries a hash of the CPU's flags and the sources' paths, so a cache
-shared by different machines (or checkouts) never hands one another's build. Each source registers
+torch's cpp_extension compiles them at first use (10-25 s, `-O3 -march=native`) into minivllm's
+cache (MINIVLLM_CACHE_DIR, by default ~/.cache/minivllm), never beside the sources: an install in a
+read-only site-packages builds too. The module's name is a hash of the sources' and headers' bytes,
+the CPU's flags and torch's version, so an edited source, another machine sharing the cache or a new
+torch each get their own build, and two checkouts of the same sources share one. Two processes that
+start at once do not both write it: cpp_extension holds a lock file in the build directory while
+one compiles, and the other waits, then loads what it built. Each source registers
 its ops under torch.ops.minivllm_cpu: the paged-attention kernel (attention/cpu_attention.py), the
 fused layer ops (model/cpu_layer_ops.py), the tiled linear kernel (quantization/cpu_unquantized.py),
 GGUF's block formats multiplied as stored (quantization/cpu_gguf.py).
@@ -14,10 +17,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import shutil
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
+from minivllm import envs
 from minivllm.platforms.cpu_hardware import cpu_flags
 
 PACKAGE = Path(__file__).parent.parent
@@ -27,24 +33,46 @@ HEADERS = (Path(__file__).parent / "cpu_vector_math.h",)  # what they share (the
 
 
 def _fingerprint() -> str:
-    """A hash of the CPU's flags and of where the sources are: two checkouts never share (and
-    rebuild) one build."""
-    text = "\n".join([*sorted(cpu_flags()), *map(str, SOURCES)])
-    return hashlib.sha1(text.encode()).hexdigest()[:10]
+    """A hash of what the built library depends on: the sources' and headers' bytes, the CPU's
+    flags (-march=native) and torch's version (its C++ ABI)."""
+    import torch
+
+    digest = hashlib.sha1()
+    for path in (*SOURCES, *HEADERS):
+        digest.update(path.read_bytes())
+    digest.update("\n".join([*sorted(cpu_flags()), torch.__version__]).encode())
+    return digest.hexdigest()[:12]
+
+
+def _build_directory(name: str) -> Path:
+    """Where extension `name` is compiled and kept: one folder per fingerprint in the cache."""
+    return Path(envs.MINIVLLM_CACHE_DIR).expanduser() / "cpu_extension" / name
 
 
 def _built_library(name: str) -> Path:
-    """Where torch's cpp_extension puts the shared library of extension `name`."""
-    from torch.utils.cpp_extension import _get_build_directory
-
-    return Path(_get_build_directory(name, verbose=False)) / f"{name}.so"
+    """The shared library of extension `name`, once built."""
+    return _build_directory(name) / f"{name}.so"
 
 
 def needs_compiling(name: str) -> bool:
-    """Whether loading `name` will compile: no library yet, or a source or header newer than it."""
-    library = _built_library(name)
-    newest = max(path.stat().st_mtime for path in (*SOURCES, *HEADERS))
-    return not library.exists() or newest > library.stat().st_mtime
+    """Whether loading `name` will compile: its name changes with every input, so no library yet."""
+    return not _built_library(name).exists()
+
+
+def missing_toolchain() -> str | None:
+    """What a first build lacks, said with how to install it, or None: a C++ compiler, Python's C
+    headers. Found before compiling, because the compiler's own error is many lines of noise."""
+    from torch.utils.cpp_extension import get_cxx_compiler
+
+    compiler = get_cxx_compiler()
+    if shutil.which(compiler) is None:
+        return (f"no C++ compiler ({compiler!r} is not on PATH): install one (Debian/Ubuntu: "
+                f"apt install g++; Fedora: dnf install gcc-c++; macOS: xcode-select --install) "
+                f"or name it in CXX")
+    if not (Path(sysconfig.get_paths()["include"]) / "Python.h").exists():
+        return ("no Python C headers (Python.h): install them (Debian/Ubuntu: apt install "
+                "python3-dev; Fedora: dnf install python3-devel)")
+    return None
 
 
 def build() -> None:
@@ -56,17 +84,18 @@ def build() -> None:
     name = f"minivllm_cpu_{_fingerprint()}"
     compiling = needs_compiling(name)
     if compiling:
+        missing = missing_toolchain()
+        if missing is not None:
+            raise RuntimeError(missing)
         print(f"minivllm: compiling its C++ CPU kernels for this machine, once (typically 10-30 s, "
-              f"more on a busy machine; later runs load them from "
-              f"{_built_library(name).parent.parent})",
+              f"more on a busy machine; later runs load them from {_build_directory(name)})",
               file=sys.stderr, flush=True)
     start = time.perf_counter()
-    # torch rebuilds when a source or a build flag changes, not a header: the headers' hash rides
-    # along as a flag
-    headers = hashlib.sha1(b"".join(h.read_bytes() for h in HEADERS)).hexdigest()[:10]
-    load(name=name, sources=[str(s) for s in SOURCES],
-         extra_cflags=["-O3", "-march=native", "-fopenmp", f"-DMINIVLLM_CPU_HEADERS={headers}"],
-         extra_ldflags=["-fopenmp"], is_python_module=False)
+    directory = _build_directory(name)
+    directory.mkdir(parents=True, exist_ok=True)
+    load(name=name, sources=[str(s) for s in SOURCES], build_directory=str(directory),
+         extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
+         is_python_module=False)
     if compiling:
         print(f"minivllm: C++ CPU kernels compiled in {time.perf_counter() - start:.0f} s",
               file=sys.stderr, flush=True)
