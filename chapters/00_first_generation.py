@@ -19,21 +19,18 @@
 # this journey.
 #
 # The model is `minivllm-tiny`, a 5.2M-parameter Llama trained by this project on simple children's
-# stories; it ships inside the repository, so nothing is downloaded. On a CUDA GPU (Colab:
+# stories; it ships inside the package, so nothing is downloaded. On a CUDA GPU (Colab:
 # *Runtime -> Change runtime type -> GPU*) the engine uses it automatically; on a CPU it runs too.
 
 # %%
-# Setup: on Colab, fetch the repository and install it; anywhere else this cell does nothing.
-import os
+# Setup: on Colab, one pip install of the repository (the engine, its embedded model, the exercises);
+# anywhere else this cell does nothing.
 import subprocess
 import sys
 
 REPO = "https://github.com/minivllm/minivllm"
 if "google.colab" in sys.modules:
-    if not os.path.isdir("/content/minivllm"):
-        subprocess.run(["git", "clone", "--depth", "1", REPO, "/content/minivllm"], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", "/content/minivllm"], check=True)
-    sys.path.insert(0, "/content/minivllm")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"minivllm[notebook] @ git+{REPO}"], check=True)
 
 # %%
 from IPython.display import display

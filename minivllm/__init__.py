@@ -7,8 +7,17 @@ torch.
 
 from __future__ import annotations
 
-from importlib import import_module
+from importlib import import_module, metadata
 from typing import TYPE_CHECKING, Any
+
+
+def _version() -> str:
+    """The installed distribution's version (a checkout never installed has none)."""
+    try:
+        return metadata.version("minivllm")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
 
 MODULE_ATTRS = {  # name -> the module that defines it
     "LLM": "minivllm.entrypoints.llm",
@@ -28,7 +37,7 @@ __all__ = ["LLM", "LLMEngine", "EngineArgs", "AsyncEngineArgs", "EngineConfig", 
            "SamplingParams", "RequestOutput", "CompletionOutput", "BeamSearchParams",
            "BeamSearchOutput",
            "BeamSearchSequence"]  # = MODULE_ATTRS' names (tests/test_layers.py checks)
-__version__ = "0.1.0"
+__version__ = _version()  # pyproject.toml's, as installed (the one place it is written)
 
 if TYPE_CHECKING:
     from minivllm.config import EngineConfig

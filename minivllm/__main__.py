@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+import minivllm
 from minivllm import LLM, SamplingParams
 from minivllm.engine.arg_utils import EngineArgs
 from minivllm.engine.journey import format_journey
@@ -16,6 +17,7 @@ from minivllm.entrypoints.openai.cli_args import make_arg_parser
 
 def main(argv: list[str] | None = None) -> int:
     parser = FlexibleArgumentParser(prog="minivllm")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {minivllm.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate completions for one or more prompts")
     gen.add_argument("prompts", nargs="+")
