@@ -1,4 +1,4 @@
-"""The embedded models in data/models load in plain transformers and speak simple English.
+"""The embedded models in minivllm/data/models load in plain transformers and speak simple English.
 
 These are the models every offline chapter and CI job uses, so they are checked
 here with transformers alone (CPU, a few seconds); rebuild them with

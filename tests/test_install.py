@@ -65,6 +65,17 @@ def _files(package: Path) -> set[str]:
     return {str(p.relative_to(package)) for p in package.rglob("*") if "__pycache__" not in p.parts}
 
 
+def test_a_machine_without_a_compiler_hears_what_to_install_in_one_line(monkeypatch, tmp_path):
+    """Found before compiling (the compiler's own failure is pages of noise): one line, naming the package."""
+    from minivllm.platforms import cpu_extension
+
+    monkeypatch.setenv("MINIVLLM_CACHE_DIR", str(tmp_path))  # an empty cache: this would compile
+    monkeypatch.setattr(cpu_extension.shutil, "which", lambda name: None)
+    monkeypatch.setattr("torch.utils.cpp_extension.load", lambda **kwargs: pytest.fail("compiled anyway"))
+    reason = cpu_extension.build_failure.__wrapped__()
+    assert "no C++ compiler" in reason and "apt install g++" in reason and "\n" not in reason
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     """(venv's python, environment, an outside working directory, the wheel, the installed package)."""
