@@ -439,7 +439,7 @@ def test_detokenizer_stepper_holds_back_a_split_character(llama_path):
     bytes, the detokenizer steps emit nothing at the first two, and the buttons move the view."""
     from minivllm.tokenizer import Tokenizer
 
-    tok = Tokenizer(Path(__file__).resolve().parent.parent / "data" / "models" / "minivllm-tiny")
+    tok = Tokenizer(Path(__file__).resolve().parent.parent / "minivllm" / "data" / "models" / "minivllm-tiny")
     ids = tok.encode("tea ☕ now")
     table = widgets.pieces_html(tok, ids)
     assert "e2" in table and "98" in table and "95" in table and table.count("#ff9896") == 3 * 3  # 3 tokens x 3 rows
