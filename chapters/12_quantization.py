@@ -156,7 +156,7 @@ assert t4_blocks["Llama-3-8B", "4-bit", "fp8"] >= 1.99 * t4_blocks["Llama-3-8B",
 # token logprobs.
 
 # %%
-sys.path.insert(0, str(Path(DEFAULT_MODEL).parents[1]))  # data/: the corpus generator
+sys.path.insert(0, str(Path(DEFAULT_MODEL).parents[3] / "data"))  # the repository's data/: the corpus generator
 from corpus import HELDOUT_SEED, generate_corpus  # noqa: E402
 
 from minivllm.quantization.packing import write_quantized_checkpoint  # noqa: E402

@@ -138,7 +138,7 @@ def heldout_text() -> tuple[list[str], list[str]]:
     """16 story openings and 20 whole stories the embedded model never saw (chapter 12's held-out sets)."""
     import sys
 
-    sys.path.insert(0, str(EMBEDDED.parents[1]))  # data/: the corpus generator
+    sys.path.insert(0, str(EMBEDDED.parents[3] / "data"))  # the repository's data/: the corpus generator
     from corpus import HELDOUT_SEED, generate_corpus
 
     return [" ".join(s.split()[:5]) for s in generate_corpus(16, HELDOUT_SEED + 1)], generate_corpus(20, HELDOUT_SEED)
