@@ -1,11 +1,15 @@
 """A Llama-family decoder that reads and writes a paged KV cache.
 
-One class covers Llama/TinyLlama and Mistral (plain), Qwen2 (bias on q/k/v) and Qwen3 (RMSNorm on
-each head of q and k). Unlike the Hugging Face model it sees the step's tokens as one flat list (no
-padding): requests are told apart only by the attention metadata. q/k/v and gate/up are fused into
-one matmul each. Every matmul is a linear layer from model/linear.py, whose weights a quantization
-method holds (float, int8, GPTQ, AWQ: minivllm/quantization/); embeddings and the LM head stay
-float, as in those formats.
+This module is the Llama family and the shared parts the other families declare their decoders
+from: Mistral (mistral.py), Qwen2 (bias on q/k/v, qwen2.py) and Qwen3 (RMSNorm on each head of q
+and k, qwen3.py) differ from Llama only in the `layer_options` they read from their config;
+registry.py maps a checkpoint's `architectures` to its family.
+
+Unlike the Hugging Face model it sees the step's tokens as one flat list (no padding): requests are
+told apart only by the attention metadata. q/k/v and gate/up are fused into one matmul each. Every
+matmul is a linear layer from model/linear.py, whose weights a quantization method holds (float,
+int8, GPTQ, AWQ: minivllm/quantization/); embeddings and the LM head stay float, as in those
+formats.
 
 The model names no hardware: it is built from `Implementations` (a platform, minivllm/platforms/,
 supplies them): its small ops (layer_ops.py), its attention backend and the matmul of each linear
@@ -166,6 +170,14 @@ class LlamaForCausalLM(nn.Module):
                                     method=UnquantizedLinearMethod(impl.linear.float), tp=tp)
         if cfg.tie_word_embeddings:
             self.lm_head.tie_to(self.model.embed_tokens)
+
+    @staticmethod
+    def layer_options(hf_config) -> dict:
+        """What this family's layers read from a transformers config (ModelConfig's fields of the
+        same names): Llama has a q/k/v bias only where `attention_bias` says so, no q/k norm, and
+        attends to the whole context."""
+        return {"qkv_bias": bool(getattr(hf_config, "attention_bias", False)), "qk_norm": False,
+                "sliding_window": None}
 
     def share_tied_weight(self) -> None:
         """After loading: a tied head whose platform replaced the plain weight by a faster layout
