@@ -46,6 +46,7 @@ ROOMS: list[tuple[str, tuple[str, ...]]] = [
         "platforms/cpu*", "model/cpu_*", "model/compiled.py", "attention/cpu_*",
         "quantization/cpu_*")),
     ("platform: cuda fast paths", ("platforms/cuda.py", "kernels/*", "attention/triton_*")),
+    ("mixture of experts", ("model/moe*",)),
     ("quantization", ("quantization/*",)),
     ("distributed and executor", ("distributed/*", "executor/*", "engine/data_parallel.py",
                                   "model/weight_cache.py")),

@@ -52,6 +52,7 @@ class ModelConfig:
     eos_token_id: int | list[int] | None
     hf_config: object = None
     sliding_window: int | None = None  # tokens a query may look back, where limited (Mistral v0.1)
+    sliding_layers: tuple[bool, ...] | None = None  # which layers slide (None: all, given a window)
     quantization: QuantizationConfig | None = None  # what the linear layers hold (None: floats)
     gguf: bool = False  # the checkpoint is one GGUF file (dequantized at load)
     architecture: str = "LlamaForCausalLM"  # the registry key (model/registry.py) of its family

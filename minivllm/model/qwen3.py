@@ -10,4 +10,4 @@ class Qwen3ForCausalLM(LlamaForCausalLM):
     @staticmethod
     def layer_options(hf_config) -> dict:
         return {**LlamaForCausalLM.layer_options(hf_config), "qk_norm": True,
-                "sliding_window": qwen_window(hf_config)}
+                **qwen_window(hf_config)}
