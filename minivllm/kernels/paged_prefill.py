@@ -106,7 +106,8 @@ def _paged_prefill_kernel(
         m_i = m_new
 
     # padding rows (past q_len, or past the last whole query) are not stored
-    out = acc * v_dequant / l_i[:, None]
+    # a row past its request's queries may see no key at all under a window (l_i 0): not stored
+    out = acc * v_dequant / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
     tl.store(out_ptr + tokens[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
 
