@@ -29,7 +29,8 @@ ROOMS: list[tuple[str, tuple[str, ...]]] = [
     ("reference model and attention", (
         "model/__init__.py", "model/llama.py", "model/layer_ops.py", "model/rotary.py",
         "model/linear.py", "model/embedding.py", "model/loader.py", "model/weights.py",
-        "model/lazy_loading.py", "model/moe.py", "attention/__init__.py",
+        "model/lazy_loading.py", "model/moe.py", "model/registry.py", "model/mistral.py",
+        "model/qwen2.py", "model/qwen3.py", "attention/__init__.py",
         "attention/backend.py", "attention/metadata.py", "attention/online_softmax.py",
         "attention/torch_backend.py")),
     ("runner", ("runner/*",)),

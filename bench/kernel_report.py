@@ -170,7 +170,7 @@ def attention_variants(model: Model, arch: Arch, dtype: str, block_size: int, kv
             q_ptr=p, k_cache_ptr=c, v_cache_ptr=c, block_tables_ptr="*i32", seq_lens_ptr="*i32", out_ptr=p,
             part_acc_ptr="*fp32" if num_splits > 1 else p, part_m_ptr="*fp32" if num_splits > 1 else p,
             part_l_ptr="*fp32" if num_splits > 1 else p, scale=d**-0.5, k_dequant=1.0, v_dequant=1.0,
-            stride_qb=h * d, stride_qh=d, stride_ob=h * d, stride_oh=d, **cache),
+            stride_qb=h * d, stride_qh=d, stride_ob=h * d, stride_oh=d, window=-1, **cache),
             paged_decode.decode_launch_config(d, group, block_size, num_splits, torch_dtype, arch.sm,
                                               kv_fp8=kv_fp8)))
         if num_splits > 1:
@@ -181,7 +181,7 @@ def attention_variants(model: Model, arch: Arch, dtype: str, block_size: int, kv
         out.append(_variant(paged_prefill._paged_prefill_kernel, arch.sm, dtype, dict(
             q_ptr=p, k_cache_ptr=c, v_cache_ptr=c, block_tables_ptr="*i32", query_start_loc_ptr="*i32",
             seq_lens_ptr="*i32", out_ptr=p, scale=d**-0.5, k_dequant=1.0, v_dequant=1.0, stride_qt=h * d,
-            stride_qh=d, stride_ot=h * d, stride_oh=d, **cache),
+            stride_qh=d, stride_ot=h * d, stride_oh=d, window=-1, **cache),
             paged_prefill.prefill_launch_config(d, group, block_size, max_query_len, torch_dtype, arch.sm,
                                                 kv_fp8=kv_fp8)))
     return out

@@ -231,14 +231,11 @@ class EngineConfig:
                        speculative_model=draft, model_config=mc, dtype=dtype, max_model_len=max_len)
 
     def _max_model_len(self, mc: ModelConfig, dtype: torch.dtype) -> int:
-        """The asked max_model_len, checked against the model's window; by default the window,
-        capped by what the KV cache holds where that is known before loading (num_kv_blocks, or a
-        byte budget)."""
+        """The asked max_model_len, checked against the model's positions (a sliding window limits
+        what a layer looks back, not the length); by default all of them, capped by what the KV
+        cache holds where that is known before loading (num_kv_blocks, or a byte budget)."""
         max_len = self.max_model_len
         limit, why = mc.max_position_embeddings, "max_position_embeddings"
-        if mc.sliding_window is not None and mc.sliding_window < limit:
-            limit = mc.sliding_window
-            why = "sliding_window (sliding-window attention is not implemented)"
         if max_len is not None and max_len > limit:
             raise ValueError(f"max_model_len {max_len} exceeds the model's {why} {limit}")
         if max_len is not None:

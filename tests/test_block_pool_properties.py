@@ -28,6 +28,24 @@ def tiny_path(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="module")
+def windowed_paths(tmp_path_factory, tiny_path):
+    """{window: checkpoint}: None the llama; 3 and 8 a Mistral whose one layer slides (blocks leave with it)."""
+    import torch
+    import transformers as tf
+
+    from tests.conftest import TINY
+
+    paths = {None: tiny_path}
+    for window in (3, 8):
+        torch.manual_seed(0)
+        paths[window] = tmp_path_factory.mktemp("prop") / f"mistral{window}"
+        tf.MistralForCausalLM(tf.MistralConfig(**{**TINY, "num_hidden_layers": 1, "hidden_size": 32,
+                                                  "intermediate_size": 64, "sliding_window": window})
+                              ).save_pretrained(paths[window])
+    return paths
+
+
 def check_host_pool(scheduler) -> None:
     """Host blocks: each held by exactly one swapped request, which waits and holds no GPU block."""
     swap = scheduler.swap
@@ -46,7 +64,8 @@ def check_invariants(kv: KVCacheManager, scheduler) -> None:
     check_host_pool(scheduler)
     pool = kv.pool
     owners = {}
-    for rid, table in kv.block_tables.items():
+    for rid in kv.block_tables:
+        table = kv.held_blocks(rid)  # less the blocks a sliding window has passed
         assert len(table) == len(set(table)), f"{rid} holds a block twice"
         for b in table:
             owners[b] = owners.get(b, 0) + 1
@@ -70,6 +89,7 @@ workload = st.fixed_dictionaries({
     "caching": st.booleans(),
     "chunking": st.booleans(),
     "seed": st.integers(0, 10_000),
+    "window": st.sampled_from([None, None, 3, 8]),  # a sliding window returns blocks as it passes them
     "policy": st.sampled_from(["fcfs", "priority", "sjf", "round_robin"]),
     "quantum": st.integers(1, 4),  # round_robin's; sjf ages by 4x as many steps
     "swap_blocks": st.sampled_from([0, 4, 64]),  # 0: recompute; else swap to a host pool of that many blocks
@@ -81,11 +101,12 @@ workload = st.fixed_dictionaries({
 
 @settings(max_examples=60, deadline=None)
 @given(workload)
-def test_engine_steps_never_leak_or_overspend(tiny_path, w):
+def test_engine_steps_never_leak_or_overspend(windowed_paths, w):
     rng = random.Random(w["seed"])
     budget = w["budget"] if w["chunking"] else max(w["budget"], w["num_blocks"] * w["block_size"])
     bytes_per_block = kv_bytes_per_block(1, w["block_size"], 2, 8, 4)  # 1 layer, 2 kv heads of 8, float32
-    engine = LLMEngine(EngineConfig(tiny_path, block_size=w["block_size"], num_kv_blocks=w["num_blocks"],
+    path = windowed_paths[w["window"]]
+    engine = LLMEngine(EngineConfig(path, block_size=w["block_size"], num_kv_blocks=w["num_blocks"],
                                     max_num_seqs=w["max_seqs"], max_num_batched_tokens=budget,
                                     enable_prefix_caching=w["caching"], enable_chunked_prefill=w["chunking"],
                                     trace_steps=0, seed=w["seed"], scheduling_policy=w["policy"],

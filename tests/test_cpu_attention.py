@@ -67,6 +67,21 @@ def test_kernel_matches_reference(kernel, dtype, heads, kv_heads, head_dim, batc
     torch.testing.assert_close(got.float(), want, **TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype,head_dim", [(torch.float32, 64), (torch.bfloat16, 64), (torch.float16, 24)])
+@pytest.mark.parametrize("window", [1, 5, 16, 23, 1000])  # one key; inside a chunk; a chunk; across chunks; all
+@pytest.mark.parametrize("batch", list(BATCHES))
+def test_sliding_window_matches_reference(kernel, dtype, head_dim, window, batch):
+    """Each query sees its `window` latest keys: chunks wholly before every row's window are skipped, the
+    window's first chunk is masked before its start."""
+    q, k_cache, v_cache, meta = make_batch(*BATCHES[batch], 4, 6, 2, head_dim, dtype)
+    want = paged_attention_ref(q.float(), k_cache.float(), v_cache.float(), meta, 0.3, sliding_window=window)
+    got = kernel(q, k_cache, v_cache, meta, 0.3, sliding_window=window)
+    torch.testing.assert_close(got.float(), want, **TOL[dtype])
+    if window < 16:  # the window changes the result: the test would catch a kernel that ignored it
+        assert not torch.allclose(got.float(), paged_attention_ref(q.float(), k_cache.float(), v_cache.float(),
+                                                                   meta, 0.3), **TOL[dtype])
+
+
 @pytest.mark.parametrize("dtype,head_dim", [(torch.float16, 64), (torch.bfloat16, 48), (torch.float16, 24)])
 @pytest.mark.parametrize("batch", list(BATCHES))
 def test_rows_widened_first(kernel, dtype, head_dim, batch):

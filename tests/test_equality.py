@@ -74,3 +74,42 @@ def test_sharded_checkpoint_loads(tmp_path, checkpoints):
     assert len(list((tmp_path / "sharded").glob("*.safetensors"))) > 1
     tokens, _ = run(tmp_path / "sharded", PROMPTS[:2], block_size=8, num_kv_blocks=64)
     assert tokens == [hf_greedy(model, p, MAX_NEW) for p in PROMPTS[:2]]
+
+
+@pytest.fixture(scope="module")
+def windowed(tmp_path_factory):
+    """A Mistral whose window (6) is shorter than most prompts, and a Qwen2 whose layers from max_window_layers on
+    slide: {kind: (path, hf model)}."""
+    import torch
+    import transformers as tf
+
+    from tests.conftest import TINY
+
+    root = tmp_path_factory.mktemp("windowed")
+    torch.manual_seed(2)
+    mistral = tf.MistralForCausalLM(tf.MistralConfig(**TINY, sliding_window=6)).eval()
+    mistral.save_pretrained(root / "mistral")
+    qwen2 = build_checkpoint("qwen2", root / "qwen2", sliding_window=6, use_sliding_window=True, max_window_layers=1)
+    assert qwen2.config.layer_types == ["full_attention", "sliding_attention", "sliding_attention"]
+    unwindowed = tf.MistralForCausalLM(tf.MistralConfig(**TINY, sliding_window=None)).eval()
+    unwindowed.load_state_dict(mistral.state_dict())
+    assert hf_greedy(unwindowed, PROMPTS[1], MAX_NEW) != hf_greedy(mistral, PROMPTS[1], MAX_NEW), "window too wide"
+    return {"mistral": (root / "mistral", mistral), "qwen2": (root / "qwen2", qwen2)}
+
+
+@pytest.mark.parametrize("platform", ["cpu", "reference"])
+@pytest.mark.parametrize("kind", ["mistral", "qwen2"])
+@pytest.mark.parametrize("setting", [
+    dict(block_size=4, num_kv_blocks=64),
+    dict(block_size=4, num_kv_blocks=64, max_num_batched_tokens=7),  # chunks cross the window's edge
+    dict(block_size=4, num_kv_blocks=16, max_num_batched_tokens=32),  # preemption
+    dict(block_size=4, num_kv_blocks=16, max_num_batched_tokens=32, preemption_mode="swap", swap_space=0.01),
+    dict(block_size=4, num_kv_blocks=40, speculative_model="[ngram]", num_speculative_tokens=3),  # drafts verified
+])
+def test_sliding_window_matches_transformers(windowed, kind, setting, platform, monkeypatch):
+    monkeypatch.setenv("MINIVLLM_PLATFORM", platform)
+    path, model = windowed[kind]
+    tokens, engine = run(path, **setting)
+    assert tokens == [hf_greedy(model, p, MAX_NEW) for p in PROMPTS]
+    stats = engine.stats()
+    assert stats["num_free_blocks"] == stats["num_total_blocks"]

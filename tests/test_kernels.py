@@ -143,6 +143,36 @@ def test_paged_prefill(case):
     torch.testing.assert_close(out.float(), want, **TOL[dtype])
 
 
+@pytest.mark.parametrize("window", [1, 7, 16, 33])  # one key; inside a tile; a whole tile; across tiles
+@pytest.mark.parametrize("case", [DECODE_CASES[1], DECODE_CASES[2], DECODE_CASES[4], DECODE_CASES[7]],
+                         ids=lambda c: f"bs{c[0]}-kv{c[1]}-g{c[2]}-s{c[6]}")
+def test_paged_decode_sliding_window(case, window):
+    """The keys before seq_len - window are skipped (whole tiles) or masked; split-K slices cover the rest."""
+    block_size, kv_heads, group, head_dim, dtype, seq_lens, num_splits, block_n = case
+    k_cache, v_cache, meta, gen = make_batch([1] * len(seq_lens), seq_lens, block_size, kv_heads, head_dim,
+                                             dtype)
+    q = torch.randn(len(seq_lens), kv_heads * group, head_dim, generator=gen).to(dtype)
+    out = paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, 0.3,
+                                 num_splits=num_splits, block_n=block_n, sliding_window=window)
+    want = paged_decode_ref(*as_fp32(q, k_cache, v_cache), meta, 0.3, sliding_window=window)
+    torch.testing.assert_close(out.float(), want, **TOL[dtype])
+    assert not torch.allclose(want, paged_decode_ref(*as_fp32(q, k_cache, v_cache), meta, 0.3), **TOL[dtype])
+
+
+@pytest.mark.parametrize("window", [1, 5, 16, 40])
+@pytest.mark.parametrize("case", [PREFILL_CASES[1], PREFILL_CASES[2], PREFILL_CASES[4], PREFILL_CASES[7]],
+                         ids=lambda c: f"bs{c[0]}-kv{c[1]}-g{c[2]}-d{c[3]}")
+def test_paged_prefill_sliding_window(case, window):
+    """Each query row has its own window start: rows whose window begins past a key tile add nothing from it."""
+    block_size, kv_heads, group, head_dim, dtype, query_lens, seq_lens, block_m, block_n = case
+    k_cache, v_cache, meta, gen = make_batch(query_lens, seq_lens, block_size, kv_heads, head_dim, dtype)
+    q = torch.randn(sum(query_lens), kv_heads * group, head_dim, generator=gen).to(dtype)
+    out = paged_prefill_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens,
+                                  0.3, meta.max_query_len, block_m=block_m, block_n=block_n, sliding_window=window)
+    want = paged_attention_ref(*as_fp32(q, k_cache, v_cache), meta, 0.3, sliding_window=window)
+    torch.testing.assert_close(out.float(), want, **TOL[dtype])
+
+
 SWEEP = [(bs, group, dim, dtype) for bs in (8, 16, 32) for group in (1, 2, 4) for dim in (24, 32, 64)
          for dtype in (torch.float32, torch.float16)]
 

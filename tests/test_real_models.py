@@ -126,20 +126,16 @@ def test_generation_config_sampling_defaults(padded, tmp_path):
     assert vllm_defaults.get_default_sampling_params().max_tokens == 16
 
 
-def test_sliding_window_is_refused_beyond_the_window(tmp_path):
+def test_a_sliding_window_does_not_cap_the_length(tmp_path):
+    """Sliding-window attention is run, not refused: max_model_len is the model's positions, whatever its window."""
     path = tmp_path / "mistral"
     import transformers as tf
 
     from tests.conftest import TINY
 
     tf.MistralForCausalLM(tf.MistralConfig(**{**TINY, "sliding_window": 32})).save_pretrained(path)
-    llm = LLM(path, block_size=4, num_kv_blocks=64)
-    assert llm.engine.config.max_model_len == 32, "prompt + output can never outgrow the window"
-    with pytest.raises(ValueError, match="sliding_window"):
-        LLM(path, block_size=4, num_kv_blocks=64, max_model_len=64)
-    qwen = tmp_path / "qwen2"  # Qwen2 carries a window that is off unless use_sliding_window is set
-    build_checkpoint("qwen2", qwen, sliding_window=32, use_sliding_window=False)
-    assert LLM(qwen, block_size=4, num_kv_blocks=64).engine.config.max_model_len == 256
+    assert LLM(path, block_size=4, num_kv_blocks=64).engine.config.max_model_len == 256
+    assert LLM(path, block_size=4, num_kv_blocks=64, max_model_len=64).engine.config.max_model_len == 64
 
 
 def test_chunking_off_with_a_budget_below_max_model_len_is_refused():

@@ -281,3 +281,14 @@ def test_a_script_without_the_main_guard_is_told_the_fix(tmp_path):
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert run.returncode != 0
     assert f'{script} has no `if __name__ == "__main__":` guard' in run.stderr.splitlines()[-1]
+
+
+def test_qwen2_sliding_window_tp2_equals_transformers(tmp_path):
+    """Each rank attends its heads within each layer's window (Qwen2: layers from max_window_layers slide)."""
+    hf = build_checkpoint("qwen2", tmp_path / "w", sliding_window=5, use_sliding_window=True, max_window_layers=1)
+    prompts = [list(range(7, 40)), [100, 3], list(range(200, 250, 3))]
+    with LLM(str(tmp_path / "w"), tensor_parallel_size=2, dtype="float32", block_size=4, num_kv_blocks=48,
+             max_num_batched_tokens=9) as llm:
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                            SamplingParams(max_tokens=10, temperature=0, ignore_eos=True), use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(hf, p, 10) for p in prompts]

@@ -24,16 +24,19 @@ def register_fake() -> None:
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     meta: AttentionMetadata, scale: float, k: torch.Tensor | None = None,
-                    v: torch.Tensor | None = None) -> torch.Tensor:
+                    v: torch.Tensor | None = None,
+                    sliding_window: int | None = None) -> torch.Tensor:
     """Given k and v (this step's keys and values), store them at meta.slot_mapping as store_kv
-    does, then attend every query over its request's context: [T, heads, dim]."""
+    does, then attend every query over its request's context (with a `sliding_window` w: its w
+    latest keys): [T, heads, dim]."""
     slots = meta.slot_mapping
     if k is None:  # attend only: nothing new to store
         k = v = k_cache.new_empty(0, *k_cache.shape[2:])
         slots = slots[:0]
     return torch.ops.minivllm_cpu.paged_attention(q, k, v, k_cache, v_cache, slots,
                                                   meta.block_tables, meta.seq_lens,
-                                                  meta.query_start_loc, scale)
+                                                  meta.query_start_loc, scale,
+                                                  -1 if sliding_window is None else sliding_window)
 
 
 def fits(q: torch.Tensor, k_cache: torch.Tensor, meta: AttentionMetadata,
@@ -54,7 +57,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, meta: AttentionMetadata, scale: float, k_scale: float = 1.0,
-                v_scale: float = 1.0) -> torch.Tensor:
+                v_scale: float = 1.0, sliding_window: int | None = None) -> torch.Tensor:
         if fits(q, k_cache, meta, k, v):
-            return paged_attention(q, k_cache, v_cache, meta, scale, k, v)
-        return super().forward(q, k, v, k_cache, v_cache, meta, scale, k_scale, v_scale)
+            return paged_attention(q, k_cache, v_cache, meta, scale, k, v, sliding_window)
+        return super().forward(q, k, v, k_cache, v_cache, meta, scale, k_scale, v_scale,
+                               sliding_window)

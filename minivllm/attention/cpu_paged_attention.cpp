@@ -201,7 +201,7 @@ struct WorkItem { int64_t seq, kv_head, first_row; };  // rows are (query, head 
 template <typename scalar_t>
 void attend(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
             const at::Tensor& block_tables, const at::Tensor& seq_lens, const at::Tensor& query_start_loc,
-            double scale, at::Tensor& out) {
+            double scale, int64_t window, at::Tensor& out) {
   const int64_t num_seqs = seq_lens.size(0), num_heads = q.size(1), head_dim = q.size(2);
   const int64_t block_size = k_cache.size(1), num_kv_heads = k_cache.size(2), group = num_heads / num_kv_heads;
   const int64_t q_token_stride = q.stride(0), q_head_stride = q.stride(1), table_stride = block_tables.stride(0);
@@ -236,6 +236,7 @@ void attend(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
     std::vector<float> widened(kChunk * head_dim);  // a chunk's rows in fp32, where they are not read in place
     std::vector<const scalar_t*> q_rows;  // per row: the query as it is
     std::vector<int64_t> visible;         // per row: how many keys it may see (causal)
+    std::vector<int64_t> lowest;          // per row: the first key it sees (0, or the window's start)
     const scalar_t* rows[kChunk];         // the chunk's keys or values, in the cache
     const float* rows_f[kChunk];          // the same as fp32
 #pragma omp for schedule(dynamic, 1)
@@ -250,8 +251,9 @@ void attend(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
       qf.resize(num_rows * head_dim);
       acc.assign(num_rows * head_dim, 0.0f);
       visible.resize(num_rows);
+      lowest.resize(num_rows);
       q_rows.resize(num_rows);
-      int64_t max_visible = 0;
+      int64_t max_visible = 0, min_lowest = ctx;
       for (int64_t r = 0; r < num_rows; ++r) {
         const int64_t query = (w.first_row + r) / group, head = w.kv_head * group + (w.first_row + r) % group;
         const scalar_t* src = q_ptr + (first_token + query) * q_token_stride + head * q_head_stride;
@@ -259,7 +261,11 @@ void attend(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
         for (int64_t d = 0; d < head_dim; ++d) qf[r * head_dim + d] = static_cast<float>(src[d]) * fscale;
         visible[r] = ctx - q_len + query + 1;  // query `query` sits at position ctx - q_len + query
         max_visible = std::max(max_visible, visible[r]);
+        lowest[r] = window > 0 ? std::max<int64_t>(0, visible[r] - window) : 0;  // keys > position - window
+        min_lowest = std::min(min_lowest, lowest[r]);
       }
+      // chunks before every row's window are skipped whole; the scores buffer keeps absolute positions
+      const int64_t first_chunk = min_lowest / kChunk * kChunk;
       const int64_t width = (max_visible + kChunk - 1) / kChunk * kChunk;  // scores rows padded to whole chunks
       scores.resize(num_rows * width);
       // The chunk's rows as the summing code takes them: in the cache, or widened to fp32 here.
@@ -279,14 +285,15 @@ void attend(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
       };
 
       // scores: each chunk of keys is loaded once for all the rows that see it
-      keys.prefetch(0, std::min(kAhead, max_visible));
-      for (int64_t t0 = 0; t0 < max_visible; t0 += kChunk) {
+      keys.prefetch(first_chunk, std::min(first_chunk + kAhead, max_visible));
+      for (int64_t t0 = first_chunk; t0 < max_visible; t0 += kChunk) {
         const int64_t ahead = t0 + kAhead;
         load_chunk(keys, t0, scores_in_place);
         for (int64_t r = 0; r < num_rows; ++r) {
           if (ahead < width) prefetch_slice(keys, ahead, r);
           else prefetch_slice(values, ahead - width, r);
-          if (t0 >= visible[r]) continue;  // a prompt's early queries see none of these keys
+          // a prompt's early queries see none of these keys; a window's row none before its start
+          if (t0 >= visible[r] || t0 + kChunk <= lowest[r]) continue;
           float* s = scores.data() + r * width + t0;
 #ifdef __AVX512F__
           if constexpr (kScoresInPlace<scalar_t>) {
@@ -311,11 +318,12 @@ void attend(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
       sums.resize(num_rows);
       for (int64_t r = 0; r < num_rows; ++r) {
         float* s = scores.data() + r * width;
-        const int64_t n = visible[r];
-        const float mx = max_of(s, n);
+        const int64_t n = visible[r], lo = lowest[r];
+        const float mx = max_of(s + lo, n - lo);
         float sum = 0.0f;
+        std::fill(s + lo / kChunk * kChunk, s + lo, 0.0f);  // the window's first chunk, before its start
 #pragma omp simd reduction(+ : sum)
-        for (int64_t t = 0; t < n; ++t) {
+        for (int64_t t = lo; t < n; ++t) {
           s[t] = exp_approx(s[t] - mx);
           sum += s[t];
         }
@@ -323,11 +331,11 @@ void attend(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
         sums[r] = sum;
       }
       // weighted sum of values: again each chunk is loaded once for all its rows
-      for (int64_t t0 = 0; t0 < max_visible; t0 += kChunk) {
+      for (int64_t t0 = first_chunk; t0 < max_visible; t0 += kChunk) {
         load_chunk(values, t0, values_in_place);
         for (int64_t r = 0; r < num_rows; ++r) {
           prefetch_slice(values, t0 + kAhead, r);
-          if (t0 >= visible[r]) continue;
+          if (t0 >= visible[r] || t0 + kChunk <= lowest[r]) continue;
           const float* p = scores.data() + r * width + t0;
           float* a = acc.data() + r * head_dim;
 #ifdef __AVX512F__
@@ -391,9 +399,11 @@ void store(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Te
 // Stores k and v [T', kv_heads, dim] at slot_mapping [T'] (int64 or int32; T' may be 0: nothing to store), then
 // attends. q [T, heads, dim] and k, v with their last dim contiguous; caches [blocks, block_size, kv_heads, dim]
 // contiguous; block_tables [B, width], seq_lens [B], query_start_loc [B + 1]: int32. Returns [T, heads, dim].
+// sliding_window w > 0: each query sees its w latest keys, its own included (<= 0: the whole context).
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache,
                            at::Tensor& v_cache, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
-                           const at::Tensor& seq_lens, const at::Tensor& query_start_loc, double scale) {
+                           const at::Tensor& seq_lens, const at::Tensor& query_start_loc, double scale,
+                           int64_t sliding_window) {
   TORCH_CHECK(q.stride(2) == 1 && k_cache.is_contiguous() && v_cache.is_contiguous(), "unsupported layout");
   TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
               "cache and query dtypes differ");
@@ -410,7 +420,7 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   auto out = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_attention", [&] {
     attend<scalar_t>(q, k_cache, v_cache, block_tables.contiguous(), seq_lens.contiguous(),
-                     query_start_loc.contiguous(), scale, out);
+                     query_start_loc.contiguous(), scale, sliding_window, out);
   });
   return out;
 }
@@ -419,6 +429,7 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::T
 // written in place, and the schema says so (a!, b!) so that torch.compile's functionalization knows.
 TORCH_LIBRARY(minivllm_cpu, m) {
   m.def("paged_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, "
-        "Tensor slot_mapping, Tensor block_tables, Tensor seq_lens, Tensor query_start_loc, float scale) -> Tensor");
+        "Tensor slot_mapping, Tensor block_tables, Tensor seq_lens, Tensor query_start_loc, float scale, "
+        "int sliding_window=-1) -> Tensor");
   m.impl("paged_attention", c10::DispatchKey::CPU, TORCH_FN(paged_attention));
 }

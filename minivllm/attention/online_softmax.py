@@ -71,8 +71,9 @@ class OnlineSoftmaxBackend(TorchAttentionBackend):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, meta: AttentionMetadata, scale: float, k_scale: float = 1.0,
-                v_scale: float = 1.0) -> torch.Tensor:
-        if not meta.is_decode_only:
-            return super().forward(q, k, v, k_cache, v_cache, meta, scale, k_scale, v_scale)
+                v_scale: float = 1.0, sliding_window: int | None = None) -> torch.Tensor:
+        if not meta.is_decode_only or sliding_window is not None:  # the lesson is full attention
+            return super().forward(q, k, v, k_cache, v_cache, meta, scale, k_scale, v_scale,
+                                   sliding_window)
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
         return blockwise_decode(q, k_cache, v_cache, meta, scale, self.update, k_scale, v_scale)

@@ -40,10 +40,12 @@ def read_kv(cache: torch.Tensor, block_ids: torch.Tensor, dtype: torch.dtype,
 
 def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                         meta: AttentionMetadata, scale: float, max_batched_query: int = 8,
-                        k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
-    """Causal attention of each request's new queries (q [T, heads, dim]) over its whole context.
-    Requests with a few new tokens (decodes, draft verification) are attended together, one batched
-    call per query length; longer ones (prompts and their chunks) one request at a time."""
+                        k_scale: float = 1.0, v_scale: float = 1.0,
+                        sliding_window: int | None = None) -> torch.Tensor:
+    """Causal attention of each request's new queries (q [T, heads, dim]) over its whole context,
+    or, with a `sliding_window` w, over the w latest keys up to and including its own. Requests
+    with a few new tokens (decodes, draft verification) are attended together, one batched call per
+    query length; longer ones (prompts and their chunks) one request at a time."""
     out = torch.empty_like(q)
     starts = [0, *itertools.accumulate(meta.query_lens_cpu)]  # from the host copy: no device sync
     short: dict[int, list[int]] = {}
@@ -57,35 +59,45 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         vb = read_kv(v_cache, blocks, q.dtype, v_scale)[:seq_len].transpose(0, 1)
         # query i sits at position seq_len - q_len + i and sees keys up to there
         q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
-        mask = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]
+        mask = visible(torch.arange(seq_len, device=q.device)[None, :], q_pos[:, None],
+                       sliding_window)
         ob = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=scale,
                                             enable_gqa=True)
         out[starts[b] : starts[b] + q_len] = ob.transpose(0, 1)
     for q_len, reqs in short.items():
         rows = torch.tensor([starts[b] + i for b in reqs for i in range(q_len)], device=q.device)
-        out[rows] = attend_batched(q[rows].view(len(reqs), q_len, *q.shape[1:]), k_cache, v_cache,
-                                   meta, reqs, scale, k_scale, v_scale).flatten(0, 1)
+        batch = q[rows].view(len(reqs), q_len, *q.shape[1:])
+        out[rows] = attend_batched(batch, k_cache, v_cache, meta, reqs, scale, k_scale, v_scale,
+                                   sliding_window).flatten(0, 1)
     return out
+
+
+def visible(key_pos: torch.Tensor, query_pos: torch.Tensor, sliding_window: int | None):
+    """Which keys a query sees: those at or before it, and with a window w only the w latest
+    (key > query - w, as transformers masks them). Broadcasts over the shapes given."""
+    seen = key_pos <= query_pos
+    return seen if sliding_window is None else seen & (key_pos > query_pos - sliding_window)
 
 
 def paged_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      meta: AttentionMetadata, scale: float, k_scale: float = 1.0,
-                     v_scale: float = 1.0) -> torch.Tensor:
+                     v_scale: float = 1.0, sliding_window: int | None = None) -> torch.Tensor:
     """All requests decode one token. q: [B, heads, dim]."""
     return attend_batched(q[:, None], k_cache, v_cache, meta, list(range(meta.num_seqs)), scale,
-                          k_scale, v_scale)[:, 0]
+                          k_scale, v_scale, sliding_window)[:, 0]
 
 
 def attend_batched(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    meta: AttentionMetadata, reqs: list[int], scale: float, k_scale: float = 1.0,
-                   v_scale: float = 1.0) -> torch.Tensor:
+                   v_scale: float = 1.0, sliding_window: int | None = None) -> torch.Tensor:
     """Requests `reqs`, each with the same number m of new queries: q [B, m, heads, dim] -> same
     shape. The grouping, block ids and masks depend only on the step, so the first layer builds them
     and the others reuse them (kept on the step's metadata)."""
     m, group = q.shape[1], q.shape[2] // k_cache.shape[2]
-    key = (m, group, tuple(reqs))
+    key = (m, group, tuple(reqs), sliding_window)  # layers of one window share a plan
     if key not in meta.group_plans:
-        meta.group_plans[key] = _plan_groups(meta, reqs, m, group, k_cache.shape[1])
+        meta.group_plans[key] = _plan_groups(meta, reqs, m, group, k_cache.shape[1],
+                                             sliding_window)
     plan = meta.group_plans[key]
     if plan[0][0] is None:  # one group, in batch order: no rows to pick or scatter
         return _attend_group(q, k_cache, v_cache, plan[0][1], plan[0][2], scale, k_scale, v_scale)
@@ -97,7 +109,8 @@ def attend_batched(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
 
 
 def _plan_groups(meta: AttentionMetadata, reqs: list[int], m: int, group: int, block_size: int,
-                 num_groups: int = 4, min_group: int = 8) -> list[tuple]:
+                 sliding_window: int | None = None, num_groups: int = 4,
+                 min_group: int = 8) -> list[tuple]:
     """Cut the requests into up to `num_groups` groups of similar context length: (rows, block ids,
     mask) each. One call would copy every context padded to the longest; sorting by length and
     attending in groups lets short contexts skip most of that padding (about 15% off a whole CPU
@@ -117,7 +130,8 @@ def _plan_groups(meta: AttentionMetadata, reqs: list[int], m: int, group: int, b
         block_ids = meta.block_tables[batch, :width].long()
         # query i of a request sits at position seq_len - m + i and sees the keys up to there
         last_visible = meta.seq_lens[batch][:, None] - m + torch.arange(m, device=dev)  # [B, m]
-        mask = torch.arange(width * block_size, device=dev) <= last_visible[..., None]
+        mask = visible(torch.arange(width * block_size, device=dev), last_visible[..., None],
+                       sliding_window)
         # every query head of a kv head's group shares its query's mask row (m = 1: one, broadcast)
         if m > 1:
             mask = mask[:, None].expand(-1, group, -1, -1).reshape(len(rows), group * m, -1)
@@ -150,9 +164,10 @@ class TorchAttentionBackend:
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, meta: AttentionMetadata, scale: float, k_scale: float = 1.0,
-                v_scale: float = 1.0) -> torch.Tensor:
+                v_scale: float = 1.0, sliding_window: int | None = None) -> torch.Tensor:
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
         if meta.is_decode_only:
-            return paged_decode_ref(q, k_cache, v_cache, meta, scale, k_scale, v_scale)
+            return paged_decode_ref(q, k_cache, v_cache, meta, scale, k_scale, v_scale,
+                                    sliding_window)
         return paged_attention_ref(q, k_cache, v_cache, meta, scale, k_scale=k_scale,
-                                   v_scale=v_scale)
+                                   v_scale=v_scale, sliding_window=sliding_window)

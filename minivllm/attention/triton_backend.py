@@ -38,7 +38,7 @@ class TritonAttentionBackend:
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, meta: AttentionMetadata, scale: float, k_scale: float = 1.0,
-                v_scale: float = 1.0) -> torch.Tensor:
+                v_scale: float = 1.0, sliding_window: int | None = None) -> torch.Tensor:
         if self._checked is None or q.device.type != self._checked.type:  # not on every call
             check_device(q.device)
             self._checked = q.device
@@ -47,7 +47,7 @@ class TritonAttentionBackend:
             return paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
                                           scale, max_seq_len=meta.max_seq_len,
                                           num_splits=meta.num_splits, k_scale=k_scale,
-                                          v_scale=v_scale)
+                                          v_scale=v_scale, sliding_window=sliding_window)
         return paged_prefill_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc,
                                        meta.seq_lens, scale, meta.max_query_len, k_scale=k_scale,
-                                       v_scale=v_scale)
+                                       v_scale=v_scale, sliding_window=sliding_window)

@@ -9,6 +9,11 @@ A fork (beam search) shares *every* block of its parent, the partly filled last 
 reference count. Nothing is copied until a sequence writes into a block it shares: `allocate` then
 gives it its own copy first (copy-on-write) and records the (src, dst) pair, which the runner copies
 before the forward pass.
+
+With a sliding window that every layer uses (Mistral v0.1), a block all of whose positions are
+behind the window of the step's first new query is read by no layer again: `allocate` returns it
+to the pool (still named, so prefix caching may serve it) and keeps its id in the table, where
+masked reads never look at it, so table positions and the runner's copy stay as they were.
 """
 
 from __future__ import annotations
@@ -32,8 +37,10 @@ class KVEvent(NamedTuple):
 
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 hooks: EngineHooks | None = None) -> None:
-        """`hooks`: a learner's own BlockPool class or hash_block (minivllm.hooks); None: ours."""
+                 hooks: EngineHooks | None = None, sliding_window: int | None = None) -> None:
+        """`hooks`: a learner's own BlockPool class or hash_block (minivllm.hooks); None: ours.
+        `sliding_window`: the window of every layer, when all slide (None: blocks are held to the
+        end)."""
         hooks = hooks or EngineHooks()
         self.block_size = block_size
         self.pool = (hooks.block_pool_cls or BlockPool)(num_blocks)
@@ -41,6 +48,8 @@ class KVCacheManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.block_tables: dict[str, list[int]] = {}
         self.num_registered: dict[str, int] = {}  # how many of a request's blocks the pool names
+        self.sliding_window = sliding_window
+        self.num_dropped: dict[str, int] = {}  # leading blocks returned as the window passed them
         self.events: list[KVEvent] = []  # since the last step, drained into its record
         self.prefix_cache_queries = 0  # prompt tokens looked up
         self.prefix_cache_hits = 0  # of which found in the cache
@@ -87,6 +96,7 @@ class KVCacheManager:
         if num_new_blocks + idle_hits + cow > self.pool.num_free_blocks:
             return False
         table = self.block_tables.setdefault(rid, [])
+        self._drop_passed_blocks(seq)
         if cow:  # a shared, partly filled block: write into our own copy, leave the others theirs
             src, table[write_at] = table[write_at], self.pool.allocate()
             self.pool.free(src)
@@ -104,6 +114,25 @@ class KVCacheManager:
             self.num_registered[rid] = len(cached_blocks)
         self._register_full_blocks(seq, min(num_tokens, seq.num_tokens))  # drafts are not final
         return True
+
+    def _drop_passed_blocks(self, seq: Sequence) -> None:
+        """Return the blocks every layer's window has passed: the first new query, at position
+        p = num_computed_tokens, sees keys after p - window, so blocks ending at or before that
+        position are never read again (nor by later queries: their windows start later)."""
+        if self.sliding_window is None:
+            return
+        rid, table = seq.request_id, self.block_tables[seq.request_id]
+        passed = max(seq.num_computed_tokens - self.sliding_window + 1, 0) // self.block_size
+        passed = min(passed, self.num_registered.get(rid, passed) if self.enable_prefix_caching
+                     else passed, len(table))
+        for i in range(self.num_dropped.get(rid, 0), passed):
+            self.pool.free(table[i])
+            self.events.append(KVEvent("free", rid, table[i]))
+        self.num_dropped[rid] = max(self.num_dropped.get(rid, 0), passed)
+
+    def held_blocks(self, request_id: str) -> list[int]:
+        """The blocks a request holds now: its table less those the window has passed."""
+        return self.block_tables.get(request_id, [])[self.num_dropped.get(request_id, 0):]
 
     def _register_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
         """Give the pool the name of every block this step fills, once scheduled: sequences
@@ -123,10 +152,11 @@ class KVCacheManager:
     def fork(self, parent_id: str, child: Sequence) -> None:
         """Give `child` the parent's whole table by reference: one more reader a block, no copy."""
         table = self.block_tables[parent_id]
-        for block_id in table:
+        for block_id in self.held_blocks(parent_id):
             self.pool.touch(block_id)
             self.events.append(KVEvent("fork", child.request_id, block_id))
         self.block_tables[child.request_id] = list(table)
+        self.num_dropped[child.request_id] = self.num_dropped.get(parent_id, 0)
         self.num_registered[child.request_id] = self.num_registered.get(parent_id, 0)
         self.num_forked_blocks += len(table)
 
@@ -157,6 +187,7 @@ class KVCacheManager:
             self.events.append(KVEvent("swap_in", rid, table[-1]))
         fresh = list(table)
         self.num_registered[rid] = 0
+        self.num_dropped[rid] = 0
         self._register_full_blocks(seq, seq.num_computed_tokens)  # the copies hold the same tokens
         if not self.allocate(seq, num_new_tokens):  # cannot fail: room was checked above
             raise RuntimeError(f"swap-in of {rid}: the pool changed while it was being filled")
@@ -169,10 +200,12 @@ class KVCacheManager:
     def free(self, seq: Sequence) -> None:
         """Return a request's blocks, tail first, so its shared head stays cached longest."""
         rid = seq.request_id
-        for block_id in reversed(self.block_tables.pop(rid, [])):
+        for block_id in reversed(self.held_blocks(rid)):
             self.pool.free(block_id)
             self.events.append(KVEvent("free", rid, block_id))
+        self.block_tables.pop(rid, None)
         self.num_registered.pop(rid, None)
+        self.num_dropped.pop(rid, None)
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         """Forget every cached prefix; False (nothing forgotten) while requests hold blocks, as in

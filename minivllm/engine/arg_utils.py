@@ -83,8 +83,8 @@ class _VllmArgs:
     compilation_config: Any = vllm_arg(None, ANY, "accepted and ignored: minivllm compiles nothing")
     cuda_graph_sizes: list | None = vllm_arg(None, (None,))
     max_seq_len_to_capture: int | None = vllm_arg(None, ANY)
-    disable_sliding_window: bool = vllm_arg(False, ANY, "minivllm caps max_model_len at a sliding "
-                                            "window anyway")
+    disable_sliding_window: bool = vllm_arg(False, (False,), "minivllm attends within each "
+                                            "layer's window")
     disable_cascade_attn: bool = vllm_arg(False, ANY)
     disable_custom_all_reduce: bool = vllm_arg(False, ANY)
     disable_async_output_proc: bool = vllm_arg(False, ANY)

@@ -43,6 +43,7 @@ def _paged_decode_kernel(
     stride_bt,
     stride_ob, stride_oh,
     head_dim,
+    window,  # sliding window: the query sees its `window` latest keys (<= 0: the whole context)
     QUERY_GROUP: tl.constexpr,  # query heads per kv head
     KV_BLOCK_SIZE: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
@@ -58,10 +59,13 @@ def _paged_decode_kernel(
     seq_len = tl.load(seq_lens_ptr + b)
 
     # This program's slice of the context, in whole tiles; with short contexts a slice may be empty.
-    num_tiles = tl.cdiv(seq_len, BLOCK_N)
+    # a window's keys start at seq_len - window: the tiles before it are never read
+    first_pos = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
+    first_tile = first_pos // BLOCK_N
+    num_tiles = tl.cdiv(seq_len, BLOCK_N) - first_tile
     tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
-    tile_start = split * tiles_per_split
-    tile_end = tl.minimum(tile_start + tiles_per_split, num_tiles)
+    tile_start = first_tile + split * tiles_per_split
+    tile_end = tl.minimum(tile_start + tiles_per_split, first_tile + num_tiles)
 
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
@@ -81,7 +85,7 @@ def _paged_decode_kernel(
     table = block_tables_ptr + b.to(tl.int64) * stride_bt
     for tile in range(tile_start, tile_end):
         pos = tile * BLOCK_N + offs_n
-        n_mask = pos < seq_len  # the last tile may run past the context
+        n_mask = (pos < seq_len) & (pos >= first_pos)  # the context's ends, the window's start
         # position -> physical block (block table) -> its row for this kv head
         block = tl.load(table + pos // KV_BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
         rows = block * stride_cb + (pos % KV_BLOCK_SIZE) * stride_cs + kv_head * stride_ch
@@ -212,8 +216,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            max_seq_len: int | None = None, num_splits: int | None = None,
                            block_n: int | None = None, num_warps: int = 4,
                            num_stages: int | None = None, k_scale: float = 1.0,
-                           v_scale: float = 1.0) -> torch.Tensor:
-    """Attention of one query per request over its paged context: q [B, H, D] -> [B, H, D].
+                           v_scale: float = 1.0, sliding_window: int | None = None) -> torch.Tensor:
+    """Attention of one query per request over its paged context (with a `sliding_window` w, its w
+    latest keys): q [B, H, D] -> [B, H, D].
 
     caches: [num_blocks, block_size, kv_heads, D]; block_tables [B, max_blocks] int32; seq_lens [B]
     int32 (context length including the token being decoded). max_seq_len (a host int, so no device
@@ -246,7 +251,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         q, as_bytes(k_cache), as_bytes(v_cache), block_tables, seq_lens, out, part_acc, part_m,
         part_l, scale, dequant_factor(fmt, k_scale), dequant_factor(fmt, v_scale),
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        block_tables.stride(0), out.stride(0), out.stride(1), head_dim, **config,
+        block_tables.stride(0), out.stride(0), out.stride(1), head_dim,
+        -1 if sliding_window is None else sliding_window, **config,
     )
     if num_splits > 1:
         _split_reduce_kernel[(num_seqs, num_heads)](

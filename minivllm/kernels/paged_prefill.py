@@ -34,6 +34,7 @@ def _paged_prefill_kernel(
     stride_bt,
     stride_ot, stride_oh,
     head_dim,
+    window,  # sliding window: each query sees its `window` latest keys (<= 0: all before it)
     QUERY_GROUP: tl.constexpr,  # query heads per kv head
     QUERIES_PER_TILE: tl.constexpr,  # BLOCK_M // QUERY_GROUP: each query takes QUERY_GROUP rows
     KV_BLOCK_SIZE: tl.constexpr,
@@ -74,7 +75,10 @@ def _paged_prefill_kernel(
     # Causality: no query in this tile sees past the last one's position, so stop the walk there.
     kv_end = tl.minimum(seq_len, prefix_len + (m_tile + 1) * QUERIES_PER_TILE)
     table = block_tables_ptr + b.to(tl.int64) * stride_bt
-    for start in range(0, kv_end, BLOCK_N):
+    # with a window, the key tiles before the tile's first query's window are skipped
+    lowest = tl.where(window > 0,
+                      tl.maximum(prefix_len + m_tile * QUERIES_PER_TILE - window + 1, 0), 0)
+    for start in range(lowest // BLOCK_N * BLOCK_N, kv_end, BLOCK_N):
         pos = start + offs_n
         n_mask = pos < kv_end
         block = tl.load(table + pos // KV_BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
@@ -88,10 +92,13 @@ def _paged_prefill_kernel(
 
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
         visible = n_mask[None, :] & (pos[None, :] <= q_pos[:, None])  # causal, prefix included
+        visible &= (window <= 0) | (pos[None, :] > q_pos[:, None] - window)  # and in the window
         s = tl.where(visible, s, float("-inf"))
-        # The first tile holds key 0, visible to every row, so m_i is finite from then on: a later
-        # tile that a row cannot see at all gives alpha = 1 and p = 0 instead of NaN.
+        # Once a row has seen a key m_i is finite: a later tile it cannot see at all gives alpha = 1
+        # and p = 0 instead of NaN. Before (a window starting past this tile) its max stays -inf,
+        # taken as 0 here so that alpha and p are 0, not NaN.
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
@@ -99,7 +106,8 @@ def _paged_prefill_kernel(
         m_i = m_new
 
     # padding rows (past q_len, or past the last whole query) are not stored
-    out = acc * v_dequant / l_i[:, None]
+    # a row past its request's queries may see no key at all under a window (l_i 0): not stored
+    out = acc * v_dequant / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
     tl.store(out_ptr + tokens[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
 
@@ -135,8 +143,10 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             block_tables: torch.Tensor, query_start_loc: torch.Tensor,
                             seq_lens: torch.Tensor, scale: float, max_query_len: int,
                             block_m: int | None = None, block_n: int | None = None,
-                            k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
-    """Causal attention of each request's new queries over its paged context: q [T, H, D] -> same.
+                            k_scale: float = 1.0, v_scale: float = 1.0,
+                            sliding_window: int | None = None) -> torch.Tensor:
+    """Causal attention of each request's new queries over its paged context (with a
+    `sliding_window` w, each query's w latest keys): q [T, H, D] -> same.
 
     caches: [num_blocks, block_size, kv_heads, D]; block_tables [B, max_blocks] int32;
     query_start_loc [B + 1] int32 (where each request's queries start in q); seq_lens [B] int32
@@ -160,6 +170,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         q, as_bytes(k_cache), as_bytes(v_cache), block_tables, query_start_loc, seq_lens, out,
         scale, dequant_factor(fmt, k_scale), dequant_factor(fmt, v_scale),
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        block_tables.stride(0), out.stride(0), out.stride(1), head_dim, **config,
+        block_tables.stride(0), out.stride(0), out.stride(1), head_dim,
+        -1 if sliding_window is None else sliding_window, **config,
     )
     return out

@@ -1,5 +1,5 @@
-"""The Llama-family decoder (Llama, TinyLlama, Mistral, Qwen2, Qwen3) and its Hugging Face
-loader."""
+"""The model families (one module each: llama.py, mistral.py, qwen2.py, qwen3.py; registry.py maps a
+checkpoint's `architectures` to them) and their Hugging Face loader."""
 
 from minivllm.model.llama import LlamaForCausalLM
 from minivllm.model.loader import (

@@ -1,11 +1,15 @@
 """A Llama-family decoder that reads and writes a paged KV cache.
 
-One class covers Llama/TinyLlama and Mistral (plain), Qwen2 (bias on q/k/v) and Qwen3 (RMSNorm on
-each head of q and k). Unlike the Hugging Face model it sees the step's tokens as one flat list (no
-padding): requests are told apart only by the attention metadata. q/k/v and gate/up are fused into
-one matmul each. Every matmul is a linear layer from model/linear.py, whose weights a quantization
-method holds (float, int8, GPTQ, AWQ: minivllm/quantization/); embeddings and the LM head stay
-float, as in those formats.
+This module is the Llama family and the shared parts the other families declare their decoders
+from: Mistral (mistral.py), Qwen2 (bias on q/k/v, qwen2.py) and Qwen3 (RMSNorm on each head of q
+and k, qwen3.py) differ from Llama only in the `layer_options` they read from their config;
+registry.py maps a checkpoint's `architectures` to its family.
+
+Unlike the Hugging Face model it sees the step's tokens as one flat list (no padding): requests are
+told apart only by the attention metadata. q/k/v and gate/up are fused into one matmul each. Every
+matmul is a linear layer from model/linear.py, whose weights a quantization method holds (float,
+int8, GPTQ, AWQ: minivllm/quantization/); embeddings and the LM head stay float, as in those
+formats.
 
 The model names no hardware: it is built from `Implementations` (a platform, minivllm/platforms/,
 supplies them): its small ops (layer_ops.py), its attention backend and the matmul of each linear
@@ -63,9 +67,18 @@ class RMSNorm(nn.Module):
         return out if residual is None else (out, residual)
 
 
+def layer_window(cfg, layer: int) -> int | None:
+    """The tokens layer `layer` may look back (None: the whole context): the config's window on
+    the layers that slide (all of them unless `sliding_layers` names some)."""
+    layers = getattr(cfg, "sliding_layers", None)
+    return cfg.sliding_window if layers is None or layers[layer] else None
+
+
 class Attention(nn.Module):
-    def __init__(self, cfg, impl: Implementations = READABLE, tp: TensorParallel = SINGLE) -> None:
+    def __init__(self, cfg, impl: Implementations = READABLE, tp: TensorParallel = SINGLE,
+                 sliding_window: int | None = None) -> None:
         super().__init__()
+        self.sliding_window = sliding_window  # this layer's window (None: full attention)
         self.head_dim = hd = cfg.head_dim
         self.num_heads = cfg.num_heads // tp.size
         self.num_kv_heads = local_kv_heads(cfg.num_kv_heads, tp.size)
@@ -97,7 +110,7 @@ class Attention(nn.Module):
     def attend(self, q, k, v, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
         """Store k, v in the cache, attend each query over its request's context [T, heads, dim]."""
         return self.backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale,
-                                    self.k_scale, self.v_scale)
+                                    self.k_scale, self.v_scale, self.sliding_window)
 
 
 class MLP(nn.Module):
@@ -117,10 +130,11 @@ class DecoderLayer(nn.Module):
     """x + attn(norm(x)), then + mlp(norm(...)); each residual add is left to the next norm, which
     fuses it."""
 
-    def __init__(self, cfg, impl: Implementations = READABLE, tp: TensorParallel = SINGLE) -> None:
+    def __init__(self, cfg, impl: Implementations = READABLE, tp: TensorParallel = SINGLE,
+                 sliding_window: int | None = None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, impl.ops)
-        self.self_attn = Attention(cfg, impl, tp)
+        self.self_attn = Attention(cfg, impl, tp, sliding_window)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, impl.ops)
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, impl, cfg.quantization, tp)
 
@@ -150,7 +164,8 @@ class LlamaModel(nn.Module):
     def __init__(self, cfg, impl: Implementations = READABLE, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, impl, tp) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, impl, tp, layer_window(cfg, i))
+                                    for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, impl.ops)
         self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
                                           cfg.rope_scaling, impl.ops.rotary)
@@ -166,6 +181,14 @@ class LlamaForCausalLM(nn.Module):
                                     method=UnquantizedLinearMethod(impl.linear.float), tp=tp)
         if cfg.tie_word_embeddings:
             self.lm_head.tie_to(self.model.embed_tokens)
+
+    @staticmethod
+    def layer_options(hf_config) -> dict:
+        """What this family's layers read from a transformers config (ModelConfig's fields of the
+        same names): Llama has a q/k/v bias only where `attention_bias` says so, no q/k norm, and
+        attends to the whole context."""
+        return {"qkv_bias": bool(getattr(hf_config, "attention_bias", False)), "qk_norm": False,
+                "sliding_window": None}
 
     def share_tied_weight(self) -> None:
         """After loading: a tied head whose platform replaced the plain weight by a faster layout

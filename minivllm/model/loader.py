@@ -18,13 +18,14 @@ from safetensors import safe_open
 
 from minivllm.distributed.parallel import SINGLE, TensorParallel
 from minivllm.model.lazy_loading import load_layers_on_first_use
-from minivllm.model.llama import Implementations, LlamaForCausalLM
+from minivllm.model.llama import Implementations
+from minivllm.model.registry import SUPPORTED_MODEL_TYPES, architecture_of, model_class
 from minivllm.model.weight_cache import cache_key, load_cached
 from minivllm.model.weights import LAYERS, CheckpointWeights
 from minivllm.quantization import QuantizationConfig, checkpoint_quantization
 from minivllm.quantization.gguf import gguf_tensors, is_gguf, read_gguf_hf_config
 
-SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED = SUPPORTED_MODEL_TYPES  # the model_types whose architecture registry.py lists
 
 
 @dataclass
@@ -51,8 +52,10 @@ class ModelConfig:
     eos_token_id: int | list[int] | None
     hf_config: object = None
     sliding_window: int | None = None  # tokens a query may look back, where limited (Mistral v0.1)
+    sliding_layers: tuple[bool, ...] | None = None  # which layers slide (None: all, given a window)
     quantization: QuantizationConfig | None = None  # what the linear layers hold (None: floats)
     gguf: bool = False  # the checkpoint is one GGUF file (dequantized at load)
+    architecture: str = "LlamaForCausalLM"  # the registry key (model/registry.py) of its family
 
 
 def read_model_config(path: str | Path) -> ModelConfig:
@@ -72,9 +75,8 @@ def read_model_config(path: str | Path) -> ModelConfig:
             hf = AutoConfig.from_pretrained(path, local_files_only=True)
         except Exception as e:  # transformers raises many kinds; we only promise a ValueError
             raise ValueError(f"malformed config.json in {path}: {e}") from e
-    if hf.model_type not in SUPPORTED:
-        raise ValueError(f"{path}: model_type {hf.model_type!r} is not supported (supported: "
-                         f"{SUPPORTED})")
+    architecture = architecture_of(hf, str(path))
+    options = model_class(architecture).layer_options(hf)  # what the family reads from its config
     heads = hf.num_attention_heads
     rope = dict(getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {})
     theta = rope.get("rope_theta", getattr(hf, "rope_theta", 10000.0))
@@ -91,16 +93,11 @@ def read_model_config(path: str | Path) -> ModelConfig:
         else None,
         max_position_embeddings=hf.max_position_embeddings,
         tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
-        qkv_bias=hf.model_type == "qwen2" or bool(getattr(hf, "attention_bias", False)),
-        qk_norm=hf.model_type == "qwen3",
         torch_dtype=getattr(torch, dtype) if isinstance(dtype, str) else dtype,
         eos_token_id=hf.eos_token_id, hf_config=hf,
-        # Qwen2/3 configs carry a window that is off unless use_sliding_window says otherwise
-        sliding_window=getattr(hf, "sliding_window", None)
-        if getattr(hf, "use_sliding_window", True) else None,
         quantization=checkpoint_quantization(qc if qc is None or isinstance(qc, dict)
                                              else qc.to_dict(), str(path)),
-        gguf=gguf,
+        gguf=gguf, architecture=architecture, **options,
     )
 
 
@@ -118,7 +115,7 @@ def read_generation_config(path: str | Path) -> dict:
 
 def load_model(path: str | Path, cfg: ModelConfig, impl: Implementations, dtype: torch.dtype,
                device: str, tp: TensorParallel = SINGLE, lazy: bool = False,
-               weight_cache: Path | None = None) -> LlamaForCausalLM:
+               weight_cache: Path | None = None) -> torch.nn.Module:
     """Build the model without initialising weights, then copy every checkpoint tensor into place. A
     linear layer's tensors go through its `weight_loader` (model/linear.py), whatever the format;
     once all are in, each layer's quantization method prepares them for its kernels
@@ -130,15 +127,16 @@ def load_model(path: str | Path, cfg: ModelConfig, impl: Implementations, dtype:
     (weight_cache.py; CPU and one rank only, ignored elsewhere; mapped pages load lazily anyway).
     """
     path = Path(path)
+    family = model_class(cfg.architecture)  # registry.py: the class config.json's name asks for
     if weight_cache is not None and device == "cpu" and tp.size == 1:
-        def meta() -> LlamaForCausalLM:
+        def meta() -> torch.nn.Module:
             with torch.device("meta"):
-                return LlamaForCausalLM(cfg, impl, tp)
+                return family(cfg, impl, tp)
 
         return load_cached(Path(weight_cache), cache_key(path, cfg, impl, dtype, device), meta,
                            lambda: load_model(path, cfg, impl, dtype, device, tp))
     with torch.device("meta"):
-        model = LlamaForCausalLM(cfg, impl, tp)
+        model = family(cfg, impl, tp)
     lazy = lazy and not cfg.gguf
     layers, model.model.layers = model.model.layers, torch.nn.ModuleList()
     model = model.to_empty(device=device).to(dtype)  # all but the decoder layers

@@ -1,0 +1,55 @@
+"""Blocks leave with the window: a long request on a model whose every layer slides holds about
+window / block_size blocks, where full attention holds its whole context (issue 38's measurement)."""
+
+import pytest
+
+from minivllm import EngineConfig, LLMEngine, SamplingParams
+
+PROMPT, OUTPUT, BLOCK, WINDOW, CHUNK = 4000, 96, 16, 256, 256
+
+
+def most_blocks_held(path) -> tuple[int, int]:
+    """(the most blocks in use after any step, blocks freed as the window passed) for one 4k-token request."""
+    engine = LLMEngine(EngineConfig(path, block_size=BLOCK, num_kv_blocks=300, max_num_batched_tokens=CHUNK,
+                                    enable_prefix_caching=False))
+    held, frees = [], []
+
+    def observe(eng, record):  # the step's record carries its block events: what the trace draws
+        held.append(eng.kv.pool.num_blocks - eng.kv.num_free_blocks)
+        frees.extend(e for e in record.kv_events if e.kind == "free" and eng.has_unfinished_requests())
+
+    engine.add_step_observer(observe)
+    engine.add_request("long", list(range(3, 3 + PROMPT)), SamplingParams(max_tokens=OUTPUT, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.kv.num_free_blocks == engine.kv.pool.num_blocks
+    return max(held), len(frees)
+
+
+@pytest.fixture(scope="module")
+def mistrals(tmp_path_factory):
+    import torch
+    import transformers as tf
+
+    from tests.conftest import TINY
+
+    root = tmp_path_factory.mktemp("window_blocks")
+    torch.manual_seed(0)
+    cfg = {**TINY, "vocab_size": 4200, "max_position_embeddings": PROMPT + OUTPUT}
+    windowed = tf.MistralForCausalLM(tf.MistralConfig(**cfg, sliding_window=WINDOW))
+    windowed.save_pretrained(root / "windowed")
+    full = tf.MistralForCausalLM(tf.MistralConfig(**cfg, sliding_window=None))
+    full.load_state_dict(windowed.state_dict())
+    full.save_pretrained(root / "full")
+    return root
+
+
+def test_a_long_request_holds_about_a_window_of_blocks(mistrals):
+    windowed, freed = most_blocks_held(mistrals / "windowed")
+    full, freed_early = most_blocks_held(mistrals / "full")
+    print(f"\n4096-token request, block_size {BLOCK}, window {WINDOW}, chunks of {CHUNK}: "
+          f"full attention holds {full} blocks, the windowed model at most {windowed} ({freed} freed as it slid)")
+    assert freed_early == 0 and freed > 0
+    assert full == (PROMPT + OUTPUT) // BLOCK
+    # the window's blocks, the step's chunk, and the partly passed block at each end
+    assert windowed <= (WINDOW + CHUNK) // BLOCK + 2
