@@ -169,11 +169,13 @@ def decode_launch_config(head_dim: int, group: int, block_size: int, num_splits:
     the default tile is 32 positions. An fp8 cache (kv_fp8, fp8.py) is converted in registers, where
     the software pipeline (num_stages=2) would also keep the next tile's bytes: fp8 defaults to one
     stage (with two, 64-wide tiles spill on sm_80 and sm_90), and in fp32 to 16-position tiles (32
-    still spills on sm_90).
+    still spills on sm_90). On a T4 in fp32, heads over 64 wide also take 16-position tiles: with
+    the window's bounds in the loop, 32 spills there (bench/kernel_report.py --arch 75).
     """
     if block_n is None:
-        block_n = 16 if kv_fp8 and arch is not None and dtype == torch.float32 else \
-            32 if small_tiles(arch, dtype) else 64
+        wide_t4_head = arch is not None and arch < 80 and head_dim > 64
+        narrow = dtype == torch.float32 and arch is not None and (kv_fp8 or wide_t4_head)
+        block_n = 16 if narrow else 32 if small_tiles(arch, dtype) else 64
     if num_stages is None:
         num_stages = 1 if kv_fp8 else 2
     assert block_n >= 16 and block_n & (block_n - 1) == 0, "tl.dot needs a power of two >= 16"
