@@ -127,8 +127,9 @@ def prefill_launch_config(head_dim: int, group: int, block_size: int, max_query_
         block_m = max(min(32 if small else 64,
                           max(16, triton.next_power_of_2(max_query_len * group))),
                       triton.next_power_of_2(group))
-    if block_n is None:  # 32 on sm_80 at head_dim > 64: 64 spills
-        block_n = 16 if small else 32 if arch is not None and arch < 90 and head_dim > 64 else 64
+    if block_n is None:  # 32 on sm_80 from head_dim 64, and for an fp8 cache: 64 spills there
+        narrow = arch is not None and ((arch < 90 and head_dim >= 64) or kv_fp8)
+        block_n = 16 if small else 32 if narrow else 64
     for size in (block_m, block_n):
         assert size >= 16 and size & (size - 1) == 0, "tl.dot needs powers of two >= 16"
     assert block_m >= group, "a tile must hold every query head of at least one query"
