@@ -203,6 +203,15 @@ class MoeFeedForward(nn.Module):
         return out
 
 
+def record_expert_choices(model: nn.Module, rows: int | None) -> bool:
+    """Make every MoE layer of `model` keep its router choices for up to `rows` tokens a forward
+    (None: stop). False when the model has no experts."""
+    layers = [m for m in model.modules() if isinstance(m, MoeFeedForward)]
+    for layer in layers:
+        layer.record_choices(rows)
+    return bool(layers)
+
+
 def expert_load(model: nn.Module, num_tokens: int) -> list[tuple[int, ...]]:
     """Tokens routed to each expert in each MoE layer by the last forward's first `num_tokens`
     tokens (a CUDA graph pads the batch: the padding is not counted); [] without recording."""
