@@ -240,3 +240,12 @@ def test_triton_platform_interpreted_matches(moe_checkpoints, quantization):
     else:
         cpu = LLM(str(path), **kwargs).generate(inputs, params, use_tqdm=False)
         assert got == [o.outputs[0].token_ids for o in cpu]
+
+
+def test_lazily_loaded_layers_fill_their_experts_on_first_use(moe_checkpoints):
+    """lazy_loading: each decoder layer (its experts, their trace buffer) is allocated and read when a step first
+    reaches it."""
+    path, hf = moe_checkpoints[0]["qwen2_moe"]
+    tokens, llm = run(path, PROMPTS[:2], lazy_loading=True, num_kv_blocks=32)
+    assert tokens == moe_checkpoints[1]["qwen2_moe"][:2]
+    assert all(sum(layer) == K * step.num_tokens for step in llm.engine.trace for layer in step.expert_load)
