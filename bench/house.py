@@ -33,6 +33,8 @@ ROOMS: list[tuple[str, tuple[str, ...]]] = [
         "model/qwen2.py", "model/qwen3.py", "attention/__init__.py",
         "attention/backend.py", "attention/metadata.py", "attention/online_softmax.py",
         "attention/torch_backend.py")),
+    ("mixture-of-experts families", (
+        "model/moe_layer.py", "model/mixtral.py", "model/qwen2_moe.py", "model/qwen3_moe.py")),
     ("runner", ("runner/*",)),
     ("engine loop", (
         "engine/__init__.py", "engine/llm_engine.py", "engine/step_driver.py",

@@ -106,6 +106,8 @@ class EngineConfig:
                                          "names", cli=False)
     tensor_parallel_size: int = arg(1, "split the model over this many processes (gloo on CPU, "
                                     "NCCL on GPUs)", short="-tp")
+    enable_expert_parallel: bool = arg(False, "a mixture of experts' layers give each tensor-"
+                                       "parallel rank whole experts, not a slice of every expert")
     data_parallel_size: int = arg(1, "run this many engines, each with its own scheduler and KV "
                                   "cache, sharing one mapped copy of the weights (CPU); generate "
                                   "deals its prompts round-robin, the server sends each call to "
@@ -205,8 +207,9 @@ class EngineConfig:
         learner_int8 = self.hooks.int8_quantize
         if quantization is not None and quantization.name == "int8" and learner_int8 is not None:
             quantization = replace(quantization, quantize=learner_int8)  # a learner's (chapter 12)
-        mc = replace(mc, quantization=quantization)
         tp = self.tensor_parallel_size
+        mc = replace(mc, quantization=quantization,
+                     expert_parallel=bool(self.enable_expert_parallel) and tp > 1)
         if tp > 1 and self.device.startswith("cuda") and envs.RANK is None:  # (torchrun: any nodes)
             gpus = torch.cuda.device_count()
             if gpus < tp:

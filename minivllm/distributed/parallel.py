@@ -126,8 +126,18 @@ def check_divisible(model_config, tp_size: int) -> None:
     """A ValueError at start-up, naming tensor_parallel_size and the count, for a model that does
     not split."""
     mc = model_config
-    for name, count in (("num_attention_heads", mc.num_heads),
-                        ("intermediate_size", mc.intermediate_size)):
+    layers = mc.moe_layers or [bool(mc.num_experts)] * mc.num_layers
+    counts = [("num_attention_heads", mc.num_heads)]
+    if not all(layers):  # some layer has a dense MLP
+        counts.append(("intermediate_size", mc.intermediate_size))
+    if any(layers) and not mc.expert_parallel:  # every expert is split (vLLM's default)
+        counts.append(("experts' intermediate size", mc.moe_intermediate_size))
+    if any(layers) and mc.shared_expert_intermediate_size:
+        counts.append(("shared_expert_intermediate_size", mc.shared_expert_intermediate_size))
+    if any(layers) and mc.expert_parallel and mc.num_experts < tp_size:
+        raise ValueError(f"enable_expert_parallel with tensor_parallel_size={tp_size}: the model "
+                         f"has only {mc.num_experts} experts per layer, fewer than the ranks")
+    for name, count in counts:
         if count % tp_size:
             raise ValueError(f"tensor_parallel_size={tp_size} does not divide the model's {name} "
                              f"({count})")

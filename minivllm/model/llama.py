@@ -3,7 +3,9 @@
 This module is the Llama family and the shared parts the other families declare their decoders
 from: Mistral (mistral.py), Qwen2 (bias on q/k/v, qwen2.py) and Qwen3 (RMSNorm on each head of q
 and k, qwen3.py) differ from Llama only in the `layer_options` they read from their config;
-registry.py maps a checkpoint's `architectures` to its family.
+so do the mixture-of-experts families (mixtral.py, qwen2_moe.py, qwen3_moe.py), whose options say
+which layers' MLP is sparse (model/moe_layer.py). registry.py maps a checkpoint's `architectures`
+to its family.
 
 Unlike the Hugging Face model it sees the step's tokens as one flat list (no padding): requests are
 told apart only by the attention metadata. q/k/v and gate/up are fused into one matmul each. Every
@@ -24,6 +26,7 @@ embedding; the logits are all-gathered, so every rank samples the same tokens fr
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -36,6 +39,8 @@ from minivllm.distributed.parallel import SINGLE, TensorParallel, kv_head_replic
 from minivllm.model.embedding import VocabParallelEmbedding
 from minivllm.model.layer_ops import REFERENCE, LayerOps
 from minivllm.model.linear import ColumnLinear, RowLinear
+from minivllm.model.moe import grouped_experts
+from minivllm.model.moe_layer import MoeFeedForward
 from minivllm.model.rotary import RotaryEmbedding
 from minivllm.quantization import REFERENCE_KERNELS, LinearKernels
 from minivllm.quantization.unquantized import UnquantizedLinearMethod
@@ -47,6 +52,7 @@ class Implementations(NamedTuple):
     ops: LayerOps = REFERENCE  # norm, rotary, SwiGLU
     attention: AttentionBackend = TorchAttentionBackend()
     linear: LinearKernels = REFERENCE_KERNELS  # each format family's layout and matmul
+    moe_experts: Callable = grouped_experts  # a MoE layer's experts, given the sorted routing
 
 
 READABLE = Implementations()  # the torch code the chapters print, everywhere
@@ -126,17 +132,25 @@ class MLP(nn.Module):
         return self.down_proj(self.silu_and_mul(self.gate_up_proj(x)))
 
 
+def is_sparse(cfg, layer: int) -> bool:
+    """Whether layer `layer`'s MLP is a mixture of experts (model/moe_layer.py): the config has
+    experts, on the layers `moe_layers` marks (all of them unless it says otherwise)."""
+    layers = getattr(cfg, "moe_layers", None)
+    return bool(getattr(cfg, "num_experts", 0)) and (layers is None or layers[layer])
+
+
 class DecoderLayer(nn.Module):
     """x + attn(norm(x)), then + mlp(norm(...)); each residual add is left to the next norm, which
-    fuses it."""
+    fuses it. The MLP is dense, or sparse (a mixture of experts) where the config says so."""
 
     def __init__(self, cfg, impl: Implementations = READABLE, tp: TensorParallel = SINGLE,
-                 sliding_window: int | None = None) -> None:
+                 sliding_window: int | None = None, sparse: bool = False) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, impl.ops)
         self.self_attn = Attention(cfg, impl, tp, sliding_window)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, impl.ops)
-        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, impl, cfg.quantization, tp)
+        self.mlp = (MoeFeedForward(cfg, impl.linear, impl.moe_experts, tp) if sparse
+                    else MLP(cfg.hidden_size, cfg.intermediate_size, impl, cfg.quantization, tp))
 
     def forward(self, x, residual, positions, rotary, kv_cache,
                 meta) -> tuple[torch.Tensor, torch.Tensor]:
@@ -164,7 +178,8 @@ class LlamaModel(nn.Module):
     def __init__(self, cfg, impl: Implementations = READABLE, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, impl, tp, layer_window(cfg, i))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, impl, tp, layer_window(cfg, i),
+                                                 is_sparse(cfg, i))
                                     for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, impl.ops)
         self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
@@ -172,6 +187,9 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
+    # (checkpoint name part, ours) pairs the loader replaces in every tensor name (Mixtral's)
+    checkpoint_renames: tuple[tuple[str, str], ...] = ()
+
     def __init__(self, cfg, impl: Implementations = READABLE, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
         self.config, self.tp = cfg, tp

@@ -56,6 +56,14 @@ class ModelConfig:
     quantization: QuantizationConfig | None = None  # what the linear layers hold (None: floats)
     gguf: bool = False  # the checkpoint is one GGUF file (dequantized at load)
     architecture: str = "LlamaForCausalLM"  # the registry key (model/registry.py) of its family
+    # a mixture of experts (model/moe_layer.py), from the family's layer_options; 0 experts: dense
+    num_experts: int = 0
+    num_experts_per_tok: int = 0  # k: the experts each token is routed to
+    moe_intermediate_size: int = 0  # each expert's (`intermediate_size` is the dense layers')
+    norm_topk_prob: bool = False  # the k kept router weights rescaled to sum to 1
+    moe_layers: tuple[bool, ...] | None = None  # which layers are sparse (None: all of them)
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE's always-on expert (0: none)
+    expert_parallel: bool = False  # whole experts per rank (EngineConfig.enable_expert_parallel)
 
 
 def read_model_config(path: str | Path) -> ModelConfig:

@@ -64,12 +64,33 @@ def sort_by_expert(expert_ids: torch.Tensor, num_experts: int) -> ExpertOrder:
     return ExpertOrder(pair_order, offsets, expert_ids.shape[1])
 
 
+def expert_linear(rows: torch.Tensor, weight: torch.Tensor,
+                  scale: torch.Tensor | None = None) -> torch.Tensor:
+    """One expert's block of rows times its weight ``[N, K]``; int8 weights (``scale``: one per
+    output, quantization/int8.py's idea per expert) are multiplied as they are and scaled after."""
+    out = F.linear(rows, weight.to(rows.dtype))  # every int8 value is exact in any float dtype
+    return out if scale is None else out * scale
+
+
+def expert_mlp(rows: torch.Tensor, expert: int, gate_up_proj: torch.Tensor,
+               down_proj: torch.Tensor, gate_up_scale: torch.Tensor | None = None,
+               down_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Expert ``expert``'s SwiGLU MLP on its block of rows: down(silu(gate) * up)."""
+    def scale(s: torch.Tensor | None) -> torch.Tensor | None:
+        return None if s is None else s[expert]
+    gate, up = expert_linear(rows, gate_up_proj[expert], scale(gate_up_scale)).chunk(2, dim=-1)
+    return expert_linear(F.silu(gate) * up, down_proj[expert], scale(down_scale))
+
+
 def grouped_experts(hidden: torch.Tensor, weights: torch.Tensor, order: ExpertOrder,
-                    gate_up_proj: torch.Tensor, down_proj: torch.Tensor) -> torch.Tensor:
+                    gate_up_proj: torch.Tensor, down_proj: torch.Tensor,
+                    gate_up_scale: torch.Tensor | None = None,
+                    down_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Run each expert once on its block of sorted rows, then scatter-add the weighted outputs.
 
     Empty experts are skipped: their weights are never read, which is why decode with few tokens
-    touches only a small part of the expert weights.
+    touches only a small part of the expert weights. Int8 experts come with their scales
+    (``[E, 2I]`` and ``[E, H]``); float ones without.
     """
     rows = hidden[order.token_of_row]                        # [T*k, H], grouped by expert
     row_weight = weights.reshape(-1)[order.pair_order]       # [T*k]
@@ -79,8 +100,8 @@ def grouped_experts(hidden: torch.Tensor, weights: torch.Tensor, order: ExpertOr
         start, end = bounds[expert], bounds[expert + 1]
         if start == end:
             continue
-        gate, up = F.linear(rows[start:end], gate_up_proj[expert]).chunk(2, dim=-1)
-        out_rows[start:end] = F.linear(F.silu(gate) * up, down_proj[expert])
+        out_rows[start:end] = expert_mlp(rows[start:end], expert, gate_up_proj, down_proj,
+                                         gate_up_scale, down_scale)
     out = torch.zeros_like(hidden)
     out.index_add_(0, order.token_of_row, out_rows * row_weight.unsqueeze(-1).to(out_rows.dtype))
     return out

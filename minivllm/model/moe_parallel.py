@@ -4,7 +4,10 @@ Tensor parallel gives each rank a slice of every expert's intermediate dimension
 and of up, the matching columns of down), so each rank's output is a partial sum and one all-reduce
 completes it, as for a dense MLP. Expert parallel gives each rank whole experts (contiguous ranges,
 the first ``E % world`` ranks one more when E does not divide); a rank runs only the sorted rows of
-its own experts, and the ranks' partial outputs are all-gathered and summed.
+its own experts, and the ranks' partial outputs are all-gathered and summed
+(`expert_parallel_experts`, on a default process group). The engine's layer (model/moe_layer.py)
+does the same sum as one all-reduce on its tensor-parallel group: every rank already holds every
+token, so nothing needs dispatching first.
 """
 
 from __future__ import annotations

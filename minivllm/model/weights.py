@@ -11,6 +11,8 @@ import torch
 
 from minivllm.model.embedding import VocabParallelEmbedding
 from minivllm.model.linear import LinearBase
+from minivllm.model.moe_layer import EXPERT_PROJECTIONS, FusedExperts
+from minivllm.model.registry import model_class
 
 if TYPE_CHECKING:
     from minivllm.model.loader import ModelConfig
@@ -20,6 +22,9 @@ PACKED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_
           "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
 
 LAYERS = "model.layers."  # the decoder layers' tensors: model.layers.<i>.<...>
+# one expert's projection (`...experts.<e>.<w1|gate_proj|...>.weight`), or all experts stacked
+EXPERT = re.compile(r"(.+\.experts)\.(\d+)\.(\w+)\.weight")
+STACKED_EXPERTS = re.compile(r"(.+\.experts)\.(gate_up_proj|down_proj)(?:\.weight)?")
 
 
 class CheckpointWeights:
@@ -32,17 +37,26 @@ class CheckpointWeights:
         self.module, self.cfg, self.prefix, self.skip = module, cfg, prefix, skip
         self.linears = {prefix + name: m for name, m in module.named_modules()
                         if isinstance(m, LinearBase)}
+        self.experts = {prefix + name: m for name, m in module.named_modules()
+                        if isinstance(m, FusedExperts) and not (skip and
+                                                                (prefix + name).startswith(skip))}
         self.params = {prefix + name: p for name, p in module.named_parameters()
-                       if (prefix + name).rpartition(".")[0] not in self.linears
+                       if (prefix + name).rpartition(".")[0] not in {**self.linears, **self.experts}
                        and not (skip and (prefix + name).startswith(skip))}
+        # the family's names for parts of ours (Mixtral's block_sparse_moe is our mlp)
+        self.renames = model_class(cfg.architecture).checkpoint_renames
         self.loaded: set[str] = set()
 
     def load(self, where: str | Path, name: str, tensor) -> None:
         """One checkpoint tensor; `tensor()` reads it (only if it is used)."""
         cfg = self.cfg
+        for theirs, ours in self.renames:
+            name = name.replace(theirs, ours)
         if ("rotary_emb" in name or (cfg.tie_word_embeddings and name == "lm_head.weight")
                 or (self.skip and name.startswith(self.skip))
                 or _load_kv_scale(self.module, self.prefix, name, tensor)):
+            return
+        if self._load_expert(where, name, tensor):
             return
         target, shard = name, None
         for ckpt_name, (fused, idx) in PACKED.items():
@@ -72,6 +86,19 @@ class CheckpointWeights:
             with torch.no_grad():
                 param.copy_(value)
 
+    def _load_expert(self, where: str | Path, name: str, tensor) -> bool:
+        """An expert's weight, stacked into its layer's FusedExperts; True when `name` was one."""
+        match = EXPERT.fullmatch(name)
+        if match and match.group(1) in self.experts and match.group(3) in EXPERT_PROJECTIONS:
+            self.experts[match.group(1)].load(int(match.group(2)), match.group(3), tensor,
+                                              f"{where}: {name}")
+            return True
+        match = STACKED_EXPERTS.fullmatch(name)
+        if match and match.group(1) in self.experts:
+            self.experts[match.group(1)].load_fused(match.group(2), tensor(), f"{where}: {name}")
+            return True
+        return False
+
     def finish(self, path: Path) -> None:
         """Refuse a checkpoint that left a weight out; then let each linear layer prepare its
         tensors for its kernels."""
@@ -79,12 +106,16 @@ class CheckpointWeights:
                    if not (self.skip and name.startswith(self.skip))}
         missing = sorted([f"{n}#None" for n in self.params if n not in self.loaded]
                          + [f"{name}.{p}#{s}" for name, layer in linears.items()
-                            for p, s in layer.expected() - layer.loaded])
+                            for p, s in layer.expected() - layer.loaded]
+                         + [f"{name}: {part}" for name, experts in self.experts.items()
+                            for part in experts.missing()])
         if missing:
             raise ValueError(f"{path}: checkpoint is missing weights: {', '.join(missing[:5])}"
                              + (" ..." if len(missing) > 5 else ""))
         for layer in linears.values():
             layer.process_weights_after_loading()
+        for experts in self.experts.values():
+            experts.process_weights_after_loading()
 
 
 def _load_kv_scale(module: torch.nn.Module, prefix: str, name: str, tensor) -> bool:

@@ -10,13 +10,14 @@ a decode token uses 8). `expert_bytes_read` says how much that saves at a given 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from minivllm.model.moe import ExpertOrder
+from minivllm.model.moe import ExpertOrder, expert_mlp
 
 
 def chosen_experts(hidden: torch.Tensor, weights: torch.Tensor, order: ExpertOrder,
-                   gate_up_proj: torch.Tensor, down_proj: torch.Tensor) -> torch.Tensor:
+                   gate_up_proj: torch.Tensor, down_proj: torch.Tensor,
+                   gate_up_scale: torch.Tensor | None = None,
+                   down_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Same result as model/moe.py's `grouped_experts`, reading only the chosen experts' weights."""
     token_of_row = order.token_of_row
     rows = hidden[token_of_row]
@@ -27,8 +28,8 @@ def chosen_experts(hidden: torch.Tensor, weights: torch.Tensor, order: ExpertOrd
     out_rows = torch.empty_like(rows)
     for expert in used:
         block = slice(starts[expert], starts[expert + 1])
-        gate, up = F.linear(rows[block], gate_up_proj[expert]).chunk(2, dim=-1)
-        out_rows[block] = F.linear(F.silu(gate) * up, down_proj[expert])
+        out_rows[block] = expert_mlp(rows[block], expert, gate_up_proj, down_proj, gate_up_scale,
+                                     down_scale)
     return torch.zeros_like(hidden).index_add_(0, token_of_row, out_rows * row_weight)
 
 

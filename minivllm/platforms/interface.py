@@ -62,7 +62,8 @@ class Platform:
 
     @property
     def implementations(self) -> Implementations:
-        return Implementations(ops=self.ops, attention=self.attention, linear=self.linear)
+        return Implementations(ops=self.ops, attention=self.attention, linear=self.linear,
+                               moe_experts=self.moe_experts)
 
     def compile(self, model: torch.nn.Module, enforce_eager: bool) -> CompiledLayers | None:
         """Compile the model's layers in place where a platform does (cpu.py); None: eager."""
