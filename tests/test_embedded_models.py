@@ -111,7 +111,7 @@ def test_chat_answer_stops_at_eos(models: dict[str, PreTrainedModel], tok: PreTr
 
 
 # --- minivllm vs transformers ------------------------------------------------------------------
-@pytest.mark.parametrize("name", [TARGET.name, DRAFT.name])
+@pytest.mark.parametrize("name", [TARGET.name, DRAFT.name, MOE.name])
 def test_minivllm_greedy_equals_transformers(models: dict[str, PreTrainedModel], tok: PreTrainedTokenizerBase,
                                               name: str) -> None:
     """Token for token, for the seed prompts in one batch, with chunked prefill and preemption in play."""
