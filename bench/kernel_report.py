@@ -232,13 +232,17 @@ def model_variants(model: Model, arch: Arch, dtype: str, block_size: int) -> lis
                     N=n, K=k, stride_xm=k, stride_qk=n, stride_zg=n, stride_sg=n, stride_om=n),
                     dict(HAS_BIAS=bias, **int4_linear.int4_linear_config(num_tokens, group, torch_dtype, arch.sm))))
     # MoE experts (issue 39): both grouped GEMMs at every row-tile height, an MLP's shape for an expert's
+    # float experts, and int8 ones (the weights read as bytes, one scale per output row of each expert)
     for rows in (1, 32, 64) if model.name == ELEMENTWISE_MODELS[-1] else ():
         for gather, weighted, kk, nn in ((True, False, n, 2 * k), (False, True, k, n)):
-            out.append(_variant(fused_moe._grouped_gemm_kernel, arch.sm, dtype, dict(
-                a_ptr=p, row_index_ptr="*i64", w_ptr=p, row_weight_ptr="*fp32", out_ptr=p, tile_expert_ptr="*i64",
-                tile_start_ptr="*i64", offsets_ptr="*i64", N=nn, K=kk, stride_am=kk, stride_we=nn * kk,
-                stride_wn=kk, stride_om=nn), dict(GATHER=gather, WEIGHTED=weighted,
-                                                  **fused_moe.fused_moe_config(rows, torch_dtype, arch.sm))))
+            for scaled in (False, True):
+                out.append(_variant(fused_moe._grouped_gemm_kernel, arch.sm, dtype, dict(
+                    a_ptr=p, row_index_ptr="*i64", w_ptr="*i8" if scaled else p, scale_ptr=p,
+                    row_weight_ptr="*fp32", out_ptr=p, tile_expert_ptr="*i64", tile_start_ptr="*i64",
+                    offsets_ptr="*i64", N=nn, K=kk, stride_am=kk, stride_we=nn * kk, stride_wn=kk,
+                    stride_se=nn, stride_om=nn), dict(GATHER=gather, WEIGHTED=weighted, SCALED=scaled,
+                                                      **fused_moe.fused_moe_config(rows, torch_dtype, arch.sm,
+                                                                                  scaled))))
     return out
 
 

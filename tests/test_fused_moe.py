@@ -30,3 +30,26 @@ def test_tile_table_never_straddles_experts():
     assert expert.tolist() == [1, 2, 4] and start.tolist() == [0, 5, 21]
     expert, start = tile_table(offsets, 4)
     assert expert.tolist() == [1, 1, 2, 2, 2, 2, 4] and start.tolist() == [0, 4, 5, 9, 13, 17, 21]
+
+
+@pytest.mark.parametrize("tokens", [1, 40])
+def test_int8_experts_equal_the_reference(tokens):
+    """Int8 experts: the kernel reads the int8 bytes, converts them in registers and scales each output row once,
+    as model/moe.py's reference does per expert block."""
+    from minivllm.quantization.int8 import quantize_per_channel
+
+    torch.manual_seed(tokens)
+    hidden, inter, k, num_experts = 32, 48, 2, 9
+    x = torch.randn(tokens, hidden)
+    quantized = [quantize_per_channel(w, torch.float32) for w in torch.randn(num_experts, 2 * inter, hidden) * 0.2]
+    quantized_down = [quantize_per_channel(w, torch.float32) for w in torch.randn(num_experts, hidden, inter) * 0.2]
+    gate_up, gate_up_scale = (torch.stack(t) for t in zip(*quantized))
+    down, down_scale = (torch.stack(t) for t in zip(*quantized_down))
+    weights, ids = route(torch.randn(tokens, num_experts), k, renormalize=False)
+    order = sort_by_expert(ids, num_experts)
+    expected = grouped_experts(x, weights, order, gate_up, down, gate_up_scale, down_scale)
+    dequantized = grouped_experts(x, weights, order, gate_up.float() * gate_up_scale[..., None],
+                                  down.float() * down_scale[..., None])
+    torch.testing.assert_close(expected, dequantized, rtol=1e-4, atol=1e-4)
+    got = fused_moe_experts(x, weights, order, gate_up, down, gate_up_scale, down_scale)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)

@@ -176,3 +176,76 @@ def test_an_expert_left_out_of_the_checkpoint_is_named(tmp_path, moe_checkpoints
     save_file(tensors, broken / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ValueError, match="missing weights: .*model.layers.1.mlp.experts: expert 4 up"):
         LLM(str(broken), num_kv_blocks=16)
+
+
+def test_the_trace_counts_tokens_per_expert_per_layer_per_step(moe_checkpoints):
+    """Each step's trace holds, per sparse layer, the tokens each expert received; a chunked prompt's steps add up
+    to transformers' own router choices over that prompt. With the trace off the layers record nothing."""
+    from minivllm.model.moe_layer import MoeFeedForward
+
+    path, hf = moe_checkpoints[0]["qwen3_moe"]  # layers 0 and 2 sparse, layer 1 dense
+    prompt = PROMPTS[1]  # 33 tokens: 5 chunks of at most 7
+    llm = LLM(str(path), block_size=4, num_kv_blocks=64, max_num_batched_tokens=7)
+    llm.generate([{"prompt_token_ids": prompt}], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True),
+                 use_tqdm=False)
+    trace = list(llm.engine.trace)
+    for step in trace:
+        assert len(step.expert_load) == 2 and all(len(layer) == E for layer in step.expert_load)
+        assert all(sum(layer) == K * step.num_tokens for layer in step.expert_load)
+    with torch.no_grad():
+        router_logits = hf(torch.tensor([prompt]), output_router_logits=True).router_logits
+    assert len(router_logits) == 2
+    expected = [torch.bincount(torch.topk(logits.softmax(-1), K).indices.flatten(), minlength=E).tolist()
+                for logits in router_logits]
+    prefill = [step for step in trace if step.num_prefill_tokens]
+    assert len(prefill) == 5
+    assert [[sum(step.expert_load[layer][e] for step in prefill) for e in range(E)] for layer in (0, 1)] == expected
+
+    quiet = LLM(str(path), num_kv_blocks=16, trace_steps=0)
+    assert all(m.choices is None for m in quiet.engine.runner.model.modules() if isinstance(m, MoeFeedForward))
+    assert not quiet.engine.runner.records_expert_load
+
+
+def test_padded_graph_batches_give_transformers_tokens_and_count_only_real_tokens(moe_checkpoints):
+    """Decode batches padded up to a graph size (tests/test_cuda_graphs.py's eager stand-in): the padding rows
+    are routed too, but the trace counts only the batch's own tokens."""
+    from tests.test_cuda_graphs import attach_graphs
+
+    path, hf = moe_checkpoints[0]["mixtral"]
+    prompts = PROMPTS[:3]
+    llm = LLM(str(path), block_size=4, num_kv_blocks=60, max_num_batched_tokens=128)
+    graphs = attach_graphs(llm, [4], num_splits=1)  # 3 decodes padded to 4
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(hf, p, 6) for p in prompts]
+    assert graphs.num_replays > 0
+    decodes = [step for step in llm.engine.trace if step.num_decode_tokens == 3]
+    assert decodes and all(sum(layer) == K * 3 for step in decodes for layer in step.expert_load)
+
+
+@pytest.mark.parametrize("quantization", [None, "int8"])
+def test_triton_platform_interpreted_matches(moe_checkpoints, quantization):
+    """The cuda platform's fused-MoE kernel (TRITON_INTERPRET=1 on CPU) in the whole engine: transformers' tokens
+    in fp32, and the cpu platform's with int8 experts."""
+    path, hf = moe_checkpoints[0]["qwen3_moe"]
+    prompts = PROMPTS[:2]
+    kwargs = dict(dtype="float32", quantization=quantization, num_kv_blocks=32)
+    triton_llm = LLM(str(path), attention_backend="triton", **kwargs)
+    assert triton_llm.engine.runner.platform.name == "cuda"
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    inputs = [{"prompt_token_ids": p} for p in prompts]
+    got = [o.outputs[0].token_ids for o in triton_llm.generate(inputs, params, use_tqdm=False)]
+    if quantization is None:
+        assert got == [hf_greedy(hf, p, 6) for p in prompts]
+    else:
+        cpu = LLM(str(path), **kwargs).generate(inputs, params, use_tqdm=False)
+        assert got == [o.outputs[0].token_ids for o in cpu]
+
+
+def test_lazily_loaded_layers_fill_their_experts_on_first_use(moe_checkpoints):
+    """lazy_loading: each decoder layer (its experts, their trace buffer) is allocated and read when a step first
+    reaches it."""
+    path, hf = moe_checkpoints[0]["qwen2_moe"]
+    tokens, llm = run(path, PROMPTS[:2], lazy_loading=True, num_kv_blocks=32)
+    assert tokens == moe_checkpoints[1]["qwen2_moe"][:2]
+    assert all(sum(layer) == K * step.num_tokens for step in llm.engine.trace for layer in step.expert_load)

@@ -4,6 +4,7 @@ default) and expert parallel (whole experts per rank, 9 experts on 2 ranks: 5 an
 from dataclasses import replace
 
 import pytest
+import torch
 
 from minivllm import LLM, SamplingParams
 from minivllm.distributed.parallel import check_divisible
@@ -59,3 +60,18 @@ def test_what_does_not_split_is_refused_by_name(tmp_path):
     check_divisible(replace(cfg, moe_intermediate_size=41, expert_parallel=True), 2)  # whole experts: any width
     with pytest.raises(ValueError, match="only 1 experts per layer, fewer than the ranks"):
         check_divisible(replace(cfg, num_experts=1, expert_parallel=True), 2)
+
+
+@pytest.mark.parametrize("expert_parallel", [False, True])
+def test_int8_experts_on_two_ranks_equal_one_rank(tmp_path, expert_parallel):
+    """Int8 experts quantize each rank's share at load with one process's scales: split down rows (tensor
+    parallel) take the max |w| over the ranks, whole experts (expert parallel) their own."""
+    build_moe_checkpoint("mixtral", tmp_path / "m")
+    kwargs = dict(dtype="float32", quantization="int8", num_kv_blocks=32)
+    greedy = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    inputs = [{"prompt_token_ids": p} for p in PROMPTS]
+    want = [o.outputs[0].token_ids for o in LLM(str(tmp_path / "m"), **kwargs).generate(inputs, greedy, use_tqdm=False)]
+    with LLM(str(tmp_path / "m"), tensor_parallel_size=2, enable_expert_parallel=expert_parallel, **kwargs) as llm:
+        assert experts_of(llm).down_proj.dtype == torch.int8
+        got = [o.outputs[0].token_ids for o in llm.generate(inputs, greedy, use_tqdm=False)]
+    assert got == want

@@ -95,6 +95,8 @@ class RunnerOutput:
     propose_seconds: float = 0.0  # time spent drafting (a measured share of the step: chapter 07)
     # the model's forward pass and logits (on CUDA: until the launches return)
     forward_seconds: float = 0.0
+    # a mixture of experts: tokens routed to each expert, one tuple per sparse layer (the trace's)
+    expert_load: list[tuple[int, ...]] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -4,7 +4,8 @@
 plain data) and it keeps the most recent `trace_steps` as StepTraces in `LLMEngine.trace`. Each is
 plain data: who was scheduled for how many tokens (prefill or decode), which blocks were allocated,
 re-used from the prefix cache, freed, or swapped to and from host memory, who was preempted or
-finished, and every live block table after the step.
+finished, every live block table after the step, and for a mixture of experts the tokens each
+expert received in each sparse layer.
 """
 
 from __future__ import annotations
@@ -76,6 +77,9 @@ class StepTrace:
     num_swap_bytes: int = 0  # KV bytes this step moved between GPU and host, both ways
     num_free_host_blocks: int = 0
     num_total_host_blocks: int = 0
+    # a mixture of experts: tokens routed to each expert in this step, one tuple per sparse layer
+    # (empty for a dense model)
+    expert_load: list[tuple[int, ...]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -148,7 +152,8 @@ class TraceRecorder:
             * (len(record.scheduler_output.blocks_to_swap_out)
                + len(record.scheduler_output.blocks_to_swap_in)),
             num_free_host_blocks=engine.swap.num_free_blocks,
-            num_total_host_blocks=engine.swap.num_blocks))
+            num_total_host_blocks=engine.swap.num_blocks,
+            expert_load=record.runner_output.expert_load))
 
     def _table_snapshots(self, block_tables: dict[str, list[int]]) -> dict[str, list[int]]:
         """Copies of the block tables, reusing last step's copy of every table that did not grow.

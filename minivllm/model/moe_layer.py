@@ -175,13 +175,15 @@ class MoeFeedForward(nn.Module):
                                        linear, tp=tp)})
             self.shared_expert_gate = ColumnLinear(cfg.hidden_size, [1], False,
                                                    method=UnquantizedLinearMethod(linear.float))
-        self.choices: torch.Tensor | None = None  # [rows, k]: the last forward's router choices
+        # [rows, k]: the last forward's router choices, when recorded (a buffer: it follows the
+        # layer wherever the layer is allocated, lazily loaded layers included)
+        self.register_buffer("choices", None, persistent=False)
 
     def record_choices(self, rows: int | None) -> None:
         """Keep each forward's expert ids (the first `rows` tokens' at most) for the trace;
         None: stop (the default, costing nothing)."""
         self.choices = None if rows is None else torch.empty(
-            rows, self.top_k, dtype=torch.int16, device=self.gate.weight.device)
+            rows, self.top_k, dtype=torch.int16, device=self.gate.weight.device)  # (a buffer)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, expert_ids = route(self.gate(x), self.top_k, self.renormalize)
@@ -201,6 +203,15 @@ class MoeFeedForward(nn.Module):
             shared = s["down_proj"](F.silu(gate) * up)
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * shared
         return out
+
+
+def record_expert_choices(model: nn.Module, rows: int | None) -> bool:
+    """Make every MoE layer of `model` keep its router choices for up to `rows` tokens a forward
+    (None: stop). False when the model has no experts."""
+    layers = [m for m in model.modules() if isinstance(m, MoeFeedForward)]
+    for layer in layers:
+        layer.record_choices(rows)
+    return bool(layers)
 
 
 def expert_load(model: nn.Module, num_tokens: int) -> list[tuple[int, ...]]:

@@ -21,6 +21,7 @@ from minivllm.core.kv_sizing import kv_bytes_per_block
 from minivllm.core.step_io import RunnerOutput, SchedulerOutput
 from minivllm.distributed.parallel import SINGLE, TensorParallel, local_kv_heads
 from minivllm.model import load_model
+from minivllm.model.moe_layer import expert_load, record_expert_choices
 from minivllm.platforms import choose_platform
 from minivllm.runner.cuda_graphs import build_decode_graphs
 from minivllm.runner.logprobs import raw_logprobs, sampled_logprobs
@@ -70,6 +71,10 @@ class ModelRunner:
         cache = envs.MINIVLLM_WEIGHT_CACHE_DIR if config.data_parallel_size > 1 else None
         self.model = load_model(config.model, mc, self.platform.implementations, self.dtype,
                                 config.device, tp, config.lazy_loading, cache)
+        # a MoE model keeps each step's router choices for the trace (tokens per expert per layer)
+        self.records_expert_load = bool(config.trace_steps) and record_expert_choices(
+            self.model, max(config.max_num_batched_tokens, config.max_num_seqs)
+            * (1 + config.num_speculative_tokens))
         offloaded = offload_weights(self.model, config.cpu_offload_gb, self.device)  # (GPU only)
         self.compiled = self.platform.compile(self.model, config.enforce_eager)  # opt-in, CPU
         self.sampler = Sampler(config.seed, config.hooks.top_p)
@@ -92,9 +97,10 @@ class ModelRunner:
         host = host_kv_cache(config, self.cache_dtype, self.bytes_per_block,
                              pin=self.device.type == "cuda")
         self.block_copier = BlockCopier(self.kv_cache, host, self.bytes_per_block)
-        # decode steps as CUDA graphs where the platform records them (not collectives: TP is eager)
+        # decode steps as CUDA graphs where the platform records them (not collectives: TP is eager;
+        # nor a mixture of experts: its routing reads per-expert row counts on the host)
         self.graphs = (build_decode_graphs(self.model, self.kv_cache, config, self.device)
-                       if tp.size == 1
+                       if tp.size == 1 and not mc.num_experts
                        and self.platform.captures_graphs(config.enforce_eager or offloaded > 0)
                        else None)
 
@@ -115,6 +121,8 @@ class ModelRunner:
         start = time.perf_counter()
         logits = self.forward(rows)
         out = RunnerOutput(forward_seconds=time.perf_counter() - start)
+        if self.records_expert_load:  # the batch's tokens (a CUDA graph's padding rows left out)
+            out.expert_load = expert_load(self.model, sum(r.num_new for r in rows))
         raw_logprobs(rows, logits, out)  # before anything changes the logits
         self.mask_grammar(rows, logits, sched)
         self.sample(rows, logits)
