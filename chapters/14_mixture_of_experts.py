@@ -66,10 +66,10 @@ from minivllm.platforms import cpu_moe
 # (`minivllm/model/moe_layer.py`) where a dense model has its MLP. It runs on the CPU here, also on a GPU
 # machine, so every number below is this CPU's.
 #
-# Each MoE layer can keep its router's choices: `record_choices(rows)` gives it a buffer of `[rows, k]`
-# expert ids that every forward pass fills, and `expert_load(model, tokens)` turns the buffers into tokens
-# per expert per layer. A step observer (`add_step_observer`, called after every engine step) reads them, so
-# `loads` below fills with the real routing of every step the engine runs.
+# With `trace_steps` on, each MoE layer keeps its router's choices: a buffer of `[tokens, k]` expert ids that
+# every forward pass fills (`record_choices`), which the runner turns into tokens per expert per layer
+# (`expert_load`) after each step. Every step of the trace (`llm.engine.trace`, chapter 04's recording)
+# then carries `expert_load[layer][expert]`: the real routing of every step the engine runs.
 
 # %%
 llm = LLM(DEFAULT_MOE_MODEL, device="cpu", trace_steps=1000)
@@ -80,20 +80,12 @@ E, K = moe_layers[0].num_experts, moe_layers[0].top_k
 print(f"{mc.architecture}: {mc.num_layers} layers, hidden {mc.hidden_size}, {len(moe_layers)} MoE layers of "
       f"{E} experts (each {mc.moe_intermediate_size} wide), {K} per token, renormalised: {moe_layers[0].renormalize}")
 print(f"dtype {config.dtype}, device {llm.engine.runner.device}")
-
-for layer in moe_layers:
-    layer.record_choices(config.max_num_batched_tokens)  # every token a step can hold
-loads: list[list[tuple[int, ...]]] = []  # [step][layer][expert]: tokens routed there
-step_tokens: list[int] = []
+print(inspect.getsource(expert_load))
 
 
-def record_load(engine, record) -> None:
-    tokens = sum(s.num_new_tokens for s in record.scheduler_output.scheduled)
-    step_tokens.append(tokens)
-    loads.append(expert_load(model, tokens))
-
-
-llm.engine.add_step_observer(record_load)
+def recorded(engine_llm: LLM, since: int) -> list:
+    """The trace's steps from step number `since` on (the engine keeps the last trace_steps)."""
+    return [t for t in engine_llm.engine.trace if t.step >= since]
 
 # %% [markdown]
 # ## How a MoE layer runs
@@ -129,6 +121,7 @@ print("this engine's experts:", moe_layers[0].run_experts.__module__ + "." + moe
 
 # %%
 tokenizer = llm.get_tokenizer()
+first = llm.engine.stats()["num_steps"]
 prompt = "Once upon a time, there was a little girl named Nora. She liked to play in the garden."
 out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)[0]
 ids = list(out.prompt_token_ids)
@@ -142,7 +135,8 @@ display(HTML(widgets.router_choices_html(tokens, choices)))
 # telling it what an expert should be for). The counts of that prefill, per layer:
 
 # %%
-for layer, counts in enumerate(loads[-1]):
+(prefill,) = recorded(llm, first)
+for layer, counts in enumerate(prefill.expert_load):
     print(f"layer {layer}: tokens per expert {counts}   busiest / mean = {widgets.imbalance(counts):.2f}")
 
 # %% [markdown]
@@ -160,12 +154,13 @@ PROMPTS = ["Hi, my name is", "Today is a beautiful summer day", "Hello there", "
            "The little dog", "Tom and his mom went to", "One day, a bird", "Lily had a red ball",
            "The sun was", "Max the cat", "In the forest", "My favorite food is", "The old man",
            "A little fish", "It was raining", "Sam and Anna"]
-first = len(loads)
+first = llm.engine.stats()["num_steps"]
 batch_out = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), use_tqdm=False)
-batch_loads = loads[first:]
+batch_steps = recorded(llm, first)
+batch_loads = [t.expert_load for t in batch_steps]  # [step][layer][expert]
 widgets.show(widgets.expert_load_figure(batch_loads, title=f"{len(PROMPTS)} requests, step 0 prefills"))
 decode_ratios = [widgets.imbalance(step[layer]) for step in batch_loads[1:] for layer in range(len(step))]
-print(f"prefill ({step_tokens[first]} tokens): imbalance "
+print(f"prefill ({batch_steps[0].num_tokens} tokens): imbalance "
       f"{[round(widgets.imbalance(c), 2) for c in batch_loads[0]]} per layer")
 print(f"decode ({len(PROMPTS)} tokens per step): imbalance median {statistics.median(decode_ratios):.2f}, "
       f"max {max(decode_ratios):.2f} over {len(decode_ratios)} layer-steps")
@@ -232,9 +227,9 @@ print(f"one expert: {per_expert_bytes:,d} bytes (gate, up and down); all {len(mo
 # and the same for one request alone:
 
 # %%
-first = len(loads)
+first = llm.engine.stats()["num_steps"]
 llm.generate(["Hi, my name is"], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), use_tqdm=False)
-alone = loads[first + 1:]  # its decode steps
+alone = [t.expert_load for t in recorded(llm, first)][1:]  # its decode steps
 dense_mlp_bytes = sum(n for name, n in draft_tensors.items() if ".mlp." in name) * itemsize
 print(f"{'batch':>5s} {'experts read per layer':>23s} {'if uniform':>11s} {'expert bytes read per step':>27s} "
       f"{'of all experts':>15s}")
