@@ -314,12 +314,13 @@ display(HTML(widgets.traffic_html(cases)))
 
 # %% [markdown]
 # The all-reduce carries one `[tokens, hidden]` tensor whatever k is; the all-to-alls carry k rows per token
-# (8 for Qwen3-30B-A3B), but only each rank's share of the batch, and no data-parallel rank sends its
-# attention anything. What expert parallelism changes most is *who waits*: under tensor parallelism every
-# rank does an equal slice of every expert, under expert parallelism a rank does all the work of its experts,
-# so the load imbalance measured above becomes imbalance between devices. The batch's decode steps, as if on
-# 2 expert-parallel ranks (rank 0 holding experts 0-3, rank 1 experts 4-7: `expert_range`, the engine's own
-# split):
+# (8 for Qwen3-30B-A3B), but only for each rank's share of the batch (the figures assume the experts a rank's
+# tokens choose are spread evenly over the ranks), and the attention before them needs no collective at all,
+# since each rank attends its own requests. What expert parallelism changes most is *who waits*: under tensor
+# parallelism every rank does an equal slice of every expert, under expert parallelism a rank does all the
+# work of its experts, so the load imbalance measured above becomes imbalance between devices. The batch's
+# decode steps, as if on 2 expert-parallel ranks (rank 0 holding experts 0-3, rank 1 experts 4-7:
+# `expert_range`, the engine's own split):
 
 # %%
 ranks = [expert_range(E, rank, 2) for rank in range(2)]
