@@ -313,6 +313,37 @@ for batch in (1, 64):
 display(HTML(widgets.traffic_html(cases)))
 
 # %% [markdown]
+# Now counted, on 2 expert-parallel ranks of this CPU (`enable_expert_parallel=True`; gloo between two
+# processes, as in chapter 13): rank 0's `TensorParallel` tallies what its model hands to the collectives.
+# Per step there is one all-reduce per layer for attention (o_proj), one per MoE layer, and one for the
+# vocabulary-parallel embedding, each of `[tokens, hidden]`: the count must equal that formula to the byte.
+# The tokens should be one rank's: in float32 the two ranks only add the same partial sums in another order
+# (`tests/test_moe_tensor_parallel.py` checks them against transformers); in bf16 a near-tie may fall the
+# other way, so the cell counts the requests that agree rather than asserting it.
+
+# %%
+ep = LLM(DEFAULT_MOE_MODEL, device="cpu", tensor_parallel_size=2, enable_expert_parallel=True, num_kv_blocks=256)
+rank0_experts = [list(m.experts.experts) for m in ep.engine.runner.model.modules() if isinstance(m, MoeFeedForward)]
+print(f"rank 0 holds experts {rank0_experts[0]} of every MoE layer (whole experts: "
+      f"{tuple(ep.engine.runner.model.model.layers[0].mlp.experts.gate_up_proj.shape)} [experts, 2 x width, hidden])")
+traffic, before = ep.engine.runner.traffic, ep.engine.stats()
+traffic.reset()
+greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+ep_out = ep.generate(PROMPTS[:4], greedy, use_tqdm=False)
+after = ep.engine.stats()
+ep_tokens = sum(after[k] - before[k] for k in ("num_prefill_tokens_computed", "num_decode_tokens"))
+ep_steps = after["num_steps"] - before["num_steps"]
+per_step = mc.num_layers + len(moe_layers) + 1  # o_proj, the MoE layers, the embedding
+print(f"{ep_steps} steps, {ep_tokens} tokens: {traffic.all_reduce_calls} all-reduces, "
+      f"{traffic.all_reduce_bytes:,d} bytes handed in by rank 0 = {per_step} x hidden x {itemsize} bytes per token")
+one_out = llm.generate(PROMPTS[:4], greedy, use_tqdm=False)
+same = sum(a.outputs[0].token_ids == b.outputs[0].token_ids for a, b in zip(ep_out, one_out))
+print(f"{same} of {len(PROMPTS[:4])} requests write the same tokens as one rank")
+assert traffic.all_reduce_calls == ep_steps * per_step
+assert traffic.all_reduce_bytes == ep_tokens * per_step * mc.hidden_size * itemsize
+ep.shutdown()
+
+# %% [markdown]
 # The all-reduce carries one `[tokens, hidden]` tensor whatever k is; the all-to-alls carry k rows per token
 # (8 for Qwen3-30B-A3B), but only for each rank's share of the batch (the figures assume the experts a rank's
 # tokens choose are spread evenly over the ranks), and the attention before them needs no collective at all,
