@@ -287,6 +287,33 @@ print(refusal(lambda: resolve_quantization("fp8", None, is_gguf=False, where="th
 # longer prompt is refused.
 
 # %% [markdown]
+# ## A mixture of experts from the Hub
+#
+# Mixtral and Qwen3-MoE checkpoints load the same way (chapter 14 looks inside one, offline, on the embedded
+# `minivllm-tiny-moe`). The released ones are large (Mixtral 8x7B holds 47 billion parameters, about 94 GB in
+# bf16), so the example here is a small community model: `Isotonic/TinyMixtral-4x248M-MoE`, four TinyMistral
+# 248M fine-tunes merged into one Mixtral with mergekit (4 experts, 2 per token, about 0.7 billion parameters,
+# a 2.8 GB download in float32). It fits a Colab T4 beside the model above; offline the cell says so and
+# moves on.
+
+# %%
+HUB_MOE = "Isotonic/TinyMixtral-4x248M-MoE"  # MixtralForCausalLM: 4 experts, 2 per token
+
+try:
+    moe_llm = LLM(HUB_MOE, max_model_len=1024, max_num_seqs=8)
+except ValueError as e:  # offline, not cached, or no network
+    print(f"Could not load {HUB_MOE}:\n  {e}\nChapter 14 runs the embedded mixture of experts offline.")
+else:
+    moe_mc = moe_llm.engine.runner.model_config
+    print(f"{moe_mc.architecture}: {moe_mc.num_layers} layers, {moe_mc.num_experts} experts of "
+          f"{moe_mc.moe_intermediate_size}, {moe_mc.num_experts_per_tok} per token")
+    moe_out = moe_llm.generate(["The three primary colors are"], SamplingParams(temperature=0, max_tokens=32),
+                               use_tqdm=False)
+    print(repr(moe_out[0].outputs[0].text))
+    moe_llm.shutdown()
+    del moe_llm
+
+# %% [markdown]
 # ## Exercise: which tokens become text
 #
 # Write the detokenizer's rule `my_keep_token(token, is_special, skip_special_tokens)`: `token` is a token's

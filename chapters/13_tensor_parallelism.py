@@ -374,6 +374,4 @@ check_qkv_rows(my_qkv_rows)
 
 
 # %% [markdown]
-# That is the last chapter. Back to [00 · a first generation](00_first_generation.ipynb) to step through the
-# journey again, or on to the engine's source: every module the chapters read is listed in the README under
-# "What is inside".
+# Next: [14 · Mixture of experts: watching the router](14_mixture_of_experts.ipynb).

@@ -1,4 +1,4 @@
-"""Rebuild data/ from scratch: corpus -> tokenizer -> target -> draft -> evaluation.
+"""Rebuild data/ from scratch: corpus -> tokenizer -> target -> draft -> moe -> evaluation.
 
 Usage: ``python data/build.py`` (20-40 minutes on a 2-core CPU; progress is
 written to data/build.log, so ``nohup python data/build.py &`` and
@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 DATA = Path(__file__).resolve().parent
-STAGES = [["train.py", "tokenizer"], ["train.py", "target"], ["train.py", "draft"], ["evaluate.py"]]
+STAGES = [["train.py", "tokenizer"], ["train.py", "target"], ["train.py", "draft"], ["train.py", "moe"],
+          ["evaluate.py"]]
 
 
 def main(resume: bool) -> None:

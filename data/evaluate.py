@@ -20,6 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 DATA = Path(__file__).resolve().parent
 MODELS = DATA.parent / "minivllm" / "data" / "models"  # shipped in the package: LLM() finds them installed
 TARGET, DRAFT = MODELS / "minivllm-tiny", MODELS / "minivllm-tiny-draft"
+MOE = MODELS / "minivllm-tiny-moe"  # Qwen3-MoE: 8 experts, 2 per token; the draft's active size
 SEED_PROMPTS = ["Hi, my name is", "Today is a beautiful summer day", "Hello there"]
 CHAT_QUESTIONS = ["What color is the sky?", "What is two plus three?", "Tell me a short story."]
 NEW_TOKENS = 40
@@ -89,9 +90,25 @@ def mb(n: int) -> str:
     return f"{n / 1e6:.2f} MB"
 
 
+def active_parameters(model: PreTrainedModel) -> int:
+    """Parameters one token runs through: all of a dense model; a MoE's experts count k/E of theirs."""
+    c = model.config
+    experts = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
+    if not experts:
+        return sum(p.numel() for p in model.parameters())
+    others = sum(p.numel() for n, p in model.named_parameters() if ".experts." not in n)
+    return others + experts * c.num_experts_per_tok // c.num_experts
+
+
+def mlp_shape(c: Any) -> str:
+    if getattr(c, "num_experts", 0):
+        return f"{c.num_experts_per_tok} of {c.num_experts} experts x {c.moe_intermediate_size}"
+    return str(c.intermediate_size)
+
+
 def model_table(models: dict[str, PreTrainedModel], stats: dict[str, dict], ppl: dict[str, float]) -> str:
     """Markdown table with one column per model."""
-    cols = [(TARGET, stats["target"]), (DRAFT, stats["draft"])]
+    cols = [(TARGET, stats["target"]), (DRAFT, stats["draft"]), (MOE, stats["moe"])]
 
     def row(label: str, cell: Callable[[Any, dict, Path], str]) -> str:
         return f"| {label} | " + " | ".join(cell(models[p.name].config, s, p) for p, s in cols) + " |"
@@ -99,11 +116,12 @@ def model_table(models: dict[str, PreTrainedModel], stats: dict[str, dict], ppl:
     return "\n".join(
         [
             "| | " + " | ".join(f"`{p.name}`" for p, _ in cols) + " |",
-            "|---|---|---|",
+            "|---" * (len(cols) + 1) + "|",
             row("parameters", lambda c, s, p: f"{s['parameters']:,}"),
+            row("parameters active per token", lambda c, s, p: f"{active_parameters(models[p.name]):,}"),
             row(
                 "layers / hidden / MLP",
-                lambda c, s, p: f"{c.num_hidden_layers} / {c.hidden_size} / {c.intermediate_size}",
+                lambda c, s, p: f"{c.num_hidden_layers} / {c.hidden_size} / {mlp_shape(c)}",
             ),
             row(
                 "attention heads / KV heads / head dim",
@@ -124,7 +142,9 @@ def main() -> None:
     torch.manual_seed(0)
     start = time.time()
     tok = AutoTokenizer.from_pretrained(TARGET)
-    models = {p.name: AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32).eval() for p in (TARGET, DRAFT)}
+    models = {
+        p.name: AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32).eval() for p in (TARGET, DRAFT, MOE)
+    }
     target, draft = models[TARGET.name], models[DRAFT.name]
     stats = json.loads((MODELS / "training.json").read_text())
     docs = heldout_documents(tok)
@@ -145,20 +165,21 @@ def main() -> None:
     table = model_table(models, stats, ppl)
     files = "\n".join(
         f"| `{f.relative_to(DATA.parent)}` | {f.stat().st_size:,} |"
-        for p in (TARGET, DRAFT) for f in sorted(p.iterdir())
+        for p in (TARGET, DRAFT, MOE) for f in sorted(p.iterdir())
     )
     samples = "\n\n".join(
         f"**`{name}`**\n\n" + "\n".join(f"- **{p}**{c}" for p, c in conts) for name, conts in continuations.items()
     )
     chat_lines = "\n".join(f"- user: *{q}*  \n  assistant: {a}" for q, a in chats)
     ratio = stats["draft"]["parameters"] / stats["target"]["parameters"]
+    moe = models[MOE.name].config
     readme = f"""# Embedded models
 
 `data/` trains, and `minivllm/data/models/` holds (as package data), the models every offline
 chapter, test and CI job uses: a small
 Llama-architecture **target** model and a **draft** model for speculative
-decoding, both trained by this project from scratch on a synthetic corpus of
-simple children's stories and short chats (`data/corpus.py`). Nothing is
+decoding, and a small **mixture of experts** (chapter 14), all trained by this project from scratch
+on a synthetic corpus of simple children's stories and short chats (`data/corpus.py`). Nothing is
 downloaded; the whole folder is rebuilt by one command.
 
 Everything below is written by `data/evaluate.py`; do not edit it by hand.
@@ -166,12 +187,19 @@ Everything below is written by `data/evaluate.py`; do not edit it by hand.
 ## Rebuild
 
 ```bash
-{REBUILD}    # corpus -> tokenizer -> target -> draft -> evaluation, log in data/build.log
+{REBUILD}    # corpus -> tokenizer -> target -> draft -> moe -> evaluation, log in data/build.log
 ```
 
 {table}
 
 - Draft size: {ratio:.1%} of the target's parameters.
+- `{MOE.name}` is a `Qwen3MoeForCausalLM` trained by `python data/train.py moe` (transformers' own model and
+  its load-balancing loss, coefficient {moe.router_aux_loss_coef}; the loss in the table is the language-model
+  part), with the target's tokenizer on the same corpus: {moe.num_experts} experts per layer, {moe.num_experts_per_tok}
+  chosen per token (`norm_topk_prob`: their weights rescaled to sum to 1), each expert half the draft's MLP
+  width, so one token runs through as many parameters as the draft while the model holds
+  {stats["moe"]["parameters"] / stats["draft"]["parameters"]:.1f}x as many. Its training is sized to about
+  10 minutes of a busy 2-core CPU (a quarter of the draft's tokens).
 - Training machine (recorded by `data/train.py`): {stats["target"]["machine"]}.
 - Held-out perplexity: {len(docs)} documents ({HELDOUT_STORIES} stories and {HELDOUT_CHATS} chats) from
   the generator with seed {HELDOUT_SEED} (training used another seed), BOS ... EOS as in training.

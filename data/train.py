@@ -1,11 +1,16 @@
-"""Train the embedded tokenizer and the two Llama models on the generated corpus.
+"""Train the embedded tokenizer, the two Llama models and the small mixture of experts on the generated corpus.
 
 Plain PyTorch on purpose: the whole recipe (packing, AdamW, cosine schedule) fits
 on one screen and runs on a 2-core CPU in well under an hour. Every random
 choice is seeded, so a rebuild gives the same weights up to floating-point
 non-determinism of the CPU kernels.
 
-Usage: ``python data/train.py {tokenizer,target,draft}`` (``data/build.py`` runs all).
+The MoE (``minivllm-tiny-moe``, a Qwen3-MoE with 8 experts, 2 per token) has the draft's shapes
+except that each layer's MLP is 8 experts of half the draft's MLP width: a token runs through 2 of
+them, so its *active* parameters are the draft's, its total several times more. Chapter 14 races
+the two. It is trained with transformers' load-balancing loss, as Qwen3-MoE was.
+
+Usage: ``python data/train.py {tokenizer,target,draft,moe}`` (``data/build.py`` runs all).
 """
 
 from __future__ import annotations
@@ -24,7 +29,15 @@ from pathlib import Path
 import torch
 from corpus import TRAIN_SEED, generate_chats, generate_corpus
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import (
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
 
 DATA = Path(__file__).resolve().parent
 MODELS = DATA.parent / "minivllm" / "data" / "models"  # shipped in the package: LLM() finds them installed
@@ -57,11 +70,21 @@ class Recipe:
     warmup: int = 100
     weight_decay: float = 0.1
     seed: int = 0
+    # mixture of experts (0 experts: a dense Llama)
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    router_aux_loss_coef: float = 0.01
 
 
 RECIPES = {
     "target": Recipe("minivllm-tiny", 256, 768, 6, 8, 4, steps=1500, lr=2e-3),
     "draft": Recipe("minivllm-tiny-draft", 128, 384, 2, 4, 2, steps=1000, lr=3e-3),
+    # intermediate_size is each expert's: 2 of 8 experts x 192 = the draft's 384 per token. Sized to about
+    # 10 minutes of a busy 2-core CPU (a quarter of the draft's tokens: shorter sequences, fewer steps).
+    "moe": Recipe(
+        "minivllm-tiny-moe", 128, 192, 2, 4, 2, steps=560, lr=3e-3, seq_len=128, warmup=50,
+        num_experts=8, num_experts_per_tok=2,
+    ),
 }
 
 
@@ -122,13 +145,11 @@ def batches(docs: list[list[int]], r: Recipe) -> torch.Tensor:
     return stream.view(r.steps, r.batch_size, r.seq_len)
 
 
-def train_model(r: Recipe, tok: PreTrainedTokenizerFast) -> dict[str, float | int | str]:
-    """Train one LlamaForCausalLM from scratch and save it (fp16) with the tokenizer."""
-    torch.manual_seed(r.seed)
-    config = LlamaConfig(
+def build_model(r: Recipe, tok: PreTrainedTokenizerFast) -> PreTrainedModel:
+    """A freshly initialised LlamaForCausalLM, or Qwen3MoeForCausalLM when the recipe has experts."""
+    common = dict(
         vocab_size=len(tok),
         hidden_size=r.hidden_size,
-        intermediate_size=r.intermediate_size,
         num_hidden_layers=r.num_hidden_layers,
         num_attention_heads=r.num_attention_heads,
         num_key_value_heads=r.num_key_value_heads,
@@ -141,7 +162,28 @@ def train_model(r: Recipe, tok: PreTrainedTokenizerFast) -> dict[str, float | in
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
     )
-    model = LlamaForCausalLM(config)
+    if not r.num_experts:
+        return LlamaForCausalLM(LlamaConfig(intermediate_size=r.intermediate_size, **common))
+    config = Qwen3MoeConfig(
+        moe_intermediate_size=r.intermediate_size,
+        intermediate_size=r.intermediate_size * r.num_experts_per_tok,  # unused: every layer is sparse
+        num_experts=r.num_experts,
+        num_experts_per_tok=r.num_experts_per_tok,
+        norm_topk_prob=True,  # the chosen experts' weights are rescaled to sum to 1 (Qwen3-MoE's release)
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        output_router_logits=True,  # training adds router_aux_loss_coef x the load-balancing loss
+        router_aux_loss_coef=r.router_aux_loss_coef,
+        attention_bias=False,
+        **common,
+    )
+    return Qwen3MoeForCausalLM(config)
+
+
+def train_model(r: Recipe, tok: PreTrainedTokenizerFast) -> dict[str, float | int | str]:
+    """Train one model from scratch and save it (fp16) with the tokenizer."""
+    torch.manual_seed(r.seed)
+    model = build_model(r, tok)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"{r.name}: {n_params:,} parameters, {asdict(r)}")
     data = batches(training_documents(tok), r)
@@ -173,12 +215,15 @@ def train_model(r: Recipe, tok: PreTrainedTokenizerFast) -> dict[str, float | in
     for step in range(first, r.steps):
         for group in opt.param_groups:
             group["lr"] = lr_at(step)
-        loss = model(input_ids=data[step], labels=data[step]).loss
-        loss.backward()
+        out = model(input_ids=data[step], labels=data[step])
+        out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        running = loss.item() if step == 0 else 0.98 * running + 0.02 * loss.item()
+        # the MoE's loss includes router_aux_loss_coef x the load-balancing loss: log the language-model part
+        aux = getattr(out, "aux_loss", None)
+        lm_loss = out.loss.item() - (r.router_aux_loss_coef * aux.item() if aux is not None else 0.0)
+        running = lm_loss if step == 0 else 0.98 * running + 0.02 * lm_loss
         if step % 50 == 0 or step == r.steps - 1:
             elapsed = time.time() - start
             eta = (time.time() - start - before) / (step + 1 - first) * (r.steps - step - 1)
@@ -192,6 +237,7 @@ def train_model(r: Recipe, tok: PreTrainedTokenizerFast) -> dict[str, float | in
     seconds = time.time() - start
     out, staging = MODELS / r.name, MODELS / f".{r.name}.tmp"
     shutil.rmtree(staging, ignore_errors=True)
+    model.config.output_router_logits = False  # the load-balancing loss was for training: inference skips it
     model.to(torch.float16).save_pretrained(staging)
     save_tokenizer(tok, staging)
     shutil.rmtree(out, ignore_errors=True)  # swap in the new folder only once it is complete,
@@ -230,7 +276,8 @@ def main(stage: str) -> None:
         save_tokenizer(tok, TOKENIZER_DIR)
         log(f"tokenizer: {len(tok)} tokens in {time.time() - start:.1f} s -> {TOKENIZER_DIR}")
         return
-    tok = AutoTokenizer.from_pretrained(TOKENIZER_DIR)
+    # the MoE shares the target's tokenizer; a checkout without the staging copy reads the shipped one
+    tok = AutoTokenizer.from_pretrained(TOKENIZER_DIR if TOKENIZER_DIR.exists() else MODELS / RECIPES["target"].name)
     stats = json.loads(STATS.read_text()) if STATS.exists() else {}
     stats[stage] = train_model(RECIPES[stage], tok) | {"machine": machine()}
     STATS.write_text(json.dumps(stats, indent=2) + "\n")

@@ -33,6 +33,8 @@ from minivllm.sampling.logits_processor import load_logits_processor_classes
 # package data (pyproject.toml): a checkout and an installed wheel find the embedded models alike
 DEFAULT_MODEL = Path(__file__).resolve().parent / "data" / "models" / "minivllm-tiny"
 DEFAULT_DRAFT_MODEL = DEFAULT_MODEL.parent / "minivllm-tiny-draft"  # its speculative partner
+# a Qwen3-MoE (8 experts, 2 per token) as active per token as the draft (chapter 14)
+DEFAULT_MOE_MODEL = DEFAULT_MODEL.parent / "minivllm-tiny-moe"
 # speculative_model's name for n-gram (prompt lookup) drafting: no draft model at all
 NGRAM = "[ngram]"
 

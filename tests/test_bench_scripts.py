@@ -32,3 +32,15 @@ def test_gpu_check_parses_and_says_when_there_is_no_gpu(tmp_path):
     run = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "GPU_CHECK_RESULTS": str(results)})
     assert run.returncode == 2 and "no CUDA GPU" in run.stderr and not results.exists()
+
+
+def test_moe_decode_smoke_run():
+    """bench/moe_decode.py with --smoke (8 tokens, no figures kept): both engines decode the embedded MoE, and the
+    bytes column comes from the trace: batch 1 reads exactly k of E experts per layer."""
+    run = subprocess.run([sys.executable, str(BENCH / "moe_decode.py"), "--smoke", "--batches", "1", "4"],
+                         capture_output=True, text=True, timeout=300, cwd=BENCH.parent,
+                         env={**os.environ, "PYTHONPATH": str(BENCH.parent)})
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = [line.split() for line in run.stdout.splitlines() if line.split() and line.split()[0] in ("1", "4")]
+    assert [r[0] for r in rows] == ["1", "4"], run.stdout
+    assert rows[0][4:6] == ["2.00", "2.00"] and rows[0][-1] == "25.0%", run.stdout  # 2 of 8 experts per layer

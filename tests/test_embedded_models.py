@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 MODELS = Path(__file__).resolve().parents[1] / "minivllm" / "data" / "models"
 TARGET, DRAFT = MODELS / "minivllm-tiny", MODELS / "minivllm-tiny-draft"
+MOE = MODELS / "minivllm-tiny-moe"
 PROMPTS = ["Hi, my name is", "Today is a beautiful summer day", "Hello there"]
 
 
@@ -26,7 +27,7 @@ def tok() -> PreTrainedTokenizerBase:
 
 @pytest.fixture(scope="module")
 def models() -> dict[str, PreTrainedModel]:
-    return {p.name: AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32).eval() for p in (TARGET, DRAFT)}
+    return {p.name: AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32).eval() for p in (TARGET, DRAFT, MOE)}
 
 
 def greedy_text(model: PreTrainedModel, tok: PreTrainedTokenizerBase, ids: list[int], n: int) -> tuple[str, list[int]]:
@@ -47,10 +48,28 @@ def test_models_load_as_llama_with_gqa(models: dict[str, PreTrainedModel], tok: 
     assert n_draft * 4 <= n_target
 
 
-def test_draft_ships_the_same_tokenizer(tok: PreTrainedTokenizerBase) -> None:
-    draft_tok = AutoTokenizer.from_pretrained(DRAFT)
-    assert draft_tok.get_vocab() == tok.get_vocab()
-    assert draft_tok.chat_template == tok.chat_template
+def test_moe_is_a_qwen3_moe_as_active_as_the_draft(models: dict[str, PreTrainedModel]) -> None:
+    """8 experts, 2 per token, renormalised, each half the draft's MLP width: a token runs through the draft's
+    MLP size (chapter 14 races the two), the model holds 4x the MLP weights."""
+    moe, draft = models[MOE.name], models[DRAFT.name]
+    c = moe.config
+    assert c.model_type == "qwen3_moe" and (c.num_experts, c.num_experts_per_tok, c.norm_topk_prob) == (8, 2, True)
+    assert not c.output_router_logits  # the load-balancing loss was for training
+    assert c.decoder_sparse_step == 1 and not c.mlp_only_layers  # every layer is sparse
+    assert c.num_experts_per_tok * c.moe_intermediate_size == draft.config.intermediate_size
+    for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size"):
+        assert getattr(c, name) == getattr(draft.config, name), name
+    experts = sum(p.numel() for n, p in moe.named_parameters() if ".experts." in n)
+    active = sum(p.numel() for p in moe.parameters()) - experts + experts * 2 // 8
+    router_and_norms = c.num_hidden_layers * (c.num_experts * c.hidden_size + 2 * c.head_dim)
+    assert active == sum(p.numel() for p in draft.parameters()) + router_and_norms
+
+
+@pytest.mark.parametrize("other", [DRAFT, MOE], ids=["draft", "moe"])
+def test_every_model_ships_the_same_tokenizer(tok: PreTrainedTokenizerBase, other: Path) -> None:
+    other_tok = AutoTokenizer.from_pretrained(other)
+    assert other_tok.get_vocab() == tok.get_vocab()
+    assert other_tok.chat_template == tok.chat_template
 
 
 def test_tokenizer_prepends_bos_and_has_eos(tok: PreTrainedTokenizerBase) -> None:
@@ -71,7 +90,7 @@ def test_chat_template_renders(tok: PreTrainedTokenizerBase) -> None:
     assert tok.convert_tokens_to_ids("<|assistant|>") in ids
 
 
-@pytest.mark.parametrize("name", [TARGET.name, DRAFT.name])
+@pytest.mark.parametrize("name", [TARGET.name, DRAFT.name, MOE.name])
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_generation_is_english(
     models: dict[str, PreTrainedModel], tok: PreTrainedTokenizerBase, name: str, prompt: str
@@ -92,7 +111,7 @@ def test_chat_answer_stops_at_eos(models: dict[str, PreTrainedModel], tok: PreTr
 
 
 # --- minivllm vs transformers ------------------------------------------------------------------
-@pytest.mark.parametrize("name", [TARGET.name, DRAFT.name])
+@pytest.mark.parametrize("name", [TARGET.name, DRAFT.name, MOE.name])
 def test_minivllm_greedy_equals_transformers(models: dict[str, PreTrainedModel], tok: PreTrainedTokenizerBase,
                                               name: str) -> None:
     """Token for token, for the seed prompts in one batch, with chunked prefill and preemption in play."""

@@ -28,6 +28,7 @@ from minivllm.exercises import (
     ch11,
     ch12,
     ch13,
+    ch14,
 )
 from minivllm.exercises.common import for_all_workloads, run_workload
 from minivllm.hooks import EngineHooks
@@ -141,6 +142,37 @@ def kv_heads_not_replicated(num_heads, num_kv_heads, head_dim, tp_size, rank):
             *range(v, v + kv * head_dim)]
 
 
+def route_smallest(router_logits, top_k, renormalize):  # topk(largest=False)
+    probs = torch.softmax(router_logits.float(), dim=-1)
+    weights, ids = probs.topk(top_k, dim=-1, largest=False)
+    return (weights / weights.sum(-1, keepdim=True) if renormalize else weights), ids
+
+
+def route_never_renormalises(router_logits, top_k, renormalize):
+    return torch.softmax(router_logits.float(), dim=-1).topk(top_k, dim=-1)
+
+
+def route_softmax_over_the_k(router_logits, top_k, renormalize):  # Mixtral's form, also where it is wrong
+    logits, ids = router_logits.float().topk(top_k, dim=-1)
+    return torch.softmax(logits, dim=-1), ids
+
+
+def route_logits_as_weights(router_logits, top_k, renormalize):
+    return router_logits.float().topk(top_k, dim=-1)
+
+
+def route_wrong_only_in_the_engine(router_logits, top_k, renormalize):
+    """Right on the synthetic cases; in the engine's forward (inference tensors) token 0's weights are
+    swapped, as a slip would: only the engine check can catch it, and it must name the layer and token."""
+    weights, ids = torch.softmax(router_logits.float(), dim=-1).topk(top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(-1, keepdim=True)
+    if router_logits.is_inference():
+        weights = weights.clone()
+        weights[0] = weights[0].flip(0)
+    return weights, ids
+
+
 def logical_as_physical(block_table, positions, block_size):
     return positions // block_size, positions % block_size  # forgot to look the block up
 
@@ -210,6 +242,7 @@ EXERCISES = {  # name: (checker, its fast arguments, solution module, solution n
     "ch11": (ch11.check_preempt_victim, {}, "ch11_preempt_victim", "my_preempt_victim", stub),
     "ch12": (ch12.check_int8_quantize, {}, "ch12_int8_quantize", "my_quantize", stub),
     "ch13": (ch13.check_qkv_rows, {"max_ranks": 4}, "ch13_qkv_rows", "my_qkv_rows", stub),
+    "ch14": (ch14.check_route, {"max_tokens": 4}, "ch14_route", "my_route", stub),
 }
 MISTAKES = [  # (exercise, planted mistake, words the verdict must contain)
     ("ch01", lifo_for_preempted, "goes back to the head"),
@@ -233,6 +266,11 @@ MISTAKES = [  # (exercise, planted mistake, words the verdict must contain)
     ("ch12", truncates, "round(w / scale)"),
     ("ch12", no_zero_row_guard, "tiny positive scale"),
     ("ch13", kv_heads_not_replicated, "replicated on tp_size / num_kv_heads ranks"),
+    ("ch14", route_smallest, "Yours are the k *smallest*"),
+    ("ch14", route_never_renormalises, "each token's k weights sum to 1; yours sum to"),
+    ("ch14", route_softmax_over_the_k, "or took the softmax over the k chosen logits only"),
+    ("ch14", route_logits_as_weights, "Those are the raw logits"),
+    ("ch14", route_wrong_only_in_the_engine, "MoE layer 0 (9 tokens), token 0: with your routing"),
 ]
 
 

@@ -10,6 +10,16 @@ ipywidgets.
 
 from minivllm.widgets.blocks import BlockCell, block_table_figure, block_table_html, pool_cells
 from minivllm.widgets.colors import request_colors, request_ids
+from minivllm.widgets.experts import (
+    MoeTraffic,
+    expert_bytes_read,
+    expert_load_figure,
+    experts_touched,
+    imbalance,
+    moe_traffic,
+    router_choices_html,
+    traffic_html,
+)
 from minivllm.widgets.figures import figure_png, show
 from minivllm.widgets.graphs import graph_batch_html
 from minivllm.widgets.journey import step_html
@@ -45,11 +55,12 @@ def __getattr__(name: str):
 
 
 __all__ = ["Arrival", "BlockCell", "BlockTableViewer", "DetokStep", "DetokenizerStepper",
-           "ForkRow", "JourneyStepper", "Occupancy", "Recording", "SpecRound",
+           "ForkRow", "JourneyStepper", "MoeTraffic", "Occupancy", "Recording", "SpecRound",
            "SpeculationStepper", "TileRead", "Timeline", "block_table_figure", "block_table_html",
-           "detok_html", "detok_steps", "figure_png", "fork_html", "fork_rows",
-           "graph_batch_html", "host_share", "kernel_walk_figure", "kv_occupancy", "new_steps",
-           "pieces_html", "pool_cells", "relabel_requests", "request_colors", "request_ids",
-           "run_arrivals", "show", "spec_rounds", "speculation_html", "step_html",
-           "step_time_breakdown", "step_time_figure", "swap_totals", "timeline",
-           "timeline_figure", "token_bytes"]
+           "detok_html", "detok_steps", "expert_bytes_read", "expert_load_figure",
+           "experts_touched", "figure_png", "fork_html", "fork_rows", "graph_batch_html",
+           "host_share", "imbalance", "kernel_walk_figure", "kv_occupancy", "moe_traffic",
+           "new_steps", "pieces_html", "pool_cells", "relabel_requests", "request_colors",
+           "request_ids", "router_choices_html", "run_arrivals", "show", "spec_rounds",
+           "speculation_html", "step_html", "step_time_breakdown", "step_time_figure",
+           "swap_totals", "timeline", "timeline_figure", "token_bytes", "traffic_html"]
