@@ -48,3 +48,77 @@ def test_a_shape_that_disagrees_is_refused():
         cpu_gguf.gguf_linear(torch.randn(1, 96), blocks, cpu_gguf.Q8_0, 8)
     with pytest.raises(RuntimeError, match="not one of"):
         cpu_gguf.gguf_linear(torch.randn(1, 64), blocks, 12, 8)
+
+
+# --- a GGUF file loaded on the cpu platform keeps its blocks --------------------------------------------------
+
+SIZES = dict(intermediate_size=128, num_hidden_layers=2)  # hidden 64, q 64, k/v 32: whole blocks of 32
+
+
+@pytest.fixture(scope="module")
+def mixed_gguf(tmp_path_factory):
+    """A tiny Llama with a tied embedding as a GGUF file of several types: attention Q4_0, MLP Q8_0, layer 1's
+    gate Q4_1 (its fused gate/up differs: dequantized), layer 0's v Q8_0 (q/k/v differs), token_embd Q8_0."""
+    from tests.conftest import EMBEDDED, build_checkpoint
+
+    root = tmp_path_factory.mktemp("gguf-cpu")
+    model = build_checkpoint("llama", root / "float", vocab_size=1834, bos_token_id=1, eos_token_id=2,
+                             tie_word_embeddings=True, **SIZES)
+    from minivllm.quantization.gguf import write_gguf
+
+    types = {"blk.1.ffn_gate.weight": "Q4_1", "blk.0.attn_v.weight": "Q8_0", "token_embd.weight": "Q8_0",
+             "blk.1.ffn_down.weight": "Q4_1"}
+    write_gguf(root / "tiny-mixed.gguf", model, EMBEDDED, types=types)
+    return root / "tiny-mixed.gguf"
+
+
+def test_a_gguf_file_keeps_its_blocks_and_matches_transformers(mixed_gguf):
+    pytest.importorskip("accelerate")  # transformers' own GGUF loading needs it
+    import transformers as tf
+
+    from minivllm import LLM, SamplingParams
+    from minivllm.quantization import held_bytes
+    from tests.conftest import hf_greedy
+
+    llm = LLM(str(mixed_gguf), dtype="float32", num_kv_blocks=64)
+    model = llm.engine.runner.model
+    layer0, layer1 = model.model.layers
+    kept = {"layer 0 o": layer0.self_attn.o_proj, "layer 0 gate/up": layer0.mlp.gate_up_proj,
+            "layer 0 down": layer0.mlp.down_proj, "layer 1 q/k/v": layer1.self_attn.qkv_proj,
+            "layer 1 down": layer1.mlp.down_proj, "tied head": model.lm_head}
+    types = {name: layer.ggml_type for name, layer in kept.items()}
+    assert types == {"layer 0 o": cpu_gguf.Q4_0, "layer 0 gate/up": cpu_gguf.Q8_0, "layer 0 down": cpu_gguf.Q8_0,
+                     "layer 1 q/k/v": cpu_gguf.Q4_0, "layer 1 down": cpu_gguf.Q4_1, "tied head": cpu_gguf.Q8_0}
+    assert all(layer.weight.dtype == torch.uint8 for layer in kept.values())
+    # shards of two types: dequantized at load
+    assert layer0.self_attn.qkv_proj.weight.dtype == layer1.mlp.gate_up_proj.weight.dtype == torch.float32
+    assert model.model.embed_tokens.weight is model.lm_head.weight  # rows looked up in the head's blocks
+
+    file_bytes = sum(t.n_bytes for t in gguf.GGUFReader(mixed_gguf).tensors)
+    dequantized = 4 * (layer0.self_attn.qkv_proj.weight.numel() + layer1.mlp.gate_up_proj.weight.numel())
+    blocks_in_file = file_bytes - sum(t.n_bytes for t in gguf.GGUFReader(mixed_gguf).tensors
+                                      if t.name in ("blk.0.attn_q.weight", "blk.0.attn_k.weight",
+                                                    "blk.0.attn_v.weight", "blk.1.ffn_gate.weight",
+                                                    "blk.1.ffn_up.weight"))
+    rotary = sum(b.numel() * b.element_size() for b in model.model.rotary_emb.buffers())
+    assert held_bytes(model) - rotary == blocks_in_file + dequantized
+
+    hf_tok = tf.AutoTokenizer.from_pretrained(mixed_gguf.parent, gguf_file=mixed_gguf.name)
+    hf = tf.AutoModelForCausalLM.from_pretrained(mixed_gguf.parent, gguf_file=mixed_gguf.name,
+                                                 dtype=torch.float32).eval()
+    texts = ["Hi, my name is", "Today is a beautiful summer day"]
+    prompts = [hf_tok(t).input_ids for t in texts]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    outs = llm.generate(texts, params, use_tqdm=False)
+    assert [o.prompt_token_ids for o in outs] == prompts
+    assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(hf, p, 16) for p in prompts]
+
+
+def test_the_reference_platform_dequantizes_a_gguf_file(mixed_gguf, monkeypatch):
+    from minivllm import LLM
+
+    monkeypatch.setenv("MINIVLLM_PLATFORM", "reference")
+    llm = LLM(str(mixed_gguf), dtype="float32", num_kv_blocks=64)
+    layers = llm.engine.runner.model.model.layers
+    assert llm.engine.runner.platform.linear.gguf is None
+    assert layers[0].self_attn.o_proj.weight.dtype == torch.float32
