@@ -10,29 +10,51 @@ from minivllm.quantization import cpu_gguf
 
 gguf = pytest.importorskip("gguf")
 pytestmark = pytest.mark.skipif(not extension_built(), reason="no compiler: the C++ kernels are not built")
-TYPES = {"Q8_0": cpu_gguf.Q8_0, "Q4_0": cpu_gguf.Q4_0, "Q4_1": cpu_gguf.Q4_1}
+TYPES = {"Q8_0": cpu_gguf.Q8_0, "Q4_0": cpu_gguf.Q4_0, "Q4_1": cpu_gguf.Q4_1, "Q4_K": cpu_gguf.Q4_K,
+         "Q6_K": cpu_gguf.Q6_K}
+SUPER = ("Q4_K", "Q6_K")  # 256 weights per super-block: a row needs whole super-blocks
+
+
+def random_super_blocks(name: str, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Q4_K / Q6_K blocks of random bytes (every bit pattern is a valid code) with finite fp16 scales: the gguf
+    package only dequantizes these formats."""
+    weights, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]]
+    blocks = rng.integers(0, 256, (n, k // weights, nbytes), dtype=np.uint8)
+    scales = rng.uniform(0.001, 0.02, (n, k // weights, 2)).astype(np.float16).view(np.uint8)
+    if name == "Q4_K":  # d, dmin lead the block
+        blocks[..., 0:4] = scales.reshape(n, k // weights, 4)
+    else:  # Q6_K: d ends it
+        blocks[..., 208:210] = scales[..., :2]
+    return blocks.reshape(n, -1)
 
 
 def quantized(name: str, n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random weights quantized by the gguf package: (blocks, the package's own dequantization)."""
-    weights = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32)
+    """Random weights quantized by the gguf package (random blocks for Q4_K/Q6_K): (blocks, the package's own
+    dequantization)."""
+    rng = np.random.default_rng(seed)
     kind = gguf.GGMLQuantizationType[name]
-    blocks = gguf.quants.quantize(weights, kind)
+    if name in SUPER:
+        blocks = random_super_blocks(name, n, k, rng)
+    else:
+        blocks = gguf.quants.quantize(rng.standard_normal((n, k)).astype(np.float32), kind)
     return torch.from_numpy(blocks.copy()), torch.from_numpy(gguf.quants.dequantize(blocks, kind).copy())
 
 
 @pytest.mark.parametrize("name", TYPES)
 def test_dequantize_equals_the_gguf_package(name):
-    blocks, expected = quantized(name, 40, 96)
-    assert blocks.shape[1] == 96 // 32 * cpu_gguf.BLOCK_BYTES[TYPES[name]]
-    assert torch.equal(cpu_gguf.dequantize(blocks, TYPES[name], 40, 96), expected)
+    k = 512 if name in SUPER else 96
+    blocks, expected = quantized(name, 40, k)
+    weights, nbytes = cpu_gguf.BLOCKS[TYPES[name]]
+    assert blocks.shape[1] == k // weights * nbytes == gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]][1] * (
+        k // weights)
+    assert torch.equal(cpu_gguf.dequantize(blocks, TYPES[name], 40, k), expected)
 
 
 @pytest.mark.parametrize("name", TYPES)
 @pytest.mark.parametrize("rows", [1, 3, 8, 9, 33])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_linear_equals_dequantized_matmul(name, rows, dtype):
-    n, k = 100, 160  # outputs not a multiple of 16 (the parallel chunk), 5 blocks per row
+    n, k = 100, 768 if name in SUPER else 160  # outputs not a multiple of 16 (the parallel chunk), 3 or 5 blocks
     blocks, weight = quantized(name, n, k, seed=rows)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(1)).to(dtype)
     got = cpu_gguf.gguf_linear(x, blocks, TYPES[name], n)
@@ -47,7 +69,7 @@ def test_a_shape_that_disagrees_is_refused():
     with pytest.raises(RuntimeError, match="do not hold"):
         cpu_gguf.gguf_linear(torch.randn(1, 96), blocks, cpu_gguf.Q8_0, 8)
     with pytest.raises(RuntimeError, match="not one of"):
-        cpu_gguf.gguf_linear(torch.randn(1, 64), blocks, 12, 8)
+        cpu_gguf.gguf_linear(torch.randn(1, 64), blocks, 13, 8)  # Q5_K: no kernel
 
 
 # --- a GGUF file loaded on the cpu platform keeps its blocks --------------------------------------------------

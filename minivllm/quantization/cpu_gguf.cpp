@@ -4,6 +4,11 @@
 // its high nibble weight j + 16. A decode step reads each block once: its 32 weights widen to two vectors of
 // 16 floats, multiply the input's 32 values, and the block's sum is scaled by d. The offsets fold into one
 // scalar per block: d (q - 8) . x = d (q . x) - 8 d sum(x), and m's term is m sum(x).
+//
+// The "K" formats (Q4_K, Q6_K: what most downloaded files hold) group 256 weights into a super-block whose
+// sub-blocks carry small integer scales, themselves scaled by the super-block's fp16 d (super_block_weights
+// spells each layout out). A super-block is unpacked to 256 floats on the stack (in L1: the loops vectorize at
+// -O3) and then multiplied by every row of x, so the unpacking is paid once per weight per call.
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -17,8 +22,9 @@
 
 namespace {
 
-constexpr int64_t kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8;  // ggml's type ids
-constexpr int64_t kBlock = 32;                       // weights per block, every format here
+constexpr int64_t kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14;  // ggml's type ids
+constexpr int64_t kBlock = 32;                       // weights per block of Q8_0, Q4_0, Q4_1
+constexpr int64_t kSuper = 256;                      // weights per super-block of Q4_K, Q6_K
 constexpr int64_t kRows = 8;                         // rows of x multiplied per pass over a weight row
 
 int64_t block_bytes(int64_t type) {
@@ -26,9 +32,14 @@ int64_t block_bytes(int64_t type) {
     case kQ4_0: return 18;
     case kQ4_1: return 20;
     case kQ8_0: return 34;
+    case kQ4_K: return 144;  // fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles
+    case kQ6_K: return 210;  // 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales, fp16 d
   }
-  TORCH_CHECK(false, "GGUF type ", type, " is not one of Q4_0 (2), Q4_1 (3), Q8_0 (8)");
+  TORCH_CHECK(false, "GGUF type ", type, " is not one of Q4_0 (2), Q4_1 (3), Q8_0 (8), Q4_K (12), Q6_K (14)");
 }
+
+bool is_super(int64_t type) { return type == kQ4_K || type == kQ6_K; }
+int64_t block_weights(int64_t type) { return is_super(type) ? kSuper : kBlock; }
 
 inline float half_at(const uint8_t* p) {
   uint16_t bits;
@@ -50,6 +61,87 @@ inline void block_values(int64_t type, const uint8_t* block, float* out) {
   for (int j = 0; j < kBlock / 2; ++j) {
     out[j] = nibbles[j] & 0x0F;
     out[j + kBlock / 2] = nibbles[j] >> 4;
+  }
+}
+
+// Q4_K's eight sub-blocks of 32 weights each have a 6-bit scale and a 6-bit min, packed into 12 bytes: sub-blocks
+// 0-3 keep theirs in the low 6 bits of bytes 0-3 (scales) and 4-7 (mins); sub-blocks 4-7 keep their low 4 bits in
+// the nibbles of bytes 8-11 and their top 2 bits in the spare top bits of bytes 0-3 (scales) and 4-7 (mins).
+inline void q4_k_scale_min(const uint8_t* packed, int j, int& scale, int& min) {
+  if (j < 4) {
+    scale = packed[j] & 63;
+    min = packed[j + 4] & 63;
+  } else {
+    scale = (packed[j + 4] & 0x0F) | ((packed[j - 4] >> 6) << 4);
+    min = (packed[j + 4] >> 4) | ((packed[j] >> 6) << 4);
+  }
+}
+
+// One super-block of 256 weights as floats, exactly as llama.cpp dequantizes it.
+//   Q4_K: w = d scale_j q - dmin min_j for sub-block j of 32; the nibbles come in runs of 32 bytes, each run
+//         holding two sub-blocks: low nibbles the first 32 weights, high nibbles the next 32.
+//   Q6_K: w = d scale_i (q - 32), q 6 bits, scale_i an int8 per 16 weights. Each 128 weights read 64 bytes of
+//         low nibbles (ql) and 32 bytes of high pairs (qh): weight l, l + 32, l + 64, l + 96 (l < 32) take ql[l]'s
+//         low, ql[l + 32]'s low, ql[l]'s high, ql[l + 32]'s high nibble, and bits 0-1, 2-3, 4-5, 6-7 of qh[l].
+inline void super_block_weights(int64_t type, const uint8_t* block, float* out) {
+  if (type == kQ4_K) {
+    const float d = half_at(block), dmin = half_at(block + 2);
+    const uint8_t *packed = block + 4, *q = block + 16;
+    for (int run = 0; run < 4; ++run, q += 32, out += 64) {
+      int scale_low, min_low, scale_high, min_high;
+      q4_k_scale_min(packed, 2 * run, scale_low, min_low);
+      q4_k_scale_min(packed, 2 * run + 1, scale_high, min_high);
+      const float d_low = d * scale_low, m_low = dmin * min_low, d_high = d * scale_high, m_high = dmin * min_high;
+      for (int l = 0; l < 32; ++l) out[l] = d_low * (q[l] & 0x0F) - m_low;
+      for (int l = 0; l < 32; ++l) out[l + 32] = d_high * (q[l] >> 4) - m_high;
+    }
+    return;
+  }
+  const uint8_t *ql = block, *qh = block + 128;
+  const int8_t* scales = reinterpret_cast<const int8_t*>(block + 192);
+  const float d = half_at(block + 208);
+  for (int half = 0; half < 2; ++half, ql += 64, qh += 32, scales += 8, out += 128) {
+    for (int part = 0; part < 4; ++part) {  // weights 32 part + l: ql[l] (part 0, 2) or ql[l + 32] (1, 3)
+      const uint8_t* low = ql + 32 * (part % 2);
+      const int low_shift = 4 * (part / 2), high_shift = 2 * part;
+      for (int group = 0; group < 2; ++group) {  // 16 weights per scale: loops of 16 that vectorize
+        const float scale = d * scales[2 * part + group];
+        for (int l = 16 * group; l < 16 * group + 16; ++l)
+          out[32 * part + l] = scale * ((((low[l] >> low_shift) & 0x0F) | (((qh[l] >> high_shift) & 3) << 4)) - 32);
+      }
+    }
+  }
+}
+
+// rows [first, last) of W in a K format for `rows` rows of x: each super-block unpacked once, then 256 fused
+// multiply-adds per row of x
+void multiply_rows_super(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t blocks, const float* x,
+                         int64_t k, int rows, float* y, int64_t n, int64_t first, int64_t last) {
+  const int64_t bytes = block_bytes(type);
+  alignas(64) float weights[kSuper];
+  for (int64_t o = first; o < last; ++o) {
+    const uint8_t* row = w + o * row_bytes;
+#ifdef __AVX512F__
+    __m512 acc[kRows];
+    for (int r = 0; r < rows; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < blocks; ++b) {
+      super_block_weights(type, row + b * bytes, weights);
+      for (int r = 0; r < rows; ++r) {
+        const float* xb = x + r * k + b * kSuper;
+        for (int j = 0; j < kSuper; j += 16)
+          acc[r] = _mm512_fmadd_ps(_mm512_load_ps(weights + j), _mm512_loadu_ps(xb + j), acc[r]);
+      }
+    }
+    for (int r = 0; r < rows; ++r) y[r * n + o] = _mm512_reduce_add_ps(acc[r]);
+#else
+    float acc[kRows] = {};
+    for (int64_t b = 0; b < blocks; ++b) {
+      super_block_weights(type, row + b * bytes, weights);
+      for (int r = 0; r < rows; ++r)
+        for (int j = 0; j < kSuper; ++j) acc[r] += weights[j] * x[r * k + b * kSuper + j];
+    }
+    for (int r = 0; r < rows; ++r) y[r * n + o] = acc[r];
+#endif
   }
 }
 
@@ -115,7 +207,8 @@ void multiply_rows(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t bl
 void check(const at::Tensor& blocks, int64_t type, int64_t n, int64_t k) {
   TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.is_contiguous(),
               "GGUF blocks must be contiguous uint8 [out, bytes per row]");
-  TORCH_CHECK(k % kBlock == 0 && blocks.size(0) == n && blocks.size(1) == k / kBlock * block_bytes(type),
+  const int64_t per_block = block_weights(type);
+  TORCH_CHECK(k % per_block == 0 && blocks.size(0) == n && blocks.size(1) == k / per_block * block_bytes(type),
               "GGUF blocks [", blocks.size(0), ", ", blocks.size(1), "] do not hold a [", n, ", ", k, "] weight");
 }
 
@@ -126,10 +219,23 @@ at::Tensor gguf_linear(const at::Tensor& x_in, const at::Tensor& blocks, int64_t
   const int64_t k = x_in.size(-1), m = x_in.numel() / std::max<int64_t>(k, 1);
   check(blocks, type, n, k);
   const at::Tensor x = x_in.reshape({m, k}).to(at::kFloat).contiguous();
-  const int64_t nblocks = k / kBlock;
-  const at::Tensor sums = x.view({m, nblocks, kBlock}).sum(-1).contiguous();  // each block's sum of x
   auto y = at::empty({m, n}, x.options());
   const uint8_t* w = blocks.data_ptr<uint8_t>();
+  if (is_super(type)) {
+    for (int64_t r = 0; r < m; r += kRows) {
+      const int rows = static_cast<int>(std::min(kRows, m - r));
+      const float* xr = x.data_ptr<float>() + r * k;
+      float* yr = y.data_ptr<float>() + r * n;
+      at::parallel_for(0, n, 16, [&](int64_t first, int64_t last) {
+        multiply_rows_super(type, w, blocks.size(1), k / kSuper, xr, k, rows, yr, n, first, last);
+      });
+    }
+    auto shape = x_in.sizes().vec();
+    shape.back() = n;
+    return y.to(x_in.scalar_type()).view(shape);
+  }
+  const int64_t nblocks = k / kBlock;
+  const at::Tensor sums = x.view({m, nblocks, kBlock}).sum(-1).contiguous();  // each block's sum of x
   for (int64_t r = 0; r < m; r += kRows) {
     const int rows = static_cast<int>(std::min(kRows, m - r));
     const float* xr = x.data_ptr<float>() + r * k;
@@ -148,9 +254,18 @@ at::Tensor gguf_linear(const at::Tensor& x_in, const at::Tensor& blocks, int64_t
 at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t type, int64_t n, int64_t k) {
   check(blocks, type, n, k);
   auto w = at::empty({n, k}, at::kFloat);
-  const int64_t nblocks = k / kBlock, bytes = block_bytes(type), row_bytes = blocks.size(1);
+  const int64_t bytes = block_bytes(type), row_bytes = blocks.size(1);
   const uint8_t* src = blocks.data_ptr<uint8_t>();
   float* dst = w.data_ptr<float>();
+  if (is_super(type)) {
+    at::parallel_for(0, n, 16, [&](int64_t first, int64_t last) {
+      for (int64_t o = first; o < last; ++o)
+        for (int64_t b = 0; b < k / kSuper; ++b)
+          super_block_weights(type, src + o * row_bytes + b * bytes, dst + o * k + b * kSuper);
+    });
+    return w;
+  }
+  const int64_t nblocks = k / kBlock;
   at::parallel_for(0, n, 16, [&](int64_t first, int64_t last) {
     float values[kBlock];
     for (int64_t o = first; o < last; ++o)

@@ -1,12 +1,13 @@
 """GGUF's block formats multiplied as the file stores them, on the CPU (cpu_gguf.cpp).
 
 What users download is mostly Q8_0 or Q4: 32 weights per block sharing an fp16 scale (and, in
-Q4_1, an fp16 minimum). Dequantizing at load (quantization/gguf.py) turns a 87 MiB Q4_0 file into
-514 MiB of fp32 and reads all of it every decode step; keeping the blocks reads the file's bytes,
-3.7-5.9x fewer. `gguf_linear` multiplies a few rows of x straight from the blocks (a decode step's
-batch); past GGUF_MAX_ROWS rows (a prompt) one dequantized copy per call and a GEMM are faster, as
-for the tiled float kernel. Tested against the `gguf` package's own dequantization
-(tests/test_cpu_gguf.py).
+Q4_1, an fp16 minimum), or the "K" formats Q4_K and Q6_K: 256 weights per super-block, whose
+sub-blocks of 32 (16) weights have 6-bit (8-bit) scales of their own. Dequantizing at load
+turns a 87 MiB Q4_0 file into 514 MiB of fp32 and reads all of it every decode step; keeping the
+blocks reads the file's bytes, 3.7-5.9x fewer. `gguf_linear` multiplies a few rows of x
+straight from the blocks (a decode step's batch); past GGUF_MAX_ROWS rows (a prompt) one
+dequantized copy per call and a GEMM are faster, as for the tiled float kernel. Tested against
+the `gguf` package's own dequantization (tests/test_cpu_gguf.py).
 
 `CPU_GGUF` is the cpu platform's kernel for GGUF layers (quantization/gguf.py's GgufLinearMethod):
 it reads the blocks the loader copied in unchanged, and dequantizes rows where a tied embedding
@@ -21,13 +22,14 @@ from torch import nn
 
 from minivllm.quantization.base import LinearKernel
 
-Q4_0, Q4_1, Q8_0 = 2, 3, 8  # ggml's type ids, as GGUFReader reports them
-BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q8_0: 34}  # per 32 weights
+Q4_0, Q4_1, Q8_0, Q4_K, Q6_K = 2, 3, 8, 12, 14  # ggml's type ids, as GGUFReader reports them
+# (weights, bytes) per block: Q4_K and Q6_K group 256 weights into a super-block (cpu_gguf.cpp)
+BLOCKS = {Q4_0: (32, 18), Q4_1: (32, 20), Q8_0: (32, 34), Q4_K: (256, 144), Q6_K: (256, 210)}
 GGUF_MAX_ROWS = 32  # beyond, dequantize once per call and multiply with the float GEMM
 
 
 def dequantize(blocks: torch.Tensor, ggml_type: int, n: int, k: int) -> torch.Tensor:
-    """uint8 [n, k / 32 * block bytes] -> W [n, k] fp32, exactly as llama.cpp dequantizes."""
+    """uint8 [n, k / block weights * block bytes] -> W [n, k] fp32, as llama.cpp dequantizes."""
     return torch.ops.minivllm_cpu.gguf_dequantize(blocks, ggml_type, n, k)
 
 
@@ -49,7 +51,7 @@ def register_fake() -> None:
 class CpuGgufKernel(LinearKernel):
     """W as the file's blocks (`layer.weight`, uint8 [N, bytes per row]) of `layer.ggml_type`."""
 
-    types = (Q8_0, Q4_0, Q4_1)  # the block formats cpu_gguf.cpp multiplies
+    types = tuple(BLOCKS)  # the block formats cpu_gguf.cpp multiplies
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         y = gguf_linear(x, layer.weight, layer.ggml_type, layer.output_size)
