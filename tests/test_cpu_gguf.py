@@ -15,12 +15,13 @@ TYPES = {"Q8_0": cpu_gguf.Q8_0, "Q4_0": cpu_gguf.Q4_0, "Q4_1": cpu_gguf.Q4_1, "Q
 SUPER = ("Q4_K", "Q6_K")  # 256 weights per super-block: a row needs whole super-blocks
 
 
-def random_super_blocks(name: str, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
-    """Q4_K / Q6_K blocks of random bytes (every bit pattern is a valid code) with finite fp16 scales: the gguf
-    package only dequantizes these formats."""
+def random_super_blocks(name: str, n: int, k: int, rng: np.random.Generator,
+                        scale: tuple[float, float] = (0.001, 0.02)) -> np.ndarray:
+    """Q4_K / Q6_K blocks of random bytes (every bit pattern is a valid code) with finite fp16 scales in `scale`:
+    the gguf package only dequantizes these formats."""
     weights, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]]
     blocks = rng.integers(0, 256, (n, k // weights, nbytes), dtype=np.uint8)
-    scales = rng.uniform(0.001, 0.02, (n, k // weights, 2)).astype(np.float16).view(np.uint8)
+    scales = rng.uniform(*scale, (n, k // weights, 2)).astype(np.float16).view(np.uint8)
     if name == "Q4_K":  # d, dmin lead the block
         blocks[..., 0:4] = scales.reshape(n, k // weights, 4)
     else:  # Q6_K: d ends it
@@ -144,3 +145,38 @@ def test_the_reference_platform_dequantizes_a_gguf_file(mixed_gguf, monkeypatch)
     layers = llm.engine.runner.model.model.layers
     assert llm.engine.runner.platform.linear.gguf is None
     assert layers[0].self_attn.o_proj.weight.dtype == torch.float32
+
+
+def test_q4_k_and_q6_k_layers_keep_their_super_blocks_and_match_transformers(tmp_path):
+    """Rows of 256 weights (whole super-blocks): a tiny Llama of hidden size 256 whose layers hold random Q4_K and
+    Q6_K blocks (small scales), layer 0's q/k/v mixing Q4_K with a Q6_K v (dequantized), as Q4_K_M files do."""
+    pytest.importorskip("accelerate")
+    import transformers as tf
+
+    from minivllm import LLM, SamplingParams
+    from minivllm.quantization.gguf import write_gguf
+    from tests.conftest import EMBEDDED, build_checkpoint, hf_greedy
+
+    model = build_checkpoint("llama", tmp_path / "float", vocab_size=1834, bos_token_id=1, eos_token_id=2,
+                             hidden_size=256, intermediate_size=512, num_hidden_layers=2)
+    rng, types, raw = np.random.default_rng(0), {}, {}
+    shapes = {"attn_q": (256, 256), "attn_k": (128, 256), "attn_v": (128, 256), "attn_output": (256, 256),
+              "ffn_gate": (512, 256), "ffn_up": (512, 256), "ffn_down": (256, 512)}
+    for layer in range(2):
+        for part, (n, k) in shapes.items():
+            name = f"blk.{layer}.{part}.weight"
+            types[name] = "Q6_K" if part in ("ffn_down",) or (layer == 0 and part == "attn_v") else "Q4_K"
+            raw[name] = random_super_blocks(types[name], n, k, rng, scale=(1e-4, 3e-4))
+    write_gguf(tmp_path / "tiny-k.gguf", model, EMBEDDED, types=types, raw=raw)
+
+    llm = LLM(str(tmp_path / "tiny-k.gguf"), dtype="float32", num_kv_blocks=64)
+    layer0, layer1 = llm.engine.runner.model.model.layers
+    assert layer0.self_attn.qkv_proj.weight.dtype == torch.float32  # Q4_K q, k beside a Q6_K v
+    assert (layer1.self_attn.qkv_proj.ggml_type, layer0.mlp.gate_up_proj.ggml_type, layer0.self_attn.o_proj.ggml_type,
+            layer1.mlp.down_proj.ggml_type) == (cpu_gguf.Q4_K, cpu_gguf.Q4_K, cpu_gguf.Q4_K, cpu_gguf.Q6_K)
+
+    hf = tf.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="tiny-k.gguf", dtype=torch.float32).eval()
+    prompts = [[1, 5, 9, 300, 4], list(range(7, 60))]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(hf, p, 12) for p in prompts]

@@ -135,12 +135,14 @@ class GgufLinearMethod(LinearMethod):
 
 
 def write_gguf(path: str | Path, model, tokenizer_dir: str | Path, mlp_type: str = "Q8_0",
-               attention_type: str = "Q4_0", types: dict[str, str] | None = None) -> None:
+               attention_type: str = "Q4_0", types: dict[str, str] | None = None,
+               raw: dict[str, object] | None = None) -> None:
     """A transformers Llama as llama.cpp's converter writes it (tests, benchmarks): the config keys
     from which transformers rebuilds the config, the byte-level BPE tokenizer of
     `tokenizer_dir`/tokenizer.json, attn_q/attn_k rows permuted, MLP and attention matrices in the
     given GGML types ("F32": float), the rest F32; `types`: llama.cpp tensor name -> its type
-    instead (a file that mixes types, a quantized token_embd)."""
+    instead (a file that mixes types, a quantized token_embd); `raw`: name -> that type's bytes,
+    written as given (the gguf package cannot quantize to every type it reads, Q4_K and Q6_K)."""
     import json
 
     import gguf
@@ -185,7 +187,9 @@ def write_gguf(path: str | Path, model, tokenizer_dir: str | Path, mlp_type: str
             n = cfg.num_attention_heads if ".attn_q." in name else cfg.num_key_value_heads
             t = t.reshape(n, 2, t.shape[0] // n // 2, *t.shape[1:]).swapaxes(1, 2).reshape(t.shape)
         kind = (types or {}).get(name, mlp_type if ".ffn_" in name else attention_type)
-        if (name.startswith("blk.") or name in (types or {})) and t.ndim == 2 and kind != "F32":
+        if name in (raw or {}):
+            w.add_tensor(name, raw[name], raw_dtype=gguf.GGMLQuantizationType[kind])
+        elif (name.startswith("blk.") or name in (types or {})) and t.ndim == 2 and kind != "F32":
             qtype = gguf.GGMLQuantizationType[kind]
             w.add_tensor(name, gguf.quants.quantize(t, qtype), raw_dtype=qtype)
         else:
