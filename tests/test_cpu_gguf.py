@@ -180,3 +180,24 @@ def test_q4_k_and_q6_k_layers_keep_their_super_blocks_and_match_transformers(tmp
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(hf, p, 12) for p in prompts]
+
+
+def test_kept_blocks_go_through_the_weight_cache(mixed_gguf, tmp_path):
+    """Data-parallel engines map one copy of the loaded model (model/weight_cache.py): the blocks, the fused
+    layers dequantized beside them and the tied head's blocks lent to the embedding come back as loaded."""
+    from minivllm.model.loader import load_model, read_model_config
+    from minivllm.platforms import choose_platform
+
+    cfg = read_model_config(mixed_gguf)
+    impl = choose_platform("cpu", torch.float32).implementations
+    written, mapped = (load_model(mixed_gguf, cfg, impl, torch.float32, "cpu", weight_cache=tmp_path)
+                       for _ in range(2))
+    assert any(tmp_path.iterdir())
+    ids, hidden = torch.tensor([0, 5, 1833]), torch.randn(3, 64)
+    for model in (written, mapped):
+        assert model.model.layers[1].self_attn.qkv_proj.weight.dtype == torch.uint8
+        assert model.model.embed_tokens.weight is model.lm_head.weight
+    assert torch.equal(written.model.embed_tokens(ids), mapped.model.embed_tokens(ids))
+    assert torch.equal(written.lm_head(hidden), mapped.lm_head(hidden))
+    layer = (written.model.layers[0].self_attn.qkv_proj, mapped.model.layers[0].self_attn.qkv_proj)
+    assert torch.equal(layer[0].quant_method.kernel.plain(layer[0]), layer[1].quant_method.kernel.plain(layer[1]))
