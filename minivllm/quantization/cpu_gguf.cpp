@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 namespace {
 
@@ -115,14 +116,15 @@ inline void super_block_weights(int64_t type, const uint8_t* block, float* out) 
 
 // rows [first, last) of W in a K format for `rows` rows of x: each super-block unpacked once, then 256 fused
 // multiply-adds per row of x
+template <int rows>  // a constant, so that each row's accumulator stays in a register
 void multiply_rows_super(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t blocks, const float* x,
-                         int64_t k, int rows, float* y, int64_t n, int64_t first, int64_t last) {
+                         int64_t k, float* y, int64_t n, int64_t first, int64_t last) {
   const int64_t bytes = block_bytes(type);
   alignas(64) float weights[kSuper];
   for (int64_t o = first; o < last; ++o) {
     const uint8_t* row = w + o * row_bytes;
 #ifdef __AVX512F__
-    __m512 acc[kRows];
+    __m512 acc[rows];
     for (int r = 0; r < rows; ++r) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < blocks; ++b) {
       super_block_weights(type, row + b * bytes, weights);
@@ -134,7 +136,7 @@ void multiply_rows_super(int64_t type, const uint8_t* w, int64_t row_bytes, int6
     }
     for (int r = 0; r < rows; ++r) y[r * n + o] = _mm512_reduce_add_ps(acc[r]);
 #else
-    float acc[kRows] = {};
+    float acc[rows] = {};
     for (int64_t b = 0; b < blocks; ++b) {
       super_block_weights(type, row + b * bytes, weights);
       for (int r = 0; r < rows; ++r)
@@ -160,14 +162,15 @@ inline void block_vectors(int64_t type, const uint8_t* block, __m512& first, __m
 #endif
 
 // rows [first, last) of W for `rows` rows of x (fp32, [rows, K]); block_sums[r][b] = sum of x[r]'s block b
+template <int rows>  // a constant, so that each row's accumulator stays in a register
 void multiply_rows(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t blocks, const float* x, int64_t k,
-                   const float* block_sums, int rows, float* y, int64_t n, int64_t first, int64_t last) {
+                   const float* block_sums, float* y, int64_t n, int64_t first, int64_t last) {
   const int64_t bytes = block_bytes(type);
   for (int64_t o = first; o < last; ++o) {
     const uint8_t* row = w + o * row_bytes;
-    float offset[kRows] = {};
+    float offset[rows] = {};
 #ifdef __AVX512F__
-    __m512 acc[kRows];
+    __m512 acc[rows];
     for (int r = 0; r < rows; ++r) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < blocks; ++b) {
       const uint8_t* block = row + b * bytes;
@@ -186,7 +189,7 @@ void multiply_rows(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t bl
     }
     for (int r = 0; r < rows; ++r) y[r * n + o] = _mm512_reduce_add_ps(acc[r]) + offset[r];
 #else
-    float acc[kRows] = {}, values[kBlock];
+    float acc[rows] = {}, values[kBlock];
     for (int64_t b = 0; b < blocks; ++b) {
       const uint8_t* block = row + b * bytes;
       block_values(type, block, values);
@@ -201,6 +204,21 @@ void multiply_rows(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t bl
     }
     for (int r = 0; r < rows; ++r) y[r * n + o] = acc[r] + offset[r];
 #endif
+  }
+}
+
+// f(std::integral_constant<int, rows>{}) for rows in 1..kRows: one instance of the multiply per batch size
+template <typename F>
+void with_rows(int rows, F&& f) {
+  switch (rows) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 7: return f(std::integral_constant<int, 7>{});
+    default: return f(std::integral_constant<int, 8>{});
   }
 }
 
@@ -226,8 +244,10 @@ at::Tensor gguf_linear(const at::Tensor& x_in, const at::Tensor& blocks, int64_t
       const int rows = static_cast<int>(std::min(kRows, m - r));
       const float* xr = x.data_ptr<float>() + r * k;
       float* yr = y.data_ptr<float>() + r * n;
-      at::parallel_for(0, n, 16, [&](int64_t first, int64_t last) {
-        multiply_rows_super(type, w, blocks.size(1), k / kSuper, xr, k, rows, yr, n, first, last);
+      with_rows(rows, [&](auto constant) {
+        at::parallel_for(0, n, 16, [&](int64_t first, int64_t last) {
+          multiply_rows_super<decltype(constant)::value>(type, w, blocks.size(1), k / kSuper, xr, k, yr, n, first, last);
+        });
       });
     }
     auto shape = x_in.sizes().vec();
@@ -242,7 +262,9 @@ at::Tensor gguf_linear(const at::Tensor& x_in, const at::Tensor& blocks, int64_t
     const float* sr = sums.data_ptr<float>() + r * nblocks;
     float* yr = y.data_ptr<float>() + r * n;
     at::parallel_for(0, n, 16, [&](int64_t first, int64_t last) {
-      multiply_rows(type, w, blocks.size(1), nblocks, xr, k, sr, rows, yr, n, first, last);
+      with_rows(rows, [&](auto constant) {
+        multiply_rows<decltype(constant)::value>(type, w, blocks.size(1), nblocks, xr, k, sr, yr, n, first, last);
+      });
     });
   }
   auto shape = x_in.sizes().vec();
