@@ -177,3 +177,11 @@ def test_float16_and_attention_softcapping_are_refused(gemma, tmp_path):
     build_gemma3(tmp_path / "capped", attn_logit_softcapping=50.0)
     with pytest.raises(ValueError, match="attn_logit_softcapping is not supported"):
         LLM(str(tmp_path / "capped"), dtype="float32", num_kv_blocks=16)
+
+
+def test_every_layer_local_frees_blocks_behind_the_window_and_stays_equal(tmp_path):
+    """A Gemma whose every layer slides is Mistral v0.1's case: blocks the window passed go back to the pool."""
+    hf = build_gemma3(tmp_path / "local", layer_types=["sliding_attention"] * 4)
+    outs, engine = generate(tmp_path / "local", block_size=4, num_kv_blocks=64, max_num_batched_tokens=7)
+    assert engine.kv.sliding_window == WINDOW
+    assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(hf, p, MAX_NEW) for p in PROMPTS]

@@ -72,8 +72,9 @@ def gemma_options(hf) -> dict:
         raise ValueError("Gemma: use_bidirectional_attention is not supported (decoding is causal)")
     sliding = local_layers(hf)
     window = getattr(hf, "sliding_window", None)
+    # every layer local: None says "all slide", so blocks leave with the window as for Mistral v0.1
     return {"sliding_window": window if any(sliding) else None,
-            "sliding_layers": sliding if window is not None else None}
+            "sliding_layers": sliding if window is not None and not all(sliding) else None}
 
 
 def local_layers(hf) -> tuple[bool, ...]:
