@@ -61,7 +61,7 @@ def test_the_window_and_the_local_rope_matter(gemma, tmp_path):
 
 @pytest.mark.parametrize("platform", ["cpu", "reference"])
 @pytest.mark.parametrize("setting", [
-    dict(block_size=4, num_kv_blocks=64),
+    dict(block_size=4, num_kv_blocks=64, lazy_loading=True),  # each layer read when first run
     dict(block_size=4, num_kv_blocks=64, max_num_batched_tokens=7),  # chunks cross the window's edge
     dict(block_size=4, num_kv_blocks=16, max_num_batched_tokens=32),  # preemption (recompute)
     dict(block_size=4, num_kv_blocks=16, max_num_batched_tokens=32, preemption_mode="swap", swap_space=0.01),
