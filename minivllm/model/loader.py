@@ -136,6 +136,7 @@ def load_model(path: str | Path, cfg: ModelConfig, impl: Implementations, dtype:
     """
     path = Path(path)
     family = model_class(cfg.architecture)  # registry.py: the class config.json's name asks for
+    family.check_dtype(dtype)
     if weight_cache is not None and device == "cpu" and tp.size == 1:
         def meta() -> torch.nn.Module:
             with torch.device("meta"):
