@@ -283,8 +283,46 @@ print(refusal(lambda: EngineArgs(pipeline_parallel_size=2)))
 print(refusal(lambda: resolve_quantization("fp8", None, is_gguf=False, where="this model")))
 
 # %% [markdown]
-# Sliding-window attention (Mistral v0.1) is run up to its window: `max_model_len` is capped at it, and a
-# longer prompt is refused.
+# ## Model families: the registry
+#
+# Which class builds a checkpoint is decided by one table, `minivllm/model/registry.py`: config.json's
+# `architectures` name maps to a module under `minivllm/model/`, one per family. Most families are Llama's
+# decoder with other options read from their config (a q/k/v bias, q/k norms, a sliding window, experts);
+# Gemma 3 (`gemma3.py`) brings its own decoder layer, built from the same attention and MLP: four norms a layer
+# that multiply by (1 + weight), GeGLU instead of SwiGLU, an embedding scaled by sqrt(hidden), and layers of two
+# kinds, *local* ones that attend within a sliding window and rotate with their own rope base, and every sixth
+# a *global* one that sees the whole context. A window limits what a layer looks back, not the length: a prompt
+# may be longer than it. The loader, runner and engine never name a family.
+
+# %%
+from minivllm.model.registry import ARCHITECTURES
+
+for name, (module, _) in ARCHITECTURES.items():
+    print(f"{name:22} minivllm/model/{module}.py")
+
+# %% [markdown]
+# A random tiny Gemma 3, made here with transformers (2 local layers, 1 global, a 4-token window), loads like
+# any checkpoint; each layer's window comes from its config, and float16 is refused (Gemma's activations
+# outgrow its range; bfloat16 or float32 run it).
+
+# %%
+import transformers
+
+with tempfile.TemporaryDirectory() as tmp:
+    tiny_gemma = transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, sliding_window=4, max_position_embeddings=128,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"]))
+    tiny_gemma.save_pretrained(tmp)
+    gemma_llm = LLM(tmp, dtype="float32", num_kv_blocks=32)
+    for i, layer in enumerate(gemma_llm.engine.runner.model.model.layers):
+        window = layer.sliding_window
+        print(f"layer {i}: " + (f"local, window {window}" if window else "global, the whole context"))
+    gemma_out = gemma_llm.generate([{"prompt_token_ids": list(range(1, 20))}],
+                                   SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
+    print("19-token prompt, 8 tokens out:", gemma_out[0].outputs[0].token_ids)
+    gemma_llm.shutdown()
+    print(refusal(lambda: LLM(tmp, dtype="float16", num_kv_blocks=32), tmp))
 
 # %% [markdown]
 # ## A mixture of experts from the Hub

@@ -53,3 +53,40 @@ def test_a_long_request_holds_about_a_window_of_blocks(mistrals):
     assert full == (PROMPT + OUTPUT) // BLOCK
     # the window's blocks, the step's chunk, and the partly passed block at each end
     assert windowed <= (WINDOW + CHUNK) // BLOCK + 2
+
+
+@pytest.fixture(scope="module")
+def gemmas(tmp_path_factory):
+    """One tiny Gemma 3's weights three ways: 3 local + 1 global layers (the hybrid), every layer local, every
+    layer global."""
+    import torch
+    import transformers as tf
+
+    from tests.conftest import TINY
+
+    root = tmp_path_factory.mktemp("gemma_blocks")
+    torch.manual_seed(0)
+    cfg = {**TINY, "vocab_size": 4200, "max_position_embeddings": PROMPT + OUTPUT, "head_dim": 16,
+           "num_hidden_layers": 4, "sliding_window": WINDOW}
+    kinds = {"hybrid": ["sliding_attention"] * 2 + ["full_attention", "sliding_attention"],
+             "local": ["sliding_attention"] * 4, "global": ["full_attention"] * 4}
+    first = None
+    for name, types in kinds.items():
+        model = tf.Gemma3ForCausalLM(tf.Gemma3TextConfig(**cfg, layer_types=types))
+        if first is None:
+            first = model.state_dict()
+        model.load_state_dict(first)
+        model.save_pretrained(root / name)
+    return root
+
+
+def test_gemma3_blocks_per_attention_kind(gemmas):
+    """Today one block table serves every layer: a hybrid holds its whole context for its global layer (dropping
+    blocks there would corrupt it), while a Gemma whose every layer is local frees blocks as Mistral v0.1 does.
+    Per-group tables (issue 38 item 5) would bring the hybrid's sliding layers down to about a window."""
+    held = {name: most_blocks_held(gemmas / name) for name in ("hybrid", "local", "global")}
+    print(f"\nGemma 3, 4096-token request, block_size {BLOCK}, window {WINDOW}: blocks held (freed as it slid): "
+          + ", ".join(f"{name} {most} ({freed})" for name, (most, freed) in held.items()))
+    assert held["global"] == ((PROMPT + OUTPUT) // BLOCK, 0)
+    assert held["hybrid"] == held["global"]
+    assert held["local"][1] > 0 and held["local"][0] <= (WINDOW + CHUNK) // BLOCK + 2

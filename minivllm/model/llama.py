@@ -208,6 +208,10 @@ class LlamaForCausalLM(nn.Module):
         return {"qkv_bias": bool(getattr(hf_config, "attention_bias", False)), "qk_norm": False,
                 "sliding_window": None}
 
+    @staticmethod
+    def check_dtype(dtype: torch.dtype) -> None:
+        """A ValueError where this family cannot run in `dtype` (every dtype serves Llama)."""
+
     def share_tied_weight(self) -> None:
         """After loading: a tied head whose platform replaced the plain weight by a faster layout
         lends that layout to the embedding, which looks rows up there: the weight is held once."""

@@ -138,6 +138,7 @@ kernel for them (gguf_blocks.py). `lazy`: the decoder layers stay unallocated un
     """
     path = Path(path)
     family = model_class(cfg.architecture)  # registry.py: the class config.json's name asks for
+    family.check_dtype(dtype)
 
     def meta() -> tuple[torch.nn.Module, frozenset[str]]:
         """The model on "meta", and the GGUF tensors its layers keep as blocks (gguf_blocks.py)."""

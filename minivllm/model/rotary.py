@@ -17,8 +17,11 @@ from minivllm.model.layer_ops import rotary
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> torch.Tensor:
-    """One rotation frequency per pair of dimensions; llama3 scaling slows the low ones down."""
+    """One rotation frequency per pair of dimensions; llama3 scaling slows the low ones down,
+    linear scaling (Gemma 3's global layers) all of them by its factor."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if scaling and scaling.get("rope_type", scaling.get("type")) == "linear":
+        return inv_freq / scaling["factor"]
     if scaling and scaling.get("rope_type", scaling.get("type")) == "llama3":
         factor, old_len = scaling["factor"], scaling["original_max_position_embeddings"]
         low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
