@@ -50,7 +50,7 @@ ROOMS: list[tuple[str, tuple[str, ...]]] = [
         "platforms/cpu*", "model/cpu_*", "model/compiled.py", "attention/cpu_*",
         "quantization/cpu_*")),
     ("platform: cuda fast paths", ("platforms/cuda.py", "kernels/*", "attention/triton_*")),
-    ("quantization", ("quantization/*",)),
+    ("quantization", ("quantization/*", "model/gguf_blocks.py")),
     ("distributed and executor", ("distributed/*", "executor/*", "engine/data_parallel.py",
                                   "model/weight_cache.py", "model/moe_parallel.py")),
     ("engine extras (beam search, metrics, journey)", ("engine/*",)),

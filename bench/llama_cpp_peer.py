@@ -10,12 +10,13 @@ from the f32 file through llama.cpp's own `llama_model_quantize`.
 Rows, each in its own subprocess, engines alternating within each round:
 - `llama.cpp <fmt>`: llama-cpp-python on the GGUF file, 2 threads, greedy (top_k=1).
 - `minivllm <dtype>`: the safetensors checkpoint at float32 / bfloat16.
-- `minivllm gguf <fmt>`: the same GGUF file llama.cpp ran (today dequantized at load, see
-  minivllm/quantization/gguf.py).
+- `minivllm gguf <fmt>`: the same GGUF file llama.cpp ran (Q8_0/Q4_0/Q4_1 layers kept as the file's blocks on
+  the cpu platform, minivllm/model/gguf_blocks.py; float files dequantized at load).
 Each reports ms per output token after the first (a 128-token prompt, 128 outputs, ignore EOS), time to
-first token, resident memory after load, and the first 16 greedy tokens (llama.cpp and minivllm on the same
-f32 weights should agree). The floor is a read-only pass over the weight bytes at the machine's read
-bandwidth, measured in the same run (torch.sum over 512 MiB, best of 5).
+first token, resident memory after load (minivllm also the bytes its parameters and buffers hold), and the
+first 16 greedy tokens (llama.cpp and minivllm on the same f32 weights should agree). The floor is a read-only
+pass over the weight bytes at the machine's read bandwidth, measured in the same run (torch.sum over 512 MiB,
+best of 5).
 
     python bench/llama_cpp_peer.py --llama-python /tmp/llama-venv/bin/python \
         --convert-python /tmp/convert-venv/bin/python --llama-src /tmp/llsrc/x/llama_cpp_python-0.3.36 \
@@ -223,8 +224,8 @@ def main() -> None:
 def report(results: dict, files: dict, floors: list[dict], machine: dict) -> None:
     gb_s = statistics.median(f["read_gb_s"] for f in floors if "read_gb_s" in f)
     print(f"\nmachine: {json.dumps(machine)}\nread bandwidth (median of rounds): {gb_s:.1f} GB/s")
-    print(f"{'engine':24} {'ms/token':>9} {'floor x':>8} {'TTFT ms':>8} {'RSS MiB':>8} {'file MiB':>9}  "
-          "first tokens")
+    print(f"{'engine':24} {'ms/token':>9} {'floor x':>8} {'TTFT ms':>8} {'RSS MiB':>8} {'held MiB':>9} "
+          f"{'file MiB':>9}  first tokens")
     for name, runs in results.items():
         ok = [r for r in runs if "error" not in r]
         if not ok:
@@ -235,7 +236,8 @@ def report(results: dict, files: dict, floors: list[dict], machine: dict) -> Non
         ms = statistics.median(r["ms_per_tok"] for r in ok)
         floor_ms = size / (gb_s * 1e9) * 1e3
         print(f"{name:24} {ms:9.2f} {ms / floor_ms:8.2f} {statistics.median(r['ttft_ms'] for r in ok):8.1f} "
-              f"{statistics.median(r['rss_mib'] for r in ok):8.0f} {size / 2**20:9.0f}  {ok[-1]['tokens'][:8]}"
+              f"{statistics.median(r['rss_mib'] for r in ok):8.0f} {ok[-1].get('held_mib', float('nan')):9.1f} "
+              f"{size / 2**20:9.0f}  {ok[-1]['tokens'][:8]}"
               f"  loads {[r['load'] for r in ok]}")
 
 

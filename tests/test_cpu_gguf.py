@@ -10,29 +10,52 @@ from minivllm.quantization import cpu_gguf
 
 gguf = pytest.importorskip("gguf")
 pytestmark = pytest.mark.skipif(not extension_built(), reason="no compiler: the C++ kernels are not built")
-TYPES = {"Q8_0": cpu_gguf.Q8_0, "Q4_0": cpu_gguf.Q4_0, "Q4_1": cpu_gguf.Q4_1}
+TYPES = {"Q8_0": cpu_gguf.Q8_0, "Q4_0": cpu_gguf.Q4_0, "Q4_1": cpu_gguf.Q4_1, "Q4_K": cpu_gguf.Q4_K,
+         "Q6_K": cpu_gguf.Q6_K}
+SUPER = ("Q4_K", "Q6_K")  # 256 weights per super-block: a row needs whole super-blocks
+
+
+def random_super_blocks(name: str, n: int, k: int, rng: np.random.Generator,
+                        scale: tuple[float, float] = (0.001, 0.02)) -> np.ndarray:
+    """Q4_K / Q6_K blocks of random bytes (every bit pattern is a valid code) with finite fp16 scales in `scale`:
+    the gguf package only dequantizes these formats."""
+    weights, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]]
+    blocks = rng.integers(0, 256, (n, k // weights, nbytes), dtype=np.uint8)
+    scales = rng.uniform(*scale, (n, k // weights, 2)).astype(np.float16).view(np.uint8)
+    if name == "Q4_K":  # d, dmin lead the block
+        blocks[..., 0:4] = scales.reshape(n, k // weights, 4)
+    else:  # Q6_K: d ends it
+        blocks[..., 208:210] = scales[..., :2]
+    return blocks.reshape(n, -1)
 
 
 def quantized(name: str, n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random weights quantized by the gguf package: (blocks, the package's own dequantization)."""
-    weights = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32)
+    """Random weights quantized by the gguf package (random blocks for Q4_K/Q6_K): (blocks, the package's own
+    dequantization)."""
+    rng = np.random.default_rng(seed)
     kind = gguf.GGMLQuantizationType[name]
-    blocks = gguf.quants.quantize(weights, kind)
+    if name in SUPER:
+        blocks = random_super_blocks(name, n, k, rng)
+    else:
+        blocks = gguf.quants.quantize(rng.standard_normal((n, k)).astype(np.float32), kind)
     return torch.from_numpy(blocks.copy()), torch.from_numpy(gguf.quants.dequantize(blocks, kind).copy())
 
 
 @pytest.mark.parametrize("name", TYPES)
 def test_dequantize_equals_the_gguf_package(name):
-    blocks, expected = quantized(name, 40, 96)
-    assert blocks.shape[1] == 96 // 32 * cpu_gguf.BLOCK_BYTES[TYPES[name]]
-    assert torch.equal(cpu_gguf.dequantize(blocks, TYPES[name], 40, 96), expected)
+    k = 512 if name in SUPER else 96
+    blocks, expected = quantized(name, 40, k)
+    weights, nbytes = cpu_gguf.BLOCKS[TYPES[name]]
+    assert blocks.shape[1] == k // weights * nbytes == gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]][1] * (
+        k // weights)
+    assert torch.equal(cpu_gguf.dequantize(blocks, TYPES[name], 40, k), expected)
 
 
 @pytest.mark.parametrize("name", TYPES)
 @pytest.mark.parametrize("rows", [1, 3, 8, 9, 33])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_linear_equals_dequantized_matmul(name, rows, dtype):
-    n, k = 100, 160  # outputs not a multiple of 16 (the parallel chunk), 5 blocks per row
+    n, k = 100, 768 if name in SUPER else 160  # outputs not a multiple of 16 (the parallel chunk), 3 or 5 blocks
     blocks, weight = quantized(name, n, k, seed=rows)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(1)).to(dtype)
     got = cpu_gguf.gguf_linear(x, blocks, TYPES[name], n)
@@ -47,4 +70,134 @@ def test_a_shape_that_disagrees_is_refused():
     with pytest.raises(RuntimeError, match="do not hold"):
         cpu_gguf.gguf_linear(torch.randn(1, 96), blocks, cpu_gguf.Q8_0, 8)
     with pytest.raises(RuntimeError, match="not one of"):
-        cpu_gguf.gguf_linear(torch.randn(1, 64), blocks, 12, 8)
+        cpu_gguf.gguf_linear(torch.randn(1, 64), blocks, 13, 8)  # Q5_K: no kernel
+
+
+# --- a GGUF file loaded on the cpu platform keeps its blocks --------------------------------------------------
+
+SIZES = dict(intermediate_size=128, num_hidden_layers=2)  # hidden 64, q 64, k/v 32: whole blocks of 32
+
+
+@pytest.fixture(scope="module")
+def mixed_gguf(tmp_path_factory):
+    """A tiny Llama with a tied embedding as a GGUF file of several types: attention Q4_0, MLP Q8_0, layer 1's
+    gate Q4_1 (its fused gate/up differs: dequantized), layer 0's v Q8_0 (q/k/v differs), token_embd Q8_0."""
+    from tests.conftest import EMBEDDED, build_checkpoint
+
+    root = tmp_path_factory.mktemp("gguf-cpu")
+    model = build_checkpoint("llama", root / "float", vocab_size=1834, bos_token_id=1, eos_token_id=2,
+                             tie_word_embeddings=True, **SIZES)
+    from minivllm.quantization.gguf import write_gguf
+
+    types = {"blk.1.ffn_gate.weight": "Q4_1", "blk.0.attn_v.weight": "Q8_0", "token_embd.weight": "Q8_0",
+             "blk.1.ffn_down.weight": "Q4_1"}
+    write_gguf(root / "tiny-mixed.gguf", model, EMBEDDED, types=types)
+    return root / "tiny-mixed.gguf"
+
+
+def test_a_gguf_file_keeps_its_blocks_and_matches_transformers(mixed_gguf):
+    pytest.importorskip("accelerate")  # transformers' own GGUF loading needs it
+    import transformers as tf
+
+    from minivllm import LLM, SamplingParams
+    from minivllm.quantization import held_bytes
+    from tests.conftest import hf_greedy
+
+    llm = LLM(str(mixed_gguf), dtype="float32", num_kv_blocks=64)
+    model = llm.engine.runner.model
+    layer0, layer1 = model.model.layers
+    kept = {"layer 0 o": layer0.self_attn.o_proj, "layer 0 gate/up": layer0.mlp.gate_up_proj,
+            "layer 0 down": layer0.mlp.down_proj, "layer 1 q/k/v": layer1.self_attn.qkv_proj,
+            "layer 1 down": layer1.mlp.down_proj, "tied head": model.lm_head}
+    types = {name: layer.ggml_type for name, layer in kept.items()}
+    assert types == {"layer 0 o": cpu_gguf.Q4_0, "layer 0 gate/up": cpu_gguf.Q8_0, "layer 0 down": cpu_gguf.Q8_0,
+                     "layer 1 q/k/v": cpu_gguf.Q4_0, "layer 1 down": cpu_gguf.Q4_1, "tied head": cpu_gguf.Q8_0}
+    assert all(layer.weight.dtype == torch.uint8 for layer in kept.values())
+    # shards of two types: dequantized at load
+    assert layer0.self_attn.qkv_proj.weight.dtype == layer1.mlp.gate_up_proj.weight.dtype == torch.float32
+    assert model.model.embed_tokens.weight is model.lm_head.weight  # rows looked up in the head's blocks
+
+    file_bytes = sum(t.n_bytes for t in gguf.GGUFReader(mixed_gguf).tensors)
+    dequantized = 4 * (layer0.self_attn.qkv_proj.weight.numel() + layer1.mlp.gate_up_proj.weight.numel())
+    blocks_in_file = file_bytes - sum(t.n_bytes for t in gguf.GGUFReader(mixed_gguf).tensors
+                                      if t.name in ("blk.0.attn_q.weight", "blk.0.attn_k.weight",
+                                                    "blk.0.attn_v.weight", "blk.1.ffn_gate.weight",
+                                                    "blk.1.ffn_up.weight"))
+    rotary = sum(b.numel() * b.element_size() for b in model.model.rotary_emb.buffers())
+    assert held_bytes(model) - rotary == blocks_in_file + dequantized
+
+    hf_tok = tf.AutoTokenizer.from_pretrained(mixed_gguf.parent, gguf_file=mixed_gguf.name)
+    hf = tf.AutoModelForCausalLM.from_pretrained(mixed_gguf.parent, gguf_file=mixed_gguf.name,
+                                                 dtype=torch.float32).eval()
+    texts = ["Hi, my name is", "Today is a beautiful summer day"]
+    prompts = [hf_tok(t).input_ids for t in texts]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    outs = llm.generate(texts, params, use_tqdm=False)
+    assert [o.prompt_token_ids for o in outs] == prompts
+    assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(hf, p, 16) for p in prompts]
+
+
+def test_the_reference_platform_dequantizes_a_gguf_file(mixed_gguf, monkeypatch):
+    from minivllm import LLM
+
+    monkeypatch.setenv("MINIVLLM_PLATFORM", "reference")
+    llm = LLM(str(mixed_gguf), dtype="float32", num_kv_blocks=64)
+    layers = llm.engine.runner.model.model.layers
+    assert llm.engine.runner.platform.linear.gguf is None
+    assert layers[0].self_attn.o_proj.weight.dtype == torch.float32
+
+
+def test_q4_k_and_q6_k_layers_keep_their_super_blocks_and_match_transformers(tmp_path):
+    """Rows of 256 weights (whole super-blocks): a tiny Llama of hidden size 256 whose layers hold random Q4_K and
+    Q6_K blocks (small scales), layer 0's q/k/v mixing Q4_K with a Q6_K v (dequantized), as Q4_K_M files do."""
+    pytest.importorskip("accelerate")
+    import transformers as tf
+
+    from minivllm import LLM, SamplingParams
+    from minivllm.quantization.gguf import write_gguf
+    from tests.conftest import EMBEDDED, build_checkpoint, hf_greedy
+
+    model = build_checkpoint("llama", tmp_path / "float", vocab_size=1834, bos_token_id=1, eos_token_id=2,
+                             hidden_size=256, intermediate_size=512, num_hidden_layers=2)
+    rng, types, raw = np.random.default_rng(0), {}, {}
+    shapes = {"attn_q": (256, 256), "attn_k": (128, 256), "attn_v": (128, 256), "attn_output": (256, 256),
+              "ffn_gate": (512, 256), "ffn_up": (512, 256), "ffn_down": (256, 512)}
+    for layer in range(2):
+        for part, (n, k) in shapes.items():
+            name = f"blk.{layer}.{part}.weight"
+            types[name] = "Q6_K" if part in ("ffn_down",) or (layer == 0 and part == "attn_v") else "Q4_K"
+            raw[name] = random_super_blocks(types[name], n, k, rng, scale=(1e-4, 3e-4))
+    write_gguf(tmp_path / "tiny-k.gguf", model, EMBEDDED, types=types, raw=raw)
+
+    llm = LLM(str(tmp_path / "tiny-k.gguf"), dtype="float32", num_kv_blocks=64)
+    layer0, layer1 = llm.engine.runner.model.model.layers
+    assert layer0.self_attn.qkv_proj.weight.dtype == torch.float32  # Q4_K q, k beside a Q6_K v
+    assert (layer1.self_attn.qkv_proj.ggml_type, layer0.mlp.gate_up_proj.ggml_type, layer0.self_attn.o_proj.ggml_type,
+            layer1.mlp.down_proj.ggml_type) == (cpu_gguf.Q4_K, cpu_gguf.Q4_K, cpu_gguf.Q4_K, cpu_gguf.Q6_K)
+
+    hf = tf.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="tiny-k.gguf", dtype=torch.float32).eval()
+    prompts = [[1, 5, 9, 300, 4], list(range(7, 60))]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(hf, p, 12) for p in prompts]
+
+
+def test_kept_blocks_go_through_the_weight_cache(mixed_gguf, tmp_path):
+    """Data-parallel engines map one copy of the loaded model (model/weight_cache.py): the blocks, the fused
+    layers dequantized beside them and the tied head's blocks lent to the embedding come back as loaded."""
+    from minivllm.model.loader import load_model, read_model_config
+    from minivllm.platforms import choose_platform
+
+    cfg = read_model_config(mixed_gguf)
+    impl = choose_platform("cpu", torch.float32).implementations
+    written, mapped = (load_model(mixed_gguf, cfg, impl, torch.float32, "cpu", weight_cache=tmp_path)
+                       for _ in range(2))
+    assert any(tmp_path.iterdir())
+    ids, hidden = torch.tensor([0, 5, 1833]), torch.randn(3, 64)
+    for model in (written, mapped):
+        assert model.model.layers[1].self_attn.qkv_proj.weight.dtype == torch.uint8
+        assert model.model.embed_tokens.weight is model.lm_head.weight
+    assert torch.equal(written.model.embed_tokens(ids), mapped.model.embed_tokens(ids))
+    assert torch.equal(written.lm_head(hidden), mapped.lm_head(hidden))
+    layer = (written.model.layers[0].self_attn.qkv_proj, mapped.model.layers[0].self_attn.qkv_proj)
+    assert torch.equal(layer[0].quant_method.kernel.plain(layer[0]), layer[1].quant_method.kernel.plain(layer[1]))

@@ -16,7 +16,8 @@ from minivllm.quantization import held_bytes, weight_bytes
 from minivllm.quantization.int8 import Int8Config
 
 OPS = {"attention", "rms_norm", "rotary", "silu_and_mul", "linear[float]", "linear[int8]", "linear[int4]",
-       "linear[float].layout", "linear[int8].layout", "linear[int4].layout", "moe_experts", "compile",
+       "linear[gguf]", "linear[float].layout", "linear[int8].layout", "linear[int4].layout",
+       "linear[gguf].layout", "moe_experts", "compile",
        "cuda_graphs"}
 
 

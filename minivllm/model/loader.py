@@ -17,13 +17,14 @@ import torch
 from safetensors import safe_open
 
 from minivllm.distributed.parallel import SINGLE, TensorParallel
+from minivllm.model.gguf_blocks import EMBEDDING, keep_gguf_blocks
 from minivllm.model.lazy_loading import load_layers_on_first_use
 from minivllm.model.llama import Implementations
 from minivllm.model.registry import SUPPORTED_MODEL_TYPES, architecture_of, model_class
 from minivllm.model.weight_cache import cache_key, load_cached
 from minivllm.model.weights import LAYERS, CheckpointWeights
 from minivllm.quantization import QuantizationConfig, checkpoint_quantization
-from minivllm.quantization.gguf import gguf_tensors, is_gguf, read_gguf_hf_config
+from minivllm.quantization.gguf import gguf_tensors, is_gguf, read_gguf_hf_config, tensor_types
 
 SUPPORTED = SUPPORTED_MODEL_TYPES  # the model_types whose architecture registry.py lists
 
@@ -54,7 +55,7 @@ class ModelConfig:
     sliding_window: int | None = None  # tokens a query may look back, where limited (Mistral v0.1)
     sliding_layers: tuple[bool, ...] | None = None  # which layers slide (None: all, given a window)
     quantization: QuantizationConfig | None = None  # what the linear layers hold (None: floats)
-    gguf: bool = False  # the checkpoint is one GGUF file (dequantized at load)
+    gguf: bool = False  # the checkpoint is one GGUF file (see gguf_blocks.py)
     architecture: str = "LlamaForCausalLM"  # the registry key (model/registry.py) of its family
     # a mixture of experts (model/moe_layer.py), from the family's layer_options; 0 experts: dense
     num_experts: int = 0
@@ -129,7 +130,8 @@ def load_model(path: str | Path, cfg: ModelConfig, impl: Implementations, dtype:
     once all are in, each layer's quantization method prepares them for its kernels
     (`process_weights_after_loading`). `impl`: the ops, attention and linear kernels the model runs
     (a platform's, minivllm/platforms/). Under tensor parallelism (`tp`) every rank reads the whole
-    checkpoint and keeps its slices. `lazy`: the decoder layers stay unallocated until a forward
+    checkpoint and keeps its slices. A GGUF file's layers keep its blocks where the platform has a
+kernel for them (gguf_blocks.py). `lazy`: the decoder layers stay unallocated until a forward
     pass first reaches them (lazy_loading.py); a GGUF file is always read whole. `weight_cache`: a
     directory where the loaded model is written once, then mapped by every process that loads it
     (weight_cache.py; CPU and one rank only, ignored elsewhere; mapped pages load lazily anyway).
@@ -137,25 +139,36 @@ def load_model(path: str | Path, cfg: ModelConfig, impl: Implementations, dtype:
     path = Path(path)
     family = model_class(cfg.architecture)  # registry.py: the class config.json's name asks for
     family.check_dtype(dtype)
-    if weight_cache is not None and device == "cpu" and tp.size == 1:
-        def meta() -> torch.nn.Module:
-            with torch.device("meta"):
-                return family(cfg, impl, tp)
 
-        return load_cached(Path(weight_cache), cache_key(path, cfg, impl, dtype, device), meta,
+    def meta() -> tuple[torch.nn.Module, frozenset[str]]:
+        """The model on "meta", and the GGUF tensors its layers keep as blocks (gguf_blocks.py)."""
+        with torch.device("meta"):
+            model = family(cfg, impl, tp)
+            blocks = frozenset()
+            if cfg.gguf and impl.linear.gguf is not None and tp.size == 1 and not cfg.quantization:
+                blocks = keep_gguf_blocks(model, tensor_types(path), impl.linear.gguf, dtype,
+                                          cfg.tie_word_embeddings)
+        return model, blocks
+
+    if weight_cache is not None and device == "cpu" and tp.size == 1:
+        key = cache_key(path, cfg, impl, dtype, device)
+        return load_cached(Path(weight_cache), key, lambda: meta()[0],
                            lambda: load_model(path, cfg, impl, dtype, device, tp))
-    with torch.device("meta"):
-        model = family(cfg, impl, tp)
+    model, blocks = meta()
     lazy = lazy and not cfg.gguf
     layers, model.model.layers = model.model.layers, torch.nn.ModuleList()
     model = model.to_empty(device=device).to(dtype)  # all but the decoder layers
     if not lazy:
         layers = layers.to_empty(device=device).to(dtype)
     model.model.layers = layers
-    if cfg.tie_word_embeddings:
+    if cfg.tie_word_embeddings and EMBEDDING not in blocks:  # (else the head holds the blocks)
         model.lm_head.tie_to(model.model.embed_tokens)
     weights = CheckpointWeights(model, cfg, skip=LAYERS if lazy else None)
-    for where, name, tensor in checkpoint_tensors(path, cfg):
+    for where, name, tensor in checkpoint_tensors(path, cfg, blocks):
+        if name == EMBEDDING and name in blocks:  # the tied head holds the embedding's blocks
+            model.lm_head.weight_loader("weight", tensor(), None, f"{where}: {name}")
+            weights.loaded.add(name)
+            continue
         weights.load(where, name, tensor)
     weights.finish(path)
     if lazy:
@@ -165,10 +178,11 @@ def load_model(path: str | Path, cfg: ModelConfig, impl: Implementations, dtype:
     return model.eval()
 
 
-def checkpoint_tensors(path: Path, cfg: ModelConfig):
-    """(where, name, get-the-tensor) for each tensor of the checkpoint, in Hugging Face names."""
+def checkpoint_tensors(path: Path, cfg: ModelConfig, blocks: frozenset[str] = frozenset()):
+    """(where, name, get-the-tensor) for each tensor of the checkpoint, in Hugging Face names
+    (`blocks`: GGUF tensors read as the file's blocks)."""
     if cfg.gguf:
-        for name, tensor in gguf_tensors(path, cfg):
+        for name, tensor in gguf_tensors(path, cfg, blocks):
             yield path.name, name, lambda tensor=tensor: tensor
         return
     files = sorted(path.glob("*.safetensors"))

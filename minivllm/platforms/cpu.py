@@ -8,6 +8,8 @@ What it replaces, and the switch (read here, once per platform) that keeps the r
 * float matmuls: quantization/cpu_unquantized.py, each weight held once: tiled where the CPU has
   AVX-512 (MINIVLLM_CPU_SMALL_LINEAR=0 rules that out), else oneDNN's layout where fast, else plain;
 * int8 and int4 matmuls: torch's packed-weight kernels (quantization/cpu_quantized.py);
+* GGUF files: Q8_0/Q4_0/Q4_1/Q4_K/Q6_K layers kept as the file's blocks, multiplied as stored
+  (quantization/cpu_gguf.py; one process; without the C++ build they are dequantized at load);
 * torch.compile of the layers around attention (model/compiled.py): opt-in, MINIVLLM_CPU_COMPILE=1.
 
 The C++ sources are built once per process (platforms/cpu_extension.py); without a compiler every
@@ -30,7 +32,7 @@ from minivllm.platforms import cpu_extension
 from minivllm.platforms.cpu_hardware import cpu_flags, cpu_has_native_bf16
 from minivllm.platforms.cpu_moe import chosen_experts
 from minivllm.platforms.interface import Platform, qualified_name
-from minivllm.quantization import cpu_unquantized
+from minivllm.quantization import cpu_gguf, cpu_unquantized
 from minivllm.quantization.base import LinearKernels
 from minivllm.quantization.cpu_quantized import CPU_INT4, CPU_INT8
 from minivllm.quantization.unquantized import FLOAT, FloatKernel
@@ -48,6 +50,7 @@ def extension_built() -> bool:
     cpu_attention.register_fake()
     cpu_layer_ops.register_fakes()
     cpu_unquantized.register_fake()
+    cpu_gguf.register_fake()
     return True
 
 
@@ -78,7 +81,8 @@ class CpuPlatform(Platform):
                  "silu_and_mul": "tests/test_cpu_layer_ops.py",
                  "linear[float]": "tests/test_small_linear.py",
                  "linear[int8]": "tests/test_quantization.py",
-                 "linear[int4]": "tests/test_quantization.py", "compile": "tests/test_compiled.py",
+                 "linear[int4]": "tests/test_quantization.py",
+                 "linear[gguf]": "tests/test_cpu_gguf.py", "compile": "tests/test_compiled.py",
                  "moe_experts": "tests/test_moe.py"}
 
     def __init__(self, device, dtype, online_softmax_update=None) -> None:
@@ -93,7 +97,9 @@ class CpuPlatform(Platform):
             self.attention = self._hooked(cpu_attention.CpuAttentionBackend())
             if fused_ops:
                 self.ops = cpu_layer_ops.OPS
-        self.linear = LinearKernels(float=float_kernel(dtype, tiled), int8=CPU_INT8, int4=CPU_INT4)
+        gguf = cpu_gguf.CPU_GGUF if extension_built() else None  # None: dequantized at load
+        self.linear = LinearKernels(float=float_kernel(dtype, tiled), int8=CPU_INT8, int4=CPU_INT4,
+                                    gguf=gguf)
         self.moe_experts = chosen_experts
 
     def compile(self, model: nn.Module, enforce_eager: bool) -> CompiledLayers | None:

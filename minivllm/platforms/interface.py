@@ -24,6 +24,7 @@ from minivllm.model.llama import Implementations
 from minivllm.model.moe import grouped_experts
 from minivllm.platforms.cpu_hardware import CpuThreadSizer, torch_default_threads
 from minivllm.quantization import REFERENCE_KERNELS, LinearKernels
+from minivllm.quantization.gguf import gguf_tensors
 
 if TYPE_CHECKING:
     from minivllm.model.compiled import CompiledLayers
@@ -85,6 +86,10 @@ class Platform:
         table = {"attention": qualified_name(self.attention),
                  **{op: qualified_name(fn) for op, fn in self.ops._asdict().items()}}
         for family, kernel in self.linear._asdict().items():
+            if kernel is None:  # no kernel for GGUF's blocks here: the loader dequantizes them
+                table[f"linear[{family}]"] = table[f"linear[{family}].layout"] = qualified_name(
+                    gguf_tensors)
+                continue
             table[f"linear[{family}]"] = qualified_name(type(kernel).apply)
             table[f"linear[{family}].layout"] = qualified_name(type(kernel).layout)
         table["moe_experts"] = qualified_name(self.moe_experts)

@@ -25,7 +25,8 @@ ACCEPTED = {"int8": "int8", "gptq": "gptq", "gptq_marlin": "gptq", "awq": "awq",
 SUPPORTED_TEXT = ("supported: quantization=None (the checkpoint as it is), 'int8' (weight-only, "
                   "quantized at load from any float checkpoint or GGUF file), 'gptq' or "
                   "'gptq_marlin' (4-bit GPTQ checkpoints), 'awq' or 'awq_marlin' (4-bit AWQ "
-                  "checkpoints, GEMM layout), 'gguf' (a .gguf file of a Llama or Qwen model, "
+                  "checkpoints, GEMM layout), 'gguf' (a .gguf file of a Llama or Qwen model: "
+                  "its Q8_0/Q4_0/Q4_1/Q4_K/Q6_K blocks kept on the cpu platform, the rest "
                   "dequantized at load)")
 
 __all__ = ["ACCEPTED", "REFERENCE_KERNELS", "LinearKernels", "LinearMethod", "QuantizationConfig",
@@ -48,7 +49,7 @@ def resolve_quantization(requested: str | None, checkpoint: QuantizationConfig |
                          is_gguf: bool, where: str) -> QuantizationConfig | None:
     """What the linear layers will hold, from `quantization=` and the checkpoint. None follows the
     checkpoint; a checkpoint format must match it; "int8" needs float weights (a float checkpoint,
-    or a GGUF file, which is dequantized at load)."""
+    or a GGUF file, which "int8" has dequantized at load)."""
     if requested is None or requested == "none":
         return checkpoint
     if not isinstance(requested, str) or requested.lower() not in ACCEPTED:

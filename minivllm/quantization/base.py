@@ -57,6 +57,8 @@ class LinearKernels(NamedTuple):
     float: LinearKernel  # unquantized.py: W [N, K] as the checkpoint has it
     int8: LinearKernel  # int8.py: q [N, K] int8 and one scale per output
     int4: LinearKernel  # int4.py: GPTQ and AWQ, 4-bit groups
+    # GGUF's blocks as the file stores them (cpu_gguf.py); None: a GGUF file is dequantized at load
+    gguf: LinearKernel | None = None
 
 
 class LinearMethod:

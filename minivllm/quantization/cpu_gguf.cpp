@@ -4,6 +4,11 @@
 // its high nibble weight j + 16. A decode step reads each block once: its 32 weights widen to two vectors of
 // 16 floats, multiply the input's 32 values, and the block's sum is scaled by d. The offsets fold into one
 // scalar per block: d (q - 8) . x = d (q . x) - 8 d sum(x), and m's term is m sum(x).
+//
+// The "K" formats (Q4_K, Q6_K: what most downloaded files hold) group 256 weights into a super-block whose
+// sub-blocks carry small integer scales, themselves scaled by the super-block's fp16 d (super_block_weights
+// spells each layout out). A super-block is unpacked to 256 floats on the stack (in L1; 16 lanes at a time with
+// AVX-512 where the CPU has it) and then multiplied by every row of x: the unpacking is paid once per weight.
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -14,11 +19,13 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 namespace {
 
-constexpr int64_t kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8;  // ggml's type ids
-constexpr int64_t kBlock = 32;                       // weights per block, every format here
+constexpr int64_t kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14;  // ggml's type ids
+constexpr int64_t kBlock = 32;                       // weights per block of Q8_0, Q4_0, Q4_1
+constexpr int64_t kSuper = 256;                      // weights per super-block of Q4_K, Q6_K
 constexpr int64_t kRows = 8;                         // rows of x multiplied per pass over a weight row
 
 int64_t block_bytes(int64_t type) {
@@ -26,9 +33,14 @@ int64_t block_bytes(int64_t type) {
     case kQ4_0: return 18;
     case kQ4_1: return 20;
     case kQ8_0: return 34;
+    case kQ4_K: return 144;  // fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles
+    case kQ6_K: return 210;  // 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales, fp16 d
   }
-  TORCH_CHECK(false, "GGUF type ", type, " is not one of Q4_0 (2), Q4_1 (3), Q8_0 (8)");
+  TORCH_CHECK(false, "GGUF type ", type, " is not one of Q4_0 (2), Q4_1 (3), Q8_0 (8), Q4_K (12), Q6_K (14)");
 }
+
+bool is_super(int64_t type) { return type == kQ4_K || type == kQ6_K; }
+int64_t block_weights(int64_t type) { return is_super(type) ? kSuper : kBlock; }
 
 inline float half_at(const uint8_t* p) {
   uint16_t bits;
@@ -53,6 +65,109 @@ inline void block_values(int64_t type, const uint8_t* block, float* out) {
   }
 }
 
+// Q4_K's eight sub-blocks of 32 weights each have a 6-bit scale and a 6-bit min, packed into 12 bytes: sub-blocks
+// 0-3 keep theirs in the low 6 bits of bytes 0-3 (scales) and 4-7 (mins); sub-blocks 4-7 keep their low 4 bits in
+// the nibbles of bytes 8-11 and their top 2 bits in the spare top bits of bytes 0-3 (scales) and 4-7 (mins).
+inline void q4_k_scale_min(const uint8_t* packed, int j, int& scale, int& min) {
+  if (j < 4) {
+    scale = packed[j] & 63;
+    min = packed[j + 4] & 63;
+  } else {
+    scale = (packed[j + 4] & 0x0F) | ((packed[j - 4] >> 6) << 4);
+    min = (packed[j + 4] >> 4) | ((packed[j] >> 6) << 4);
+  }
+}
+
+// One super-block of 256 weights as floats, exactly as llama.cpp dequantizes it.
+//   Q4_K: w = d scale_j q - dmin min_j for sub-block j of 32; the nibbles come in runs of 32 bytes, each run
+//         holding two sub-blocks: low nibbles the first 32 weights, high nibbles the next 32.
+//   Q6_K: w = d scale_i (q - 32), q 6 bits, scale_i an int8 per 16 weights. Each 128 weights read 64 bytes of
+//         low nibbles (ql) and 32 bytes of high pairs (qh): weight l, l + 32, l + 64, l + 96 (l < 32) take ql[l]'s
+//         low, ql[l + 32]'s low, ql[l]'s high, ql[l + 32]'s high nibble, and bits 0-1, 2-3, 4-5, 6-7 of qh[l].
+inline void super_block_weights(int64_t type, const uint8_t* block, float* out) {
+  if (type == kQ4_K) {
+    const float d = half_at(block), dmin = half_at(block + 2);
+    const uint8_t *packed = block + 4, *q = block + 16;
+    for (int run = 0; run < 4; ++run, q += 32, out += 64) {
+      int scale_low, min_low, scale_high, min_high;
+      q4_k_scale_min(packed, 2 * run, scale_low, min_low);
+      q4_k_scale_min(packed, 2 * run + 1, scale_high, min_high);
+      const float d_low = d * scale_low, m_low = dmin * min_low, d_high = d * scale_high, m_high = dmin * min_high;
+#ifdef __AVX512F__  // the two loops below, 16 bytes at once (d_low q is exact in fp32: 11 x 6 x 4 bits)
+      for (int l = 0; l < 32; l += 16) {
+        const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + l)));
+        const __m512 lows = _mm512_cvtepi32_ps(_mm512_and_si512(bytes, _mm512_set1_epi32(15)));
+        const __m512 highs = _mm512_cvtepi32_ps(_mm512_srli_epi32(bytes, 4));
+        _mm512_storeu_ps(out + l, _mm512_fmsub_ps(_mm512_set1_ps(d_low), lows, _mm512_set1_ps(m_low)));
+        _mm512_storeu_ps(out + l + 32, _mm512_fmsub_ps(_mm512_set1_ps(d_high), highs, _mm512_set1_ps(m_high)));
+      }
+#else
+      for (int l = 0; l < 32; ++l) out[l] = d_low * (q[l] & 0x0F) - m_low;
+      for (int l = 0; l < 32; ++l) out[l + 32] = d_high * (q[l] >> 4) - m_high;
+#endif
+    }
+    return;
+  }
+  const uint8_t *ql = block, *qh = block + 128;
+  const int8_t* scales = reinterpret_cast<const int8_t*>(block + 192);
+  const float d = half_at(block + 208);
+  for (int half = 0; half < 2; ++half, ql += 64, qh += 32, scales += 8, out += 128) {
+    for (int part = 0; part < 4; ++part) {  // weights 32 part + l: ql[l] (part 0, 2) or ql[l + 32] (1, 3)
+      const uint8_t* low = ql + 32 * (part % 2);
+      const int low_shift = 4 * (part / 2), high_shift = 2 * part;
+      for (int group = 0; group < 2; ++group) {  // 16 weights per scale
+        const float scale = d * scales[2 * part + group];
+#ifdef __AVX512F__  // the loop below, 16 lanes at once (GCC does not vectorize it well by itself)
+        const int l = 16 * group;
+        const __m512i lows = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(low + l)));
+        const __m512i highs = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qh + l)));
+        const __m512i q = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(lows, low_shift), _mm512_set1_epi32(15)),
+                                          _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(highs, high_shift),
+                                                                             _mm512_set1_epi32(3)), 4));
+        const __m512 centred = _mm512_cvtepi32_ps(_mm512_sub_epi32(q, _mm512_set1_epi32(32)));
+        _mm512_storeu_ps(out + 32 * part + l, _mm512_mul_ps(_mm512_set1_ps(scale), centred));
+#else
+        for (int l = 16 * group; l < 16 * group + 16; ++l)
+          out[32 * part + l] = scale * ((((low[l] >> low_shift) & 0x0F) | (((qh[l] >> high_shift) & 3) << 4)) - 32);
+#endif
+      }
+    }
+  }
+}
+
+// rows [first, last) of W in a K format for `rows` rows of x: each super-block unpacked once, then 256 fused
+// multiply-adds per row of x
+template <int rows>  // a constant, so that each row's accumulator stays in a register
+void multiply_rows_super(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t blocks, const float* x,
+                         int64_t k, float* y, int64_t n, int64_t first, int64_t last) {
+  const int64_t bytes = block_bytes(type);
+  alignas(64) float weights[kSuper];
+  for (int64_t o = first; o < last; ++o) {
+    const uint8_t* row = w + o * row_bytes;
+#ifdef __AVX512F__
+    __m512 acc[rows];
+    for (int r = 0; r < rows; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < blocks; ++b) {
+      super_block_weights(type, row + b * bytes, weights);
+      for (int r = 0; r < rows; ++r) {
+        const float* xb = x + r * k + b * kSuper;
+        for (int j = 0; j < kSuper; j += 16)
+          acc[r] = _mm512_fmadd_ps(_mm512_load_ps(weights + j), _mm512_loadu_ps(xb + j), acc[r]);
+      }
+    }
+    for (int r = 0; r < rows; ++r) y[r * n + o] = _mm512_reduce_add_ps(acc[r]);
+#else
+    float acc[rows] = {};
+    for (int64_t b = 0; b < blocks; ++b) {
+      super_block_weights(type, row + b * bytes, weights);
+      for (int r = 0; r < rows; ++r)
+        for (int j = 0; j < kSuper; ++j) acc[r] += weights[j] * x[r * k + b * kSuper + j];
+    }
+    for (int r = 0; r < rows; ++r) y[r * n + o] = acc[r];
+#endif
+  }
+}
+
 #ifdef __AVX512F__
 inline void block_vectors(int64_t type, const uint8_t* block, __m512& first, __m512& second) {
   if (type == kQ8_0) {
@@ -68,14 +183,15 @@ inline void block_vectors(int64_t type, const uint8_t* block, __m512& first, __m
 #endif
 
 // rows [first, last) of W for `rows` rows of x (fp32, [rows, K]); block_sums[r][b] = sum of x[r]'s block b
+template <int rows>  // a constant, so that each row's accumulator stays in a register
 void multiply_rows(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t blocks, const float* x, int64_t k,
-                   const float* block_sums, int rows, float* y, int64_t n, int64_t first, int64_t last) {
+                   const float* block_sums, float* y, int64_t n, int64_t first, int64_t last) {
   const int64_t bytes = block_bytes(type);
   for (int64_t o = first; o < last; ++o) {
     const uint8_t* row = w + o * row_bytes;
-    float offset[kRows] = {};
+    float offset[rows] = {};
 #ifdef __AVX512F__
-    __m512 acc[kRows];
+    __m512 acc[rows];
     for (int r = 0; r < rows; ++r) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < blocks; ++b) {
       const uint8_t* block = row + b * bytes;
@@ -94,7 +210,7 @@ void multiply_rows(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t bl
     }
     for (int r = 0; r < rows; ++r) y[r * n + o] = _mm512_reduce_add_ps(acc[r]) + offset[r];
 #else
-    float acc[kRows] = {}, values[kBlock];
+    float acc[rows] = {}, values[kBlock];
     for (int64_t b = 0; b < blocks; ++b) {
       const uint8_t* block = row + b * bytes;
       block_values(type, block, values);
@@ -112,10 +228,26 @@ void multiply_rows(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t bl
   }
 }
 
+// f(std::integral_constant<int, rows>{}) for rows in 1..kRows: one instance of the multiply per batch size
+template <typename F>
+void with_rows(int rows, F&& f) {
+  switch (rows) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 7: return f(std::integral_constant<int, 7>{});
+    default: return f(std::integral_constant<int, 8>{});
+  }
+}
+
 void check(const at::Tensor& blocks, int64_t type, int64_t n, int64_t k) {
   TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.is_contiguous(),
               "GGUF blocks must be contiguous uint8 [out, bytes per row]");
-  TORCH_CHECK(k % kBlock == 0 && blocks.size(0) == n && blocks.size(1) == k / kBlock * block_bytes(type),
+  const int64_t per_block = block_weights(type);
+  TORCH_CHECK(k % per_block == 0 && blocks.size(0) == n && blocks.size(1) == k / per_block * block_bytes(type),
               "GGUF blocks [", blocks.size(0), ", ", blocks.size(1), "] do not hold a [", n, ", ", k, "] weight");
 }
 
@@ -126,17 +258,35 @@ at::Tensor gguf_linear(const at::Tensor& x_in, const at::Tensor& blocks, int64_t
   const int64_t k = x_in.size(-1), m = x_in.numel() / std::max<int64_t>(k, 1);
   check(blocks, type, n, k);
   const at::Tensor x = x_in.reshape({m, k}).to(at::kFloat).contiguous();
-  const int64_t nblocks = k / kBlock;
-  const at::Tensor sums = x.view({m, nblocks, kBlock}).sum(-1).contiguous();  // each block's sum of x
   auto y = at::empty({m, n}, x.options());
   const uint8_t* w = blocks.data_ptr<uint8_t>();
+  if (is_super(type)) {
+    for (int64_t r = 0; r < m; r += kRows) {
+      const int rows = static_cast<int>(std::min(kRows, m - r));
+      const float* xr = x.data_ptr<float>() + r * k;
+      float* yr = y.data_ptr<float>() + r * n;
+      with_rows(rows, [&](auto constant) {
+        at::parallel_for(0, n, 16, [&](int64_t first, int64_t last) {
+          multiply_rows_super<decltype(constant)::value>(type, w, blocks.size(1), k / kSuper, xr, k, yr, n, first,
+                                                         last);
+        });
+      });
+    }
+    auto shape = x_in.sizes().vec();
+    shape.back() = n;
+    return y.to(x_in.scalar_type()).view(shape);
+  }
+  const int64_t nblocks = k / kBlock;
+  const at::Tensor sums = x.view({m, nblocks, kBlock}).sum(-1).contiguous();  // each block's sum of x
   for (int64_t r = 0; r < m; r += kRows) {
     const int rows = static_cast<int>(std::min(kRows, m - r));
     const float* xr = x.data_ptr<float>() + r * k;
     const float* sr = sums.data_ptr<float>() + r * nblocks;
     float* yr = y.data_ptr<float>() + r * n;
     at::parallel_for(0, n, 16, [&](int64_t first, int64_t last) {
-      multiply_rows(type, w, blocks.size(1), nblocks, xr, k, sr, rows, yr, n, first, last);
+      with_rows(rows, [&](auto constant) {
+        multiply_rows<decltype(constant)::value>(type, w, blocks.size(1), nblocks, xr, k, sr, yr, n, first, last);
+      });
     });
   }
   auto shape = x_in.sizes().vec();
@@ -148,9 +298,18 @@ at::Tensor gguf_linear(const at::Tensor& x_in, const at::Tensor& blocks, int64_t
 at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t type, int64_t n, int64_t k) {
   check(blocks, type, n, k);
   auto w = at::empty({n, k}, at::kFloat);
-  const int64_t nblocks = k / kBlock, bytes = block_bytes(type), row_bytes = blocks.size(1);
+  const int64_t bytes = block_bytes(type), row_bytes = blocks.size(1);
   const uint8_t* src = blocks.data_ptr<uint8_t>();
   float* dst = w.data_ptr<float>();
+  if (is_super(type)) {
+    at::parallel_for(0, n, 16, [&](int64_t first, int64_t last) {
+      for (int64_t o = first; o < last; ++o)
+        for (int64_t b = 0; b < k / kSuper; ++b)
+          super_block_weights(type, src + o * row_bytes + b * bytes, dst + o * k + b * kSuper);
+    });
+    return w;
+  }
+  const int64_t nblocks = k / kBlock;
   at::parallel_for(0, n, 16, [&](int64_t first, int64_t last) {
     float values[kBlock];
     for (int64_t o = first; o < last; ++o)

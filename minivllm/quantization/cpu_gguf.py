@@ -1,26 +1,35 @@
 """GGUF's block formats multiplied as the file stores them, on the CPU (cpu_gguf.cpp).
 
 What users download is mostly Q8_0 or Q4: 32 weights per block sharing an fp16 scale (and, in
-Q4_1, an fp16 minimum). Dequantizing at load (quantization/gguf.py) turns a 87 MiB Q4_0 file into
-514 MiB of fp32 and reads all of it every decode step; keeping the blocks reads the file's bytes,
-3.7-5.9x fewer. `gguf_linear` multiplies a few rows of x straight from the blocks (a decode step's
-batch); past GGUF_MAX_ROWS rows (a prompt) one dequantized copy per call and a GEMM are faster, as
-for the tiled float kernel. Tested against the `gguf` package's own dequantization
-(tests/test_cpu_gguf.py).
+Q4_1, an fp16 minimum), or the "K" formats Q4_K and Q6_K: 256 weights per super-block, whose
+sub-blocks of 32 (16) weights have 6-bit (8-bit) scales of their own. Dequantizing at load
+turns a 87 MiB Q4_0 file into 514 MiB of fp32 and reads all of it every decode step; keeping the
+blocks reads the file's bytes, 3.7-5.9x fewer. `gguf_linear` multiplies a few rows of x
+straight from the blocks (a decode step's batch); past GGUF_MAX_ROWS rows (a prompt) one
+dequantized copy per call and a GEMM are faster, as for the tiled float kernel. Tested against
+the `gguf` package's own dequantization (tests/test_cpu_gguf.py).
+
+`CPU_GGUF` is the cpu platform's kernel for GGUF layers (quantization/gguf.py's GgufLinearMethod):
+it reads the blocks the loader copied in unchanged, and dequantizes rows where a tied embedding
+looks tokens up in the LM head's blocks.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-Q4_0, Q4_1, Q8_0 = 2, 3, 8  # ggml's type ids, as GGUFReader reports them
-BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q8_0: 34}  # per 32 weights
+from minivllm.quantization.base import LinearKernel
+
+Q4_0, Q4_1, Q8_0, Q4_K, Q6_K = 2, 3, 8, 12, 14  # ggml's type ids, as GGUFReader reports them
+# (weights, bytes) per block: Q4_K and Q6_K group 256 weights into a super-block (cpu_gguf.cpp)
+BLOCKS = {Q4_0: (32, 18), Q4_1: (32, 20), Q8_0: (32, 34), Q4_K: (256, 144), Q6_K: (256, 210)}
 GGUF_MAX_ROWS = 32  # beyond, dequantize once per call and multiply with the float GEMM
 
 
 def dequantize(blocks: torch.Tensor, ggml_type: int, n: int, k: int) -> torch.Tensor:
-    """uint8 [n, k / 32 * block bytes] -> W [n, k] fp32, exactly as llama.cpp dequantizes."""
+    """uint8 [n, k / block weights * block bytes] -> W [n, k] fp32, as llama.cpp dequantizes."""
     return torch.ops.minivllm_cpu.gguf_dequantize(blocks, ggml_type, n, k)
 
 
@@ -31,3 +40,32 @@ def gguf_linear(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, n: int) -
         weight = dequantize(blocks, ggml_type, n, x.shape[-1]).to(x.dtype)
         return F.linear(x, weight)
     return torch.ops.minivllm_cpu.gguf_linear(x, blocks, ggml_type, n)
+
+
+def register_fake() -> None:
+    """gguf_linear's output shape for torch.compile (model/compiled.py); call after building."""
+    torch.library.register_fake("minivllm_cpu::gguf_linear")(
+        lambda x, blocks, ggml_type, n: x.new_empty(*x.shape[:-1], n))
+
+
+class CpuGgufKernel(LinearKernel):
+    """W as the file's blocks (`layer.weight`, uint8 [N, bytes per row]) of `layer.ggml_type`."""
+
+    types = tuple(BLOCKS)  # the block formats cpu_gguf.cpp multiplies
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        y = gguf_linear(x, layer.weight, layer.ggml_type, layer.output_size)
+        return y if bias is None else y + bias
+
+    def plain(self, layer: nn.Module) -> torch.Tensor:
+        """W [N, K] in float (fp32), exactly as llama.cpp dequantizes it."""
+        return dequantize(layer.weight, layer.ggml_type, layer.output_size, layer.input_size)
+
+    def rows(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` of W, dequantized: a tied embedding's lookup, in the model's dtype."""
+        flat = ids.reshape(-1)
+        rows = dequantize(layer.weight[flat], layer.ggml_type, flat.numel(), layer.input_size)
+        return rows.to(layer.compute_dtype).reshape(*ids.shape, layer.input_size)
+
+
+CPU_GGUF = CpuGgufKernel()

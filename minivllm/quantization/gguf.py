@@ -5,8 +5,10 @@ and every tensor in its own type: F32/F16/BF16, or a block format such as Q8_0 (
 fp16 scale, one int8 each) or Q4_0 (4 bits each). The `gguf` package reads and dequantizes the
 tensors; this module maps llama.cpp's names to ours (NAMES, TOP) and undoes the row permutation its
 converter applies to a Llama's attn_q and attn_k (it pairs rotary dims i and i + d/2 as
-neighbours). Weights are dequantized at load to the compute dtype (bench/RESULTS.md says why rather
-than running Q8_0 blocks as they are); `quantization="int8"` re-quantizes them per channel.
+neighbours). Where the platform has a kernel for a tensor's block format (the cpu platform's
+cpu_gguf.py, one process), its linear layer keeps the file's blocks (`GgufLinearMethod`) and reads
+them every step: the loader (model/gguf_blocks.py) picks those layers. Everything else is
+dequantized at load to the compute dtype; `quantization="int8"` re-quantizes it per channel.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+from torch import nn
+
+from minivllm.quantization.base import Layout, LinearKernel, LinearMethod, add_weight
 
 # general.architecture values we map (Mistral files say llama)
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
@@ -75,27 +80,69 @@ def unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
     return pairs.transpose(1, 2).reshape(w.shape)
 
 
-def gguf_tensors(path: Path, cfg) -> Iterator[tuple[str, torch.Tensor]]:
-    """(Hugging Face name, float32 tensor) per tensor in the file, dequantized, un-permuted."""
+def tensor_types(path: Path) -> dict[str, int]:
+    """Hugging Face name -> the ggml type id the file stores that tensor in."""
+    from gguf import GGUFReader
+
+    return {name: int(t.tensor_type) for t in GGUFReader(path).tensors
+            if (name := hf_name(t.name)) is not None}
+
+
+def gguf_tensors(path: Path, cfg, blocks: frozenset[str] = frozenset()
+                 ) -> Iterator[tuple[str, torch.Tensor]]:
+    """(Hugging Face name, tensor) per tensor in the file, un-permuted: the file's blocks as uint8
+    [rows, bytes per row] for the names in `blocks`, every other tensor dequantized to float32."""
     from gguf import GGUFReader, dequantize
 
     for t in GGUFReader(path).tensors:
         name = hf_name(t.name)
         if name is None:
             continue
-        w = torch.from_numpy(dequantize(t.data, t.tensor_type).copy()).float()
-        w = w.reshape([int(d) for d in reversed(t.shape)])  # GGUF lists dims innermost first
+        if name in blocks:  # each row of W is a run of blocks: rows permute like float rows
+            w = torch.from_numpy(t.data.copy()).reshape(int(t.shape[-1]), -1)
+        else:
+            w = torch.from_numpy(dequantize(t.data, t.tensor_type).copy()).float()
+            w = w.reshape([int(d) for d in reversed(t.shape)])  # GGUF lists dims innermost first
         if cfg.model_type in ("llama", "mistral") and (".q_proj." in name or ".k_proj." in name):
             w = unpermute(w, cfg.num_heads if ".q_proj." in name else cfg.num_kv_heads)
         yield name, w
 
 
+class GgufLinearMethod(LinearMethod):
+    """A layer held as the file's blocks of one ggml type (`ggml_type`): uint8 [N, bytes per row],
+    the rows of a fused layer's shards stacked as for float weights. The kernel is the platform's
+    (`LinearKernels.gguf`); the loader gives this method only to layers whose shards share a type.
+    """
+
+    def __init__(self, kernel: LinearKernel, ggml_type: int, compute_dtype: torch.dtype) -> None:
+        super().__init__(kernel)
+        self.ggml_type, self.compute_dtype = ggml_type, compute_dtype
+
+    def create_weights(self, layer: nn.Module) -> None:
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        weights, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType(self.ggml_type)]  # per block
+        if layer.input_size % weights:
+            raise ValueError(f"a layer of {layer.input_size} inputs is not whole blocks of "
+                             f"{weights} weights")
+        shape = (layer.output_size, layer.input_size // weights * nbytes)
+        add_weight(layer, "weight", shape, torch.uint8, Layout(output_dim=0, input_dim=1))
+        layer.ggml_type, layer.compute_dtype = self.ggml_type, self.compute_dtype
+
+    def rows(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        """A tied embedding's lookup in this (LM head) layer's blocks."""
+        return self.kernel.rows(layer, ids)
+
+
 def write_gguf(path: str | Path, model, tokenizer_dir: str | Path, mlp_type: str = "Q8_0",
-               attention_type: str = "Q4_0") -> None:
+               attention_type: str = "Q4_0", types: dict[str, str] | None = None,
+               raw: dict[str, object] | None = None) -> None:
     """A transformers Llama as llama.cpp's converter writes it (tests, benchmarks): the config keys
     from which transformers rebuilds the config, the byte-level BPE tokenizer of
     `tokenizer_dir`/tokenizer.json, attn_q/attn_k rows permuted, MLP and attention matrices in the
-    given GGML types ("F32": float), the rest F32."""
+    given GGML types ("F32": float), the rest F32; `types`: llama.cpp tensor name -> its type
+    instead (a file that mixes types, a quantized token_embd); `raw`: name -> that type's bytes,
+    written as given (the gguf package cannot quantize to every type it reads, Q4_K and Q6_K)."""
     import json
 
     import gguf
@@ -139,8 +186,10 @@ def write_gguf(path: str | Path, model, tokenizer_dir: str | Path, mlp_type: str
         if ".attn_q." in name or ".attn_k." in name:  # unpermute's inverse
             n = cfg.num_attention_heads if ".attn_q." in name else cfg.num_key_value_heads
             t = t.reshape(n, 2, t.shape[0] // n // 2, *t.shape[1:]).swapaxes(1, 2).reshape(t.shape)
-        kind = mlp_type if ".ffn_" in name else attention_type
-        if name.startswith("blk.") and t.ndim == 2 and kind != "F32":
+        kind = (types or {}).get(name, mlp_type if ".ffn_" in name else attention_type)
+        if name in (raw or {}):
+            w.add_tensor(name, raw[name], raw_dtype=gguf.GGMLQuantizationType[kind])
+        elif (name.startswith("blk.") or name in (types or {})) and t.ndim == 2 and kind != "F32":
             qtype = gguf.GGMLQuantizationType[kind]
             w.add_tensor(name, gguf.quants.quantize(t, qtype), raw_dtype=qtype)
         else:
