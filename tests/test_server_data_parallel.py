@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
 
 import httpx
 import openai
 import pytest
+from tests.server_process import start_server, stop_server
 
 from tests.test_server_ops import chat_model
 
@@ -35,37 +34,16 @@ def serve(ckpt, tmp_path):
     started: list[subprocess.Popen] = []
 
     def start(*args: str) -> tuple[subprocess.Popen, openai.OpenAI, str]:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        env = {**os.environ, "MINIVLLM_WEIGHT_CACHE_DIR": str(tmp_path)}
-        proc = subprocess.Popen([sys.executable, "-m", "minivllm", "serve", "--model", str(ckpt),
-                                 "--port", str(port), "--num-kv-blocks", "256",
-                                 "--dtype", "float32", "--served-model-name", "tiny-chat", *args],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        proc, url = start_server(ckpt, "--num-kv-blocks", "256", "--dtype", "float32", "--served-model-name",
+                                 "tiny-chat", *args, env={"MINIVLLM_WEIGHT_CACHE_DIR": str(tmp_path)},
+                                 deadline_s=120)
         started.append(proc)
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stdout.read().decode()
-            assert time.monotonic() < deadline, "the server did not come up"
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.2)
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
         return proc, client, url
 
     yield start
     for proc in started:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_server(proc)
 
 
 def children(pid: int) -> list[int]:
