@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_load import start_server, stop_server  # noqa: E402
+from serve_process import start_server, stop_server  # noqa: E402
 
 
 @dataclass
@@ -211,11 +211,8 @@ def main() -> None:
     if url is None:
         from minivllm.config import DEFAULT_MODEL
 
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        proc = start_server(args.model or str(DEFAULT_MODEL), port, args.server_arg)
-        url = f"http://127.0.0.1:{port}"
+        proc, url = start_server(["--model", args.model or str(DEFAULT_MODEL), "--log-level", "warning",
+                                  *args.server_arg])
     try:
         info = httpx.get(url + "/v1/models").json()["data"][0]
         print(f"machine: {os.cpu_count()} cores; server {url} serving {info['id']} (max_model_len "

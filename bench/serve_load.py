@@ -19,10 +19,7 @@ import json
 import math
 import os
 import random
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,6 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serve_process import start_server, stop_server  # noqa: E402
 
 
 @dataclass
@@ -146,34 +146,6 @@ def random_model(path: Path) -> Path:
     return path
 
 
-def stop_server(proc: subprocess.Popen | None) -> None:
-    """Ask a server started by `start_server` to stop as an operator would (SIGINT), and kill it after 30 s."""
-    if proc is None:
-        return
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-
-
-def start_server(model: str, port: int, extra: list[str]) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "minivllm", "serve", "--model", model, "--port", str(port), "--log-level", "warning",
-           *extra]
-    proc = subprocess.Popen(cmd)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the server exited with {proc.returncode}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            time.sleep(0.25)
-    proc.kill()
-    raise SystemExit("the server did not come up within 180 s")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     where = ap.add_mutually_exclusive_group()
@@ -207,11 +179,7 @@ def main() -> None:
             from minivllm.config import DEFAULT_MODEL
 
             model = str(DEFAULT_MODEL)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        proc = start_server(model, port, args.server_arg)
-        url = f"http://127.0.0.1:{port}"
+        proc, url = start_server(["--model", model, "--log-level", "warning", *args.server_arg])
     try:
         info = httpx.get(url + "/v1/models").json()["data"][0]
         asyncio.run(run_load(url, 1, 1, 60, args.prompt_tokens, 4, args.max_token_id, args.seed + 1))  # warm-up

@@ -8,11 +8,12 @@ at random: a streamed chat completion (a fifth of them hung up after a few chunk
 logprobs, a structured chat answer (a JSON schema, or a choice), a prompt sharing a long prefix with others,
 and a prompt close to the context length.
 
-Faults, on a schedule: at `--kill-at` of the run a tensor-parallel worker is SIGKILLed. The server's design
-(minivllm/server/app.py): the engine is dead, every request then gets HTTP 503 naming the worker's failure,
-`/health` says 503 with the cause, and the operator restarts it; here that is checked, then the server is
-stopped with SIGTERM and a new one started, and the load goes on. At the end SIGTERM arrives with streams
-open: each must end (finished or an error), and the process must exit within 30 s.
+Faults, on a schedule: at `--kill-at` of the run a process of the engine is SIGKILLed: with `--dp 2` a
+data-parallel engine (a whole engine in its own process), else a tensor-parallel worker. The server's design
+(minivllm/server/app.py, data_parallel.py): the engine is dead, every request then gets HTTP 503 naming the dead
+process, `/health` says 503 with the cause, and the operator restarts it; here that is checked (the run fails
+otherwise), then the server is stopped with SIGTERM and a new one started, and the load goes on. At the end
+SIGTERM arrives with streams open: each must end (finished or an error), and the process must exit within 30 s.
 
 Sampled every `--every` seconds: the server's resident memory (its process tree), open descriptors and
 threads, running and waiting requests, free KV blocks, preemptions. After the load and before the final
@@ -20,7 +21,7 @@ SIGTERM the server must go idle with every block free, and memory, descriptors a
 within `--rss-bound` MiB / 16 / 4 of their values after warm-up (the first sample `--warmup` s after the
 last start).
 
-    python bench/soak.py [--minutes 20] [--clients 32] [--tp 2] [--out bench/soak]
+    python bench/soak.py [--minutes 20] [--clients 32] [--tp 2] [--dp 1] [--out bench/soak]
 
 Prints the table (requests completed / failed by reason, faults, drift of each resource) and writes
 `<out>.json` and `<out>.png` (resources over time, faults marked). Exits 1 if anything was lost or leaked.
@@ -35,24 +36,20 @@ import os
 import random
 import re
 import signal
-import socket
-import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serve_process import free_port, start_server, stop_server  # noqa: E402
+
 KEY = "soak-key"
 BLOCK_BYTES = 2 * 6 * 16 * 4 * 32 * 4  # K and V, 6 layers, 16 tokens, 4 KV heads of 32, fp32: the embedded model
 PREFIX = "Once upon a time, in a quiet village by the sea, there lived an old fisherman who " * 6
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tree(pid: int) -> list[int]:
@@ -96,42 +93,23 @@ def metrics(url: str) -> dict:
 
 
 class Server:
-    """One `minivllm serve` process; `start` waits for /health."""
+    """One `minivllm serve` process (bench/serve_process.py), on one port across restarts; output to a log."""
 
     def __init__(self, args) -> None:
         self.args, self.proc, self.port = args, None, free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.log = Path(tempfile.gettempdir()) / f"minivllm-soak-{self.port}.log"
 
     def start(self) -> None:
         a = self.args
-        cmd = [sys.executable, "-m", "minivllm", "serve", "--port", str(self.port), "--api-key", KEY,
-               "--log-level", "warning", "--enable-prefix-caching", "--max-num-seqs", str(a.clients),
-               "--kv-cache-memory-bytes", str(a.kv_blocks * BLOCK_BYTES // a.tp), "-tp", str(a.tp)]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"the server exited with {self.proc.returncode}: {self.proc.stderr.read()[-2000:]}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
-        self.proc.kill()
-        raise SystemExit("the server did not come up within 300 s")
+        self.proc, _ = start_server(
+            ["--api-key", KEY, "--log-level", "warning", "--enable-prefix-caching", "--max-num-seqs", str(a.clients),
+             "--kv-cache-memory-bytes", str(a.kv_blocks * BLOCK_BYTES // a.tp), "-tp", str(a.tp), "-dp", str(a.dp)],
+            port=self.port, deadline_s=300, log=self.log)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> tuple[float, int | None]:
         """Send `sig`; (seconds until it exited, its exit code), killed (code None) after `timeout`."""
-        start = time.monotonic()
-        self.proc.send_signal(sig)
-        try:
-            code = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            code = None
-        return time.monotonic() - start, code
+        return stop_server(self.proc, sig, timeout)
 
 
 async def one_request(client, rng: random.Random, log: Counter) -> None:
@@ -209,12 +187,21 @@ async def sampler(server: Server, samples: list, every: float, stop: asyncio.Eve
             pass
 
 
-def kill_worker(server: Server) -> int:
-    """SIGKILL one tensor-parallel worker (a child of the server process); its pid."""
-    children = [p for p in tree(server.proc.pid) if p != server.proc.pid]
-    victim = max(children)  # the last started: a rank, not a helper
+def kill_engine_process(server: Server) -> tuple[int, str]:
+    """SIGKILL the last process the server spawned: a data-parallel engine with `--dp` > 1 (each runs its own
+    tensor-parallel ranks below it, if any), else a tensor-parallel worker. Returns (its pid, what it was)."""
+    spawned = []
+    for p in tree(server.proc.pid):
+        try:
+            if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes():  # not the resource tracker
+                spawned.append(p)
+        except OSError:
+            continue
+    dp = server.args.dp > 1
+    victim = [p for p in spawned if Path(f"/proc/{p}/status").exists()
+              and (not dp or f"PPid:\t{server.proc.pid}\n" in Path(f"/proc/{p}/status").read_text())][-1]
     os.kill(victim, signal.SIGKILL)
-    return victim
+    return victim, "data-parallel engine" if dp else "tensor-parallel worker"
 
 
 async def run(args) -> dict:
@@ -225,11 +212,13 @@ async def run(args) -> dict:
     samples, log, events = [], Counter(), []
     stop = asyncio.Event()
     sampling = asyncio.create_task(sampler(server, samples, args.every, stop, t0))
-    if args.tp > 1:  # a worker dies under load; then a restarted server takes the rest of the run
+    killed_ok = None
+    if args.tp > 1 or args.dp > 1:  # an engine process dies under load; a restarted server takes the rest
 
         async def kill_later() -> None:
             await asyncio.sleep(kill_at - time.monotonic())
-            events.append((time.monotonic() - t0, f"worker {kill_worker(server)} killed under load"))
+            pid, what = kill_engine_process(server)
+            events.append((time.monotonic() - t0, f"{what} {pid} killed under load"))
 
         killer = asyncio.create_task(kill_later())
         await clients(server, args.clients, kill_at + 5, log, seed=1)  # in flight, and after: errors
@@ -238,7 +227,11 @@ async def run(args) -> dict:
         probe = httpx.post(server.url + "/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
                            json={"model": "minivllm-tiny", "prompt": "hi", "max_tokens": 4}, timeout=30)
         events.append((time.monotonic() - t0, f"after the kill: /health {health.status_code}, "
-                       f"a request {probe.status_code} {probe.text[:120]!r}"))
+                       f"a request {probe.status_code} {probe.text[:160]!r}"))
+        # the design (minivllm/server/app.py, data_parallel.py): 503 with the cause, from then on
+        cause = ("engine" if args.dp > 1 else "rank") + " "
+        killed_ok = (health.status_code == probe.status_code == 503 and cause in probe.text
+                     and cause in health.text and ("exited" in probe.text or "raised" in probe.text))
         secs, code = server.stop()
         events.append((time.monotonic() - t0, f"stopped (SIGTERM) in {secs:.1f} s, exit {code}"))
         server.start()
@@ -256,8 +249,8 @@ async def run(args) -> dict:
     await asyncio.wait_for(streams, 60)  # every client must hear the end (finished or an error)
     stop.set()
     await sampling
-    return dict(samples=samples, log={" | ".join(k): v for k, v in log.items()}, events=events, idle=idle,
-                measured_from=measured_from,
+    return dict(killed_ok=killed_ok, samples=samples, log={" | ".join(k): v for k, v in log.items()}, events=events,
+                idle=idle, measured_from=measured_from,
                 open_streams={" | ".join(k): v for k, v in open_log.items()})
 
 
@@ -273,8 +266,9 @@ def wait_idle(server: Server, timeout: float = 60.0) -> dict:
 def report(result: dict, args) -> bool:
     samples, idle = result["samples"], result["idle"]
     warm = next((s for s in samples if s["t"] >= result["measured_from"]), samples[-1])
-    print(f"\nclients {args.clients}, {args.minutes} min, tp={args.tp}, KV pool {int(idle['blocks_total'])} "
-          f"blocks, samples every {args.every} s\n\n| requests | count |\n|---|---|")
+    print(f"\nclients {args.clients}, {args.minutes} min, tp={args.tp}, dp={args.dp}, "
+          f"KV pool {int(idle['blocks_total'])} blocks, samples every {args.every} s")
+    print("\n| requests | count |\n|---|---|")
     for reason, count in sorted(result["log"].items()):
         print(f"| {reason} | {count} |")
     print("\n| when (s) | event |\n|---|---|")
@@ -290,7 +284,9 @@ def report(result: dict, args) -> bool:
     print(f"\nstreams open at SIGTERM: {result['open_streams']}")
     unexplained = [r for r in result["log"] if r.endswith("UNEXPLAINED")]
     ok = (idle["blocks_free"] == idle["blocks_total"] and all(drift[k] <= bounds[k] for k in drift)  # growth
-          and not unexplained and sum(result["open_streams"].values()) > 0)
+          and not unexplained and sum(result["open_streams"].values()) > 0 and result["killed_ok"] is not False)
+    if result["killed_ok"] is False:
+        print("after the kill the server did not answer 503 naming the dead process")
     print("PASS" if ok else "FAIL")
     return ok
 
@@ -320,9 +316,11 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=20)
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--tp", type=int, default=2)
+    ap.add_argument("--dp", type=int, default=1, help="data-parallel engines (> 1: the kill is of engine 1)")
     ap.add_argument("--kv-blocks", type=int, default=64,
                     help="KV pool, in blocks of the embedded model (64: one full-context request fits)")
-    ap.add_argument("--kill-at", type=float, default=0.4, help="when to kill a worker, as a fraction of the run")
+    ap.add_argument("--kill-at", type=float, default=0.4,
+                    help="when to kill a worker or engine, as a fraction of the run")
     ap.add_argument("--every", type=float, default=2.0)
     ap.add_argument("--warmup", type=float, default=30.0)
     ap.add_argument("--rss-bound", type=float, default=64.0, help="MiB of resident-memory drift allowed")

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
 
 import httpx
 import pytest
+from tests.server_process import start_server
 
 import minivllm
 from minivllm.config import EngineConfig
@@ -261,23 +260,8 @@ def long_ckpt(tmp_path_factory):
 
 
 def serve_process(ckpt, *args: str) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "minivllm", "serve", "--model", str(ckpt),
-                             "--port", str(port),
-                             "--num-kv-blocks", "1024", "--max-model-len", "4096", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        assert proc.poll() is None, proc.stdout.read().decode()
-        assert time.monotonic() < deadline, "the server did not come up"
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            time.sleep(0.2)
+    """`minivllm serve` with room for long streams (1024 blocks, 4096 positions) and `args`."""
+    return start_server(ckpt, "--num-kv-blocks", "1024", "--max-model-len", "4096", *args)
 
 
 def open_streams(url: str, count: int, max_tokens: int,

@@ -14,6 +14,7 @@ import contextlib
 import functools
 import signal
 import sys
+import threading
 import weakref
 from collections.abc import Callable
 from datetime import timedelta
@@ -50,6 +51,8 @@ class ChildProcesses:
         self.procs: list = []
         self.conns: list[Connection] = []
         self.ranks = range(1, 1)
+        # fail() may run in a step's thread and in a watcher at once: one reads the pipes and stops
+        self._failing = threading.RLock()
         leave = functools.partial(_say_none, self.conns) if polite else None
         self._stop = weakref.finalize(self, stop, self.procs, self.conns, leave)
 
@@ -76,13 +79,19 @@ class ChildProcesses:
             raise self.fail() or self.error_type(f"{self.what} {rank}: {e}") from e
 
     def wait_for_death(self, cancel: Connection) -> bool:
-        """Block until a process ends (True) or `cancel` becomes readable (False)."""
+        """Block until a process ends (True) or `cancel` becomes readable (False).
+
+        The sentinel, not /proc's "Z": a multi-threaded child killed by a signal shows its leader
+        as a zombie while its other threads are still being torn down, and until the last one is
+        gone the kernel reports no exit status and keeps the child's end of the sentinel open."""
         return cancel not in wait([cancel, *(p.sentinel for p in self.procs)])
 
     def receive(self, rank: int, *kinds: str) -> tuple[str, object]:
         """Process `rank`'s next report, (kind, payload), of one of `kinds`; waits until it comes
         or the process dies (then its own error is raised)."""
-        proc, conn = self.procs[rank - 1], self.conns[rank - 1]
+        with self._failing:  # (a watcher's fail() may have stopped them all: its error, then)
+            self.check()
+            proc, conn = self.procs[rank - 1], self.conns[rank - 1]
         wait([conn, proc.sentinel])
         message = receive(conn, 0)
         if message[0] not in kinds:
@@ -102,6 +111,10 @@ class ChildProcesses:
     def fail(self, read: dict[int, tuple] | None = None) -> RuntimeError | None:
         """After something went wrong: the processes' own errors (None if all fine); all stopped.
         `read`: reports already taken off a pipe (its error, perhaps)."""
+        with self._failing:
+            return self._fail(read)
+
+    def _fail(self, read: dict[int, tuple] | None) -> RuntimeError | None:
         if self.error is None:
             reasons = []
             for rank, proc, conn in zip(self.ranks, self.procs, self.conns):

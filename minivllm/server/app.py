@@ -15,7 +15,7 @@ import time
 from dataclasses import replace
 
 import uvicorn
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Path, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -137,7 +137,8 @@ def _add_openai_routes(app: FastAPI, serving: OpenAIServing, model_card) -> None
 
     @app.get("/v1/models/{model_id:path}",
              responses=openapi.responses("id", "object", errors=(401, 404)))
-    async def model(model_id: str) -> dict:
+    async def model(model_id: str = Path(examples=[model_card()["id"]])) -> dict:
+        # the example: the served name, so that a fuzzer reaches the 200 too, not only 404s
         serving.check_model(model_id)
         return model_card()
 

@@ -17,15 +17,23 @@ feeding it. A call's prompts stay on one engine, so each stream has one owner.
 
 A dead engine is an error, never a hang: its owner's turn raises the child's own traceback (or its
 exit code), which fails that engine's requests with a 503 naming it; the processes' handle then
-stops the other children, later calls are refused with the same error, and /health answers 503.
+stops the other children, later calls are refused with the same error, and /health answers 503
+(the process stays up to say why; restarting it is the operator's, or the orchestrator's on
+/health). An idle engine has no turn to raise, so a watcher thread blocks on the children's
+sentinels and fails the handle the moment one ends: the server knows whatever its load, not only
+when a request happens to check. "Ends" is the kernel's word, not /proc's: a multi-threaded child
+killed by a signal shows "Z" before its last thread is gone, and only then can anyone read its exit.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
+import threading
 import weakref
 from collections.abc import Sequence
+from multiprocessing import Pipe
 from multiprocessing.connection import Connection
 
 from minivllm.config import EngineConfig
@@ -42,6 +50,8 @@ from minivllm.server.async_engine import (
     Turn,
     step_once,
 )
+
+log = logging.getLogger("minivllm.server")
 
 
 def remote_engine_main(config: EngineConfig, rank: int, conn: Connection) -> None:
@@ -95,6 +105,8 @@ class DataParallelAsyncEngine:
         self._listeners: list[StepListener] = []
         for e in self.engines:
             e.add_listener(self._stepped)
+        self._watcher: threading.Thread | None = None
+        self._cancel_watch: Connection | None = None
 
     @classmethod
     def launch(cls, config: EngineConfig) -> DataParallelAsyncEngine:
@@ -149,8 +161,29 @@ class DataParallelAsyncEngine:
     def start(self) -> None:
         for e in self.engines:
             e.start()
+        watch, self._cancel_watch = Pipe(duplex=False)
+        self._watcher = threading.Thread(target=self._watch, args=(watch,), daemon=True,
+                                         name="minivllm-dp-watcher")
+        self._watcher.start()
+
+    def _watch(self, cancel: Connection) -> None:
+        """Until cancelled: when a child ends, fail the handle (its error, the others stopped)."""
+        try:
+            if self.processes.wait_for_death(cancel):
+                if (error := self.processes.fail()) is not None:
+                    log.error("%s; no more requests will be served", error)
+        finally:
+            cancel.close()
+
+    def _stop_watching(self) -> None:
+        if self._watcher is not None:
+            self._cancel_watch.send(None)
+            self._watcher.join()
+            self._cancel_watch.close()
+            self._watcher = None
 
     async def stop(self, timeout: float = 10.0) -> None:
+        await asyncio.to_thread(self._stop_watching)  # stopping the children is no death
         await asyncio.gather(*(e.stop(timeout) for e in self.engines))
         self.processes.shutdown()
 
