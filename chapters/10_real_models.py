@@ -283,8 +283,9 @@ print(refusal(lambda: EngineArgs(pipeline_parallel_size=2)))
 print(refusal(lambda: resolve_quantization("fp8", None, is_gguf=False, where="this model")))
 
 # %% [markdown]
-# Sliding-window attention (Mistral v0.1) is run up to its window: `max_model_len` is capped at it, and a
-# longer prompt is refused.
+# Sliding-window attention (Mistral v0.1, and the Qwen2/3 layers from `max_window_layers` on) is run in
+# full: each layer's queries look back at most its window, `max_model_len` is not capped at it, and where
+# every layer slides, the blocks the window has passed go back to the pool.
 
 # %% [markdown]
 # ## A mixture of experts from the Hub
