@@ -244,7 +244,8 @@ assert gqa == 327_680 and quoted // gqa == 8 and round(gqa * 4096 / 1e9, 1) == 1
 # ## The same figures for the model we loaded
 #
 # The engine computed all of this when it loaded: `runner.bytes_per_block` from the model's config and
-# the dtype it chose (printed below: bf16 on a CPU with native bf16, else float32; bf16 or fp16 on a GPU),
+# the dtype it chose (printed below: bf16 on a CPU with native bf16, else float32, unless `MINIVLLM_CPU_DTYPE`
+# says otherwise; bf16 or fp16 on a GPU),
 # and `runner.num_blocks` from its memory
 # budget. On CPU the budget is a fixed knob (`kv_sizing.DEFAULT_CPU_KV_CACHE_BYTES`); on a GPU the engine
 # measures what is left after the weights and a profiled forward pass. Either way it takes no more blocks

@@ -71,7 +71,7 @@ from minivllm.quantization.unquantized import UnquantizedLinearMethod, plain_wei
 # splits: heads, KV heads and the MLP width must divide by the ranks (a `ValueError` naming
 # `tensor_parallel_size` otherwise). Both run on the CPU, also on a GPU machine: 2 ranks on CUDA need 2
 # GPUs (one per rank, NCCL between them), and Colab gives one; on a machine with two, drop `device="cpu"`.
-# The dtype is the engine's "auto": float32 or bf16, depending on the CPU.
+# The dtype is the engine's "auto": float32 or bf16, depending on the CPU (or on `MINIVLLM_CPU_DTYPE`).
 
 # %%
 one = LLM(DEFAULT_MODEL, device="cpu", num_kv_blocks=256)
