@@ -2,7 +2,7 @@
 PYTHON ?= python
 STAMP := .install-stamp
 
-.PHONY: install demo test chapters-learner lint bench chapters clean gpu-check
+.PHONY: install demo test chapters-learner chapters-bf16 lint bench chapters clean gpu-check
 
 # torch first, from the pinned local CPU wheel where none is installed (never the CUDA wheels);
 # Colab and GPU machines keep the torch they already have.
@@ -61,6 +61,13 @@ chapters-learner: $(STAMP)
 		env -u MINIVLLM_CPU_DTYPE HF_HUB_OFFLINE=1 $(PYTHON) -m pytest $(wildcard chapters/*.ipynb) --nbval-lax \
 			--nbval-current-env -p no:cacheprovider -q; \
 	fi
+
+# The chapters in bf16 on any CPU (torch emulates bf16 where the CPU has no native instructions: slower,
+# the same numbers a native-bf16 learner sees). Not part of `make test`: emulated bf16 is slower than float32
+# and CI's time is budgeted. Run it after changing a chapter, so its prose stays true in both dtypes.
+chapters-bf16: $(STAMP)
+	MINIVLLM_CPU_DTYPE=bfloat16 HF_HUB_OFFLINE=1 $(PYTHON) -m pytest $(wildcard chapters/*.ipynb) --nbval-lax \
+		--nbval-current-env -p no:cacheprovider -q --durations=15
 
 bench: $(STAMP)
 	$(PYTHON) bench/cpu_throughput.py

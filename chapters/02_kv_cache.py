@@ -119,6 +119,7 @@ for use_cache in (True, False):
     print(f"use_cache={use_cache!s:5}: {timings[use_cache]:.2f} s, {positions[use_cache]:5d} positions computed")
 print(f"the cache saves {timings[False] / timings[True]:.1f}x time here, "
       f"{positions[False] / positions[True]:.0f}x positions")
+# The cache is an optimisation only: with and without it, greedy decoding must give the same tokens.
 assert tokens[True] == tokens[False], "the cache changes the cost, not the result"
 # the times are printed, not asserted: they depend on the machine and on what else it is doing
 
@@ -132,6 +133,7 @@ ours = llm.generate({"prompt_token_ids": out.prompt_token_ids[:16]},
                     SamplingParams(temperature=0, max_tokens=N, ignore_eos=True), use_tqdm=False)[0]
 run = widgets.new_steps(engine, start)
 print("positions computed by minivllm:", sum(t.num_tokens for t in run))
+# minivllm computes each position once, exactly what transformers computes with use_cache=True.
 assert sum(t.num_tokens for t in run) == positions[True]
 print("same tokens as transformers:", ours.outputs[0].token_ids == tokens[True])
 
@@ -166,6 +168,7 @@ print(f"a per-layer diagram's picture: {len(block_ids)} prompts x {diagram_layer
       f"{len(block_ids) * diagram_layers} blocks")
 print(f"our model has {runner.model_config.num_layers} layers: the same 3 ids are "
       f"{len(block_ids) * runner.model_config.num_layers} per-layer blocks")
+# Each short prompt takes one block id, and an id spans every layer: a 4-layer diagram's 12 blocks are 3 ids.
 assert len(block_ids) == 3 and len(block_ids) * diagram_layers == 12
 
 # %% [markdown]
@@ -176,6 +179,7 @@ assert len(block_ids) == 3 and len(block_ids) * diagram_layers == 12
 cache = runner.kv_cache
 one_block = cache[:, :, block_ids[0]]
 print("cache tensor:", tuple(cache.shape), cache.dtype, " one block:", tuple(one_block.shape))
+# One block of the real cache tensor is exactly the bytes the formula gives per block.
 assert one_block.numel() * one_block.element_size() == runner.bytes_per_block
 
 # %% [markdown]
@@ -205,6 +209,7 @@ print(f"TinyLlama: {tiny_llama.num_layers} layers, {tiny_llama.num_kv_heads} KV 
 print(f"bytes per block: 2 x 22 x 16 x 4 x 64 x 2 = {per_block:,} = {per_block / KiB:.0f} KiB")
 print(f"10.86 GiB / {per_block / KiB:.0f} KiB = {gpu_blocks} GPU blocks;  4 GiB / {per_block / KiB:.0f} KiB = "
       f"{swap_blocks} CPU blocks")
+# The formula reproduces the vLLM log's own numbers: bytes per block, then GPU and CPU block counts.
 assert per_block == 360_448 == 352 * KiB
 assert gpu_blocks == 32350 and swap_blocks == 11915
 
@@ -213,6 +218,7 @@ claimed = 34e6  # "about 34 MB per block"
 print(f"with 34 MB blocks, 10.86 GB would hold {10.86e9 / claimed:.0f} blocks "
       f"({10.86 * GiB / (34 * MiB):.0f} in binary units), not 32350")
 print(f"34 MB is {claimed / per_block:.0f}x the formula's block; the log's own numbers agree with the formula")
+# The claimed 34 MB per block would give about 319 blocks, far from the 32350 the log reports.
 assert round(10.86e9 / claimed) == 319
 
 # %% [markdown]
@@ -231,13 +237,15 @@ gqa = kv_bytes_per_token(llama70b.num_layers, llama70b.num_kv_heads, llama70b.he
 print(f"quoted:  {quoted:,} bytes/token = {quoted / 1e6:.2f} MB; 4K tokens = {quoted * 4096 / 1e9:.1f} GB")
 print(f"GQA:     {gqa:,} bytes/token = {gqa / 1e6:.2f} MB; 4K tokens = {gqa * 4096 / 1e9:.2f} GB")
 print(f"ratio {quoted // gqa} = {llama70b.num_heads} query heads / {llama70b.num_kv_heads} KV heads")
+# Grouped-query attention cuts Llama-70B's KV bytes per token by its 8 query heads per KV head.
 assert gqa == 327_680 and quoted // gqa == 8 and round(gqa * 4096 / 1e9, 1) == 1.3
 
 # %% [markdown]
 # ## The same figures for the model we loaded
 #
 # The engine computed all of this when it loaded: `runner.bytes_per_block` from the model's config and
-# the dtype it chose (printed below: bf16 on a CPU with native bf16, else float32; bf16 or fp16 on a GPU),
+# the dtype it chose (printed below: bf16 on a CPU with native bf16, else float32, unless `MINIVLLM_CPU_DTYPE`
+# says otherwise; bf16 or fp16 on a GPU),
 # and `runner.num_blocks` from its memory
 # budget. On CPU the budget is a fixed knob (`kv_sizing.DEFAULT_CPU_KV_CACHE_BYTES`); on a GPU the engine
 # measures what is left after the weights and a profiled forward pass. Either way it takes no more blocks
@@ -254,6 +262,7 @@ print(f"bytes per token: 2 x {mc.num_layers} x {mc.num_kv_heads} x {mc.head_dim}
 print(f"bytes per block: x {bs} tokens = {runner.bytes_per_block:,} = {runner.bytes_per_block / KiB:.0f} KiB")
 print(f"blocks: {runner.num_blocks:,} = {runner.num_blocks * bs:,} tokens of KV cache "
       f"({cache.nbytes / MiB:.0f} MiB)")
+# The engine sizes its blocks and its whole cache by the same formula we just applied.
 assert runner.bytes_per_block == per_token * bs
 assert cache.nbytes == runner.num_blocks * runner.bytes_per_block
 if device.type == "cpu":
@@ -297,6 +306,7 @@ ax.set_xlabel("MiB")
 ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.6), ncol=3, fontsize=8, frameon=False)
 ax.set_title(f"{runner.device} memory used by the engine", fontsize=10)
 widgets.show(fig)
+# The weights are parameters times dtype bytes, and for this small model the KV cache outweighs them.
 assert weights == sum(p.numel() for p in runner.model.parameters()) * dtype_bytes
 assert land["KV cache"] > land["weights"], "for a small model, the KV cache is most of the land"
 

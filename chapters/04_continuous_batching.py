@@ -94,6 +94,7 @@ mean = {rec.policy: sum(rec.latency(r) for r in rec.finished) / len(rec.finished
 print(f"mean latency: static {mean['static']:.1f} ticks, continuous {mean['continuous']:.1f} ticks")
 print(f"all done after: static {static.num_ticks} ticks, continuous {continuous.num_ticks} ticks")
 
+# The timeline as measured: under continuous batching no request waits for another, under static batching they do.
 assert {r: continuous.latency(r) for r in continuous.finished} == {f"R{i}": n for i, (_, n) in enumerate(schedule)}, \
     "continuous: every request starts when it arrives and takes exactly its token count"
 assert static.finished == {"R0": 10, "R1": 5, "R2": 25, "R3": 13, "R4": 32}
@@ -136,6 +137,7 @@ for t in threads:
     t.start()
 for t in threads:
     t.join(timeout=120)
+# Every thread gets its output back from the one engine loop.
 assert not any(t.is_alive() for t in threads) and len(finished) == 10, "every thread gets its output"
 steps = widgets.relabel_requests(widgets.new_steps(shared.engine, first_step),
                                  {rid: f"thread {i}" for i, rid in finished.items()})
@@ -143,6 +145,7 @@ tl = widgets.timeline(steps)
 widgets.show(widgets.timeline_figure(tl, "10 threads calling generate() on one shared LLM"))
 per_step = [len(t.scheduled) for t in steps]
 print(textwrap.fill(f"requests in each step: {per_step}", 100, subsequent_indent="  "))
+# Requests submitted from different threads were batched into the same steps.
 assert max(per_step) >= 3, "the threads' requests ran in shared steps"
 
 # %% [markdown]
@@ -175,6 +178,7 @@ for name in phases:
     doc = inspect.getdoc(getattr(ModelRunner, name)).splitlines()[0]
     print(textwrap.shorten(f"  ModelRunner.{name:<14} {lines:3d} lines   {doc}", 100, placeholder=" ..."))
 body = inspect.getsource(ModelRunner.execute)
+# The step runs its phases in the order the prose lists them.
 assert [body.index(f"self.{name}(") for name in phases] == sorted(body.index(f"self.{name}(") for name in phases)
 
 # %% [markdown]
@@ -185,6 +189,7 @@ assert [body.index(f"self.{name}(") for name in phases] == sorted(body.index(f"s
 # %%
 burst_ids = llm.tokenizer.encode(("Once upon a time, there was a little girl named Lily. She loved to play "
                                   "outside in the sun. One day, she saw a big red ball in the park. ") * 6)
+# The burst is long enough to overflow one step's token budget.
 assert len(burst_ids) >= 165
 start = llm.engine.num_steps
 llm.generate([{"prompt_token_ids": burst_ids[i : i + 150]} for i in range(16)],
@@ -193,6 +198,7 @@ burst = widgets.new_steps(llm.engine, start)
 for t in burst[:2]:
     print(f"step {t.step}: {t.num_tokens} tokens =", [(e.request_id, e.num_tokens) for e in t.scheduled][:3], "...",
           [(e.request_id, e.num_tokens) for e in t.scheduled][-2:])
+# The first step fills the 2048-token budget exactly; the next finishes the cut prompt and decodes the rest.
 assert burst[0].num_tokens == 2048 == llm.engine.config.max_num_batched_tokens
 assert [e.num_tokens for e in burst[0].scheduled] == [150] * 13 + [98] and len(burst[0].waiting) == 2
 assert burst[1].num_prefill_tokens == 2400 - 2048 and burst[1].num_decode_tokens == 13
@@ -216,6 +222,7 @@ assert burst[1].num_prefill_tokens == 2400 - 2048 and burst[1].num_decode_tokens
 story = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the sun. "
          "One day, she saw a big red ball in the park. ") * 6
 long_ids = llm.tokenizer.encode(story)[:150]
+# The long prompt has exactly 150 tokens, so the chunk sizes below add up to a known total.
 assert len(long_ids) == 150
 greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 jobs = [widgets.Arrival("short-a", 0, "Hello there", greedy), widgets.Arrival("short-b", 0, "The cat", greedy),
@@ -227,6 +234,7 @@ widgets.show(widgets.timeline_figure(tl, "max_num_batched_tokens=32: the long pr
                                      xlabel="clock tick"))
 chunks = [tl.tokens["long", x] for x in range(tl.last_x + 1) if tl.cells.get(("long", x)) == "prefill"]
 print("prefill chunks of the long prompt:", chunks)
+# Chunked prefill splits the long prompt into budget-sized pieces while the short requests keep decoding.
 assert sum(chunks) == 150 and max(chunks) <= 32 and len(chunks) >= 5
 assert all(t.num_tokens <= 32 for t in rec.steps)
 assert all(tl.cells[rid, x] == "decode" for rid in ("short-a", "short-b") for x in range(1, 12)), \
@@ -239,6 +247,7 @@ assert all(tl.cells[rid, x] == "decode" for rid in ("short-a", "short-b") for x 
 # %%
 exact = LLM(num_kv_blocks=256, dtype="float32")  # the default budget of 2048 tokens, and room to spare
 reference = widgets.run_arrivals(exact.engine, jobs, "continuous")
+# Chunking changes when tokens are computed, never which tokens come out.
 assert {r: o.outputs[0].token_ids for r, o in rec.outputs.items()} == \
     {r: o.outputs[0].token_ids for r, o in reference.outputs.items()}
 print("identical outputs with a 32-token and a 2048-token budget")
@@ -269,12 +278,14 @@ print(f"preemptions: {stats['num_preemptions']}; per request:", [o.num_preemptio
 recomputed = [(t.step, e.request_id, e.num_tokens) for t in steps for e in t.scheduled
               if e.kind == "prefill" and e.num_tokens > 40]
 print("recompute prefills (step, request, tokens):", recomputed[:6])
+# With too few blocks the engine preempts, recomputes the victim's prefill, and frees every block at the end.
 assert stats["num_preemptions"] > 0 and recomputed
 assert stats["num_free_blocks"] == 12
 
 # %%
 before = exact.engine.stats()["num_preemptions"]
 expected = exact.generate([{"prompt_token_ids": p} for p in prompts], long_out, use_tqdm=False)
+# Preemption changes the schedule, not the output: the squeezed run matches one that never preempted.
 assert exact.engine.stats()["num_preemptions"] == before, "256 blocks are enough: no preemption"
 assert [o.outputs[0].token_ids for o in squeezed] == [o.outputs[0].token_ids for o in expected]
 print("identical outputs with 12 blocks (preempting) and 256 blocks (never preempting)")
@@ -331,6 +342,7 @@ for label, parts in breakdowns.items():
                         + f"  -> host {widgets.host_share(parts):.0%}", 100, subsequent_indent="          "))
 widgets.show(widgets.step_time_figure(breakdowns, f"minivllm-tiny, dtype {timing_llm.engine.config.dtype}"))
 per_token = {label: sum(parts.values()) / int(label.split()[1]) for label, parts in breakdowns.items()}
+# Batching spreads a step's fixed cost over more tokens, so each token costs less at batch 64.
 assert per_token["batch 64"] < per_token["batch 1"], per_token  # batching makes each token cheaper
 
 # %% [markdown]
@@ -353,6 +365,7 @@ knobs = ["max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size"
 defaults = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
 for name in knobs:
     print(f"{name:24s} default {defaults[name]!r}")
+# The defaults we quote are the engine's own.
 assert defaults["max_num_batched_tokens"] == 2048 and defaults["block_size"] == 16
 
 # %% [markdown]

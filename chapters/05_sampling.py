@@ -121,6 +121,7 @@ for step, (ax, position) in enumerate(zip(fig.subplots(1, 4, sharey=True), trace
         ax.set_ylabel("probability (the model's, before sampling)", fontsize=8)
 widgets.show(fig)
 first = traced.outputs[0].logprobs[0]
+# The logprobs the engine reports are the log-softmax of the very logits the sampler saw.
 assert all(abs(lp.logprob - float(logits.log_softmax(-1)[t])) < 1e-4 for t, lp in first.items()), \
     "the logprobs are the log-softmax of the logits the sampler saw"
 print("cumulative logprob of the 4 tokens:", round(traced.outputs[0].cumulative_logprob, 3))
@@ -150,6 +151,7 @@ for ax, p, sp in zip(axes, reshaped, settings):
     ax.set_title(f"temperature {sp.temperature}: entropy {entropy[sp.temperature]:.2f}", fontsize=9)
 axes[0].set_ylabel("probability (log scale)")
 widgets.show(fig)
+# A higher temperature spreads the distribution: its entropy grows with the temperature.
 assert entropy[0.3] < entropy[1.0] < entropy[2.0]
 
 # %% [markdown]
@@ -177,12 +179,14 @@ for temperature in (1.0, 1.5, 2.0, 3.0, 4.0, 6.0):
           f"min_p=0.1 keeps {counts[2]} of {logits.numel()} tokens")
     if len(set(counts)) == 3:
         break
+# The demo needs a temperature at which top-k, top-p and min-p keep different numbers of tokens.
 assert len(set(counts)) == 3, "no temperature tried makes the three filters keep different tokens"
 spread_probs = spread.softmax(-1)
 sorted_probs = spread_probs.sort(descending=True).values
 mass = sorted_probs.cumsum(0)
 print(f"the top {counts[1]} tokens hold {mass[counts[1] - 1]:.3f} of the probability (top-p 0.9); "
       f"min-p's bar: 0.1 x {sorted_probs[0]:.3f} = {0.1 * sorted_probs[0]:.3f}")
+# Each filter kept what its rule says: 5 for top-k, the smallest set reaching 0.9 for top-p, the bar for min-p.
 assert counts[0] == 5
 assert counts[1] == 1 or mass[counts[1] - 2] < 0.9 <= mass[counts[1] - 1] + 1e-6, "the smallest set reaching 0.9"
 assert counts[2] == int((spread_probs >= 0.1 * spread_probs.max()).sum())
@@ -216,6 +220,7 @@ for i in seen:
     print(f"{name!r:12} {float(logits[i]):7.2f} -> {float(penalized[i]):7.2f}")
 unseen = torch.ones_like(logits, dtype=torch.bool)
 unseen[seen] = False
+# The repetition penalty only touches tokens already seen, and makes each of them less likely.
 assert torch.equal(penalized[unseen], logits[unseen]) and (penalized[seen] <= logits[seen]).all()
 
 # %% [markdown]
@@ -248,6 +253,7 @@ print("penalty first (ours, vLLM, transformers):", repr(tok.decode([int(ours.arg
 print("penalty last:                            ", repr(tok.decode([int(last.argmax())])))
 print("the two orders pick different tokens here" if int(ours.argmax()) != int(last.argmax())
       else "the two orders agree on this one")
+# The order of penalty and filter matters: after top-1 filtering the penalty cannot change the pick.
 assert int(last.argmax()) == int(logits.argmax()), "after top-1 filtering the penalty cannot change the pick"
 assert int(ours.argmax()) == int(apply_repetition_penalty(logits[None].clone(), batch).argmax())
 
@@ -271,6 +277,7 @@ print("greedy, in a batch: ", repr(mixed[2].outputs[0].text))
 other_seeds = {tuple(llm.generate([prompt], SamplingParams(temperature=0.9, top_p=0.95, max_tokens=20, seed=s),
                                   use_tqdm=False)[0].outputs[0].token_ids) for s in range(4)}
 print(f"seeds 0-3 gave {len(other_seeds)} different continuations")
+# Seeds make a request reproducible whatever its neighbours, greedy stays greedy, and different seeds differ.
 assert mixed[0].outputs[0].token_ids == alone.token_ids, "a seeded request does not depend on its neighbours"
 assert mixed[2].outputs[0].token_ids == greedy_out.outputs[0].token_ids, "greedy is greedy, in any batch"
 assert len(other_seeds) > 1
@@ -292,6 +299,7 @@ for word in (" little", " cat", " dog"):
     i = tok.hf(word, add_special_tokens=False).input_ids[0]
     print(f"{word!r:9} {float(logits[i]):7.2f} -> {float(adjusted[i]):7.2f}")
 little = tok.hf(" little", add_special_tokens=False).input_ids[0]
+# The frequency and presence penalties subtract exactly count x 0.5 + 0.3 from a token seen three times.
 assert abs(float(logits[little] - adjusted[little]) - (3 * 0.5 + 0.3)) < 1e-5
 
 # %%
@@ -347,6 +355,7 @@ for step, (n, t) in enumerate(zip(allowed_per_step, ids)):
     print(f"step {step:2d}: {n:5d} of {tok.vocab_size} tokens allowed -> {tok.decode([t])!r}")
 print(result.outputs[0].text)
 value = json.loads(result.outputs[0].text)
+# Guided decoding's output obeys the schema, and the grammar sometimes allows one token, sometimes many.
 assert set(value) == {"name", "age"} and 1 <= value["age"] <= 99 and len(value["name"]) <= 8
 assert min(allowed_per_step) == 1 and max(allowed_per_step) > 100, "sometimes one way on, sometimes many"
 
@@ -354,7 +363,8 @@ assert min(allowed_per_step) == 1 and max(allowed_per_step) > 100, "sometimes on
 # That completes one request's journey: text to ids, the queue, prefill and decode over a paged KV cache,
 # continuous batching, and the sampler. The chapters after the exercise make it faster (prefix caching,
 # speculative decoding, GPU kernels), serve it over HTTP, run a real model, handle memory pressure, shrink
-# the weights (quantization) and split the model over several devices (tensor parallelism).
+# the weights (quantization), split the model over several devices (tensor parallelism) and send each token
+# through a few of many experts (mixture of experts).
 
 # %% [markdown]
 # ## Exercise: top-p filtering

@@ -102,6 +102,7 @@ a = chain(system_ids + words(" Tell me a story about a brave little dog who lost
 b = chain(system_ids + words(" Tell me a story about a sleepy cat and a big yellow moon."))
 for i, (ha, hb) in enumerate(zip(a, b)):
     print(f"block {i}: {ha.hex()[:8]} {hb.hex()[:8]} {'same' if ha == hb else 'different'}")
+# Two prompts with the same system prompt give its full blocks the same hashes.
 assert n_full >= 3 and a[:n_full] == b[:n_full], "the system prompt's full blocks get the same names"
 
 # %% [markdown]
@@ -114,6 +115,7 @@ other_block0 = tok.encode("Once upon a time there was a little dog named Max who
 print("block 1 after block 0:         ", hash_block(a[0], block1) == a[1])
 print("block 1 with no parent:        ", hash_block(None, block1) == a[1])
 print("block 1 after another block 0: ", hash_block(hash_block(None, other_block0), block1) == a[1])
+# A block's hash depends on the block before it: the same tokens after a different prefix get another name.
 assert len(other_block0) == BS and other_block0 != system_ids[:BS]
 assert hash_block(a[0], block1) == a[1]
 assert hash_block(None, block1) != a[1] and hash_block(hash_block(None, other_block0), block1) != a[1]
@@ -151,9 +153,11 @@ print("shared blocks (id: ref count):", first.shared_blocks)
 
 # %%
 shared_ids = first.cache_hits["user0"]
+# Every user maps the same physical blocks for the shared prefix, each one referenced by all users.
 assert all(first.cache_hits[rid] == shared_ids for rid in users), "every user maps the same physical blocks"
 assert len(shared_ids) == n_full and all(first.shared_blocks[b] == len(users) for b in shared_ids)
 own = [b for blocks in first.allocated.values() for b in blocks]
+# Where the users' prompts diverge, each gets new blocks of its own.
 assert len(own) == len(set(own)) and not set(own) & set(shared_ids), "each diverging suffix gets new blocks"
 for rid, ids in users.items():
     assert first.block_tables[rid][:n_full] == shared_ids
@@ -175,9 +179,11 @@ display(viewer)
 cells = widgets.pool_cells(viewer.current)
 shared_cells = [c for c in cells if c.is_shared]
 print("drawn shared:", [(c.block_id, c.ref_cnt) for c in shared_cells])
+# The viewer draws exactly the shared blocks, with their reference counts and owners.
 assert [c.block_id for c in shared_cells] == sorted(shared_ids)
 assert all(c.ref_cnt == len(users) and c.owners == list(users) for c in shared_cells)
 grew = {rid for t in run[1:] for rid in t.allocated}
+# Every user's output grew past a block boundary, so each allocated during decode.
 assert grew == set(users), "every user's output crossed a block boundary"
 
 # %% [markdown]
@@ -193,6 +199,7 @@ hits = stats["prefix_cache_hits"] - stats_before["prefix_cache_hits"]
 computed = stats["num_prefill_tokens_computed"] - stats_before["num_prefill_tokens_computed"]
 print(f"prompt tokens {queries}, found in the cache {hits} ({hits / queries:.1%}), computed {computed}")
 print(f"since the engine started (first user included): hit rate {stats['prefix_cache_hit_rate']:.1%}")
+# The engine's counters agree: every full block of the prefix was a hit, and hits were not recomputed.
 assert queries == sum(len(ids) for ids in users.values()) and hits == len(users) * n_full * BS
 assert computed == queries - hits, "the shared prefix was not recomputed"
 assert stats["prefix_cache_hit_rate"] == stats["prefix_cache_hits"] / stats["prefix_cache_queries"]
@@ -206,13 +213,16 @@ assert stats["prefix_cache_hit_rate"] == stats["prefix_cache_hits"] / stats["pre
 
 # %%
 pool = kv.pool
+# After the users finish, every block is free again and no table remains.
 assert run[-1].num_free_blocks == pool.num_blocks and kv.block_tables == {}
 still = [pool.lookup(h) for h in a[:n_full]]
 print("system prompt blocks still cached (free, but holding their K/V):", still)
+# Freed blocks keep their K/V: the system prompt's blocks can still be found by hash.
 assert still == shared_ids
 newcomer = system_ids + words(" Tell me a story about a big red bus.")
 later = llm.generate({"prompt_token_ids": newcomer}, greedy(12), use_tqdm=False)[0]
 print(f"a later user: {later.num_cached_tokens} of {len(newcomer)} prompt tokens from the cache")
+# A later user finds the whole shared prefix in the cache.
 assert later.num_cached_tokens == n_full * BS
 
 # %% [markdown]
@@ -324,6 +334,7 @@ cold = engine.trace[-1]
 print("scheduled together:", [e.request_id for e in cold.scheduled])
 print("re-used from the cache in that same step:", cold.cache_hits)
 first, *later = [rid + "-cold" for rid in users]
+# Arriving together, the first user computes the prefix and the others share its blocks from the first step.
 assert first not in cold.cache_hits and all(cold.cache_hits.get(rid) for rid in later)
 assert cold.shared_blocks, "the prefix blocks are shared from the first step"
 while engine.has_unfinished_requests():
@@ -369,6 +380,7 @@ print("free queue after the old prompt, front (next out) first; [b:old i] = bloc
       "block i, b* = block b holds another prompt's cached block:")
 print(" ", queue_picture())
 order = [b for b in spool.free_queue if b in {spool.lookup(h) for h in old_hashes}]
+# A finished request frees its blocks tail first, so its last block is evicted first.
 assert order == [spool.lookup(h) for h in reversed(old_hashes)], "its tail is ahead of its head in the queue"
 
 # %%
@@ -382,6 +394,7 @@ for k, name in enumerate(starts):  # prompts of 40 tokens (3 blocks with their o
     print("   free queue:", queue_picture())
     if 0 < len(alive) < len(old_hashes):
         break
+# Eviction eats a cached prompt from its tail, so what survives is always a prefix of it.
 assert all(alive == list(range(len(alive))) for alive in survivors), "evicted from the tail: the head survives"
 assert 0 < len(survivors[-1]) < len(old_hashes)
 
@@ -389,6 +402,7 @@ assert 0 < len(survivors[-1]) < len(old_hashes)
 again = small.generate({"prompt_token_ids": old_ids}, greedy(4), use_tqdm=False)[0]
 print(f"the old prompt again: {again.num_cached_tokens} of {len(old_ids)} tokens from the cache "
       f"(its first {len(survivors[-1])} blocks)")
+# The surviving head of the old prompt is found again, and all blocks are free afterwards.
 assert again.num_cached_tokens == len(survivors[-1]) * BS
 assert spool.num_free_blocks == spool.num_blocks
 

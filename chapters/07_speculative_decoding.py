@@ -127,6 +127,7 @@ for name, runner in (("target", engine.runner), ("draft", drafter.runner)):
     sizes[name] = sum(p.numel() for p in runner.model.parameters())
     print(f"{name:6s}: {sizes[name]:,} parameters, {cfg.num_layers} layers, hidden size {cfg.hidden_size}")
 print(f"the draft has {sizes['draft'] / sizes['target']:.0%} of the target's parameters")
+# A draft model is worth running only if it is much smaller than the target.
 assert sizes["draft"] < sizes["target"] / 4
 engine.add_request("r", PROMPTS[0], GREEDY)
 for _ in range(3):
@@ -140,6 +141,7 @@ for _ in range(3):
     assert shadow.num_computed_tokens == req.num_tokens + len(req.spec_token_ids) - 1
 engine.abort_request("r")
 engine.step()
+# When the requests finish, both the target's and the drafter's caches are freed.
 assert drafter.kv.num_free_blocks == drafter.kv.pool.num_blocks and not drafter.shadows, "both caches freed"
 
 # %% [markdown]
@@ -153,6 +155,7 @@ ngram = NgramProposer(num_speculative_tokens=4)
 story = tok.encode("Tom has a red ball. Tom likes his red ball. Tom has a red")
 guess = ngram.lookup(story, 4)
 print("context:", repr(tok.decode(story)), "-> drafts:", repr(tok.decode(guess)))
+# The n-gram proposer drafts what followed the last earlier occurrence of the context's tail.
 assert tok.decode(guess).startswith(" ball"), "what followed the last earlier 'Tom has a red'"
 
 # %% [markdown]
@@ -183,6 +186,7 @@ for _ in range(n):
     counts[rejection_sampler.verify_sampled(p, [d], q, gen)[0]] += 1
 print("target p:       ", [round(x, 3) for x in p[0].tolist()])
 print("first token out:", [round(c, 3) for c in (counts / n).tolist()])
+# Rejection sampling makes the first token come out distributed as the target's p, whatever q proposed.
 assert (counts / n - p[0]).abs().max() < 0.03
 
 # %% [markdown]
@@ -210,6 +214,7 @@ print(f"request {example.request_id}, step {example.step}: drafts {[tok.decode([
 print(f"kept {[tok.decode([t]) for t in example.new_token_ids[:i]]}, draft {i + 1} "
       f"{tok.decode([example.drafted[i]])!r} corrected to {tok.decode([example.target_token])!r}")
 position = len(example.output_before) + i
+# The drafts before the correction were accepted, and the correction is the token plain decoding gives.
 assert example.new_token_ids[:i] == example.drafted[:i] and example.target_token != example.drafted[i]
 assert reference[int(example.request_id)][position] == example.target_token, \
     "the correction is exactly the token plain decoding produced there"
@@ -234,6 +239,7 @@ display(stepper)
 # %%
 outcomes = [r.outcome for rs in rounds.values() for r in rs]
 print({o: outcomes.count(o) for o in ("plain", "correction", "bonus")})
+# The stepper's rounds include both outcomes the prose describes: a correction and a bonus token.
 assert "bonus" in outcomes and "correction" in outcomes
 
 # %% [markdown]
@@ -309,6 +315,7 @@ def run_batch1(llm):
 base_s, base_tokens, _, base_steps = run_batch1(plain)
 n_tokens = sum(len(t) for t in reference)
 compare_with_plain("plain, one request at a time", base_tokens)
+# The baseline: plain decoding runs one target step per token.
 assert base_steps == n_tokens, "plain decoding: one target step per token"
 rows = []
 for drafter_name, k in [("draft", k) for k in range(2, 7)] + [("ngram", 4)]:
@@ -331,6 +338,7 @@ for r in rows:
 
 # %%
 draft_rows = [r for r in rows if r["drafter"] == "draft"]
+# Every draft length needs fewer target passes than plain decoding, and longer drafts yield more per pass.
 assert all(0 <= r["accept"] <= 1 and 1 <= r["mean_len"] <= r["k"] + 1 for r in rows)
 assert all(r["steps"] < base_steps for r in draft_rows), "every k needs fewer target passes than plain decoding"
 assert draft_rows[-1]["mean_len"] > draft_rows[0]["mean_len"], "longer drafts: more tokens per target pass"

@@ -292,7 +292,9 @@ print(refusal(lambda: resolve_quantization("fp8", None, is_gguf=False, where="th
 # that multiply by (1 + weight), GeGLU instead of SwiGLU, an embedding scaled by sqrt(hidden), and layers of two
 # kinds, *local* ones that attend within a sliding window and rotate with their own rope base, and every sixth
 # a *global* one that sees the whole context. A window limits what a layer looks back, not the length: a prompt
-# may be longer than it. The loader, runner and engine never name a family.
+# may be longer than it, and where every layer slides (Mistral v0.1, the Qwen2/3 layers from `max_window_layers`
+# on, a Gemma 3 whose layers are all local) the blocks the window has passed go back to the pool. The loader,
+# runner and engine never name a family.
 
 # %%
 from minivllm.model.registry import ARCHITECTURES

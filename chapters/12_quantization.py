@@ -104,6 +104,7 @@ for name, mc in MODELS.items():
     kv = f"{kv16 / 1024:11.0f} KiB{kv8 / 1024:5.0f} KiB"
     print(f"{name:14s}" + "".join(f"{s / GiB:11.3f}" for s in sizes) + kv)
 llama2 = MODELS["Llama-2-7B"]
+# The formula gives Llama-2-7B's well-known 512 KiB of KV cache per token in 16-bit.
 assert kv_bytes_per_token(llama2.num_layers, llama2.num_kv_heads, llama2.head_dim, 2) == 512 * 1024
 
 # %% [markdown]
@@ -134,6 +135,7 @@ for name in ("Llama-2-7B", "Llama-3-8B"):
                                                                               mc.head_dim, element)))
             t4_blocks[name, label, kv] = blocks
             print(f"{name:12s} {label:>6s} ({weights / GiB:5.1f} GiB) {kv:>15s} {blocks:8d} {blocks * BLOCK:18,d}")
+# An fp8 KV cache holds about twice the blocks of a 16-bit one in the same memory.
 assert t4_blocks["Llama-3-8B", "4-bit", "fp8"] >= 1.99 * t4_blocks["Llama-3-8B", "4-bit", "auto"]
 
 # %% [markdown]
@@ -213,6 +215,7 @@ print("  the quantized layers are slower here, as converting their weights on ev
       if max(speed.values()) < 1 else
       "  a quantized format is not slower here: at this size a step is mostly fixed per-operator costs, so\n"
       "  the conversion hides in the noise of this machine (a larger model shows it; see below)")
+# int8 weights move about a quarter of the bytes, and fp8 caches keep most greedy tokens unchanged.
 assert results["int8"]["layer_bytes"] <= 0.27 * base["layer_bytes"] and results["int8"]["bytes"] <= 0.35 * base["bytes"]
 assert results["KV fp8 e4m3"]["agree"] >= 0.9 and results["KV fp8 e5m2"]["agree"] >= 0.85
 
@@ -231,6 +234,7 @@ for kv in ("auto", "fp8", "fp8_e5m2"):
     results[f"blocks {kv}"] = runner.num_blocks
     print(f"kv_cache_dtype={kv!r:11s} {str(runner.kv_cache.dtype):20s} {runner.kv_cache.element_size()} "
           f"byte(s) an element: {runner.num_blocks:4d} blocks of {runner.config.block_size} tokens")
+# In the engine, the same budget gives about twice as many blocks in fp8.
 assert results["blocks fp8"] >= 1.9 * results["blocks auto"]
 
 # %% [markdown]

@@ -71,7 +71,7 @@ from minivllm.quantization.unquantized import UnquantizedLinearMethod, plain_wei
 # splits: heads, KV heads and the MLP width must divide by the ranks (a `ValueError` naming
 # `tensor_parallel_size` otherwise). Both run on the CPU, also on a GPU machine: 2 ranks on CUDA need 2
 # GPUs (one per rank, NCCL between them), and Colab gives one; on a machine with two, drop `device="cpu"`.
-# The dtype is the engine's "auto": float32 or bf16, depending on the CPU.
+# The dtype is the engine's "auto": float32 or bf16, depending on the CPU (or on `MINIVLLM_CPU_DTYPE`).
 
 # %%
 one = LLM(DEFAULT_MODEL, device="cpu", num_kv_blocks=256)
@@ -220,6 +220,7 @@ print(f"{steps} steps, {tokens} tokens through the model")
 print(f"all-reduces: {traffic.all_reduce_calls} calls, {traffic.all_reduce_bytes:,d} bytes handed in by rank 0 "
       f"= {traffic.all_reduce_bytes / tokens:,.0f} per token")
 print(f"all-gathers: {traffic.all_gather_calls} calls, {traffic.all_gather_bytes:,d} bytes")
+# The traffic counters match the count from the prose: all-reduces per layer per step, one all-gather per step.
 assert traffic.all_reduce_calls == steps * all_reduces
 assert traffic.all_reduce_bytes == tokens * all_reduces * per_all_reduce
 assert traffic.all_gather_calls == steps
@@ -248,6 +249,7 @@ for ranks in (1, 2):
     print(f"{ranks} rank(s): {per_token:,d} bytes of K and V per token of context on each rank")
 states = two.engine.runner.rank_states()
 print("blocks per rank:", [s["num_blocks"] for s in states])
+# Each of the two ranks holds half of the KV heads, and both hold the same number of blocks.
 assert two.engine.runner.kv_cache.shape[-2] * 2 == one.engine.runner.kv_cache.shape[-2]
 assert len({s["num_blocks"] for s in states}) == 1
 
@@ -343,6 +345,7 @@ if DTYPE == torch.float32:
 worker = two.engine.runner.workers.procs[0]
 two.shutdown()  # the worker leaves (also on `del`, at exit, or with `with LLM(...) as llm:`)
 print(f"worker exit code {worker.exitcode}")
+# Shutting the engine down ends its worker process cleanly, with exit code 0.
 assert worker.exitcode == 0
 
 # %% [markdown]
