@@ -23,14 +23,16 @@ def free_port() -> int:
 
 
 def start_server(flags: Sequence[str], *, port: int | None = None, env: Mapping[str, str] | None = None,
-                 deadline_s: float = 180.0, log: Path | None = None) -> tuple[subprocess.Popen, str]:
-    """Start `minivllm serve --port PORT FLAGS` (a free port unless given) with `env` added to this process's
-    environment, and return (process, base URL) once /health answers 200. Its output goes to `log` (a file, so
-    that a chatty server never blocks on a full pipe) or to this terminal. A server that exits, or is not up
-    within `deadline_s`, ends the benchmark with the reason (and the log's tail)."""
+                 deadline_s: float = 180.0, log: Path | None = None,
+                 program: Sequence[str] = (sys.executable, "-m", "minivllm")) -> tuple[subprocess.Popen, str]:
+    """Start `PROGRAM serve --port PORT FLAGS` (`minivllm` unless given, e.g. a venv's `vllm`; a free port unless
+    given) with `env` added to this process's environment, and return (process, base URL) once /health answers
+    200. Its output goes to `log` (a file, so that a chatty server never blocks on a full pipe) or to this
+    terminal. A server that exits, or is not up within `deadline_s`, ends the benchmark with the reason (and the
+    log's tail)."""
     port = port or free_port()
     out = open(log, "w") if log is not None else None  # noqa: SIM115 - the server writes it until it exits
-    proc = subprocess.Popen([sys.executable, "-m", "minivllm", "serve", "--port", str(port), *flags],
+    proc = subprocess.Popen([*program, "serve", "--port", str(port), *flags],
                             stdout=out, stderr=subprocess.STDOUT if out else None, env={**os.environ, **(env or {})})
     if out is not None:
         out.close()  # the server has its own copy

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -26,10 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_peer import COMMON, SHAPES, machine_info, machine_kind, vllm_env  # noqa: E402
+from serve_process import start_server, stop_server  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENIZER = ROOT / "minivllm" / "data" / "models" / "minivllm-tiny"
@@ -65,40 +65,15 @@ def ensure_vllm_metadata(python: str) -> None:
     subprocess.run([python, "-c", code], check=True)
 
 
-def start(cmd: list[str], env: dict, port: int, timeout: float = 600) -> subprocess.Popen:
-    """Start a server and wait for its /health; its output goes to a log file shown if it dies."""
-    log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"{cmd[0]} exited with {proc.returncode}:\n" + Path(log.name).read_text()[-3000:])
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            pass
-        time.sleep(1)
-    proc.kill()
-    raise SystemExit(f"{cmd[0]} did not come up in {timeout:.0f} s:\n" + Path(log.name).read_text()[-3000:])
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
-def server_cmd(engine: str, model: Path, port: int, args) -> tuple[list[str], dict]:
-    common = ["--port", str(port), "--dtype", args.dtype, "--max-model-len", "1024"]
+def server(engine: str, model: Path, port: int, args, log: Path) -> subprocess.Popen:
+    """One server on `port`, up and healthy; its output in `log`."""
+    flags = [str(model), "--dtype", args.dtype, "--max-model-len", "1024"]
     if engine == "minivllm":
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        return [sys.executable, "-m", "minivllm", "serve", str(model), *common], env
-    vllm = str(Path(args.vllm_python).parent / "vllm")
-    return [vllm, "serve", str(model), *common], vllm_env(args.vllm_python, args.vllm_kv_gib)
+        return start_server(flags, port=port, env={"PYTHONPATH": str(ROOT)}, deadline_s=600, log=log)[0]
+    env = vllm_env(args.vllm_python, args.vllm_kv_gib)
+    env["PYTHONPATH"] = ""  # vLLM's own interpreter: keep minivllm off its path
+    return start_server(flags, port=port, env=env, deadline_s=600, log=log,
+                        program=[str(Path(args.vllm_python).parent / "vllm")])[0]
 
 
 def bench(model: Path, port: int, rate: str, args, out: Path) -> dict:
@@ -143,8 +118,7 @@ def main() -> None:
         for r in range(args.rounds):
             order = ("vllm", "minivllm") if r % 2 == 0 else ("minivllm", "vllm")
             for engine in order:
-                cmd, env = server_cmd(engine, model, args.port, args)
-                proc = start(cmd, env, args.port)
+                proc = server(engine, model, args.port, args, Path(tmp) / f"{engine}-{r}.log")
                 try:
                     before = load()
                     res = bench(model, args.port, "inf", args, Path(tmp))
@@ -155,7 +129,7 @@ def main() -> None:
                         res = bench(model, args.port, str(rate), args, Path(tmp))
                         results.setdefault((engine, f"{rate}"), []).append(dict(res, load=before))
                 finally:
-                    stop(proc)
+                    stop_server(proc, signal.SIGTERM, 60)
                 print(f"round {r + 1} {engine}: done (load before {before})", flush=True)
 
     info = machine_info()
