@@ -16,8 +16,8 @@ import time
 import httpx
 import openai
 import pytest
-from tests.server_process import start_server, stop_server
 
+from tests.server_process import start_server, stop_server
 from tests.test_server_ops import chat_model
 
 PROMPTS = [f"The quick brown fox {i}" for i in range(6)]

@@ -15,13 +15,13 @@ import time
 
 import httpx
 import pytest
-from tests.server_process import start_server
 
 import minivllm
 from minivllm.config import EngineConfig
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.server.limits import ServerLimits
 from tests.conftest import build_checkpoint
+from tests.server_process import start_server
 from tests.test_server import MODEL, PROMPT, ServerThread, write_tokenizer
 
 KEY = "s3cret-key"
