@@ -37,7 +37,11 @@ ROOMS: list[tuple[str, tuple[str, ...]]] = [
     ("model families and mixture of experts", (
         "model/mistral.py", "model/qwen2.py", "model/qwen3.py", "model/gemma*.py", "model/moe.py",
         "model/moe_layer.py", "model/mixtral.py", "model/qwen2_moe.py", "model/qwen3_moe.py")),
-    ("runner", ("runner/*",)),
+    # CUDA graphs are the cuda platform's fast path beside the runner's eager forward (issue 34:
+    # "cuda (Triton kernels + CUDA graphs)"), so they count there
+    ("runner", ("runner/__init__.py", "runner/model_runner.py", "runner/step_batch.py",
+                "runner/memory.py", "runner/logprobs.py", "runner/sequence_state.py",
+                "runner/weight_offload.py")),
     ("engine loop", (
         "engine/__init__.py", "engine/llm_engine.py", "engine/step_driver.py",
         "engine/input_processor.py", "engine/output_processor.py", "engine/trace.py",
@@ -49,7 +53,8 @@ ROOMS: list[tuple[str, tuple[str, ...]]] = [
     ("platform: cpu fast paths", (
         "platforms/cpu*", "model/cpu_*", "model/compiled.py", "attention/cpu_*",
         "quantization/cpu_*")),
-    ("platform: cuda fast paths", ("platforms/cuda.py", "kernels/*", "attention/triton_*")),
+    ("platform: cuda fast paths", ("platforms/cuda.py", "kernels/*", "attention/triton_*",
+                                   "runner/cuda_graphs.py")),
     ("quantization", ("quantization/*", "model/gguf_blocks.py")),
     ("distributed and executor", ("distributed/*", "executor/*", "engine/data_parallel.py",
                                   "model/weight_cache.py", "model/moe_parallel.py")),

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from minivllm import envs
+from minivllm.core.kv_groups import KVCacheGroups, kv_cache_groups
 from minivllm.core.kv_sizing import DEFAULT_CPU_KV_CACHE_BYTES, kv_bytes_per_block
 from minivllm.core.scheduling_policy import POLICIES
 from minivllm.distributed.parallel import check_divisible, local_kv_heads
@@ -246,13 +247,24 @@ class EngineConfig:
         if max_len is not None:
             return max_len
         blocks = self.num_kv_blocks
+        groups = kv_cache_groups(mc.num_layers, mc.sliding_window, mc.sliding_layers)
         if blocks is None and (self.kv_cache_memory_bytes or not self.device.startswith("cuda")):
             kv_heads = local_kv_heads(mc.num_kv_heads, self.tensor_parallel_size)
             itemsize = kv_cache_torch_dtype(self.kv_cache_dtype, dtype).itemsize
-            per_block = kv_bytes_per_block(mc.num_layers, self.block_size, kv_heads, mc.head_dim,
-                                           itemsize)
+            per_block = kv_bytes_per_block(groups.group_size, self.block_size, kv_heads,
+                                           mc.head_dim, itemsize)
             blocks = (self.kv_cache_memory_bytes or DEFAULT_CPU_KV_CACHE_BYTES) // per_block
+        if blocks is not None:  # a block of tokens takes a block of every group
+            blocks //= groups.num_groups
         return limit if blocks is None else min(limit, blocks * self.block_size)
+
+    @property
+    def kv_groups(self) -> KVCacheGroups:
+        """The layers' KV-cache groups (core/kv_groups.py), once the model config is read."""
+        mc = self.model_config
+        if mc is None:
+            raise ValueError("kv_groups needs a resolved config (EngineConfig.resolve)")
+        return kv_cache_groups(mc.num_layers, mc.sliding_window, mc.sliding_layers)
 
     @property
     def cache_dtype(self) -> torch.dtype:

@@ -30,7 +30,8 @@ def tiny_path(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def windowed_paths(tmp_path_factory, tiny_path):
-    """{window: checkpoint}: None the llama; 3 and 8 a Mistral whose one layer slides (blocks leave with it)."""
+    """{window: checkpoint}: None the llama; 3 and 8 a Mistral whose one layer slides (blocks leave with it);
+    "hybrid" a Qwen2 with a full-attention layer and a sliding one (window 3): two groups, a table each."""
     import torch
     import transformers as tf
 
@@ -43,6 +44,9 @@ def windowed_paths(tmp_path_factory, tiny_path):
         tf.MistralForCausalLM(tf.MistralConfig(**{**TINY, "num_hidden_layers": 1, "hidden_size": 32,
                                                   "intermediate_size": 64, "sliding_window": window})
                               ).save_pretrained(paths[window])
+    paths["hybrid"] = tmp_path_factory.mktemp("prop") / "hybrid"
+    build_checkpoint("qwen2", paths["hybrid"], num_hidden_layers=2, hidden_size=32, intermediate_size=64,
+                     sliding_window=3, use_sliding_window=True, max_window_layers=1)
     return paths
 
 
@@ -77,7 +81,7 @@ def check_invariants(kv: KVCacheManager, scheduler) -> None:
     assert {r.request_id for r in scheduler.running} <= set(kv.block_tables)
     assert all(r.status == SequenceStatus.RUNNING for r in scheduler.running)
     for r in scheduler.running:
-        assert len(kv.block_tables[r.request_id]) * kv.block_size >= r.num_computed_tokens
+        assert kv.num_logical_blocks(kv.block_tables[r.request_id]) * kv.block_size >= r.num_computed_tokens
         assert r.num_computed_tokens <= r.num_tokens
 
 
@@ -89,7 +93,8 @@ workload = st.fixed_dictionaries({
     "caching": st.booleans(),
     "chunking": st.booleans(),
     "seed": st.integers(0, 10_000),
-    "window": st.sampled_from([None, None, 3, 8]),  # a sliding window returns blocks as it passes them
+    # a sliding window returns blocks as it passes them; "hybrid": only its sliding layers' blocks
+    "window": st.sampled_from([None, None, 3, 8, "hybrid"]),
     "policy": st.sampled_from(["fcfs", "priority", "sjf", "round_robin"]),
     "quantum": st.integers(1, 4),  # round_robin's; sjf ages by 4x as many steps
     "swap_blocks": st.sampled_from([0, 4, 64]),  # 0: recompute; else swap to a host pool of that many blocks
@@ -114,7 +119,7 @@ def test_engine_steps_never_leak_or_overspend(windowed_paths, w):
                                     preemption_mode="swap" if w["swap_blocks"] else "recompute",
                                     swap_space=w["swap_blocks"] * bytes_per_block / 2**30))
     assert engine.swap.num_blocks <= w["swap_blocks"]
-    capacity = w["num_blocks"] * w["block_size"]
+    capacity = w["num_blocks"] // engine.kv.num_groups * w["block_size"]  # a block of tokens: one per group
     first_scheduled: dict[str, int] = {}  # request id -> the step it first ran
     keys: dict[str, tuple] = {}  # request id -> (priority, arrival, n>1 index)
 
@@ -167,17 +172,19 @@ def test_engine_steps_never_leak_or_overspend(windowed_paths, w):
 @given(st.fixed_dictionaries({
     "num_blocks": st.integers(6, 30), "block_size": st.sampled_from([1, 2, 4]), "caching": st.booleans(),
     "swap_blocks": st.sampled_from([0, 3, 64]), "width": st.integers(1, 3), "max_tokens": st.integers(1, 6),
-    "prompts": st.lists(st.integers(1, 12), min_size=1, max_size=3), "seed": st.integers(0, 10_000)}))
-def test_beam_search_under_a_tiny_pool_never_leaks(tiny_path, w):
+    "prompts": st.lists(st.integers(1, 12), min_size=1, max_size=3), "seed": st.integers(0, 10_000),
+    "hybrid": st.booleans()}))
+def test_beam_search_under_a_tiny_pool_never_leaks(windowed_paths, w):
     """Forked tables and copy-on-write under preemption: ref counts always equal the tables holding a block."""
     rng = random.Random(w["seed"])
     bs = w["block_size"]
-    engine = LLMEngine(EngineConfig(tiny_path, block_size=bs, num_kv_blocks=w["num_blocks"], trace_steps=0,
+    path = windowed_paths["hybrid" if w["hybrid"] else None]  # hybrid: each group copies on write
+    engine = LLMEngine(EngineConfig(path, block_size=bs, num_kv_blocks=w["num_blocks"], trace_steps=0,
                                     max_num_batched_tokens=16, enable_prefix_caching=w["caching"],
                                     preemption_mode="swap" if w["swap_blocks"] else "recompute",
                                     swap_space=w["swap_blocks"] * kv_bytes_per_block(1, bs, 2, 8, 4) / 2**30))
     engine.add_step_observer(lambda eng, record: check_invariants(eng.kv, eng.scheduler))
-    capacity = w["num_blocks"] * bs
+    capacity = w["num_blocks"] // engine.kv.num_groups * bs
     max_tokens = min(w["max_tokens"], capacity // 2)
     prompts = [[rng.randrange(3) for _ in range(min(n, capacity - max_tokens))] for n in w["prompts"]]
     outs = BeamSearch(engine).run(prompts, BeamSearchParams(beam_width=w["width"], max_tokens=max_tokens))

@@ -25,7 +25,7 @@ def attach_graphs(llm: LLM, sizes: list[int], num_splits: int, runner=None) -> D
     """Give the runner (default: the target's) graphs in eager mode, and record the batch size of each step."""
     runner, cfg = runner or llm.engine.runner, llm.engine.config
     graphs = DecodeGraphs(runner.model, runner.kv_cache, sizes, -(-cfg.max_model_len // cfg.block_size),
-                          runner.device, lambda size: num_splits, capture=False)
+                          runner.device, lambda size: num_splits, capture=False, groups=runner.kv_groups)
     graphs.calls, run = [], graphs.run
 
     def counting_run(inputs):

@@ -61,11 +61,11 @@ def test_the_window_and_the_local_rope_matter(gemma, tmp_path):
 
 @pytest.mark.parametrize("platform", ["cpu", "reference"])
 @pytest.mark.parametrize("setting", [
-    dict(block_size=4, num_kv_blocks=64, lazy_loading=True),  # each layer read when first run
-    dict(block_size=4, num_kv_blocks=64, max_num_batched_tokens=7),  # chunks cross the window's edge
-    dict(block_size=4, num_kv_blocks=16, max_num_batched_tokens=32),  # preemption (recompute)
-    dict(block_size=4, num_kv_blocks=16, max_num_batched_tokens=32, preemption_mode="swap", swap_space=0.01),
-    dict(block_size=4, num_kv_blocks=40, speculative_model="[ngram]", num_speculative_tokens=3),  # drafts verified
+    dict(block_size=4, num_kv_blocks=256, lazy_loading=True),  # each layer read when first run
+    dict(block_size=4, num_kv_blocks=256, max_num_batched_tokens=7),  # chunks cross the window's edge
+    dict(block_size=4, num_kv_blocks=64, max_num_batched_tokens=32),  # preemption (recompute)
+    dict(block_size=4, num_kv_blocks=64, max_num_batched_tokens=32, preemption_mode="swap", swap_space=0.01),
+    dict(block_size=4, num_kv_blocks=160, speculative_model="[ngram]", num_speculative_tokens=3),  # drafts verified
 ])
 def test_greedy_matches_transformers(gemma, setting, platform, monkeypatch):
     monkeypatch.setenv("MINIVLLM_PLATFORM", platform)
@@ -75,13 +75,29 @@ def test_greedy_matches_transformers(gemma, setting, platform, monkeypatch):
     assert [o.outputs[0].token_ids for o in outs] == want
     stats = engine.stats()
     assert stats["num_free_blocks"] == stats["num_total_blocks"]
-    if setting["num_kv_blocks"] == 16:
+    assert engine.kv.num_groups == 4, "3 local layers and 1 global: a group each, each with its own table"
+    if setting["num_kv_blocks"] == 64:
         assert stats["num_preemptions"] > 0, "the setting was meant to force preemption"
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_padded_graph_batches_read_each_groups_tables(gemma, backend):
+    """CUDA-graph decode batches (run eagerly here, padded, from the static buffers) give every group of layers its
+    own slots and tables; the Triton kernels under the interpreter read them as the reference does."""
+    from tests.test_cuda_graphs import attach_graphs
+
+    path, _, want = gemma
+    llm = LLM(str(path), dtype="float32", attention_backend=backend, block_size=4, num_kv_blocks=256)
+    graphs = attach_graphs(llm, [2, 8], num_splits=2)
+    params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == want
+    assert graphs.calls and graphs.group_tables.shape[0] == 4
 
 
 def test_prefix_caching_reuses_blocks_and_keeps_the_tokens(gemma):
     path, _, want = gemma
-    llm = LLM(str(path), dtype="float32", block_size=4, num_kv_blocks=64, enable_prefix_caching=True)
+    llm = LLM(str(path), dtype="float32", block_size=4, num_kv_blocks=256, enable_prefix_caching=True)
     params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
     first = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
     again = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
@@ -109,7 +125,7 @@ def test_final_logit_softcapping_logprobs(tmp_path, softcap):
     """Capping is monotonic (greedy cannot see it): logprobs can. Cap 0.5 squeezes every logit into (-0.5, 0.5)."""
     hf = build_gemma3(tmp_path / "g", softcap=softcap)
     params = SamplingParams(temperature=0, max_tokens=6, logprobs=3, prompt_logprobs=3, ignore_eos=True)
-    outs, _ = generate(tmp_path / "g", params=params, block_size=4, num_kv_blocks=64)
+    outs, _ = generate(tmp_path / "g", params=params, block_size=4, num_kv_blocks=256)
     assert logprobs_against(hf, outs) < 1e-4
     top = max(max(lp.logprob for lp in e.values()) for o in outs for e in o.outputs[0].logprobs)
     vocab_floor = -torch.log(torch.tensor(float(TINY["vocab_size"]))).item()
@@ -120,7 +136,7 @@ def test_tensor_parallel_2_equals_transformers(gemma):
     """Two ranks on gloo, 2 query heads and 1 KV head each (replicated norms, split vocabulary)."""
     path, hf, _ = gemma
     prompts = PROMPTS[1:4]
-    with LLM(str(path), tensor_parallel_size=2, dtype="float32", block_size=4, num_kv_blocks=48,
+    with LLM(str(path), tensor_parallel_size=2, dtype="float32", block_size=4, num_kv_blocks=192,
              max_num_batched_tokens=9) as llm:
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                             SamplingParams(max_tokens=10, temperature=0, ignore_eos=True), use_tqdm=False)
@@ -133,7 +149,7 @@ def test_bf16_logprobs_track_transformers_bf16(gemma):
     path, _, _ = gemma
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, attn_implementation="eager").eval()
     params = SamplingParams(temperature=0, max_tokens=6, logprobs=3, prompt_logprobs=3, ignore_eos=True)
-    outs, engine = generate(path, params=params, dtype="bfloat16", block_size=4, num_kv_blocks=64)
+    outs, engine = generate(path, params=params, dtype="bfloat16", block_size=4, num_kv_blocks=256)
     assert engine.runner.dtype == torch.bfloat16
     # the tiny Llama's bf16 bound (test_cpu_bf16.py); measured here: 0.077 nats at worst
     assert logprobs_against(hf, outs) < 0.1
@@ -146,7 +162,7 @@ def test_int8_weights_equal_transformers_on_the_dequantized_weights(tmp_path):
             if isinstance(module, torch.nn.Linear) and name != "lm_head":
                 q, s = quantize_per_channel(module.weight, torch.float32)
                 module.weight.copy_(q.float() * s[:, None])
-    outs, engine = generate(tmp_path / "g", quantization="int8", block_size=4, num_kv_blocks=64,
+    outs, engine = generate(tmp_path / "g", quantization="int8", block_size=4, num_kv_blocks=256,
                             max_num_batched_tokens=7)
     assert engine.runner.model.model.layers[0].mlp.gate_up_proj.weight.dtype == torch.int8
     assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(hf, p, MAX_NEW) for p in PROMPTS]
@@ -156,12 +172,12 @@ def test_fp8_kv_cache_runs_gemma(gemma):
     """fp8 cache on both CPU platforms: the same tokens, prompt logprobs near the float cache's."""
     path, _, _ = gemma
     params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True, prompt_logprobs=1)
-    floats, _ = generate(path, params=params, block_size=4, num_kv_blocks=64)
+    floats, _ = generate(path, params=params, block_size=4, num_kv_blocks=256)
     tokens = {}
     for platform in ("cpu", "reference"):
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("MINIVLLM_PLATFORM", platform)
-            outs, engine = generate(path, params=params, kv_cache_dtype="fp8", block_size=4, num_kv_blocks=64)
+            outs, engine = generate(path, params=params, kv_cache_dtype="fp8", block_size=4, num_kv_blocks=256)
             assert engine.runner.kv_cache.dtype == torch.float8_e4m3fn
             tokens[platform] = [o.outputs[0].token_ids for o in outs]
     assert tokens["cpu"] == tokens["reference"]
@@ -173,15 +189,15 @@ def test_fp8_kv_cache_runs_gemma(gemma):
 def test_float16_and_attention_softcapping_are_refused(gemma, tmp_path):
     path, _, _ = gemma
     with pytest.raises(ValueError, match="Gemma 3 does not run in float16.*float32"):
-        LLM(str(path), dtype="float16", num_kv_blocks=16)
+        LLM(str(path), dtype="float16", num_kv_blocks=64)
     build_gemma3(tmp_path / "capped", attn_logit_softcapping=50.0)
     with pytest.raises(ValueError, match="attn_logit_softcapping is not supported"):
-        LLM(str(tmp_path / "capped"), dtype="float32", num_kv_blocks=16)
+        LLM(str(tmp_path / "capped"), dtype="float32", num_kv_blocks=64)
 
 
 def test_every_layer_local_frees_blocks_behind_the_window_and_stays_equal(tmp_path):
     """A Gemma whose every layer slides is Mistral v0.1's case: blocks the window passed go back to the pool."""
     hf = build_gemma3(tmp_path / "local", layer_types=["sliding_attention"] * 4)
     outs, engine = generate(tmp_path / "local", block_size=4, num_kv_blocks=64, max_num_batched_tokens=7)
-    assert engine.kv.sliding_window == WINDOW
+    assert engine.kv.window == WINDOW and engine.kv.num_groups == 1
     assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(hf, p, MAX_NEW) for p in PROMPTS]

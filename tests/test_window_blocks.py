@@ -8,10 +8,12 @@ from minivllm import EngineConfig, LLMEngine, SamplingParams
 PROMPT, OUTPUT, BLOCK, WINDOW, CHUNK = 4000, 96, 16, 256, 256
 
 
-def most_blocks_held(path) -> tuple[int, int]:
+def most_blocks_held(path, num_kv_blocks: int = 300, engine_out: list | None = None) -> tuple[int, int]:
     """(the most blocks in use after any step, blocks freed as the window passed) for one 4k-token request."""
-    engine = LLMEngine(EngineConfig(path, block_size=BLOCK, num_kv_blocks=300, max_num_batched_tokens=CHUNK,
+    engine = LLMEngine(EngineConfig(path, block_size=BLOCK, num_kv_blocks=num_kv_blocks, max_num_batched_tokens=CHUNK,
                                     enable_prefix_caching=False))
+    if engine_out is not None:
+        engine_out.append(engine)
     held, frees = [], []
 
     def observe(eng, record):  # the step's record carries its block events: what the trace draws
@@ -81,12 +83,21 @@ def gemmas(tmp_path_factory):
 
 
 def test_gemma3_blocks_per_attention_kind(gemmas):
-    """Today one block table serves every layer: a hybrid holds its whole context for its global layer (dropping
-    blocks there would corrupt it), while a Gemma whose every layer is local frees blocks as Mistral v0.1 does.
-    Per-group tables (issue 38 item 5) would bring the hybrid's sliding layers down to about a window."""
-    held = {name: most_blocks_held(gemmas / name) for name in ("hybrid", "local", "global")}
-    print(f"\nGemma 3, 4096-token request, block_size {BLOCK}, window {WINDOW}: blocks held (freed as it slid): "
-          + ", ".join(f"{name} {most} ({freed})" for name, (most, freed) in held.items()))
-    assert held["global"] == ((PROMPT + OUTPUT) // BLOCK, 0)
-    assert held["hybrid"] == held["global"]
+    """A hybrid's sliding layers hold about a window, its global layer the whole context: each group of layers has
+    its own table (core/kv_groups.py), and a block holds one group's layers, so KV bytes are what to compare."""
+    held, nbytes = {}, {}
+    for name in ("hybrid", "local", "global"):
+        engines = []
+        held[name] = most_blocks_held(gemmas / name, 300 * (4 if name == "hybrid" else 1), engines)
+        nbytes[name] = held[name][0] * engines[0].runner.bytes_per_block
+        groups = engines[0].kv.groups
+        assert groups.num_groups == (4 if name == "hybrid" else 1)
+    print(f"\nGemma 3, 4096-token request, block_size {BLOCK}, window {WINDOW}: most KV bytes held (blocks, freed as "
+          "it slid): " + ", ".join(f"{name} {nbytes[name] / 2**20:.2f} MiB ({most}, {freed})"
+                                   for name, (most, freed) in held.items()))
+    full = (PROMPT + OUTPUT) // BLOCK
+    assert held["global"] == (full, 0)
     assert held["local"][1] > 0 and held["local"][0] <= (WINDOW + CHUNK) // BLOCK + 2
+    # the global layer's group holds every block, each of the three local groups about a window's
+    assert held["hybrid"][1] > 0 and held["hybrid"][0] <= full + 3 * ((WINDOW + CHUNK) // BLOCK + 2)
+    assert nbytes["hybrid"] < 0.45 * nbytes["global"]

@@ -10,21 +10,26 @@ reference count. Nothing is copied until a sequence writes into a block it share
 gives it its own copy first (copy-on-write) and records the (src, dst) pair, which the runner copies
 before the forward pass.
 
-With a sliding window that every layer uses (Mistral v0.1), a block all of whose positions are
-behind the window of the step's first new query is read by no layer again: `allocate` returns it
-to the pool (still named, so prefix caching may serve it) and keeps its id in the table, where
-masked reads never look at it, so table positions and the runner's copy stay as they were.
+With sliding windows (kv_groups.py), each group of layers has its own table, interleaved in one list
+per request (logical block j of group g at `j * num_groups + g`). A sliding group's block, all of
+whose positions are behind the window of the step's first new query, is read by no layer of it
+again: `allocate` returns it to the pool (still named, so prefix caching may serve it) and keeps its
+id in the table, where masked reads never look at it, so table positions and the runner's copy stay
+as they were. With one group (every layer alike) the list is the plain table.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from minivllm.core.block_hash import extend_block_hashes, hash_block
 from minivllm.core.block_pool import BlockPool
 from minivllm.core.math_utils import cdiv
 from minivllm.core.sequence import Sequence
 from minivllm.hooks import EngineHooks
+
+if TYPE_CHECKING:  # the manager only reads its numbers
+    from minivllm.core.kv_groups import KVCacheGroups
 
 
 class KVEvent(NamedTuple):
@@ -37,10 +42,9 @@ class KVEvent(NamedTuple):
 
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 hooks: EngineHooks | None = None, sliding_window: int | None = None) -> None:
+                 hooks: EngineHooks | None = None, groups: KVCacheGroups | None = None) -> None:
         """`hooks`: a learner's own BlockPool class or hash_block (minivllm.hooks); None: ours.
-        `sliding_window`: the window of every layer, when all slide (None: blocks are held to the
-        end)."""
+        `groups`: the layers' KV-cache groups (None: one group of full-attention layers)."""
         hooks = hooks or EngineHooks()
         self.block_size = block_size
         self.pool = (hooks.block_pool_cls or BlockPool)(num_blocks)
@@ -48,8 +52,12 @@ class KVCacheManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.block_tables: dict[str, list[int]] = {}
         self.num_registered: dict[str, int] = {}  # how many of a request's blocks the pool names
-        self.sliding_window = sliding_window
-        self.num_dropped: dict[str, int] = {}  # leading blocks returned as the window passed them
+        self.groups = groups
+        self.num_groups = groups.num_groups if groups else 1
+        self.sliding_groups = groups.sliding if groups else ()
+        self.window = next((w for w in groups.windows if w is not None), None) if groups else None
+        # leading logical blocks whose sliding groups' blocks went back as the window passed them
+        self.num_dropped: dict[str, int] = {}
         self.events: list[KVEvent] = []  # since the last step, drained into its record
         self.prefix_cache_queries = 0  # prompt tokens looked up
         self.prefix_cache_hits = 0  # of which found in the cache
@@ -62,7 +70,16 @@ class KVCacheManager:
         return self.pool.num_free_blocks
 
     def blocks_needed(self, num_tokens: int) -> int:
-        return cdiv(num_tokens, self.block_size)
+        """Blocks (of every group) that hold `num_tokens` tokens, before any window passes them."""
+        return cdiv(num_tokens, self.block_size) * self.num_groups
+
+    def num_logical_blocks(self, blocks) -> int:
+        """How many blocks of tokens a (table or cached) list of every group's blocks spans."""
+        return len(blocks) // self.num_groups
+
+    def _key(self, block_hash: bytes, group: int) -> bytes:
+        """The name of a group's block: the same tokens in two groups are two different blocks."""
+        return block_hash if group == 0 else block_hash + group.to_bytes(2, "little")
 
     def find_cached_prefix(self, seq: Sequence) -> list[int]:
         """Blocks already holding a prefix of this (new or preempted) request's tokens. The last
@@ -75,33 +92,35 @@ class KVCacheManager:
         hashes = extend_block_hashes(seq.block_hashes, tokens, self.block_size, self.hash_block)
         hits = []
         for block_hash in hashes[: (len(tokens) - 1) // self.block_size]:
-            block_id = self.pool.lookup(block_hash)
-            if block_id is None:
+            found = [self.pool.lookup(self._key(block_hash, g)) for g in range(self.num_groups)]
+            if None in found:  # every group must have the block
                 break
-            hits.append(block_id)
+            hits += found
         return hits
 
     def allocate(self, seq: Sequence, num_new_tokens: int,
                  cached_blocks: list[int] | tuple[int, ...] = ()) -> bool:
         """Room for `num_new_tokens` more tokens (after any `cached_blocks`), or False. All or
         nothing: if the pool is short, nothing changes; the scheduler picks whom to preempt."""
-        rid = seq.request_id
+        rid, groups = seq.request_id, self.num_groups
         table = self.block_tables.get(rid, [])
-        num_tokens = seq.num_computed_tokens + len(cached_blocks) * self.block_size + num_new_tokens
+        num_tokens = (seq.num_computed_tokens + self.num_logical_blocks(cached_blocks)
+                      * self.block_size + num_new_tokens)
         num_new_blocks = max(self.blocks_needed(num_tokens) - len(table) - len(cached_blocks), 0)
         idle_hits = sum(1 for b in cached_blocks if self.pool.blocks[b].ref_cnt == 0)
-        write_at = seq.num_computed_tokens // self.block_size  # the first new token's block
-        cow = (not cached_blocks and write_at < len(table)
-               and self.pool.blocks[table[write_at]].ref_cnt > 1)
-        if num_new_blocks + idle_hits + cow > self.pool.num_free_blocks:
+        write_at = seq.num_computed_tokens // self.block_size * groups  # first new token's blocks
+        shared = [] if cached_blocks else [  # shared, partly filled: each group writes its own copy
+            i for i in range(write_at, min(write_at + groups, len(table)))
+            if self.pool.blocks[table[i]].ref_cnt > 1]
+        if num_new_blocks + idle_hits + len(shared) > self.pool.num_free_blocks:
             return False
         table = self.block_tables.setdefault(rid, [])
         self._drop_passed_blocks(seq)
-        if cow:  # a shared, partly filled block: write into our own copy, leave the others theirs
-            src, table[write_at] = table[write_at], self.pool.allocate()
+        for i in shared:  # copy-on-write: leave the others their block
+            src, table[i] = table[i], self.pool.allocate()
             self.pool.free(src)
-            self.copies.append((src, table[write_at]))
-            self.events.append(KVEvent("cow", rid, table[write_at]))
+            self.copies.append((src, table[i]))
+            self.events.append(KVEvent("cow", rid, table[i]))
             self.num_cow_copies += 1
         for block_id in cached_blocks:
             self.pool.touch(block_id)
@@ -111,28 +130,42 @@ class KVCacheManager:
             table.append(self.pool.allocate())
             self.events.append(KVEvent("alloc", rid, table[-1]))
         if cached_blocks:
-            self.num_registered[rid] = len(cached_blocks)
+            self.num_registered[rid] = self.num_logical_blocks(cached_blocks)
         self._register_full_blocks(seq, min(num_tokens, seq.num_tokens))  # drafts are not final
         return True
 
     def _drop_passed_blocks(self, seq: Sequence) -> None:
-        """Return the blocks every layer's window has passed: the first new query, at position
+        """Return the sliding groups' blocks the window has passed: the first new query, at position
         p = num_computed_tokens, sees keys after p - window, so blocks ending at or before that
         position are never read again (nor by later queries: their windows start later)."""
-        if self.sliding_window is None:
+        if self.window is None:
             return
         rid, table = seq.request_id, self.block_tables[seq.request_id]
-        passed = max(seq.num_computed_tokens - self.sliding_window + 1, 0) // self.block_size
+        passed = max(seq.num_computed_tokens - self.window + 1, 0) // self.block_size
         passed = min(passed, self.num_registered.get(rid, passed) if self.enable_prefix_caching
-                     else passed, len(table))
-        for i in range(self.num_dropped.get(rid, 0), passed):
-            self.pool.free(table[i])
-            self.events.append(KVEvent("free", rid, table[i]))
+                     else passed, self.num_logical_blocks(table))
+        for j in range(self.num_dropped.get(rid, 0), passed):
+            for g in self.sliding_groups:
+                self.pool.free(table[j * self.num_groups + g])
+                self.events.append(KVEvent("free", rid, table[j * self.num_groups + g]))
         self.num_dropped[rid] = max(self.num_dropped.get(rid, 0), passed)
 
     def held_blocks(self, request_id: str) -> list[int]:
-        """The blocks a request holds now: its table less those the window has passed."""
-        return self.block_tables.get(request_id, [])[self.num_dropped.get(request_id, 0):]
+        """The blocks a request holds now: its tables less the blocks the window has passed."""
+        table, dropped = self.block_tables.get(request_id, []), self.num_dropped.get(request_id, 0)
+        if not dropped:
+            return table
+        sliding = set(self.sliding_groups)
+        return [b for i, b in enumerate(table)
+                if i >= dropped * self.num_groups or i % self.num_groups not in sliding]
+
+    def table_with_gaps(self, request_id: str) -> list[int]:
+        """A request's table as it stands, -1 where the window passed a block and it went back."""
+        table, dropped = self.block_tables.get(request_id, []), self.num_dropped.get(request_id, 0)
+        if not dropped:
+            return list(table)
+        passed = {j * self.num_groups + g for j in range(dropped) for g in self.sliding_groups}
+        return [-1 if i in passed else b for i, b in enumerate(table)]
 
     def _register_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
         """Give the pool the name of every block this step fills, once scheduled: sequences
@@ -145,8 +178,9 @@ class KVCacheManager:
                                      self.hash_block)
         table, start = self.block_tables[rid], self.num_registered.get(rid, 0)
         end = num_tokens // self.block_size
-        for i in range(start, end):
-            self.pool.cache(table[i], hashes[i])
+        for j in range(start, end):
+            for g in range(self.num_groups):
+                self.pool.cache(table[j * self.num_groups + g], self._key(hashes[j], g))
         self.num_registered[rid] = max(start, end)
 
     def fork(self, parent_id: str, child: Sequence) -> None:

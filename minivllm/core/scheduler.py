@@ -156,7 +156,8 @@ class Scheduler:
                 break
             swapped = self.swap is not None and self.swap.is_swapped(seq)
             cached = [] if swapped else self.kv.find_cached_prefix(seq)
-            num_done = seq.num_computed_tokens if swapped else len(cached) * self.kv.block_size
+            num_done = (seq.num_computed_tokens if swapped
+                        else self.kv.num_logical_blocks(cached) * self.kv.block_size)
             n = self.prefill_chunk(seq.num_tokens - num_done, self._prefill_budget(seq, budget),
                                    self.enable_chunked_prefill)
             if n <= 0:

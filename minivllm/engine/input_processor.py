@@ -39,6 +39,7 @@ class InputProcessor:
         self.config, self.tokenizer, self.structured = config, tokenizer, structured
         self.vocab_size = config.model_config.vocab_size
         self.eos_token_ids, self.num_kv_blocks = eos_token_ids, num_kv_blocks
+        self.num_groups = config.kv_groups.num_groups
         self.logits_processor_classes = load_logits_processor_classes(config.logits_processors)
 
     def process(self, request_id: str, prompt: PromptType, params: SamplingParams | None = None,
@@ -75,7 +76,8 @@ class InputProcessor:
         sequences = [Sequence(request_id if num == 1 else f"{request_id}#{i}", list(ids),
                               seq_params, self.eos_token_ids, max_len, arrival,
                               parent_id=request_id, index=i, priority=priority) for i in range(num)]
-        need = cdiv(sequences[0].max_total_tokens, self.config.block_size)
+        # a block of tokens takes a block of every group of layers (core/kv_groups.py)
+        need = cdiv(sequences[0].max_total_tokens, self.config.block_size) * self.num_groups
         if need > self.num_kv_blocks:
             raise ValueError(f"request needs up to {need} KV blocks but the cache has only "
                              f"{self.num_kv_blocks}: lower max_tokens or add blocks")

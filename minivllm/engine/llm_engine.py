@@ -75,10 +75,9 @@ class LLMEngine:
                       if self.tokenizer else None)
         self.input_processor = InputProcessor(config, self.tokenizer, self.eos_token_ids,
                                               self.runner.num_blocks, structured)
-        # blocks leave with the window only where every layer slides (Mistral v0.1)
-        window = mc.sliding_window if mc.sliding_layers is None else None
+        # a table per group of layers: a sliding group's blocks leave with the window (kv_groups.py)
         self.kv = KVCacheManager(self.runner.num_blocks, config.block_size,
-                                 config.enable_prefix_caching, config.hooks, window)
+                                 config.enable_prefix_caching, config.hooks, config.kv_groups)
         # empty unless preemption_mode="swap"
         self.swap = SwapSpace(self.runner.block_copier.num_host_blocks)
         policy = make_policy(config.scheduling_policy, config.round_robin_quantum,

@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from minivllm.core.kv_cache_manager import KVEvent
+from minivllm.core.kv_cache_manager import KVCacheManager, KVEvent
 from minivllm.core.sequence import FinishReason
 from minivllm.core.step_io import EngineCoreOutput, RunnerOutput, SchedulerOutput
 
@@ -60,7 +60,10 @@ class StepTrace:
     allocated: dict[str, list[int]]  # request id -> block ids taken from the free queue
     cache_hits: dict[str, list[int]]  # request id -> block ids re-used from the prefix cache
     freed: dict[str, list[int]]  # request id -> block ids given back
-    block_tables: dict[str, list[int]]  # every live request's table after the step
+    # every live request's table after the step, -1 where a sliding window's block went back; with
+    # several groups of layers (core/kv_groups.py) interleaved: logical block j of group g at
+    # j * num_kv_groups + g
+    block_tables: dict[str, list[int]]
     waiting: list[str]
     running: list[str]
     num_free_blocks: int
@@ -80,6 +83,7 @@ class StepTrace:
     # a mixture of experts: tokens routed to each expert in this step, one tuple per sparse layer
     # (empty for a dense model)
     expert_load: list[tuple[int, ...]] = field(default_factory=list)
+    num_kv_groups: int = 1
 
     @property
     def num_tokens(self) -> int:
@@ -125,14 +129,15 @@ class TraceRecorder:
 
     def __init__(self, max_steps: int) -> None:
         self.steps: deque[StepTrace] = deque(maxlen=max_steps)
-        self._snapshots: dict[str, tuple[list[int], list[int]]] = {}  # id -> (live table, copy)
+        # id -> (live table, (length, blocks passed), copy)
+        self._snapshots: dict[str, tuple[list[int], tuple[int, int], list[int]]] = {}
 
     def __call__(self, engine: LLMEngine, record: StepRecord) -> None:
         if self.steps.maxlen == 0:
             return
         kv, scheduler = engine.kv, engine.scheduler
         pool, events = kv.pool, record.kv_events
-        tables = self._table_snapshots(kv.block_tables)
+        tables = self._table_snapshots(kv)
         self.steps.append(StepTrace(
             step=record.step, duration_s=record.duration_s, scheduled=scheduled_entries(record),
             preempted=list(record.scheduler_output.preempted), finished=dict(record.finished),
@@ -144,7 +149,8 @@ class TraceRecorder:
             num_computed_tokens={r.request_id: r.num_computed_tokens for r in scheduler.running},
             # a block used by several requests is in several tables: no need to scan the whole pool
             shared_blocks={b: pool.blocks[b].ref_cnt for t in tables.values() for b in t
-                           if pool.blocks[b].ref_cnt > 1},
+                           if b >= 0 and pool.blocks[b].ref_cnt > 1},
+            num_kv_groups=kv.num_groups,
             forked=group_events(events, "fork"), copied=group_events(events, "cow"),
             swapped_out=group_events(events, "swap_out"),
             swapped_in=group_events(events, "swap_in"),
@@ -155,17 +161,18 @@ class TraceRecorder:
             num_total_host_blocks=engine.swap.num_blocks,
             expert_load=record.runner_output.expert_load))
 
-    def _table_snapshots(self, block_tables: dict[str, list[int]]) -> dict[str, list[int]]:
-        """Copies of the block tables, reusing last step's copy of every table that did not grow.
+    def _table_snapshots(self, kv: KVCacheManager) -> dict[str, list[int]]:
+        """Copies of the block tables, reusing last step's copy of every table that did not change.
 
-        A table only grows (appends) until it is freed whole, so the same list object with the same
-        length holds the same blocks. Most steps add no block to most tables: this keeps the trace's
-        memory and time per step small at large batch sizes. (Copies are shared between steps: read
-        them, never edit.)
+        A table only grows (appends), and loses blocks to the window from its start, until it is
+        freed whole: the same list with the same length and the same number of blocks passed holds
+        the same blocks. Most steps change no table of most requests: this keeps the trace's memory
+        and time per step small at large batch sizes. (Copies are shared between steps: read them,
+        never edit.)
         """
         previous, self._snapshots = self._snapshots, {}
-        for rid, table in block_tables.items():
-            old = previous.get(rid)
-            unchanged = old is not None and old[0] is table and len(old[1]) == len(table)
-            self._snapshots[rid] = old if unchanged else (table, list(table))
-        return {rid: copy for rid, (_, copy) in self._snapshots.items()}
+        for rid, table in kv.block_tables.items():
+            old, key = previous.get(rid), (len(table), kv.num_dropped.get(rid, 0))
+            unchanged = old is not None and old[0] is table and old[1] == key
+            self._snapshots[rid] = old if unchanged else (table, key, kv.table_with_gaps(rid))
+        return {rid: copy for rid, (_, _, copy) in self._snapshots.items()}

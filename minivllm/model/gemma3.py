@@ -195,9 +195,10 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         # host tensor inside a captured CUDA graph)
         x = x * torch.tensor(self.config.hidden_size**0.5, dtype=x.dtype).item()
         rotary, residual = self.model.rotary_emb, None
-        for layer, kv_cache in zip(self.model.layers, kv_caches):
+        for i, layer in enumerate(self.model.layers):
+            slot, layer_meta = meta.for_layer(i)  # a local layer reads its group's tables
             table = rotary.local if layer.local else rotary.full
-            x, residual = layer(x, residual, positions, table, kv_cache, meta)
+            x, residual = layer(x, residual, positions, table, kv_caches[slot], layer_meta)
         return self.model.norm(x + residual)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

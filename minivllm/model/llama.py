@@ -221,11 +221,14 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
-        """input_ids, positions: [T]; kv_caches: [layers, 2, blocks, block_size, kv_heads, dim].
+        """input_ids, positions: [T]; kv_caches: [layers, 2, blocks, block_size, kv_heads, dim]
+        (a hybrid model's: [layers per group, ...], each layer's slot and tables from `meta`).
         Returns the last layer's normed hidden states, [T, hidden]."""
         x, residual = self.model.embed_tokens(input_ids), None
-        for layer, kv_cache in zip(self.model.layers, kv_caches):
-            x, residual = layer(x, residual, positions, self.model.rotary_emb, kv_cache, meta)
+        for i, layer in enumerate(self.model.layers):
+            slot, layer_meta = meta.for_layer(i)
+            x, residual = layer(x, residual, positions, self.model.rotary_emb, kv_caches[slot],
+                                layer_meta)
         return self.model.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

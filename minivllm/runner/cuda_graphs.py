@@ -25,6 +25,7 @@ import torch
 
 from minivllm.attention import AttentionMetadata
 from minivllm.config import EngineConfig
+from minivllm.core.kv_groups import KVCacheGroups, kv_cache_groups
 from minivllm.core.math_utils import cdiv
 
 
@@ -46,7 +47,8 @@ def build_decode_graphs(model, kv_cache: torch.Tensor, config: EngineConfig,
     sms, kv_heads = num_sms(device), config.model_config.num_kv_heads
     graphs = DecodeGraphs(model, kv_cache, capture_sizes(config.max_num_seqs),
                           cdiv(config.max_model_len, config.block_size), device,
-                          lambda size: choose_num_splits(size, kv_heads, config.max_model_len, sms))
+                          lambda size: choose_num_splits(size, kv_heads, config.max_model_len, sms),
+                          groups=config.kv_groups)
     graphs.capture()
     return graphs
 
@@ -56,17 +58,22 @@ class DecodeGraphs:
 
     def __init__(self, model, kv_cache: torch.Tensor, sizes: list[int], max_blocks_per_seq: int,
                  device: torch.device, num_splits: Callable[[int], int],
-                 capture: bool = True) -> None:
+                 capture: bool = True, groups: KVCacheGroups | None = None) -> None:
+        """`groups`: a hybrid model's groups of layers, each with its own tables and slots."""
         self.model, self.kv_cache, self.sizes = model, kv_cache, sorted(sizes)
+        self.groups = groups or kv_cache_groups(1, None)
+        num_groups = self.groups.num_groups
         self.use_graphs, self.num_splits = capture, num_splits
         largest = self.sizes[-1]
         # the static buffers: every replay reads its inputs from here
         self.input_ids = torch.zeros(largest, dtype=torch.long, device=device)
         self.positions = torch.zeros(largest, dtype=torch.long, device=device)
-        self.slot_mapping = torch.full((largest,), -1, dtype=torch.long, device=device)
+        # slots and tables per group of layers; `slot_mapping` and `block_tables` are the first's
+        self.group_slots = torch.full((num_groups, largest), -1, dtype=torch.long, device=device)
         self.seq_lens = torch.ones(largest, dtype=torch.int32, device=device)
-        self.block_tables = torch.zeros(largest, max_blocks_per_seq, dtype=torch.int32,
+        self.group_tables = torch.zeros(num_groups, largest, max_blocks_per_seq, dtype=torch.int32,
                                         device=device)
+        self.slot_mapping, self.block_tables = self.group_slots[0], self.group_tables[0]
         self.query_start_loc = torch.arange(largest + 1, dtype=torch.int32, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}  # each graph's hidden states, for every replay
@@ -76,10 +83,15 @@ class DecodeGraphs:
     def _metadata(self, size: int) -> AttentionMetadata:
         """Metadata over the static buffers; its host-side fields are fixed at record time."""
         longest = self.block_tables.shape[1] * self.kv_cache.shape[3]
-        return AttentionMetadata(self.slot_mapping[:size], self.block_tables[:size],
-                                 self.seq_lens[:size], self.query_start_loc[: size + 1],
-                                 max_query_len=1, max_seq_len=longest, query_lens_cpu=[1] * size,
-                                 seq_lens_cpu=[longest] * size, num_splits=self.num_splits(size))
+        views = [AttentionMetadata(self.group_slots[g, :size], self.group_tables[g, :size],
+                                   self.seq_lens[:size], self.query_start_loc[: size + 1],
+                                   max_query_len=1, max_seq_len=longest,
+                                   query_lens_cpu=[1] * size, seq_lens_cpu=[longest] * size,
+                                   num_splits=self.num_splits(size))
+                 for g in range(self.groups.num_groups)]
+        if len(views) > 1:
+            views[0].group_views, views[0].layer_places = views, self.groups.places
+        return views[0]
 
     def _forward(self, size: int) -> torch.Tensor:
         return self.model(self.input_ids[:size], self.positions[:size], self.kv_cache,
@@ -109,14 +121,16 @@ class DecodeGraphs:
         """Copy the inputs into the static buffers, pad to the next size, replay: [B, hidden]."""
         n = len(inputs.query_lens)
         size = next(s for s in self.sizes if s >= n)
-        width = inputs.block_tables.shape[1]
+        num_groups = self.groups.num_groups
+        # a table holds every group's blocks, interleaved: one table per group in the buffers
+        tables = torch.from_numpy(inputs.block_tables).unflatten(1, (-1, num_groups))
         self.input_ids[:n].copy_(torch.from_numpy(inputs.input_ids), non_blocking=True)
         self.positions[:n].copy_(torch.from_numpy(inputs.positions), non_blocking=True)
-        self.slot_mapping[:n].copy_(torch.from_numpy(inputs.slot_mapping), non_blocking=True)
+        self.group_slots[:, :n].copy_(torch.from_numpy(inputs.slot_mapping), non_blocking=True)
         self.seq_lens[:n].copy_(torch.tensor(inputs.seq_lens, dtype=torch.int32), non_blocking=True)
-        self.block_tables[:n, :width].copy_(torch.from_numpy(inputs.block_tables),
-                                            non_blocking=True)
-        self.slot_mapping[n:size].fill_(-1)  # padding rows: store nothing ...
+        self.group_tables[:, :n, : tables.shape[1]].copy_(tables.permute(2, 0, 1),
+                                                          non_blocking=True)
+        self.group_slots[:, n:size].fill_(-1)  # padding rows: store nothing ...
         self.seq_lens[n:size].fill_(1)  # ... and attend to a single (harmless) position
         self.last_replay = (n, size)
         self.num_replays += 1

@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-import numpy as np
 import torch
 
 from minivllm.config import EngineConfig
@@ -26,15 +25,17 @@ from minivllm.core.math_utils import cdiv
 from minivllm.core.step_io import SchedulerOutput
 from minivllm.distributed.parallel import local_kv_heads
 from minivllm.quantization.kv_cache import as_bytes
-from minivllm.runner.step_batch import StepInputs, attention_metadata, to_device
+from minivllm.runner.step_batch import StepRow, attention_metadata, prepare_inputs, to_device
 
 
 def kv_cache_shape(config: EngineConfig, num_blocks: int) -> tuple[int, ...]:
     """[layers, K/V, blocks, block_size, kv_heads, head_dim]: a block id names the same slots in
-    every layer (and on every tensor-parallel rank, each of which caches only its own KV heads)."""
+    every layer (and on every tensor-parallel rank, each of which caches only its own KV heads).
+    A hybrid model's first dimension is its groups' size: a block serves one group's layers
+    (core/kv_groups.py)."""
     mc = config.model_config
     kv_heads = local_kv_heads(mc.num_kv_heads, config.tensor_parallel_size)
-    return mc.num_layers, 2, num_blocks, config.block_size, kv_heads, mc.head_dim
+    return config.kv_groups.group_size, 2, num_blocks, config.block_size, kv_heads, mc.head_dim
 
 
 def num_kv_blocks(config: EngineConfig, device: torch.device, bytes_per_block: int,
@@ -56,7 +57,7 @@ def num_kv_blocks(config: EngineConfig, device: torch.device, bytes_per_block: i
         in_budget = num_blocks_for_budget(budget - reserved_bytes,
                                           bytes_per_block + companion_bytes_per_block)
     return min(in_budget, max_useful_blocks(config.max_num_seqs, config.max_model_len,
-                                            config.block_size))
+                                            config.block_size) * config.kv_groups.num_groups)
 
 
 def host_kv_cache(config: EngineConfig, dtype: torch.dtype, bytes_per_block: int,
@@ -67,7 +68,8 @@ def host_kv_cache(config: EngineConfig, dtype: torch.dtype, bytes_per_block: int
     if config.preemption_mode != "swap":
         return None
     num = min(num_blocks_for_budget(int(config.swap_space * 2**30), bytes_per_block),
-              max_useful_blocks(config.max_num_seqs, config.max_model_len, config.block_size))
+              max_useful_blocks(config.max_num_seqs, config.max_model_len, config.block_size)
+              * config.kv_groups.num_groups)
     return torch.empty(kv_cache_shape(config, num), dtype=dtype, pin_memory=pin)
 
 
@@ -82,14 +84,16 @@ def profile_run(model, config: EngineConfig, cache_dtype: torch.dtype, device: t
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-    cache = torch.zeros(kv_cache_shape(config, cdiv(n, config.block_size)), dtype=cache_dtype,
-                        device=device)
-    table = np.arange(cache.shape[2], dtype=np.int32)[None]  # one sequence spanning the whole cache
-    logit_rows = list(range(n - min(n, config.max_num_seqs), n))  # the most a step samples
-    inputs = StepInputs(np.zeros(n, np.int64), np.arange(n) % mc.max_position_embeddings,
-                        np.arange(n), table, [n], [n], logit_rows)
+    groups = config.kv_groups
+    cache = torch.zeros(kv_cache_shape(config, cdiv(n, config.block_size) * groups.num_groups),
+                        dtype=cache_dtype, device=device)
+    # one sequence spanning the whole cache
+    row = StepRow([0] * n, list(range(cache.shape[2])), 0, n, all_logits=True)
+    inputs = prepare_inputs([row], config.block_size, groups.num_groups)
+    inputs.positions %= mc.max_position_embeddings
+    inputs.logit_rows = list(range(n - min(n, config.max_num_seqs), n))  # the most a step samples
     hidden = model(to_device(inputs.input_ids, device), to_device(inputs.positions, device), cache,
-                   attention_metadata(inputs, device))
+                   attention_metadata(inputs, device, groups))
     model.compute_logits(hidden[inputs.logit_rows])
     del cache, hidden
     return torch.cuda.max_memory_allocated() - base if cuda else 0

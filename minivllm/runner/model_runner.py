@@ -83,7 +83,9 @@ class ModelRunner:
         self.logits_observers: list[LogitsObserver] = []
         self.proposer: Proposer | None = None  # the engine hands us one once our cache is sized
         self.cache_dtype = config.cache_dtype  # the model's dtype, or fp8 (kv_cache_dtype)
-        self.bytes_per_block = kv_bytes_per_block(mc.num_layers, config.block_size,
+        # a block holds one group's layers (all of them, unless the model mixes attention kinds)
+        self.kv_groups = config.kv_groups
+        self.bytes_per_block = kv_bytes_per_block(self.kv_groups.group_size, config.block_size,
                                                   local_kv_heads(mc.num_kv_heads, tp.size),
                                                   mc.head_dim, self.cache_dtype.itemsize)
         # every rank must have every block id the scheduler hands out
@@ -173,13 +175,13 @@ class ModelRunner:
         """One forward pass over the step's flat batch (a CUDA graph's replay for a decode batch).
         Returns logits for the rows that matter (each `StepRow.logit_rows` says which are its own):
         1 for a sequence's last token, 1 + k to verify k drafts, 0 for an unfinished chunk."""
-        inputs = prepare_inputs(rows, self.config.block_size)
+        inputs = prepare_inputs(rows, self.config.block_size, self.kv_groups.num_groups)
         if self.graphs is not None and self.graphs.can_run(inputs):
             hidden = self.graphs.run(inputs)
         else:
             hidden = self.model(to_device(inputs.input_ids, self.device),
-                                to_device(inputs.positions, self.device),
-                                self.kv_cache, attention_metadata(inputs, self.device))
+                                to_device(inputs.positions, self.device), self.kv_cache,
+                                attention_metadata(inputs, self.device, self.kv_groups))
         wanted = inputs.logit_rows
         return self.model.compute_logits(hidden if len(wanted) == len(hidden) else hidden[wanted])
 

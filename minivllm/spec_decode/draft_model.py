@@ -61,18 +61,23 @@ class DraftModelProposer:
                  num_target_blocks: int) -> None:
         self.k = target_config.num_speculative_tokens
         path = target_config.speculative_model
-        # room for every token the target holds plus each sequence's drafts
-        blocks = num_target_blocks + draft_extra_blocks(target_config, self.k)
         # the target's dtype, but no quantization: the draft runs as its checkpoint is
-        config = replace(target_config, model=path, num_kv_blocks=blocks, model_config=None,
+        config = replace(target_config, model=path, num_kv_blocks=None, model_config=None,
                          enable_prefix_caching=False, speculative_model=None,
-                         num_speculative_tokens=0, dtype=target_config.dtype, quantization=None)
-        self.runner = ModelRunner(config.resolve())  # on a GPU: graphs for its k - 1 decode steps
+                         num_speculative_tokens=0, dtype=target_config.dtype,
+                         quantization=None).resolve()
+        # room for every token the target holds plus each sequence's drafts, in each of our groups
+        logical = (num_target_blocks // target_config.kv_groups.num_groups
+                   + draft_extra_blocks(target_config, self.k))
+        blocks = logical * config.kv_groups.num_groups
+        config = replace(config, num_kv_blocks=blocks)
+        self.runner = ModelRunner(config)  # on a GPU: graphs for its k - 1 decode steps
         if self.runner.model_config.vocab_size != vocab_size:
             raise ValueError(f"draft model {path} has vocab size "
                              f"{self.runner.model_config.vocab_size}, the target has {vocab_size}: "
                              f"they must share a tokenizer")
-        self.kv = KVCacheManager(blocks, target_config.block_size, enable_prefix_caching=False)
+        self.kv = KVCacheManager(blocks, target_config.block_size, enable_prefix_caching=False,
+                                 groups=config.kv_groups)
         self.shadows: dict[str, Sequence] = {}  # the draft's view of a request: tokens + drafts
 
     @torch.inference_mode()

@@ -24,6 +24,7 @@ from minivllm.widgets.figures import figure_png, show
 from minivllm.widgets.graphs import graph_batch_html
 from minivllm.widgets.journey import step_html
 from minivllm.widgets.kernel_walk import TileRead, kernel_walk_figure
+from minivllm.widgets.kv_groups import group_tables, group_tables_figure
 from minivllm.widgets.memory import ForkRow, fork_html, fork_rows, swap_totals
 from minivllm.widgets.speculation import SpecRound, spec_rounds, speculation_html
 from minivllm.widgets.step_time import host_share, step_time_breakdown, step_time_figure
@@ -54,13 +55,14 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["Arrival", "BlockCell", "BlockTableViewer", "DetokStep", "DetokenizerStepper",
-           "ForkRow", "JourneyStepper", "MoeTraffic", "Occupancy", "Recording", "SpecRound",
+__all__ = ["Arrival", "BlockCell", "BlockTableViewer", "DetokStep", "DetokenizerStepper", "ForkRow",
+           "JourneyStepper", "MoeTraffic", "Occupancy", "Recording", "SpecRound",
            "SpeculationStepper", "TileRead", "Timeline", "block_table_figure", "block_table_html",
            "detok_html", "detok_steps", "expert_bytes_read", "expert_load_figure",
            "experts_touched", "figure_png", "fork_html", "fork_rows", "graph_batch_html",
-           "host_share", "imbalance", "kernel_walk_figure", "kv_occupancy", "moe_traffic",
-           "new_steps", "pieces_html", "pool_cells", "relabel_requests", "request_colors",
-           "request_ids", "router_choices_html", "run_arrivals", "show", "spec_rounds",
-           "speculation_html", "step_html", "step_time_breakdown", "step_time_figure",
-           "swap_totals", "timeline", "timeline_figure", "token_bytes", "traffic_html"]
+           "group_tables", "group_tables_figure", "host_share", "imbalance", "kernel_walk_figure",
+           "kv_occupancy", "moe_traffic", "new_steps", "pieces_html", "pool_cells",
+           "relabel_requests", "request_colors", "request_ids", "router_choices_html",
+           "run_arrivals", "show", "spec_rounds", "speculation_html", "step_html",
+           "step_time_breakdown", "step_time_figure", "swap_totals", "timeline", "timeline_figure",
+           "token_bytes", "traffic_html"]

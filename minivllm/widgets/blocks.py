@@ -50,7 +50,8 @@ def pool_cells(step: StepTrace) -> list[BlockCell]:
     cells = [BlockCell(b, []) for b in range(step.num_total_blocks)]
     for rid, table in step.block_tables.items():
         for block_id in table:
-            cells[block_id].owners.append(rid)
+            if block_id >= 0:  # -1: the window passed it, and it went back to the pool
+                cells[block_id].owners.append(rid)
     for cell in cells:  # the engine's own ref counts must agree with what the tables say
         recorded = step.shared_blocks.get(cell.block_id)
         if recorded is not None and recorded != cell.ref_cnt:
@@ -79,7 +80,8 @@ def block_table_html(step: StepTrace, block_size: int | None = None,
         for block_id in table:
             shared = step.shared_blocks.get(block_id, 1)
             mark = f" <small>(x{shared} shared)</small>" if shared > 1 else ""
-            cells.append(f"{td}{block_id}{mark}</td>")
+            cells.append(f"{td}{block_id}{mark}</td>" if block_id >= 0 else
+                         '<td style="text-align:center" title="the window passed it">-</td>')
         rows.append(f"<tr><th>{html.escape(rid)}</th>{''.join(cells)}</tr>")
     if not rows:
         rows.append(f'<tr><td colspan="{width + 1}"><i>no live block tables</i></td></tr>')
@@ -124,6 +126,10 @@ def _draw_tables(ax, step: StepTrace, cells: list[BlockCell], colors: dict[str, 
     width = max([len(t) for t in tables.values()] + [1])
     for row, (rid, table) in enumerate(tables.items()):
         for i, block_id in enumerate(table):
+            if block_id < 0:  # the window passed it: back in the pool
+                ax.add_patch(_block_patch(i, row, FREE_COLOR, False, edgecolor="0.6",
+                                          linestyle="--"))
+                continue
             shared = cells[block_id].is_shared
             ax.add_patch(_block_patch(i, row, colors[rid], shared))
             ax.text(i + 0.46, row + 0.42, str(block_id), ha="center", va="center",
