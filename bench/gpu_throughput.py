@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import make_workload, transformers_throughput  # noqa: E402
 
 from minivllm import LLM, SamplingParams  # noqa: E402
+from minivllm.config import DEFAULT_MOE_MODEL  # noqa: E402
 
 SHAPES = {  # the published configs of the two models, minus their weights
     "qwen3-0.6b": dict(model_type="qwen3", vocab_size=151936, hidden_size=1024, intermediate_size=3072,
@@ -106,40 +107,47 @@ def run_transformers(path: Path, work, batch_sizes: list[int], dtype: torch.dtyp
 
 
 def check_graph_decoding(device: str) -> bool:
-    """Greedy tokens with CUDA graphs (captured for real on a GPU) equal transformers', in fp32."""
-    from transformers import AutoModelForCausalLM
-
+    """Greedy tokens with CUDA graphs (captured for real on a GPU) equal transformers', in fp32: a tiny dense
+    Qwen3, and the embedded mixture of experts (its fused-MoE kernel builds its tile table without the host)."""
     shape = dict(SHAPES["qwen3-0.6b"], **SHRUNK, vocab_size=512, max_position_embeddings=512)
     with tempfile.TemporaryDirectory() as tmp:
         write_checkpoint(dict(shape, initializer_range=0.2), Path(tmp), torch.float32, device)
-        hf = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).to(device).eval()
-        prompts = [list(range(3, 3 + n)) for n in (5, 40, 17, 3, 100, 9, 64, 2, 33, 12)]
-        want = []
-        for p in prompts:
-            out = hf.generate(torch.tensor([p], device=device), max_new_tokens=40, min_new_tokens=40,
-                              do_sample=False, pad_token_id=0)
-            want.append(out[0, len(p):].tolist())
-        llm = LLM(tmp, dtype="float32", num_kv_blocks=256, trace_steps=0)
-        if device == "cpu":  # --cpu-check: nothing can be recorded, so run the same padded buffers eagerly
-            from minivllm.runner.cuda_graphs import DecodeGraphs, capture_sizes
+        dense = graph_tokens_match(tmp, device, "tiny Qwen3")
+    return dense and graph_tokens_match(str(DEFAULT_MOE_MODEL), device, "embedded MoE")
 
-            runner, cfg = llm.engine.runner, llm.engine.config
-            runner.graphs = DecodeGraphs(runner.model, runner.kv_cache, capture_sizes(cfg.max_num_seqs),
-                                         -(-cfg.max_model_len // cfg.block_size), runner.device, lambda size: 1,
-                                         capture=False)
-        params = [SamplingParams(temperature=0, max_tokens=40 - 3 * i, ignore_eos=True) for i in range(len(prompts))]
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        graphs = llm.engine.runner.graphs
-        same = all(o.outputs[0].token_ids == w[: sp.max_tokens] for o, w, sp in zip(outs, want, params))
-        captured = sorted(graphs.graphs if graphs.use_graphs else graphs.sizes) if graphs is not None else []
-        replays = graphs.num_replays if graphs is not None else 0
-        print(f"CUDA-graph decoding, fp32 tiny Qwen3, {len(prompts)} prompts, batches shrinking 10 -> 1: "
-              f"{'same tokens as transformers' if same else 'TOKENS DIFFER from transformers'}; "
-              f"{'graphs captured' if device != 'cpu' else 'padded eager batches (CPU)'} for sizes "
-              f"{captured[:6]}{'...' if len(captured) > 6 else ''}, {replays} decode steps went through them")
-        del llm, hf, graphs
-        free_memory()
-        return same and replays > 0
+
+def graph_tokens_match(path: str, device: str, label: str) -> bool:
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
+    prompts = [list(range(3, 3 + n)) for n in (5, 40, 17, 3, 100, 9, 64, 2, 33, 12)]
+    want = []
+    for p in prompts:
+        out = hf.generate(torch.tensor([p], device=device), max_new_tokens=40, min_new_tokens=40,
+                          do_sample=False, pad_token_id=0)
+        want.append(out[0, len(p):].tolist())
+    llm = LLM(path, dtype="float32", num_kv_blocks=256, trace_steps=0)
+    if device == "cpu":  # --cpu-check: nothing can be recorded, so run the same padded buffers eagerly
+        from minivllm.runner.cuda_graphs import DecodeGraphs, capture_sizes
+
+        runner, cfg = llm.engine.runner, llm.engine.config
+        runner.graphs = DecodeGraphs(runner.model, runner.kv_cache, capture_sizes(cfg.max_num_seqs),
+                                     -(-cfg.max_model_len // cfg.block_size), runner.device, lambda size: 1,
+                                     capture=False)
+    # min_tokens: EOS masked to the end, as transformers' min_new_tokens does (a trained model would stop)
+    params = [SamplingParams(temperature=0, max_tokens=40 - 3 * i, min_tokens=40 - 3 * i) for i in range(len(prompts))]
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    graphs = llm.engine.runner.graphs
+    same = all(o.outputs[0].token_ids == w[: sp.max_tokens] for o, w, sp in zip(outs, want, params))
+    captured = sorted(graphs.graphs if graphs.use_graphs else graphs.sizes) if graphs is not None else []
+    replays = graphs.num_replays if graphs is not None else 0
+    print(f"CUDA-graph decoding, fp32 {label}, {len(prompts)} prompts, batches shrinking 10 -> 1: "
+          f"{'same tokens as transformers' if same else 'TOKENS DIFFER from transformers'}; "
+          f"{'graphs captured' if device != 'cpu' else 'padded eager batches (CPU)'} for sizes "
+          f"{captured[:6]}{'...' if len(captured) > 6 else ''}, {replays} decode steps went through them")
+    del llm, hf, graphs
+    free_memory()
+    return same and replays > 0
 
 
 def main() -> int:

@@ -5,7 +5,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from minivllm.kernels.fused_moe import fused_moe_experts, tile_table  # noqa: E402
+from minivllm.kernels.fused_moe import fused_moe_experts, max_tiles, tile_table  # noqa: E402
 from minivllm.model.moe import grouped_experts, route, sort_by_expert  # noqa: E402
 
 
@@ -25,11 +25,27 @@ def test_fused_moe_equals_reference(tokens, num_experts):
 
 
 def test_tile_table_never_straddles_experts():
+    """A table of a fixed length (the most tiles any routing of the rows could need, so that it never waits on the
+    host): the routing's tiles, then tiles that start at the end of the rows and do nothing."""
     offsets = torch.tensor([0, 0, 5, 21, 21, 22])   # experts of 0, 5, 16, 0 and 1 rows
-    expert, start = tile_table(offsets, 16)
-    assert expert.tolist() == [1, 2, 4] and start.tolist() == [0, 5, 21]
-    expert, start = tile_table(offsets, 4)
-    assert expert.tolist() == [1, 1, 2, 2, 2, 2, 4] and start.tolist() == [0, 4, 5, 9, 13, 17, 21]
+    assert max_tiles(22, 5, 16) == 6 and max_tiles(22, 5, 4) == 10 and max_tiles(3, 8, 16) == 3
+    expert, start = tile_table(offsets, 16, max_tiles(22, 5, 16))
+    assert expert.tolist()[:3] == [1, 2, 4] and start.tolist() == [0, 5, 21, 22, 22, 22]
+    expert, start = tile_table(offsets, 4, max_tiles(22, 5, 4))
+    assert expert.tolist()[:7] == [1, 1, 2, 2, 2, 2, 4] and start.tolist() == [0, 4, 5, 9, 13, 17, 21, 22, 22, 22]
+
+
+@pytest.mark.parametrize("block_m", [1, 4, 16])
+def test_no_routing_needs_more_tiles_than_the_table_holds(block_m):
+    """Every expert's last tile may be partial: the bound holds for the worst routing (all experts used, odd
+    counts) and the tiles cover every row exactly once."""
+    for counts in ([1] * 8, [3, 1, 0, 7, 2, 1, 1, 1], [16, 0, 0, 0, 0, 0, 0, 0], [5, 5, 5, 1, 0, 0, 0, 0]):
+        offsets = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()])
+        rows = offsets[-1].item()
+        expert, start = tile_table(offsets, block_m, max_tiles(rows, 8, block_m))
+        covered = [r for e, s in zip(expert.tolist(), start.tolist())
+                   for r in range(s, min(s + block_m, offsets[e + 1].item()))]
+        assert sorted(covered) == list(range(rows))
 
 
 @pytest.mark.parametrize("tokens", [1, 40])

@@ -1,11 +1,14 @@
 """Mixture-of-experts as grouped GEMMs: one launch multiplies every expert's block of sorted rows.
 
 The reference (minivllm/model/moe.py) sorts (token, slot) pairs by expert and loops over experts.
-Here one program computes a [BLOCK_M, BLOCK_N] tile of one expert's block: a host-side tile table
-says which expert each row tile belongs to and where it starts, so tiles never straddle two experts
-and empty experts cost nothing. The first GEMM gathers its rows from the hidden states through the
-sorted token order (no permuted copy of the activations); the second multiplies by the router
-weight in the epilogue, so combining is a plain scatter-add of the sorted rows.
+Here one program computes a [BLOCK_M, BLOCK_N] tile of one expert's block: a tile table says which
+expert each row tile belongs to and where it starts, so tiles never straddle two experts and empty
+experts cost nothing. The table is built on the device with a length fixed by the batch (the most
+tiles any routing could need), and programs past the routing's last tile return at once: nothing
+waits on the host, so a decode step with experts can be recorded as a CUDA graph. The first GEMM
+gathers its rows from the hidden states through the sorted token order (no permuted copy of the
+activations); the second multiplies by the router weight in the epilogue, so combining is a plain
+scatter-add of the sorted rows.
 """
 
 from __future__ import annotations
@@ -26,8 +29,11 @@ def _grouped_gemm_kernel(a_ptr, row_index_ptr, w_ptr, scale_ptr, row_weight_ptr,
                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
     tile = tl.program_id(0)
     expert = tl.load(tile_expert_ptr + tile)
-    rows = tl.load(tile_start_ptr + tile) + tl.arange(0, BLOCK_M)
-    m_mask = rows < tl.load(offsets_ptr + expert + 1)       # the expert's block ends here
+    start, end = tl.load(tile_start_ptr + tile), tl.load(offsets_ptr + expert + 1)
+    if start >= end:  # past the last tile this routing needs
+        return
+    rows = start + tl.arange(0, BLOCK_M)
+    m_mask = rows < end  # the expert's block ends here
     a_rows = tl.load(row_index_ptr + rows, mask=m_mask, other=0) if GATHER else rows
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -66,21 +72,29 @@ def fused_moe_config(num_rows: int, dtype: torch.dtype, arch: int | None = None,
                 num_warps=4, num_stages=2 if small else 3)
 
 
-def tile_table(offsets: torch.Tensor, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """For each row tile: its expert and its first sorted row; ceil(count / block_m) per expert."""
+def max_tiles(num_rows: int, num_experts: int, block_m: int) -> int:
+    """The most row tiles any routing of `num_rows` rows can need: each expert's last is partial."""
+    return min(num_rows, triton.cdiv(num_rows, block_m) + num_experts - 1)
+
+
+def tile_table(offsets: torch.Tensor, block_m: int,
+               num_tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each of `num_tiles` row tiles: its expert and its first sorted row, ceil(count /
+    block_m) tiles per expert; the tiles past the last start at the end of the rows (no work)."""
     counts = offsets[1:] - offsets[:-1]
     tiles = (counts + block_m - 1) // block_m
-    tile_expert = torch.repeat_interleave(torch.arange(len(counts), device=offsets.device), tiles)
-    first_tile = torch.cumsum(tiles, 0) - tiles
-    within = torch.arange(len(tile_expert), device=offsets.device) - first_tile[tile_expert]
-    return tile_expert, offsets[tile_expert] + within * block_m
+    ends = torch.cumsum(tiles, 0)
+    tile = torch.arange(num_tiles, device=offsets.device)
+    tile_expert = torch.searchsorted(ends, tile, right=True).clamp_(max=len(counts) - 1)
+    start = offsets[tile_expert] + (tile - ends[tile_expert] + tiles[tile_expert]) * block_m
+    return tile_expert, torch.where(tile < ends[-1], start, offsets[-1])
 
 
 def _grouped_gemm(a: torch.Tensor, row_index: torch.Tensor | None, w: torch.Tensor,
                   scale: torch.Tensor | None, row_weight: torch.Tensor | None,
-                  offsets: torch.Tensor, config: dict,
-                  tiles: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    num_rows, n = int(offsets[-1]), w.shape[1]
+                  offsets: torch.Tensor, config: dict, tiles: tuple[torch.Tensor, torch.Tensor],
+                  num_rows: int) -> torch.Tensor:
+    n = w.shape[1]
     out = torch.empty(num_rows, n, dtype=a.dtype, device=a.device)
     grid = (len(tiles[0]), triton.cdiv(n, config["BLOCK_N"]))
     scale = None if scale is None else scale.contiguous()
@@ -111,10 +125,11 @@ def fused_moe_experts(hidden: torch.Tensor, weights: torch.Tensor, order,
     rows = hidden.shape[0] * order.top_k
     config = fused_moe_config(rows, hidden.dtype, device_arch(hidden.device),
                               scaled=gate_up_scale is not None)
-    tiles = tile_table(offsets, config["BLOCK_M"])
+    num_experts = gate_up_proj.shape[0]
+    tiles = tile_table(offsets, config["BLOCK_M"], max_tiles(rows, num_experts, config["BLOCK_M"]))
     gate_up = _grouped_gemm(hidden, token_of_row, gate_up_proj.contiguous(), gate_up_scale, None,
-                            offsets, config, tiles)
+                            offsets, config, tiles, rows)
     row_weight = weights.reshape(-1)[pair_order].float().contiguous()
     down = _grouped_gemm(silu_and_mul(gate_up), None, down_proj.contiguous(), down_scale,
-                         row_weight, offsets, config, tiles)
+                         row_weight, offsets, config, tiles, rows)
     return out.index_add_(0, token_of_row, down)

@@ -55,10 +55,12 @@ class ExpertOrder:
 
 
 def sort_by_expert(expert_ids: torch.Tensor, num_experts: int) -> ExpertOrder:
-    """Group the flattened ``[T, k]`` choices by expert with a stable sort and count each group."""
+    """Group the flattened ``[T, k]`` choices by expert with a stable sort and count each group
+    (with index_add_, not bincount, which asks the GPU for the largest id before it allocates)."""
     flat = expert_ids.reshape(-1)
     pair_order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=num_experts)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
+    counts.index_add_(0, flat, torch.ones_like(flat))
     offsets = torch.zeros(num_experts + 1, dtype=torch.int64, device=flat.device)
     offsets[1:] = torch.cumsum(counts, dim=0)
     return ExpertOrder(pair_order, offsets, expert_ids.shape[1])

@@ -99,10 +99,9 @@ class ModelRunner:
         host = host_kv_cache(config, self.cache_dtype, self.bytes_per_block,
                              pin=self.device.type == "cuda")
         self.block_copier = BlockCopier(self.kv_cache, host, self.bytes_per_block)
-        # decode steps as CUDA graphs where the platform records them (not collectives: TP is eager;
-        # nor a mixture of experts: its routing reads per-expert row counts on the host)
+        # decode steps as CUDA graphs where the platform records them (not collectives: TP is eager)
         self.graphs = (build_decode_graphs(self.model, self.kv_cache, config, self.device)
-                       if tp.size == 1 and not mc.num_experts
+                       if tp.size == 1
                        and self.platform.captures_graphs(config.enforce_eager or offloaded > 0)
                        else None)
 
