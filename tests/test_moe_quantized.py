@@ -1,5 +1,6 @@
 """Quantized mixtures of experts: int8 weight-only experts (quantized at load, one scale per output row of each
-expert) and the FP8 KV cache, which is attention's side of the model and should not care that the MLP is sparse."""
+expert, by the engine's quantizer or a learner's hook) and the FP8 KV cache, which is attention's
+side of the model and should not care that the MLP is sparse."""
 
 import statistics
 
@@ -15,18 +16,20 @@ from tests.test_moe_families import PROMPTS, E, build_moe_checkpoint
 MAX_NEW = 16
 
 
-def dequantize_like_int8(hf) -> None:
+def dequantize_like_int8(hf, quantize=None) -> None:
     """transformers' model with every weight int8 quantizes replaced by q * s: the router, embeddings and LM head
-    stay float (as in the engine), each expert's matrices are quantized on their own."""
+    stay float (as in the engine), each expert's matrices are quantized on their own (`quantize`: a learner's
+    EngineHooks.int8_quantize instead of the engine's)."""
+    quantize = quantize or (lambda w: quantize_per_channel(w, torch.float32))
     with torch.no_grad():
         for name, module in hf.named_modules():
             if isinstance(module, torch.nn.Linear) and not name.endswith(("gate", "lm_head")):
-                q, s = quantize_per_channel(module.weight, torch.float32)
+                q, s = quantize(module.weight)
                 module.weight.copy_(q.float() * s[:, None])
             if isinstance(getattr(module, "gate_up_proj", None), torch.nn.Parameter):
                 for stacked in (module.gate_up_proj, module.down_proj):
                     for expert in stacked:
-                        q, s = quantize_per_channel(expert, torch.float32)
+                        q, s = quantize(expert)
                         expert.copy_(q.float() * s[:, None])
 
 
@@ -41,6 +44,33 @@ def test_int8_experts_equal_transformers_on_the_dequantized_weights(tmp_path, ki
     experts = next(m for m in llm.engine.runner.model.modules() if isinstance(m, FusedExperts))
     assert experts.gate_up_proj.dtype == experts.down_proj.dtype == torch.int8
     assert experts.gate_up_scale.shape == (E, 80) and experts.down_scale.shape == (E, 64)
+    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS],
+                        SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True), use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(hf, p, MAX_NEW) for p in PROMPTS]
+
+
+def test_the_learners_int8_hook_quantizes_the_experts(tmp_path):
+    """EngineHooks.int8_quantize reaches every expert block, not only the dense layers: a hook that keeps 15 levels
+    a side (the engine keeps 127) is called once per expert matrix, its values are what the experts hold, and
+    greedy tokens follow transformers run on the hook's dequantized weights."""
+    from minivllm.hooks import EngineHooks
+
+    calls = []
+
+    def coarse(w):
+        calls.append(tuple(w.shape))
+        scale = (w.float().abs().amax(dim=1) / 15).clamp(min=1e-8)
+        return torch.round(w.float() / scale[:, None]).clamp(-15, 15).to(torch.int8), scale
+
+    hf = build_moe_checkpoint("mixtral", tmp_path / "m")
+    dequantize_like_int8(hf, coarse)
+    calls.clear()
+    llm = LLM(str(tmp_path / "m"), dtype="float32", quantization="int8", num_kv_blocks=64,
+              hooks=EngineHooks(int8_quantize=coarse))
+    all_experts = [m for m in llm.engine.runner.model.modules() if isinstance(m, FusedExperts)]
+    assert calls.count((80, 64)) == calls.count((64, 40)) == E * len(all_experts)  # gate_up and down of each
+    for experts in all_experts:
+        assert experts.gate_up_proj.abs().max() == experts.down_proj.abs().max() == 15
     outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS],
                         SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True), use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(hf, p, MAX_NEW) for p in PROMPTS]

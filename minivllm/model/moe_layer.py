@@ -20,7 +20,8 @@ Qwen3-MoE: their modules only say which layers are sparse and how the router ren
   where ranks hold different tokens (data-parallel attention) and on fast interconnects, not for
   replicated activations on gloo, where it would move the same bytes in more messages.
 * Int8 (`quantization="int8"`): each expert's weights are quantized as they load, one scale per
-  output row (quantization/int8.py's method, per expert block), and multiplied as int8 values.
+  output row (quantization/int8.py's method, or the learner's `EngineHooks.int8_quantize`, per
+  expert block), and multiplied as int8 values.
 * The load: `record_choices` keeps the step's router choices ([tokens, k]) in a buffer the runner
   reads after the forward pass, for the trace (tokens per expert per layer per step). Off (None),
   it costs nothing.
@@ -75,6 +76,8 @@ class FusedExperts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(held, hidden_size, self.inter),
                                       requires_grad=False)
         self.int8 = quant is not None and quant.name == "int8"
+        # a learner's own quantize_per_channel (EngineHooks.int8_quantize), as dense layers use it
+        self.quantize = getattr(quant, "quantize", None) if self.int8 else None
         if quant is not None and not self.int8:
             raise ValueError(f"experts in {quant.name} format are not supported (float "
                              f"checkpoints, and quantization='int8' from them, are)")
@@ -137,14 +140,19 @@ class FusedExperts(nn.Module):
         down_absmax = down.float().abs().amax(dim=2)  # [E_r, H]
         if not self.expert_parallel:
             down_absmax = self.tp.all_reduce_max(down_absmax)
-        quantized = [quantize_per_channel(w, w.dtype) for w in gate_up]
-        quantized_down = [quantize_per_channel(w, w.dtype, m) for w, m in zip(down, down_absmax)]
-        self.gate_up_proj = nn.Parameter(torch.stack([q for q, _ in quantized]),
+        if self.quantize is not None:  # the learner's, per expert block (as Int8LinearMethod)
+            quantized = [self.quantize(w) for w in gate_up]
+            quantized_down = [self.quantize(w) for w in down]
+        else:
+            quantized = [quantize_per_channel(w, w.dtype) for w in gate_up]
+            quantized_down = [quantize_per_channel(w, w.dtype, m)
+                              for w, m in zip(down, down_absmax)]
+        self.gate_up_proj = nn.Parameter(torch.stack([q.to(torch.int8) for q, _ in quantized]),
                                          requires_grad=False)
-        self.gate_up_scale = torch.stack([s for _, s in quantized])
-        self.down_proj = nn.Parameter(torch.stack([q for q, _ in quantized_down]),
+        self.gate_up_scale = torch.stack([s.to(gate_up.dtype) for _, s in quantized])
+        self.down_proj = nn.Parameter(torch.stack([q.to(torch.int8) for q, _ in quantized_down]),
                                       requires_grad=False)
-        self.down_scale = torch.stack([s for _, s in quantized_down])
+        self.down_scale = torch.stack([s.to(down.dtype) for _, s in quantized_down])
 
     def extra_repr(self) -> str:
         return (f"experts={self.experts.start}..{self.experts.stop - 1} of {self.num_experts}, "
