@@ -21,15 +21,26 @@ from torch import nn
 
 from minivllm.quantization.base import Layout, LinearKernel, LinearMethod, add_weight
 
-# general.architecture values we map (Mistral files say llama)
-ARCHITECTURES = ("llama", "qwen2", "qwen3")
+# general.architecture values we map (Mistral and Mixtral files say llama)
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe")
+# the files' architecture for our model_type, where it is not the same name
+GGUF_ARCHITECTURE = {"mistral": "llama", "mixtral": "llama", "qwen2_moe": "qwen2moe",
+                     "qwen3_moe": "qwen3moe"}
 NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
          "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
          "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
          "attn_k_norm": "self_attn.k_norm",
-         "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+         "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+         # a mixture of experts: the router, Qwen2-MoE's shared expert and its gate
+         "ffn_gate_inp": "mlp.gate", "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+         "ffn_up_shexp": "mlp.shared_expert.up_proj",
+         "ffn_down_shexp": "mlp.shared_expert.down_proj",
+         "ffn_gate_inp_shexp": "mlp.shared_expert_gate"}
+# every expert of a layer in one 3-D tensor [E, out, in]: each expert's projection, by name
+EXPERTS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
 TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 SKIPPED = ("rope_freqs",)  # llama3's rotary factors: we compute them from the config
+PERMUTED = ("llama", "mistral", "mixtral")  # the families whose attn_q / attn_k rows are reordered
 
 
 def is_gguf(path: str | Path) -> bool:
@@ -47,7 +58,8 @@ def read_gguf_hf_config(path: Path):
     except ImportError as e:
         raise ValueError(f"{path}: reading GGUF files needs the gguf package: "
                          "pip install gguf") from e
-    field = GGUFReader(path).fields.get("general.architecture")
+    reader = GGUFReader(path)  # (a memory map: the tensors are not read)
+    field = reader.fields.get("general.architecture")
     if field is None:
         raise ValueError(f"{path}: GGUF file without general.architecture")
     arch = bytes(field.parts[field.data[0]]).decode()
@@ -57,9 +69,40 @@ def read_gguf_hf_config(path: Path):
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+        hf = AutoConfig.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
     except Exception as e:  # noqa: BLE001 - transformers raises many kinds; we promise a ValueError
         raise ValueError(f"{path}: transformers could not read the GGUF metadata: {e}") from e
+    return with_experts(hf, reader, arch)
+
+
+def metadata(reader, key: str, default=None):
+    """One scalar metadata value of the file (`default` where the file has none)."""
+    field = reader.fields.get(key)
+    return default if field is None else field.parts[field.data[0]].tolist()[0]
+
+
+def with_experts(hf, reader, arch: str):
+    """What transformers' GGUF reading leaves out of a mixture of experts: a Mixtral file says
+    "llama" (and comes back a Llama) with `llama.expert_count` experts; a Qwen MoE file keeps each
+    expert's and the shared expert's sizes in keys transformers skips, and says which layers are
+    sparse only by which layers hold a router (`ffn_gate_inp`), as llama.cpp reads it."""
+    experts = metadata(reader, f"{arch}.expert_count", 0)
+    if not experts:
+        return hf
+    if arch == "llama":
+        from transformers import MixtralConfig
+
+        keep = {k: v for k, v in hf.to_dict().items()
+                if k not in ("model_type", "architectures", "transformers_version")}
+        return MixtralConfig(**{**keep, "num_local_experts": experts,
+                                "num_experts_per_tok": metadata(reader, "llama.expert_used_count")})
+    routed = {t.name.split(".")[1] for t in reader.tensors if ".ffn_gate_inp." in t.name}
+    hf.moe_intermediate_size = metadata(reader, f"{arch}.expert_feed_forward_length")
+    hf.shared_expert_intermediate_size = metadata(
+        reader, f"{arch}.expert_shared_feed_forward_length", 0)
+    hf.decoder_sparse_step = 1
+    hf.mlp_only_layers = [i for i in range(hf.num_hidden_layers) if str(i) not in routed]
+    return hf
 
 
 def hf_name(name: str) -> str | None:
@@ -69,6 +112,8 @@ def hf_name(name: str) -> str | None:
         return None
     if parts[0] == "blk" and len(parts) == 4 and parts[2] in NAMES:
         return f"model.layers.{parts[1]}.{NAMES[parts[2]]}.{parts[3]}"
+    if parts[0] == "blk" and len(parts) == 4 and parts[2] in EXPERTS:  # all experts: no one name
+        return f"model.layers.{parts[1]}.mlp.experts.{EXPERTS[parts[2]]}"
     if len(parts) == 2 and parts[0] in TOP:
         return f"{TOP[parts[0]]}.{parts[1]}"
     raise ValueError(f"unexpected GGUF tensor {name!r}")
@@ -103,8 +148,14 @@ def gguf_tensors(path: Path, cfg, blocks: frozenset[str] = frozenset()
         else:
             w = torch.from_numpy(dequantize(t.data, t.tensor_type).copy()).float()
             w = w.reshape([int(d) for d in reversed(t.shape)])  # GGUF lists dims innermost first
-        if cfg.model_type in ("llama", "mistral") and (".q_proj." in name or ".k_proj." in name):
+        if cfg.model_type in PERMUTED and (".q_proj." in name or ".k_proj." in name):
             w = unpermute(w, cfg.num_heads if ".q_proj." in name else cfg.num_kv_heads)
+        if name.endswith("shared_expert_gate.weight"):
+            w = w.reshape(1, -1)  # llama.cpp's is a vector, transformers' a one-output layer
+        if ".experts." in name:  # all experts [E, out, in]: each one's view, copied into place
+            for expert, each in enumerate(w):
+                yield f"{name.replace('.experts.', f'.experts.{expert}.')}.weight", each
+            continue
         yield name, w
 
 
@@ -134,22 +185,53 @@ class GgufLinearMethod(LinearMethod):
         return self.kernel.rows(layer, ids)
 
 
+def gguf_names(state: dict, tied: bool) -> Iterator[tuple[str, str, slice | None]]:
+    """(llama.cpp's name, our state-dict name, rows of it) per tensor a converter writes: stacked
+    experts [E, 2I, H] split into the file's ffn_gate_exps / ffn_up_exps halves."""
+    ours = {f"{hf}": theirs for theirs, hf in NAMES.items()}
+    top = {f"{hf}.weight": f"{theirs}.weight" for theirs, hf in TOP.items()}
+    for key, t in state.items():
+        if key in top:
+            if not (tied and key == "lm_head.weight"):
+                yield top[key], key, None
+            continue
+        _, _, layer, rest = key.split(".", 3)
+        module, _, suffix = rest.rpartition(".")
+        if module in ours:
+            yield f"blk.{layer}.{ours[module]}.{suffix}", key, None
+        elif rest == "mlp.experts.gate_up_proj":
+            half = t.shape[1] // 2
+            yield f"blk.{layer}.ffn_gate_exps.weight", key, slice(0, half)
+            yield f"blk.{layer}.ffn_up_exps.weight", key, slice(half, None)
+        elif rest == "mlp.experts.down_proj":
+            yield f"blk.{layer}.ffn_down_exps.weight", key, None
+        else:
+            raise ValueError(f"write_gguf: no llama.cpp name for {key}")
+
+
 def write_gguf(path: str | Path, model, tokenizer_dir: str | Path, mlp_type: str = "Q8_0",
                attention_type: str = "Q4_0", types: dict[str, str] | None = None,
-               raw: dict[str, object] | None = None) -> None:
-    """A transformers Llama as llama.cpp's converter writes it (tests, benchmarks): the config keys
-    from which transformers rebuilds the config, the byte-level BPE tokenizer of
-    `tokenizer_dir`/tokenizer.json, attn_q/attn_k rows permuted, MLP and attention matrices in the
-    given GGML types ("F32": float), the rest F32; `types`: llama.cpp tensor name -> its type
-    instead (a file that mixes types, a quantized token_embd); `raw`: name -> that type's bytes,
-    written as given (the gguf package cannot quantize to every type it reads, Q4_K and Q6_K)."""
+               raw: dict[str, object] | None = None, expert_type: str | None = None) -> None:
+    """A transformers model (Llama, Mistral, Qwen2/3, Mixtral, Qwen2/3-MoE) as llama.cpp's converter
+    writes it (tests, benchmarks): the config keys from which transformers rebuilds the config (a
+    Mixtral's architecture is llama with experts), the byte-level BPE tokenizer of
+    `tokenizer_dir`/tokenizer.json, attn_q/attn_k rows permuted (Llama family), MLP and attention
+    matrices in the given GGML types ("F32": float), the experts in `expert_type` (default
+    `mlp_type`), routers and the rest F32; `types`: llama.cpp tensor name -> its type instead (a
+    file that mixes types, a quantized token_embd); `raw`: name -> that type's bytes, written as
+    given (the gguf package cannot quantize to every type it reads, Q4_K and Q6_K)."""
     import json
 
     import gguf
     import numpy as np
 
-    cfg, w = model.config, gguf.GGUFWriter(str(path), "llama")
+    cfg = model.config
+    arch = GGUF_ARCHITECTURE.get(cfg.model_type, cfg.model_type)
+    if arch not in ARCHITECTURES:
+        arch = "llama"
+    w = gguf.GGUFWriter(str(path), arch)
     rope = getattr(cfg, "rope_parameters", None) or {}
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     w.add_name("tiny")
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
@@ -159,7 +241,18 @@ def write_gguf(path: str | Path, model, tokenizer_dir: str | Path, mlp_type: str
     w.add_head_count_kv(cfg.num_key_value_heads)
     w.add_rope_freq_base(float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))))
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
+    w.add_rope_dimension_count(head_dim)
+    if arch != "llama":
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    experts = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None)
+    if experts:
+        w.add_expert_count(experts)
+        w.add_expert_used_count(cfg.num_experts_per_tok)
+        if arch != "llama":  # (a Mixtral's feed_forward_length is each expert's)
+            w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+        if getattr(cfg, "shared_expert_intermediate_size", 0):
+            w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
     tok = json.loads((Path(tokenizer_dir) / "tokenizer.json").read_text())
     tokens = sorted(tok["model"]["vocab"], key=tok["model"]["vocab"].get)
     special = {a["id"] for a in tok["added_tokens"]}
@@ -172,28 +265,25 @@ def write_gguf(path: str | Path, model, tokenizer_dir: str | Path, mlp_type: str
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_add_bos_token(True)
-    # llama.cpp's names for ours, in its converter's order; no output.weight when the head is tied
-    names = {"token_embd.weight": "model.embed_tokens.weight",
-             "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
-    if cfg.tie_word_embeddings:
-        del names["output.weight"]
-    names.update({f"blk.{i}.{theirs}.weight": f"model.layers.{i}.{ours}.weight"
-                  for i in range(cfg.num_hidden_layers) for theirs, ours in NAMES.items()
-                  if theirs not in ("attn_q_norm", "attn_k_norm")})  # Qwen3's; a Llama has none
     state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
-    for name, ours in names.items():
-        t = state[ours]
-        if ".attn_q." in name or ".attn_k." in name:  # unpermute's inverse
+    for name, ours, rows in gguf_names(state, cfg.tie_word_embeddings):
+        t = state[ours] if rows is None else state[ours][:, rows]
+        if cfg.model_type in PERMUTED and (".attn_q." in name or ".attn_k." in name):
             n = cfg.num_attention_heads if ".attn_q." in name else cfg.num_key_value_heads
             t = t.reshape(n, 2, t.shape[0] // n // 2, *t.shape[1:]).swapaxes(1, 2).reshape(t.shape)
         kind = (types or {}).get(name, mlp_type if ".ffn_" in name else attention_type)
+        if "_exps." in name and name not in (types or {}):
+            kind = expert_type or mlp_type
+        if ".ffn_gate_inp" in name:  # routers stay float, as llama.cpp's quantizer keeps them
+            kind = "F32"
         if name in (raw or {}):
             w.add_tensor(name, raw[name], raw_dtype=gguf.GGMLQuantizationType[kind])
-        elif (name.startswith("blk.") or name in (types or {})) and t.ndim == 2 and kind != "F32":
+        elif (name.startswith("blk.") or name in (types or {})) and t.ndim >= 2 and kind != "F32":
             qtype = gguf.GGMLQuantizationType[kind]
-            w.add_tensor(name, gguf.quants.quantize(t, qtype), raw_dtype=qtype)
+            w.add_tensor(name, gguf.quants.quantize(np.ascontiguousarray(t), qtype),
+                         raw_dtype=qtype)
         else:
-            w.add_tensor(name, t.astype(np.float32))
+            w.add_tensor(name, np.ascontiguousarray(t, dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
