@@ -84,3 +84,21 @@ def test_a_mixtral_gguf_is_read_as_mixtral_not_llama(tmp_path):
     cfg = read_model_config(tmp_path / "m.gguf")
     assert (cfg.model_type, cfg.num_experts, cfg.num_experts_per_tok) == ("mixtral", E, 2)
     assert cfg.moe_intermediate_size == SIZES["mixtral"]["intermediate_size"]
+
+
+@pytest.mark.parametrize("platform", ["reference", "cpu"])
+def test_gemma3_gguf_file_equals_transformers_on_its_dequantized_weights(tmp_path, platform, monkeypatch):
+    """Gemma 3 as llama.cpp holds it: norms with +1 added, every 6th layer global, the local rope base and the
+    query scale by llama.cpp's rules, the global base and its linear scaling and the window from the metadata."""
+    from tests.test_gemma3 import ROPE, WINDOW, build_gemma3
+
+    layer_types = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(7)]
+    hf = build_gemma3(tmp_path / "float", num_hidden_layers=7, layer_types=layer_types, query_pre_attn_scalar=16,
+                      intermediate_size=128, **FILE)
+    write_gguf(tmp_path / "g.gguf", hf, EMBEDDED, mlp_type="Q8_0", attention_type="Q4_0")
+    as_the_file_holds_it(hf, "Q8_0", "Q4_0", "Q8_0")
+    tokens, llm = greedy(tmp_path / "g.gguf", platform, monkeypatch)
+    cfg = llm.engine.config.model_config
+    assert (cfg.architecture, cfg.sliding_window) == ("Gemma3ForCausalLM", WINDOW)
+    assert cfg.hf_config.layer_types == layer_types and cfg.hf_config.rope_parameters == ROPE
+    assert tokens == [hf_greedy(hf, p, MAX_NEW) for p in PROMPTS]

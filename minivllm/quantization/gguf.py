@@ -3,11 +3,14 @@
 A GGUF file holds the config and the tokenizer as metadata (which transformers reads, `gguf_file=`)
 and every tensor in its own type: F32/F16/BF16, or a block format such as Q8_0 (32 weights share an
 fp16 scale, one int8 each) or Q4_0 (4 bits each). The `gguf` package reads and dequantizes the
-tensors; this module maps llama.cpp's names to ours (NAMES, TOP) and undoes the row permutation its
-converter applies to a Llama's attn_q and attn_k (it pairs rotary dims i and i + d/2 as
-neighbours). Where the platform has a kernel for a tensor's block format (the cpu platform's
-cpu_gguf.py, one process), its linear layer keeps the file's blocks (`GgufLinearMethod`) and reads
-them every step: the loader (model/gguf_blocks.py) picks those layers. Everything else is
+tensors; this module maps llama.cpp's names to ours (NAMES, TOP) and undoes what its converter
+does to them: the row permutation of a Llama's (and Mistral's, Mixtral's) attn_q and attn_k (it
+pairs rotary dims i and i + d/2 as neighbours), the +1 in Gemma 3's norms, each layer's experts
+stacked in one 3-D tensor per projection (copied expert by expert into the stacked layout of
+model/moe.py), and the config keys transformers' GGUF reading drops (`with_experts`,
+`with_gemma3_rules`). Where the platform has a kernel for a tensor's block format (the cpu
+platform's cpu_gguf.py, one process), its linear layer keeps the file's blocks (`GgufLinearMethod`)
+and reads them every step: the loader (model/gguf_blocks.py) picks those layers. Everything else is
 dequantized at load to the compute dtype; `quantization="int8"` re-quantizes it per channel.
 """
 
@@ -22,10 +25,10 @@ from torch import nn
 from minivllm.quantization.base import Layout, LinearKernel, LinearMethod, add_weight
 
 # general.architecture values we map (Mistral and Mixtral files say llama)
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma3")
 # the files' architecture for our model_type, where it is not the same name
 GGUF_ARCHITECTURE = {"mistral": "llama", "mixtral": "llama", "qwen2_moe": "qwen2moe",
-                     "qwen3_moe": "qwen3moe"}
+                     "qwen3_moe": "qwen3moe", "gemma3_text": "gemma3"}
 NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
          "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
          "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
@@ -36,6 +39,12 @@ NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
          "ffn_up_shexp": "mlp.shared_expert.up_proj",
          "ffn_down_shexp": "mlp.shared_expert.down_proj",
          "ffn_gate_inp_shexp": "mlp.shared_expert_gate"}
+# Gemma 3 norms around attention and the MLP: four a layer, stored with Gemma's +1 already added
+# (llama.cpp computes a plain RMSNorm; ours computes (1 + weight), as transformers does)
+GEMMA3_NAMES = {**NAMES, "post_attention_norm": "post_attention_layernorm",
+                "ffn_norm": "pre_feedforward_layernorm",
+                "post_ffw_norm": "post_feedforward_layernorm"}
+NORM_SHIFT = {"gemma3": 1.0}
 # every expert of a layer in one 3-D tensor [E, out, in]: each expert's projection, by name
 EXPERTS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
 TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
@@ -72,13 +81,32 @@ def read_gguf_hf_config(path: Path):
         hf = AutoConfig.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
     except Exception as e:  # noqa: BLE001 - transformers raises many kinds; we promise a ValueError
         raise ValueError(f"{path}: transformers could not read the GGUF metadata: {e}") from e
-    return with_experts(hf, reader, arch)
+    return with_gemma3_rules(hf, reader) if arch == "gemma3" else with_experts(hf, reader, arch)
 
 
 def metadata(reader, key: str, default=None):
     """One scalar metadata value of the file (`default` where the file has none)."""
     field = reader.fields.get(key)
     return default if field is None else field.parts[field.data[0]].tolist()[0]
+
+
+def with_gemma3_rules(hf, reader):
+    """A Gemma 3 file holds the global rope base, its linear scaling, the window; llama.cpp fixes
+    the rest, and so must we: every 6th layer global (unless the file says another pattern), local
+    layers rotating with base 10000 (unless `rope.freq_base_swa`), queries scaled by
+    head_dim**-0.5 (hidden / heads for the 62-layer 27B): transformers' GGUF reading leaves these
+    at its defaults."""
+    pattern = metadata(reader, "gemma3.attention.sliding_window_pattern", 6)
+    hf.layer_types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+                      for i in range(hf.num_hidden_layers)]
+    full = {"rope_type": "default", "rope_theta": metadata(reader, "gemma3.rope.freq_base", 1e6)}
+    if metadata_str(reader, "gemma3.rope.scaling.type") == "linear":
+        full.update(rope_type="linear", factor=metadata(reader, "gemma3.rope.scaling.factor"))
+    hf.rope_parameters = {"full_attention": full, "sliding_attention": {
+        "rope_type": "default", "rope_theta": metadata(reader, "gemma3.rope.freq_base_swa", 1e4)}}
+    hf.query_pre_attn_scalar = (hf.hidden_size // hf.num_attention_heads
+                                if hf.num_hidden_layers == 62 else hf.head_dim)
+    return hf
 
 
 def with_experts(hf, reader, arch: str):
@@ -105,13 +133,23 @@ def with_experts(hf, reader, arch: str):
     return hf
 
 
-def hf_name(name: str) -> str | None:
+def layer_names(reader) -> dict[str, str]:
+    """llama.cpp's per-layer tensor names -> ours, for the file's architecture."""
+    return GEMMA3_NAMES if metadata_str(reader, "general.architecture") == "gemma3" else NAMES
+
+
+def metadata_str(reader, key: str) -> str | None:
+    field = reader.fields.get(key)
+    return None if field is None else bytes(field.parts[field.data[0]]).decode()
+
+
+def hf_name(name: str, names: dict[str, str] = NAMES) -> str | None:
     """llama.cpp's tensor name -> the Hugging Face one (None: a tensor we do not need)."""
     parts = name.split(".")
     if parts[0] in SKIPPED:
         return None
-    if parts[0] == "blk" and len(parts) == 4 and parts[2] in NAMES:
-        return f"model.layers.{parts[1]}.{NAMES[parts[2]]}.{parts[3]}"
+    if parts[0] == "blk" and len(parts) == 4 and parts[2] in names:
+        return f"model.layers.{parts[1]}.{names[parts[2]]}.{parts[3]}"
     if parts[0] == "blk" and len(parts) == 4 and parts[2] in EXPERTS:  # all experts: no one name
         return f"model.layers.{parts[1]}.mlp.experts.{EXPERTS[parts[2]]}"
     if len(parts) == 2 and parts[0] in TOP:
@@ -129,18 +167,22 @@ def tensor_types(path: Path) -> dict[str, int]:
     """Hugging Face name -> the ggml type id the file stores that tensor in."""
     from gguf import GGUFReader
 
-    return {name: int(t.tensor_type) for t in GGUFReader(path).tensors
-            if (name := hf_name(t.name)) is not None}
+    reader = GGUFReader(path)
+    return {name: int(t.tensor_type) for t in reader.tensors
+            if (name := hf_name(t.name, layer_names(reader))) is not None}
 
 
 def gguf_tensors(path: Path, cfg, blocks: frozenset[str] = frozenset()
                  ) -> Iterator[tuple[str, torch.Tensor]]:
     """(Hugging Face name, tensor) per tensor in the file, un-permuted: the file's blocks as uint8
-    [rows, bytes per row] for the names in `blocks`, every other tensor dequantized to float32."""
+    [rows, bytes per row] for the names in `blocks`, every other tensor dequantized to float32
+    (Gemma's norms with the converter's +1 taken off)."""
     from gguf import GGUFReader, dequantize
 
-    for t in GGUFReader(path).tensors:
-        name = hf_name(t.name)
+    reader = GGUFReader(path)
+    names, shift = layer_names(reader), NORM_SHIFT.get(metadata_str(reader, "general.architecture"))
+    for t in reader.tensors:
+        name = hf_name(t.name, names)
         if name is None:
             continue
         if name in blocks:  # each row of W is a run of blocks: rows permute like float rows
@@ -150,6 +192,8 @@ def gguf_tensors(path: Path, cfg, blocks: frozenset[str] = frozenset()
             w = w.reshape([int(d) for d in reversed(t.shape)])  # GGUF lists dims innermost first
         if cfg.model_type in PERMUTED and (".q_proj." in name or ".k_proj." in name):
             w = unpermute(w, cfg.num_heads if ".q_proj." in name else cfg.num_kv_heads)
+        if shift and name.endswith("norm.weight"):
+            w = w - shift
         if name.endswith("shared_expert_gate.weight"):
             w = w.reshape(1, -1)  # llama.cpp's is a vector, transformers' a one-output layer
         if ".experts." in name:  # all experts [E, out, in]: each one's view, copied into place
@@ -185,10 +229,11 @@ class GgufLinearMethod(LinearMethod):
         return self.kernel.rows(layer, ids)
 
 
-def gguf_names(state: dict, tied: bool) -> Iterator[tuple[str, str, slice | None]]:
+def gguf_names(state: dict, tied: bool, names: dict[str, str] = NAMES
+               ) -> Iterator[tuple[str, str, slice | None]]:
     """(llama.cpp's name, our state-dict name, rows of it) per tensor a converter writes: stacked
     experts [E, 2I, H] split into the file's ffn_gate_exps / ffn_up_exps halves."""
-    ours = {f"{hf}": theirs for theirs, hf in NAMES.items()}
+    ours = {hf: theirs for theirs, hf in names.items()}
     top = {f"{hf}.weight": f"{theirs}.weight" for theirs, hf in TOP.items()}
     for key, t in state.items():
         if key in top:
@@ -239,12 +284,20 @@ def write_gguf(path: str | Path, model, tokenizer_dir: str | Path, mlp_type: str
     w.add_feed_forward_length(cfg.intermediate_size)
     w.add_head_count(cfg.num_attention_heads)
     w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_rope_freq_base(float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))))
+    if arch != "gemma3":
+        w.add_rope_freq_base(float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))))
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_rope_dimension_count(head_dim)
     if arch != "llama":
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
+    if arch == "gemma3":  # the global layers' rope; the rest is llama.cpp's fixed rules
+        full = cfg.rope_parameters["full_attention"]
+        w.add_rope_freq_base(float(full["rope_theta"]))
+        w.add_sliding_window(cfg.sliding_window)
+        if full.get("rope_type") == "linear":
+            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(float(full["factor"]))
     experts = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None)
     if experts:
         w.add_expert_count(experts)
@@ -266,8 +319,11 @@ def write_gguf(path: str | Path, model, tokenizer_dir: str | Path, mlp_type: str
     w.add_eos_token_id(2)
     w.add_add_bos_token(True)
     state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
-    for name, ours, rows in gguf_names(state, cfg.tie_word_embeddings):
+    table = GEMMA3_NAMES if arch == "gemma3" else NAMES
+    for name, ours, rows in gguf_names(state, cfg.tie_word_embeddings, table):
         t = state[ours] if rows is None else state[ours][:, rows]
+        if ours.endswith("norm.weight"):
+            t = t + NORM_SHIFT.get(arch, 0.0)
         if cfg.model_type in PERMUTED and (".attn_q." in name or ".attn_k." in name):
             n = cfg.num_attention_heads if ".attn_q." in name else cfg.num_key_value_heads
             t = t.reshape(n, 2, t.shape[0] // n // 2, *t.shape[1:]).swapaxes(1, 2).reshape(t.shape)
