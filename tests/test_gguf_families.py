@@ -102,3 +102,28 @@ def test_gemma3_gguf_file_equals_transformers_on_its_dequantized_weights(tmp_pat
     assert (cfg.architecture, cfg.sliding_window) == ("Gemma3ForCausalLM", WINDOW)
     assert cfg.hf_config.layer_types == layer_types and cfg.hf_config.rope_parameters == ROPE
     assert tokens == [hf_greedy(hf, p, MAX_NEW) for p in PROMPTS]
+
+
+@pytest.mark.parametrize("pattern,local", [(None, [True] * 5 + [False, True]), (3, [True, True, False] * 2 + [True]),
+                                           ([True, False] * 3 + [True], [True, False] * 3 + [True])])
+def test_gemma3_local_layers_follow_the_files_pattern_or_llama_cpps(tmp_path, pattern, local):
+    """No pattern key: every 6th layer global (llama.cpp's rule for Gemma 3); a number: every n-th; one flag a
+    layer (newer converters): as listed. The local base is 10000 unless the file gives rope.freq_base_swa."""
+    from types import SimpleNamespace
+
+    from minivllm.quantization.gguf import with_gemma3_rules
+
+    writer = gguf.GGUFWriter(str(tmp_path / "h.gguf"), "gemma3")
+    writer.add_rope_freq_base(5e5)
+    if pattern is not None:
+        writer.add_sliding_window_pattern(pattern)
+        writer.add_rope_freq_base_swa(2e4)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    hf = with_gemma3_rules(SimpleNamespace(num_hidden_layers=7, hidden_size=64, num_attention_heads=4, head_dim=16),
+                           gguf.GGUFReader(tmp_path / "h.gguf"))
+    assert hf.layer_types == ["sliding_attention" if each else "full_attention" for each in local]
+    assert hf.rope_parameters["sliding_attention"]["rope_theta"] == (1e4 if pattern is None else 2e4)
+    assert hf.rope_parameters["full_attention"] == {"rope_type": "default", "rope_theta": 5e5}
+    assert hf.query_pre_attn_scalar == 16

@@ -96,9 +96,13 @@ def with_gemma3_rules(hf, reader):
     layers rotating with base 10000 (unless `rope.freq_base_swa`), queries scaled by
     head_dim**-0.5 (hidden / heads for the 62-layer 27B): transformers' GGUF reading leaves these
     at its defaults."""
-    pattern = metadata(reader, "gemma3.attention.sliding_window_pattern", 6)
-    hf.layer_types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
-                      for i in range(hf.num_hidden_layers)]
+    field = reader.fields.get("gemma3.attention.sliding_window_pattern")
+    if field is not None and len(field.data) > 1:  # one flag a layer: True where it is local
+        local = [bool(field.parts[i][0]) for i in field.data]
+    else:  # every `pattern`-th layer global
+        pattern = metadata(reader, "gemma3.attention.sliding_window_pattern", 6)
+        local = [(i + 1) % pattern != 0 for i in range(hf.num_hidden_layers)]
+    hf.layer_types = ["sliding_attention" if each else "full_attention" for each in local]
     full = {"rope_type": "default", "rope_theta": metadata(reader, "gemma3.rope.freq_base", 1e6)}
     if metadata_str(reader, "gemma3.rope.scaling.type") == "linear":
         full.update(rope_type="linear", factor=metadata(reader, "gemma3.rope.scaling.factor"))
