@@ -15,6 +15,8 @@ import torch
 from minivllm.attention.metadata import AttentionMetadata
 from minivllm.attention.torch_backend import TorchAttentionBackend
 
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the query dtypes the kernel reads
+
 
 def register_fake() -> None:
     """The op's output shape, for torch.compile (it can then trace a model through the op without a
@@ -33,10 +35,11 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if k is None:  # attend only: nothing new to store
         k = v = k_cache.new_empty(0, *k_cache.shape[2:])
         slots = slots[:0]
-    return torch.ops.minivllm_cpu.paged_attention(q, k, v, k_cache, v_cache, slots,
-                                                  meta.block_tables, meta.seq_lens,
-                                                  meta.query_start_loc, scale,
-                                                  -1 if sliding_window is None else sliding_window)
+    return torch.ops.minivllm_cpu.paged_attention.default(q, k, v, k_cache, v_cache, slots,
+                                                          meta.block_tables, meta.seq_lens,
+                                                          meta.query_start_loc, scale,
+                                                          -1 if sliding_window is None
+                                                          else sliding_window)
 
 
 def fits(q: torch.Tensor, k_cache: torch.Tensor, meta: AttentionMetadata,
@@ -44,10 +47,12 @@ def fits(q: torch.Tensor, k_cache: torch.Tensor, meta: AttentionMetadata,
     """What the kernel handles: CPU tensors, a cache in the query's dtype (an fp8 cache takes the
     reference), and no padded rows; new keys and values (if given) in the cache's dtype, their last
     dim contiguous."""
-    new_kv_fit = k is None or all(x.dtype == k_cache.dtype and x.stride(-1) == 1 for x in (k, v))
-    float_q = q.dtype in (torch.float32, torch.bfloat16, torch.float16)
-    return (q.device.type == "cpu" and k_cache.dtype == q.dtype and q.stride(-1) == 1 and float_q
-            and k_cache.is_contiguous() and sum(meta.query_lens_cpu) == q.shape[0] and new_kv_fit)
+    # plain comparisons, no generator: this runs once per layer and step (30 times a decode step)
+    new_kv_fit = k is None or (k.dtype == v.dtype == k_cache.dtype and k.stride(-1) == 1
+                               and v.stride(-1) == 1)
+    return (q.device.type == "cpu" and k_cache.dtype == q.dtype and q.dtype in FLOAT_DTYPES
+            and q.stride(-1) == 1 and new_kv_fit and k_cache.is_contiguous()
+            and sum(meta.query_lens_cpu) == q.shape[0])
 
 
 class CpuAttentionBackend(TorchAttentionBackend):
