@@ -118,8 +118,9 @@ def kv_occupancy(steps: list[StepTrace], block_size: int | None = None) -> list[
     """Per step: how many block slots the live block tables reserve and how many hold a token.
 
     A request's stored tokens are the engine's own count after the step (`num_computed_tokens` in
-    the trace). Block i of a table holds min(block_size, stored - i * block_size) tokens; a block
-    shared by several tables (prefix caching) is counted once.
+    the trace). Logical block j holds min(block_size, stored - j * block_size) tokens, in every
+    group of layers (a table interleaves the groups'); a block shared by several tables (prefix
+    caching) is counted once, and one a sliding window gave back (-1) not at all.
     """
     out = []
     for t in steps:
@@ -128,8 +129,9 @@ def kv_occupancy(steps: list[StepTrace], block_size: int | None = None) -> list[
         for rid, table in t.block_tables.items():
             n = t.num_computed_tokens.get(rid, 0)
             for i, block_id in enumerate(table):
-                held = max(0, min(size, n - i * size))
-                in_block[block_id] = max(in_block.get(block_id, 0), held)
+                if block_id >= 0:
+                    held = max(0, min(size, n - i // t.num_kv_groups * size))
+                    in_block[block_id] = max(in_block.get(block_id, 0), held)
         out.append(Occupancy(t.step, len(t.block_tables), len(in_block), len(in_block) * size,
                              sum(in_block.values())))
     return out
