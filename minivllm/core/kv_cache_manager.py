@@ -152,12 +152,7 @@ class KVCacheManager:
 
     def held_blocks(self, request_id: str) -> list[int]:
         """The blocks a request holds now: its tables less the blocks the window has passed."""
-        table, dropped = self.block_tables.get(request_id, []), self.num_dropped.get(request_id, 0)
-        if not dropped:
-            return table
-        sliding = set(self.sliding_groups)
-        return [b for i, b in enumerate(table)
-                if i >= dropped * self.num_groups or i % self.num_groups not in sliding]
+        return [b for b in self.table_with_gaps(request_id) if b >= 0]
 
     def table_with_gaps(self, request_id: str) -> list[int]:
         """A request's table as it stands, -1 where the window passed a block and it went back."""
