@@ -434,7 +434,8 @@ assert results["triton"] == results["torch"], "the kernels change where attentio
 #
 # * `reference`: plain torch everywhere, the code the chapters print, and the oracle;
 # * `cpu`: C++ ops compiled at first use: attention reading the paged cache in place, fused norm,
-#   rotary and SwiGLU, float weights held once in a tiled layout that decode steps stream;
+#   rotary and SwiGLU, float weights held once in a tiled layout that decode steps stream, and each
+#   decoder layer's ops bound into one function for decode steps (the `decoder_layer` row);
 # * `cuda`: this chapter's Triton kernels, and CUDA graphs on a real GPU.
 #
 # The table below is read from the platform objects themselves (`Platform.op_table()`), and each

@@ -49,6 +49,9 @@ VARIABLES: dict[str, EnvVar] = {
         "cpu platform: 0 keeps the readable norm, rotary and SwiGLU instead of the C++ ops"),
     "MINIVLLM_CPU_SMALL_LINEAR": EnvVar(_flag, True,
         "cpu platform: 0 serves every linear call with oneDNN, none with the small-batch kernel"),
+    "MINIVLLM_CPU_BOUND_LAYERS": EnvVar(_flag, True,
+        "cpu platform: 0 runs decode steps through the decoder layers' modules instead of each "
+        "layer's ops bound into one function (model/cpu_bound_layer.py)"),
     "MINIVLLM_CPU_COMPILE": EnvVar(_flag, False,
         "cpu platform: 1 compiles the layers around attention with torch.compile (opt-in)"),
     # --- dtypes and threads ---

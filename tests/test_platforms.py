@@ -17,7 +17,7 @@ from minivllm.quantization.int8 import Int8Config
 
 OPS = {"attention", "rms_norm", "rotary", "silu_and_mul", "linear[float]", "linear[int8]", "linear[int4]",
        "linear[gguf]", "linear[float].layout", "linear[int8].layout", "linear[int4].layout",
-       "linear[gguf].layout", "moe_experts", "compile",
+       "linear[gguf].layout", "moe_experts", "decoder_layer", "compile",
        "cuda_graphs"}
 
 

@@ -10,7 +10,10 @@ What it replaces, and the switch (read here, once per platform) that keeps the r
 * int8 and int4 matmuls: torch's packed-weight kernels (quantization/cpu_quantized.py);
 * GGUF files: Q8_0/Q4_0/Q4_1/Q4_K/Q6_K layers kept as the file's blocks, multiplied as stored
   (quantization/cpu_gguf.py; one process; without the C++ build they are dequantized at load);
-* torch.compile of the layers around attention (model/compiled.py): opt-in, MINIVLLM_CPU_COMPILE=1.
+* a decode step's decoder layers: their ops bound into one function each (model/cpu_bound_layer.py),
+  where the fused ops and the C++ attention serve them; MINIVLLM_CPU_BOUND_LAYERS=0;
+* torch.compile of the layers around attention (model/compiled.py): opt-in, MINIVLLM_CPU_COMPILE=1
+  (it takes the place of the bound layers).
 
 The C++ sources are built once per process (platforms/cpu_extension.py); without a compiler every
 C++ path falls back to the readable one after one warning.
@@ -28,6 +31,7 @@ from minivllm.attention import cpu_attention
 from minivllm.logger import init_logger
 from minivllm.model import cpu_layer_ops
 from minivllm.model.compiled import CompiledLayers, compile_decoder_layers
+from minivllm.model.cpu_bound_layer import BoundLayer, bind_decoder_layers
 from minivllm.platforms import cpu_extension
 from minivllm.platforms.cpu_hardware import cpu_flags, cpu_has_native_bf16
 from minivllm.platforms.cpu_moe import chosen_experts
@@ -83,6 +87,7 @@ class CpuPlatform(Platform):
                  "linear[int8]": "tests/test_quantization.py",
                  "linear[int4]": "tests/test_quantization.py",
                  "linear[gguf]": "tests/test_cpu_gguf.py", "compile": "tests/test_compiled.py",
+                 "decoder_layer": "tests/test_cpu_bound_layer.py",
                  "moe_experts": "tests/test_moe.py"}
 
     def __init__(self, device, dtype, online_softmax_update=None) -> None:
@@ -93,6 +98,7 @@ class CpuPlatform(Platform):
         kernel_attention = envs.MINIVLLM_CPU_ATTENTION == "kernel"
         fused_ops, tiled = envs.MINIVLLM_CPU_LAYER_OPS, envs.MINIVLLM_CPU_SMALL_LINEAR
         self.compile_layers = envs.MINIVLLM_CPU_COMPILE
+        self.bound_layers = envs.MINIVLLM_CPU_BOUND_LAYERS
         if kernel_attention and extension_built():
             self.attention = self._hooked(cpu_attention.CpuAttentionBackend())
             if fused_ops:
@@ -102,9 +108,18 @@ class CpuPlatform(Platform):
                                     gguf=gguf)
         self.moe_experts = chosen_experts
 
-    def compile(self, model: nn.Module, enforce_eager: bool) -> CompiledLayers | None:
-        """Opt-in (MINIVLLM_CPU_COMPILE=1, not enforce_eager): so far it cost more than it saved."""
-        return compile_decoder_layers(model) if self.compile_layers and not enforce_eager else None
+    def compile(self, model: nn.Module,
+                enforce_eager: bool) -> CompiledLayers | list[BoundLayer] | None:
+        """torch.compile where opted in (MINIVLLM_CPU_COMPILE=1, not enforce_eager: so far it cost
+        more than it saved); else the bound layers, unless MINIVLLM_CPU_BOUND_LAYERS=0."""
+        if self.compile_layers and not enforce_eager:
+            return compile_decoder_layers(model)
+        return bind_decoder_layers(model) if self.bound_layers else None
+
+    def decoder_layer_name(self) -> str:
+        if self.bound_layers and not self.compile_layers and self.ops is cpu_layer_ops.OPS:
+            return qualified_name(bind_decoder_layers)
+        return super().decoder_layer_name()
 
     def compiler_name(self) -> str:
         return qualified_name(compile_decoder_layers) if self.compile_layers else "none"

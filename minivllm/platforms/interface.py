@@ -20,7 +20,7 @@ from minivllm.attention.backend import AttentionBackend
 from minivllm.attention.online_softmax import OnlineSoftmaxBackend
 from minivllm.attention.torch_backend import TorchAttentionBackend
 from minivllm.model.layer_ops import REFERENCE, LayerOps
-from minivllm.model.llama import Implementations
+from minivllm.model.llama import DecoderLayer, Implementations
 from minivllm.model.moe import grouped_experts
 from minivllm.platforms.cpu_hardware import CpuThreadSizer, torch_default_threads
 from minivllm.quantization import REFERENCE_KERNELS, LinearKernels
@@ -66,8 +66,9 @@ class Platform:
         return Implementations(ops=self.ops, attention=self.attention, linear=self.linear,
                                moe_experts=self.moe_experts)
 
-    def compile(self, model: torch.nn.Module, enforce_eager: bool) -> CompiledLayers | None:
-        """Compile the model's layers in place where a platform does (cpu.py); None: eager."""
+    def compile(self, model: torch.nn.Module, enforce_eager: bool) -> CompiledLayers | list | None:
+        """Compile (or bind) the model's layers in place where a platform does (cpu.py); None:
+        the modules run as built."""
         return None
 
     def captures_graphs(self, enforce_eager: bool) -> bool:
@@ -93,10 +94,16 @@ class Platform:
             table[f"linear[{family}]"] = qualified_name(type(kernel).apply)
             table[f"linear[{family}].layout"] = qualified_name(type(kernel).layout)
         table["moe_experts"] = qualified_name(self.moe_experts)
+        table["decoder_layer"] = self.decoder_layer_name()
         table["compile"] = self.compiler_name()
         table["cuda_graphs"] = ("minivllm.runner.cuda_graphs.DecodeGraphs"
                                 if self.captures_graphs(enforce_eager=False) else "none")
         return table
+
+    def decoder_layer_name(self) -> str:
+        """What runs a decode step's decoder layer, for op_table: the model's own method, unless
+        `compile` replaces it (cpu.py binds each layer's ops into one function)."""
+        return qualified_name(DecoderLayer.forward)
 
     def compiler_name(self) -> str:
         """What `compile` runs, for op_table: "none" unless a platform compiles."""

@@ -12,6 +12,7 @@ int4.py); a platform (minivllm/platforms/) hands the model its own `LinearKernel
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -49,6 +50,12 @@ class LinearKernel:
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         raise NotImplementedError
+
+    def bind(self, layer: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+        """x -> x @ W.T + bias for a decode step's few rows, over the tensors `layer` holds now:
+        for a hot loop that looks them up once (model/cpu_bound_layer.py). A kernel whose op can
+        be called directly returns that call; by default, `apply`."""
+        return lambda x: self.apply(layer, x, layer.bias)
 
 
 class LinearKernels(NamedTuple):

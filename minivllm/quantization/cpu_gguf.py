@@ -16,6 +16,8 @@ looks tokens up in the LM head's blocks.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -56,6 +58,14 @@ class CpuGgufKernel(LinearKernel):
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         y = gguf_linear(x, layer.weight, layer.ggml_type, layer.output_size)
         return y if bias is None else y + bias
+
+    def bind(self, layer: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The op itself over the layer's blocks (a decode step: never past GGUF_MAX_ROWS rows)."""
+        op, blocks, ggml_type, n, bias = (torch.ops.minivllm_cpu.gguf_linear.default, layer.weight,
+                                          layer.ggml_type, layer.output_size, layer.bias)
+        if bias is None:
+            return lambda x: op(x, blocks, ggml_type, n)
+        return lambda x: op(x, blocks, ggml_type, n) + bias
 
     def plain(self, layer: nn.Module) -> torch.Tensor:
         """W [N, K] in float (fp32), exactly as llama.cpp dequantizes it."""

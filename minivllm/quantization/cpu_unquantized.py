@@ -22,6 +22,8 @@ sizes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -64,6 +66,12 @@ class TiledKernel(FloatKernel):
         if x.numel() > TILED_MAX_ROWS * x.shape[-1]:  # a prompt's rows: a plain copy for this call
             return F.linear(x, self.plain(layer), bias)
         return tiled_linear(x, layer.weight, bias, layer.output_size)
+
+    def bind(self, layer: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The op itself over the layer's tiles (a decode step: never past TILED_MAX_ROWS rows)."""
+        op, tiled, bias, n = (torch.ops.minivllm_cpu.small_linear.default, layer.weight, layer.bias,
+                              layer.output_size)
+        return lambda x: op(x, tiled, bias, n)
 
     def plain(self, layer: nn.Module) -> torch.Tensor:
         return unpack_tiles(layer.weight, layer.output_size, layer.input_size)

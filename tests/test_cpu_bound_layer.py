@@ -1,0 +1,108 @@
+"""The cpu platform's bound decoder layers (model/cpu_bound_layer.py): the same kernels in the same order as the
+module path, so every logprob is bitwise equal with them on and off; steps they do not fit (a long prompt's
+chunk, an fp8 cache) take the module path; lazy loading fills a layer before it is bound."""
+
+import pytest
+import torch
+
+from minivllm import LLM, SamplingParams
+from minivllm.model.cpu_bound_layer import MAX_ROWS, BoundLayer
+from tests.conftest import hf_greedy
+
+PROMPTS = [list(range(3, 3 + MAX_ROWS + 8)), [5, 6, 7], [42] * 9]  # the first: a prefill past MAX_ROWS
+
+
+def run(path, monkeypatch, bound: bool, prompts=PROMPTS, **kwargs):
+    """(tokens, their logprobs and 4 alternatives' per step) of a batch, and the engine."""
+    monkeypatch.setenv("MINIVLLM_CPU_BOUND_LAYERS", "1" if bound else "0")
+    llm = LLM(str(path), block_size=16, num_kv_blocks=64, **kwargs)
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=4)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    steps = [[sorted(step.items()) for step in o.outputs[0].logprobs] for o in outs]
+    return [o.outputs[0].token_ids for o in outs], steps, llm
+
+
+def layers(llm) -> list:
+    return list(llm.engine.runner.model.model.layers)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])  # plain; q/k/v bias; q/k norms
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_bound_layers_equal_the_module_path_bitwise(checkpoints, monkeypatch, kind, dtype):
+    path, model = checkpoints[kind]
+    tokens, logprobs, llm = run(path, monkeypatch, True, dtype=dtype)
+    bound = [layer.forward for layer in layers(llm)]
+    assert all(isinstance(f, BoundLayer) and f.run is not None for f in bound)  # decode steps ran bound
+    plain_tokens, plain_logprobs, plain = run(path, monkeypatch, False, dtype=dtype)
+    assert not any("forward" in layer.__dict__ for layer in layers(plain))
+    assert tokens == plain_tokens and logprobs == plain_logprobs
+    if dtype == "float32":
+        assert tokens == [hf_greedy(model, p, 10) for p in PROMPTS]
+
+
+def test_a_long_prompt_keeps_the_module_path(checkpoints, monkeypatch):
+    """A prefill of more than MAX_ROWS tokens runs the modules: the layers are not bound until a decode step."""
+    path, _ = checkpoints["llama"]
+    monkeypatch.setenv("MINIVLLM_CPU_BOUND_LAYERS", "1")
+    llm = LLM(str(path), block_size=16, num_kv_blocks=64, dtype="float32")
+    engine = llm.engine
+    engine.add_request("long", {"prompt_token_ids": PROMPTS[0]},
+                       SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    engine.step()  # the prompt: 40 rows
+    assert all(layer.forward.run is None for layer in layers(llm))
+    engine.step()  # one decode row
+    assert all(layer.forward.run is not None for layer in layers(llm))
+
+
+def test_sliding_window_layers_bind_with_their_own_window(tmp_path, monkeypatch):
+    """Qwen2 with `max_window_layers`: layers with and without a window (two groups of block tables)."""
+    from tests.conftest import build_checkpoint
+
+    model = build_checkpoint("qwen2", tmp_path / "q", use_sliding_window=True, sliding_window=8,
+                             max_window_layers=1, num_hidden_layers=3)
+    tokens, logprobs, llm = run(tmp_path / "q", monkeypatch, True, dtype="float32")
+    assert [layer.forward.run is not None for layer in layers(llm)] == [True] * 3
+    assert (tokens, logprobs) == run(tmp_path / "q", monkeypatch, False, dtype="float32")[:2]
+    assert tokens == [hf_greedy(model, p, 10) for p in PROMPTS]
+
+
+def test_lazy_loading_binds_the_loaded_layers(checkpoints, monkeypatch):
+    path, model = checkpoints["qwen3"]
+    tokens, _, llm = run(path, monkeypatch, True, dtype="float32", lazy_loading=True)
+    assert all(layer.forward.run is not None for layer in layers(llm))
+    assert tokens == [hf_greedy(model, p, 10) for p in PROMPTS]
+
+
+def test_an_fp8_cache_takes_the_module_path(checkpoints, monkeypatch):
+    """The C++ attention reads a cache of the activations' dtype only: an fp8 cache goes to the reference."""
+    path, _ = checkpoints["llama"]
+    tokens, logprobs, llm = run(path, monkeypatch, True, dtype="float32", kv_cache_dtype="fp8")
+    assert all(layer.forward.run is None for layer in layers(llm))
+    assert (tokens, logprobs) == run(path, monkeypatch, False, dtype="float32", kv_cache_dtype="fp8")[:2]
+
+
+def test_gguf_blocks_bind(tmp_path, monkeypatch):
+    """A GGUF file's Q4_0/Q8_0 layers: the GGUF kernel's op bound directly, bitwise equal to the module path."""
+    from minivllm.quantization.gguf import write_gguf
+    from tests.conftest import EMBEDDED, build_checkpoint
+
+    model = build_checkpoint("llama", tmp_path / "f", vocab_size=1834, bos_token_id=1, eos_token_id=2,
+                             tie_word_embeddings=True, intermediate_size=128, num_hidden_layers=2)
+    write_gguf(tmp_path / "t.gguf", model, EMBEDDED, types={"blk.0.attn_v.weight": "Q4_0"})
+    prompts = [list(range(3, 20)), [7, 8, 9]]
+    tokens, logprobs, llm = run(tmp_path / "t.gguf", monkeypatch, True, prompts, dtype="float32")
+    assert layers(llm)[1].self_attn.qkv_proj.weight.dtype == torch.uint8
+    assert all(layer.forward.run is not None for layer in layers(llm))
+    assert (tokens, logprobs) == run(tmp_path / "t.gguf", monkeypatch, False, prompts, dtype="float32")[:2]
+
+
+def test_the_platform_table_names_the_bound_layers(monkeypatch):
+    from minivllm.platforms.cpu import CpuPlatform
+
+    monkeypatch.setenv("MINIVLLM_CPU_BOUND_LAYERS", "1")
+    table = CpuPlatform("cpu", torch.float32).op_table()
+    if table["attention"].endswith("CpuAttentionBackend"):  # the extension built here
+        assert table["decoder_layer"] == "minivllm.model.cpu_bound_layer.bind_decoder_layers"
+    monkeypatch.setenv("MINIVLLM_CPU_BOUND_LAYERS", "0")
+    table = CpuPlatform("cpu", torch.float32).op_table()
+    assert table["decoder_layer"] == "minivllm.model.llama.DecoderLayer.forward" and table["compile"] == "none"
