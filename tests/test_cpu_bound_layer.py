@@ -1,15 +1,15 @@
 """The cpu platform's bound decoder layers (model/cpu_bound_layer.py): the same kernels in the same order as the
-module path, so every logprob is bitwise equal with them on and off; steps they do not fit (a long prompt's
-chunk, an fp8 cache) take the module path; lazy loading fills a layer before it is bound."""
+module path, so every logprob is bitwise equal with them on and off; an fp8 cache takes the module path; lazy
+loading fills a layer before it is bound."""
 
 import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.model.cpu_bound_layer import MAX_ROWS, BoundLayer
+from minivllm.model.cpu_bound_layer import BoundLayer
 from tests.conftest import hf_greedy
 
-PROMPTS = [list(range(3, 3 + MAX_ROWS + 8)), [5, 6, 7], [42] * 9]  # the first: a prefill past MAX_ROWS
+PROMPTS = [list(range(3, 43)), [5, 6, 7], [42] * 9]  # the first: more rows than GGUF's block kernel takes
 
 
 def run(path, monkeypatch, bound: bool, prompts=PROMPTS, **kwargs):
@@ -40,17 +40,14 @@ def test_bound_layers_equal_the_module_path_bitwise(checkpoints, monkeypatch, ki
         assert tokens == [hf_greedy(model, p, 10) for p in PROMPTS]
 
 
-def test_a_long_prompt_keeps_the_module_path(checkpoints, monkeypatch):
-    """A prefill of more than MAX_ROWS tokens runs the modules: the layers are not bound until a decode step."""
+def test_a_bound_layer_runs_from_the_first_step(checkpoints, monkeypatch):
     path, _ = checkpoints["llama"]
     monkeypatch.setenv("MINIVLLM_CPU_BOUND_LAYERS", "1")
     llm = LLM(str(path), block_size=16, num_kv_blocks=64, dtype="float32")
-    engine = llm.engine
-    engine.add_request("long", {"prompt_token_ids": PROMPTS[0]},
-                       SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
-    engine.step()  # the prompt: 40 rows
-    assert all(layer.forward.run is None for layer in layers(llm))
-    engine.step()  # one decode row
+    assert all(layer.forward.run is None for layer in layers(llm))  # bound when first run, not at load
+    llm.engine.add_request("long", {"prompt_token_ids": PROMPTS[0]},
+                           SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    llm.engine.step()  # the prompt: 40 rows
     assert all(layer.forward.run is not None for layer in layers(llm))
 
 
@@ -89,7 +86,7 @@ def test_gguf_blocks_bind(tmp_path, monkeypatch):
     model = build_checkpoint("llama", tmp_path / "f", vocab_size=1834, bos_token_id=1, eos_token_id=2,
                              tie_word_embeddings=True, intermediate_size=128, num_hidden_layers=2)
     write_gguf(tmp_path / "t.gguf", model, EMBEDDED, types={"blk.0.attn_v.weight": "Q4_0"})
-    prompts = [list(range(3, 20)), [7, 8, 9]]
+    prompts = [list(range(3, 43)), [7, 8, 9]]  # 40 rows: the prompt's matmuls dequantize
     tokens, logprobs, llm = run(tmp_path / "t.gguf", monkeypatch, True, prompts, dtype="float32")
     assert layers(llm)[1].self_attn.qkv_proj.weight.dtype == torch.uint8
     assert all(layer.forward.run is not None for layer in layers(llm))

@@ -42,6 +42,31 @@ def test_equals_f_linear(dtype, out_features, in_features, rows):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("threads", [2, 3])
+def test_tiles_cut_into_runs_when_threads_do_not_divide_them(dtype, threads):
+    """9 tiles (576 outputs) on 2 or 3 threads, 15 on 2: each tile's steps cut into runs, the runs' fp32 sums
+    added after; one thread (whole tiles) as the yardstick, with a bias."""
+    gen = torch.Generator().manual_seed(threads)
+    before = torch.get_num_threads()
+    for out_features, in_features in ((576, 576), (960, 576), (576, 1536)):
+        w, b = torch.randn(out_features, in_features, generator=gen), torch.randn(out_features, generator=gen)
+        tiled, b = pack_tiles(w.to(dtype)), b.to(dtype)
+        for rows in (1, 5):
+            x = torch.randn(rows, in_features, generator=gen).to(dtype)
+            try:
+                torch.set_num_threads(1)
+                whole = tiled_linear(x, tiled, b, out_features)
+                torch.set_num_threads(threads)
+                runs = tiled_linear(x, tiled, b, out_features)
+            finally:
+                torch.set_num_threads(before)
+            if dtype == torch.float32:
+                torch.testing.assert_close(runs, whole, atol=1e-5 * in_features ** 0.5, rtol=1e-5)
+            else:  # each rounded once from fp32 sums that differ in the last bits: one bf16 ulp apart at most
+                assert ((runs.float() - whole.float()).abs() <= whole.float().abs() * 2**-7 + 1e-6).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_leading_dims_and_a_non_contiguous_input(dtype):
     w = torch.randn(96, 40).to(dtype)
     x = torch.randn(3, 2, 80).to(dtype)[..., ::2]

@@ -1,4 +1,4 @@
-"""The cpu platform's decoder layer for decode steps: `DecoderLayer.forward`'s ops, bound once.
+"""The cpu platform's decoder layer: `DecoderLayer.forward`'s ops and tensors, looked up once.
 
 Why: at batch 1 a decode step is a few hundred small calls, and on a CPU their Python costs as
 much as the work of some of them. A 135M Llama's fp32 step measured 38 ms, of which ~4 ms went to
@@ -6,15 +6,15 @@ nine module calls per layer, ~25 attribute lookups and three frames per matmul b
 ran. Here each layer's weights, sizes and ops are looked up once, when the layer first runs (after
 lazy loading's pre-hook has filled it), into one flat function that calls the platform's ops
 directly: the same kernels in the same order on the same tensors, so a step's results are bitwise
-those of the module path (tests/test_cpu_bound_layer.py), and the step is ~10% shorter.
+those of the module path (tests/test_cpu_bound_layer.py), and that step is ~10% shorter.
 
 What it binds: a dense decoder layer (llama.py's `DecoderLayer` and the families built from it)
 whose norms, rotary and SwiGLU are the cpu platform's fused ops (cpu_layer_ops.py) and whose
 attention is the C++ kernel (attention/cpu_attention.py), on one process (no all-reduce). Each
 matmul is its kernel's `bind` (the tiled float and GGUF kernels call their op directly; any other
-kernel runs its usual `apply`). A step it does not fit (more than `MAX_ROWS` tokens, a cache of
-another dtype than the activations: fp8) runs the layer's own `forward`, as does every layer of a
-model with experts or under tensor parallelism. The cpu platform (platforms/cpu.py) binds the layers
+kernel runs its usual `apply`). A cache of another dtype than the activations (fp8), which the C++
+attention does not read, sends a step to the layer's own `forward`; a layer with experts, or under
+tensor parallelism, keeps it for good. The cpu platform (platforms/cpu.py) binds the layers
 unless MINIVLLM_CPU_BOUND_LAYERS=0.
 """
 
@@ -28,8 +28,6 @@ from torch import nn
 from minivllm.attention.cpu_attention import CpuAttentionBackend
 from minivllm.model import cpu_layer_ops
 from minivllm.model.llama import MLP, DecoderLayer
-
-MAX_ROWS = 32  # a decode step's batch; a prompt's chunk keeps the module path (matmuls dominate)
 
 
 def can_bind(layer: nn.Module) -> bool:
@@ -49,14 +47,14 @@ def bind_decoder_layers(model: nn.Module) -> list[BoundLayer]:
 
 
 class BoundLayer:
-    """One layer's forward: bound on its first call, the module path where a step does not fit."""
+    """One layer's forward: bound on its first call; the module path for a cache it cannot read."""
 
     def __init__(self, layer: nn.Module) -> None:
         self.layer, self.run = layer, None
         layer.forward = self
 
     def __call__(self, x, residual, positions, rotary, kv_cache, meta):
-        if x.shape[0] > MAX_ROWS or kv_cache.dtype != x.dtype:
+        if kv_cache.dtype != x.dtype:
             return DecoderLayer.forward(self.layer, x, residual, positions, rotary, kv_cache, meta)
         if self.run is None:  # first use: lazy loading has filled the layer by now
             self.run = bound_forward(self.layer)
@@ -64,7 +62,7 @@ class BoundLayer:
 
 
 def bound_forward(layer: nn.Module) -> Callable:
-    """`layer`'s forward for a decode step, its tensors and ops looked up here, once."""
+    """`layer`'s forward, its tensors and ops looked up here, once."""
     attn, mlp = layer.self_attn, layer.mlp
     ops = torch.ops.minivllm_cpu
     norm, add_norm = ops.rms_norm.default, ops.add_rms_norm.default

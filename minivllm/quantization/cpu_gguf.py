@@ -60,12 +60,13 @@ class CpuGgufKernel(LinearKernel):
         return y if bias is None else y + bias
 
     def bind(self, layer: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
-        """The op itself over the layer's blocks (a decode step: never past GGUF_MAX_ROWS rows)."""
+        """The op itself over the blocks; a prompt's rows (x [T, K]) as `apply` takes them."""
         op, blocks, ggml_type, n, bias = (torch.ops.minivllm_cpu.gguf_linear.default, layer.weight,
                                           layer.ggml_type, layer.output_size, layer.bias)
-        if bias is None:
-            return lambda x: op(x, blocks, ggml_type, n)
-        return lambda x: op(x, blocks, ggml_type, n) + bias
+        if bias is not None:
+            return lambda x: self.apply(layer, x, bias)
+        return lambda x: (op(x, blocks, ggml_type, n) if x.shape[0] <= GGUF_MAX_ROWS
+                          else self.apply(layer, x, None))
 
     def plain(self, layer: nn.Module) -> torch.Tensor:
         """W [N, K] in float (fp32), exactly as llama.cpp dequantizes it."""

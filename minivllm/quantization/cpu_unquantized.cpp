@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 
 namespace {
 
@@ -50,7 +51,7 @@ inline __m512i round_to_bf16(__m512 value) {
 // One tile of 64 outputs for ROWS rows of x. bf16: x is read as 32-bit pairs, each broadcast to 16 lanes and
 // multiplied pairwise into the 16 accumulators (vdpbf16ps, or two FMAs on a CPU without AVX512-BF16: the same
 // bytes read, so decoding runs at the same speed); fp32: one element broadcast and fused-multiply-added.
-template <int ROWS, bool BF16>
+template <int ROWS, bool BF16, bool F32_OUT = !BF16>
 inline void tile_rows(const void* x, int64_t x_stride, const void* tile, int64_t steps, const float* bias,
                       void* out, int64_t out_stride, int64_t cols) {
   __m512 acc[ROWS][4];
@@ -91,7 +92,7 @@ inline void tile_rows(const void* x, int64_t x_stride, const void* tile, int64_t
     for (int v = 0; v < 4; ++v) {
       const int64_t left = std::clamp<int64_t>(cols - 16 * v, 0, 16);
       const __mmask16 mask = static_cast<__mmask16>((1u << left) - 1u);
-      if constexpr (BF16) {
+      if constexpr (!F32_OUT) {
         uint16_t* o = static_cast<uint16_t*>(out) + r * out_stride + 16 * v;
 #ifdef __AVX512BF16__
         _mm256_mask_storeu_epi16(o, mask, (__m256i)_mm512_cvtneps_pbh(acc[r][v]));  // nearest even, as torch
@@ -104,15 +105,23 @@ inline void tile_rows(const void* x, int64_t x_stride, const void* tile, int64_t
     }
 }
 
-template <bool BF16>
+template <bool BF16, bool F32_OUT = !BF16>
 void tile_any_rows(int rows, const void* x, int64_t x_stride, const void* tile, int64_t steps, const float* bias,
                    void* out, int64_t out_stride, int64_t cols) {
   switch (rows) {
-    case 1: return tile_rows<1, BF16>(x, x_stride, tile, steps, bias, out, out_stride, cols);
-    case 2: return tile_rows<2, BF16>(x, x_stride, tile, steps, bias, out, out_stride, cols);
-    case 3: return tile_rows<3, BF16>(x, x_stride, tile, steps, bias, out, out_stride, cols);
-    default: return tile_rows<4, BF16>(x, x_stride, tile, steps, bias, out, out_stride, cols);
+    case 1: return tile_rows<1, BF16, F32_OUT>(x, x_stride, tile, steps, bias, out, out_stride, cols);
+    case 2: return tile_rows<2, BF16, F32_OUT>(x, x_stride, tile, steps, bias, out, out_stride, cols);
+    case 3: return tile_rows<3, BF16, F32_OUT>(x, x_stride, tile, steps, bias, out, out_stride, cols);
+    default: return tile_rows<4, BF16, F32_OUT>(x, x_stride, tile, steps, bias, out, out_stride, cols);
   }
+}
+
+// Threads split the weight's bytes evenly. Whole tiles do when their count divides among the threads; else (a
+// 576-output layer is 9 tiles: 5 and 4 on two threads, one thread idle for a ninth of the call) each tile's steps
+// are cut into `slices` runs, each run an item of the split, and each run's fp32 partial sums are added after.
+int64_t slices_per_tile(int64_t tiles, int64_t steps, int64_t threads) {
+  if (threads <= 1 || tiles % threads == 0 || tiles >= 8 * threads) return 1;  // even, or imbalance < 1/8
+  return std::max<int64_t>(1, std::min(threads / std::gcd(tiles, threads), steps / 32));
 }
 #endif
 
@@ -138,25 +147,58 @@ at::Tensor small_linear(const at::Tensor& x_in, const at::Tensor& packed, const 
   auto y = at::empty({m, n}, x.options());
 #ifdef __AVX512F__
   const char* w = static_cast<const char*>(packed.data_ptr());
-  const int64_t tile_bytes = packed[0].numel() * packed.element_size(), steps = k_padded / pack;
+  const int64_t tile_bytes = packed.stride(0) * packed.element_size(), steps = k_padded / pack;
   const char* xs = static_cast<const char*>(x.data_ptr());
   char* ys = static_cast<char*>(y.data_ptr());
   const int64_t x_row_bytes = k_padded * x.element_size(), y_row_bytes = n * y.element_size();
   const float* b = bias.defined() ? bias.data_ptr<float>() : nullptr;
-  at::parallel_for(0, tiles, 1, [&](int64_t first, int64_t last) {
-    for (int64_t t = first; t < last; ++t)
-      for (int64_t r = 0; r < m; r += kRows) {
-        const int rows = static_cast<int>(std::min(kRows, m - r));
-        const void* xr = xs + r * x_row_bytes;
-        void* o = ys + r * y_row_bytes + t * kTile * y.element_size();
-        const float* bt = b ? b + t * kTile : nullptr;
-        const int64_t cols = std::min(kTile, n - t * kTile);
-        if (bf16)
-          tile_any_rows<true>(rows, xr, k_padded, w + t * tile_bytes, steps, bt, o, n, cols);
-        else
-          tile_any_rows<false>(rows, xr, k_padded, w + t * tile_bytes, steps, bt, o, n, cols);
+  const int64_t slices = slices_per_tile(tiles, steps, at::get_num_threads());
+  if (slices == 1) {
+    at::parallel_for(0, tiles, 1, [&](int64_t first, int64_t last) {
+      for (int64_t t = first; t < last; ++t)
+        for (int64_t r = 0; r < m; r += kRows) {
+          const int rows = static_cast<int>(std::min(kRows, m - r));
+          const void* xr = xs + r * x_row_bytes;
+          void* o = ys + r * y_row_bytes + t * kTile * y.element_size();
+          const float* bt = b ? b + t * kTile : nullptr;
+          const int64_t cols = std::min(kTile, n - t * kTile);
+          if (bf16)
+            tile_any_rows<true>(rows, xr, k_padded, w + t * tile_bytes, steps, bt, o, n, cols);
+          else
+            tile_any_rows<false>(rows, xr, k_padded, w + t * tile_bytes, steps, bt, o, n, cols);
+        }
+    });
+  } else {  // item i: tile i / slices, its run of steps i % slices, summed into partial[run] [m, tiles * 64]
+    const int64_t width = tiles * kTile, x_elem = x.element_size();
+    auto partial = at::empty({slices, m, width}, x.options().dtype(at::kFloat));
+    float* p = partial.data_ptr<float>();
+    at::parallel_for(0, tiles * slices, 1, [&](int64_t first, int64_t last) {
+      for (int64_t i = first; i < last; ++i) {
+        const int64_t t = i / slices, run = i % slices;
+        const int64_t begin = steps * run / slices, end = steps * (run + 1) / slices;
+        const char* tile = w + t * tile_bytes + begin * kTile * pack * packed.element_size();
+        for (int64_t r = 0; r < m; r += kRows) {
+          const int rows = static_cast<int>(std::min(kRows, m - r));
+          const void* xr = xs + (r * k_padded + begin * pack) * x_elem;
+          float* o = p + (run * m + r) * width + t * kTile;
+          const float* bt = b && run == 0 ? b + t * kTile : nullptr;
+          if (bf16)
+            tile_any_rows<true, true>(rows, xr, k_padded, tile, end - begin, bt, o, width, kTile);
+          else
+            tile_any_rows<false>(rows, xr, k_padded, tile, end - begin, bt, o, width, kTile);
+        }
       }
-  });
+    });
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t o = 0; o < n; ++o) {
+        float sum = p[r * width + o];
+        for (int64_t run = 1; run < slices; ++run) sum += p[(run * m + r) * width + o];
+        if (bf16)
+          y.data_ptr<at::BFloat16>()[r * n + o] = static_cast<at::BFloat16>(sum);  // nearest even, as torch
+        else
+          y.data_ptr<float>()[r * n + o] = sum;
+      }
+  }
 #endif
   auto shape = x_in.sizes().vec();
   shape.back() = n;

@@ -68,10 +68,11 @@ class TiledKernel(FloatKernel):
         return tiled_linear(x, layer.weight, bias, layer.output_size)
 
     def bind(self, layer: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
-        """The op itself over the layer's tiles (a decode step: never past TILED_MAX_ROWS rows)."""
+        """The op itself over the tiles; a prompt's rows (x [T, K]) as `apply` takes them."""
         op, tiled, bias, n = (torch.ops.minivllm_cpu.small_linear.default, layer.weight, layer.bias,
                               layer.output_size)
-        return lambda x: op(x, tiled, bias, n)
+        return lambda x: (op(x, tiled, bias, n) if x.shape[0] <= TILED_MAX_ROWS
+                          else self.apply(layer, x, bias))
 
     def plain(self, layer: nn.Module) -> torch.Tensor:
         return unpack_tiles(layer.weight, layer.output_size, layer.input_size)
