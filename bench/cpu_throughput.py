@@ -1,9 +1,10 @@
 """Offline throughput on CPU: minivllm versus transformers `generate`, same model, same workload, one run.
 
-Workload (issue 2): 64 requests, prompt and output lengths uniform in [16, 256], ignore_eos, seed 0.
+Workload (issue 2): 64 requests, prompt and output lengths uniform in [16, 256], ignore_eos, seed 0
+(`--seeds 0,1,2`: one workload per seed, each measured on both engines, for issue 37's "any workload").
 Greedy decoding on both sides, so the two do identical arithmetic per token.
 
-    python bench/cpu_throughput.py [--model PATH] [--requests 64] [--dtype float32|bfloat16]
+    python bench/cpu_throughput.py [--model PATH] [--requests 64] [--dtype float32|bfloat16] [--seeds 0]
 
 Both engines run in `--dtype` (float32 by default, where their arithmetic is the same).
 """
@@ -34,15 +35,21 @@ def main() -> None:
     ap.add_argument("--max-len", type=int, default=256)
     ap.add_argument("--hf-batch-sizes", default="8,16,32,64")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--seeds", default="0", help="comma-separated workload seeds, each run on both engines")
     args = ap.parse_args()
+    ratios = [run(args, int(seed)) for seed in args.seeds.split(",")]
+    print("ratios per seed: " + ", ".join(f"{r:.2f}x" for r in ratios))
 
+
+def run(args, seed: int) -> float:
+    """One workload (seed `seed`) through minivllm, then transformers at each batch size: the ratio."""
     llm = LLM(args.model, dtype=args.dtype, trace_steps=0)
     vocab = llm.engine.config.model_config.vocab_size
-    work = make_workload(args.requests, (args.min_len, args.max_len), (args.min_len, args.max_len), vocab)
+    work = make_workload(args.requests, (args.min_len, args.max_len), (args.min_len, args.max_len), vocab, seed)
     total_out = sum(n for _, n in work)
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}")
-    print(f"model: {args.model} ({args.dtype}); {len(work)} requests, {sum(len(p) for p, _ in work)} prompt tokens, "
-          f"{total_out} output tokens")
+    print(f"model: {args.model} ({args.dtype}); seed {seed}, {len(work)} requests, "
+          f"{sum(len(p) for p, _ in work)} prompt tokens, {total_out} output tokens")
 
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in work]
     # warm-up on a quarter of the workload: torch's CPU kernels and allocator settle on the real shapes
@@ -65,7 +72,9 @@ def main() -> None:
         tps, secs = transformers_throughput(hf, work, bs)
         print(f"transformers: {tps:8.1f} output tok/s ({secs:.1f} s, batch size {bs})")
         best = max(best, (tps, bs, secs))
-    print(f"ratio minivllm / best transformers (batch {best[1]}): {ours / best[0]:.2f}x")
+    print(f"ratio minivllm / best transformers (batch {best[1]}): {ours / best[0]:.2f}x, load "
+          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    return ours / best[0]
 
 
 if __name__ == "__main__":
