@@ -189,7 +189,7 @@ def attention_variants(model: Model, arch: Arch, dtype: str, block_size: int, kv
 
 def model_variants(model: Model, arch: Arch, dtype: str, block_size: int) -> list[Variant]:
     """Every launch the engine makes for one model on one target: the same arguments the launchers pass."""
-    from minivllm.kernels import activation, fused_moe, int4_linear, int8_linear, norm, rotary
+    from minivllm.kernels import activation, fused_moe, gguf_linear, int4_linear, int8_linear, norm, rotary
 
     torch_dtype, p = getattr(torch, dtype), _ptr(dtype)
     h, kv, d = model.heads, model.kv_heads, model.head_dim
@@ -231,6 +231,12 @@ def model_variants(model: Model, arch: Arch, dtype: str, block_size: int) -> lis
                     x_ptr=p, qweight_ptr="*i32", zeros_ptr="*u8", scales_ptr=p, bias_ptr=p, out_ptr=p, M=num_tokens,
                     N=n, K=k, stride_xm=k, stride_qk=n, stride_zg=n, stride_sg=n, stride_om=n),
                     dict(HAS_BIAS=bias, **int4_linear.int4_linear_config(num_tokens, group, torch_dtype, arch.sm))))
+        # a GGUF file's blocks (issue 37): each type, no bias (Llama-family files have none)
+        for ggml_type, block_bytes in gguf_linear.BLOCK_BYTES.items():
+            out.append(_variant(gguf_linear._gguf_linear_kernel, arch.sm, dtype, dict(
+                x_ptr=p, w_ptr="*u8", bias_ptr=p, out_ptr=p, M=num_tokens, N=n, K=k, stride_xm=k,
+                stride_wn=k // 32 * block_bytes, stride_om=n),
+                dict(HAS_BIAS=False, **gguf_linear.gguf_linear_config(num_tokens, ggml_type, torch_dtype, arch.sm))))
     # MoE experts (issue 39): both grouped GEMMs at every row-tile height, an MLP's shape for an expert's
     # float experts, and int8 ones (the weights read as bytes, one scale per output row of each expert)
     for rows in (1, 32, 64) if model.name == ELEMENTWISE_MODELS[-1] else ():

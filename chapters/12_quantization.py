@@ -24,7 +24,7 @@
 # | INT8 weight-only | 8 | one per output channel | `quantization="int8"`, quantized as any float checkpoint loads |
 # | GPTQ 4-bit | 4 | a scale and a zero point per group of 128 inputs | detected from `config.json` |
 # | AWQ 4-bit | 4 | the same, another packing order | detected from `config.json` |
-# | GGUF Q8_0 / Q4_0 | 8.5 / 4.5 | an fp16 scale per block of 32 | `LLM("model.gguf")`: kept as blocks on the CPU |
+# | GGUF Q8_0 / Q4_0 | 8.5 / 4.5 | an fp16 scale per block of 32 | `LLM("model.gguf")`: kept as blocks, CPU and GPU |
 # | GGUF Q4_K / Q6_K | 4.5 / 6.6 | 6/8-bit scales per 32/16 weights, fp16 ones per 256 | the same (GPU: dequantized) |
 # | FP8 weights (Hopper) | 8 | per tensor | refused here |
 # | **FP8 KV cache** (K and V, not weights) | 8 | a K and a V scale per layer | `kv_cache_dtype="fp8"` |

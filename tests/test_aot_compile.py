@@ -52,7 +52,7 @@ def test_every_variant_compiles_without_spills(records, arch):
     kernels = {r["kernel"].split(":")[1] for r in mine}
     assert kernels == {"_store_kv_kernel", "_paged_decode_kernel", "_split_reduce_kernel", "_paged_prefill_kernel",
                        "_rms_norm_kernel", "_rotary_kernel", "_silu_and_mul_kernel", "_int8_linear_kernel",
-                       "_int4_linear_kernel", "_grouped_gemm_kernel"}
+                       "_int4_linear_kernel", "_gguf_linear_kernel", "_grouped_gemm_kernel"}
     bad = []
     for r in mine:
         where = f"sm_{arch} {r['dtype']} {r['label']}"
