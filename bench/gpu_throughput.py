@@ -108,18 +108,30 @@ def run_transformers(path: Path, work, batch_sizes: list[int], dtype: torch.dtyp
 
 def check_graph_decoding(device: str) -> bool:
     """Greedy tokens with CUDA graphs (captured for real on a GPU) equal transformers', in fp32: a tiny dense
-    Qwen3, and the embedded mixture of experts (its fused-MoE kernel builds its tile table without the host)."""
+    Qwen3, the embedded mixture of experts (its fused-MoE kernel builds its tile table without the host), and the
+    embedded model as a GGUF file (attention Q4_0, MLP Q8_0: kernels/gguf_linear.py reads the blocks)."""
+    from minivllm.config import DEFAULT_MODEL
+    from minivllm.quantization.gguf import write_gguf
+
     shape = dict(SHAPES["qwen3-0.6b"], **SHRUNK, vocab_size=512, max_position_embeddings=512)
     with tempfile.TemporaryDirectory() as tmp:
         write_checkpoint(dict(shape, initializer_range=0.2), Path(tmp), torch.float32, device)
         dense = graph_tokens_match(tmp, device, "tiny Qwen3")
-    return dense and graph_tokens_match(str(DEFAULT_MOE_MODEL), device, "embedded MoE")
+    moe = graph_tokens_match(str(DEFAULT_MOE_MODEL), device, "embedded MoE")
+    with tempfile.TemporaryDirectory() as tmp:
+        from transformers import AutoModelForCausalLM
+
+        write_gguf(Path(tmp) / "tiny.gguf", AutoModelForCausalLM.from_pretrained(DEFAULT_MODEL), DEFAULT_MODEL)
+        blocks = graph_tokens_match(str(Path(tmp) / "tiny.gguf"), device, "embedded model, GGUF Q4_0/Q8_0")
+    return dense and moe and blocks
 
 
 def graph_tokens_match(path: str, device: str, label: str) -> bool:
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
+    gguf = dict(gguf_file=Path(path).name) if path.endswith(".gguf") else {}
+    source = Path(path).parent if gguf else path
+    hf = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, **gguf).to(device).eval()
     prompts = [list(range(3, 3 + n)) for n in (5, 40, 17, 3, 100, 9, 64, 2, 33, 12)]
     want = []
     for p in prompts:
