@@ -58,7 +58,7 @@ BATCHES = {
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 4, 64), (6, 3, 64), (8, 2, 64), (9, 3, 64), (5, 1, 24)])
 @pytest.mark.parametrize("batch", list(BATCHES))
-@pytest.mark.parametrize("block_size", [4, 16])
+@pytest.mark.parametrize("block_size", [4, 12, 16, 32])  # within a chunk; not a power of two; a chunk; two
 def test_kernel_matches_reference(kernel, dtype, heads, kv_heads, head_dim, batch, block_size):
     q, k_cache, v_cache, meta = make_batch(*BATCHES[batch], block_size, heads, kv_heads, head_dim, dtype)
     want = paged_attention_ref(q.float(), k_cache.float(), v_cache.float(), meta, 0.3)
