@@ -52,10 +52,13 @@ def test_dequantize_equals_the_gguf_package(name):
 
 
 @pytest.mark.parametrize("name", TYPES)
-@pytest.mark.parametrize("rows", [1, 3, 8, 9, 33])
+@pytest.mark.parametrize("rows", [*range(1, 10), 33])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_linear_equals_dequantized_matmul(name, rows, dtype):
-    n, k = 100, 768 if name in SUPER else 160  # outputs not a multiple of 16 (the parallel chunk), 3 or 5 blocks
+    # every batch size 1-8 has its own instance (9: one pass of 8 then one of 1; 33: the dequantize + GEMM path);
+    # 103 outputs leave a remainder after groups of 8, 4 and 2 output rows and after the 16-row parallel grain;
+    # 19 blocks of 32 cross the 16-block chunk whose scales are converted ahead, 3 super-blocks for Q4_K/Q6_K
+    n, k = 103, 768 if name in SUPER else 608
     blocks, weight = quantized(name, n, k, seed=rows)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(1)).to(dtype)
     got = cpu_gguf.gguf_linear(x, blocks, TYPES[name], n)
@@ -63,6 +66,27 @@ def test_linear_equals_dequantized_matmul(name, rows, dtype):
     assert got.dtype == dtype and got.shape == (rows, n)
     tolerance = 1e-4 if dtype == torch.float32 else 2e-2  # fp32 sums in another order; bf16's output rounding
     torch.testing.assert_close(got.double(), want, rtol=tolerance, atol=tolerance * want.abs().max().item())
+    own = cpu_gguf.dequantize(blocks, TYPES[name], n, k)  # the same weights, by the kernel's own dequantization
+    torch.testing.assert_close(got.double(), x.double() @ own.double().T, rtol=tolerance,
+                               atol=tolerance * want.abs().max().item())
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_every_output_row_is_its_own(name):
+    """One weight row at a time set apart (the others zero) lands in its own output column only: a transposed
+    sum (cpu_gguf.cpp's store_totals) that mixed up rows of a group would put it in another one."""
+    n, k = 19, 256
+    blocks, weight = quantized(name, n, k)
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(2))
+    zero, _ = quantized(name, 1, k)  # a row whose scales are all zero: every weight 0
+    zero[:] = 0
+    for row in range(n):
+        alone = zero.repeat(n, 1)
+        alone[row] = blocks[row]
+        got = cpu_gguf.gguf_linear(x, alone, TYPES[name], n)[0]
+        want = torch.zeros(n, dtype=torch.float64)
+        want[row] = (x.double() @ weight[row].double()).item()
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
 
 
 def test_a_shape_that_disagrees_is_refused():
@@ -201,3 +225,46 @@ def test_kept_blocks_go_through_the_weight_cache(mixed_gguf, tmp_path):
     assert torch.equal(written.lm_head(hidden), mapped.lm_head(hidden))
     layer = (written.model.layers[0].self_attn.qkv_proj, mapped.model.layers[0].self_attn.qkv_proj)
     assert torch.equal(layer[0].quant_method.kernel.plain(layer[0]), layer[1].quant_method.kernel.plain(layer[1]))
+
+
+PORTABLE = """
+import sys
+import torch
+from torch.utils.cpp_extension import load
+
+source, build, data = sys.argv[1:]
+load(name="minivllm_gguf_portable", sources=[source], build_directory=build, is_python_module=False,
+     extra_cflags=["-O3", "-march=native", "-mno-avx512f", "-fopenmp"], extra_ldflags=["-fopenmp"])
+cases = torch.load(data)
+out = [(torch.ops.minivllm_cpu.gguf_linear(x, blocks, t, n), torch.ops.minivllm_cpu.gguf_dequantize(blocks, t, n, k))
+       for x, blocks, t, n, k in cases]
+torch.save(out, data)
+"""
+
+
+def test_the_loops_without_avx512_compute_the_same(tmp_path):
+    """cpu_gguf.cpp built without AVX-512 (its plain loops, for CPUs that lack it) alone, in a subprocess:
+    the same numbers as the gguf package's dequantization followed by a matmul, for every format and batch."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if shutil.which("c++") is None:
+        pytest.skip("no C++ compiler")
+    source = Path(cpu_gguf.__file__).with_suffix(".cpp")
+    cases, wants = [], []
+    for name in TYPES:
+        n, k = 11, 512 if name in SUPER else 96
+        blocks, weight = quantized(name, n, k)
+        for rows in (1, 5, 9):
+            x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+            cases.append((x, blocks, TYPES[name], n, k))
+            wants.append((x.double() @ weight.double().T, weight))
+    torch.save(cases, tmp_path / "cases.pt")
+    (tmp_path / "build").mkdir()
+    subprocess.run([sys.executable, "-c", PORTABLE, str(source), str(tmp_path / "build"), str(tmp_path / "cases.pt")],
+                   check=True, timeout=600)
+    for (got, dequantized), (want, weight) in zip(torch.load(tmp_path / "cases.pt"), wants, strict=True):
+        assert torch.equal(dequantized, weight)
+        torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4 * want.abs().max().item())

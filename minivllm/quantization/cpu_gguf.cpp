@@ -1,14 +1,20 @@
 // GGUF's block formats multiplied as the file stores them (layout and why: quantization/cpu_gguf.py). Each
 // output row is a run of 32-weight blocks: Q8_0 = fp16 d + 32 int8 (w = d q), Q4_0 = fp16 d + 16 bytes of
 // nibbles (w = d (q - 8)), Q4_1 = fp16 d + fp16 m + 16 bytes (w = d q + m); a byte's low nibble is weight j,
-// its high nibble weight j + 16. A decode step reads each block once: its 32 weights widen to two vectors of
-// 16 floats, multiply the input's 32 values, and the block's sum is scaled by d. The offsets fold into one
-// scalar per block: d (q - 8) . x = d (q . x) - 8 d sum(x), and m's term is m sum(x).
+// its high nibble weight j + 16. A decode step reads each block once and turns it into two vectors of 16
+// weights, exactly the dequantized floats (x stays fp32, so the result differs from dequantize + matmul only in
+// the order of the fp32 sums). A Q4 block does it with a lookup: its 16 bytes widen once to 32-bit lanes and
+// index a 16-float table of d (q - 8) (or d q + m) built for the block, low nibbles as they are (vpermps reads
+// an index's low 4 bits) and high ones after a shift. The small-batch loop takes 8 output rows per pass at
+// batch 1-2 (4 at 3-4, 2 beyond): one accumulator per output row and row of x, so the fused multiply-add
+// chains of the rows overlap instead of each row waiting on its own, and one transpose-and-add sums a group's
+// accumulators at the end. The blocks' fp16 scales are converted a chunk ahead, and the next group's blocks are
+// prefetched as this group's are read: at batch 1 the loop is a stream of the file's bytes.
 //
 // The "K" formats (Q4_K, Q6_K: what most downloaded files hold) group 256 weights into a super-block whose
 // sub-blocks carry small integer scales, themselves scaled by the super-block's fp16 d (super_block_weights
 // spells each layout out). A super-block is unpacked to 256 floats on the stack (in L1; 16 lanes at a time with
-// AVX-512 where the CPU has it) and then multiplied by every row of x: the unpacking is paid once per weight.
+// AVX-512 where the CPU has it) and then multiplied by every row of x, in the same groups of output rows.
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -135,96 +141,176 @@ inline void super_block_weights(int64_t type, const uint8_t* block, float* out) 
   }
 }
 
-// rows [first, last) of W in a K format for `rows` rows of x: each super-block unpacked once, then 256 fused
-// multiply-adds per row of x
-template <int rows>  // a constant, so that each row's accumulator stays in a register
-void multiply_rows_super(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t blocks, const float* x,
-                         int64_t k, float* y, int64_t n, int64_t first, int64_t last) {
-  const int64_t bytes = block_bytes(type);
-  alignas(64) float weights[kSuper];
-  for (int64_t o = first; o < last; ++o) {
-    const uint8_t* row = w + o * row_bytes;
+// One block's weights (32, or 256 for Q4_K/Q6_K) as floats, exactly as llama.cpp dequantizes them
+inline void dequantize_block(int64_t type, const uint8_t* block, float* out) {
+  if (is_super(type)) return super_block_weights(type, block, out);
+  float values[kBlock];
+  block_values(type, block, values);
+  const float d = half_at(block);
+  const float add = type == kQ4_0 ? -8.0f * d : type == kQ4_1 ? half_at(block + 2) : 0.0f;  // d q - 8 d = d (q - 8)
+  for (int j = 0; j < kBlock; ++j) out[j] = d * values[j] + add;
+}
+
 #ifdef __AVX512F__
-    __m512 acc[rows];
-    for (int r = 0; r < rows; ++r) acc[r] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < blocks; ++b) {
-      super_block_weights(type, row + b * bytes, weights);
-      for (int r = 0; r < rows; ++r) {
-        const float* xb = x + r * k + b * kSuper;
-        for (int j = 0; j < kSuper; j += 16)
-          acc[r] = _mm512_fmadd_ps(_mm512_load_ps(weights + j), _mm512_loadu_ps(xb + j), acc[r]);
+inline __m512i load16_bytes(const uint8_t* p) {
+  return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// A 32-weight block as the two vectors of its weights, exactly the dequantized floats (d q, d (q - 8) and d q are
+// exact in fp32: an 11-bit fp16 mantissa times a 4- or 8-bit integer; d q + m rounds once, as llama.cpp does).
+// A Q4 block's nibbles index a table of the 16 weights they can stand for, built per block with d and m folded
+// in: one widening of the 16 bytes to 32-bit lanes, and vpermps, which reads only an index's low 4 bits, picks
+// the low nibbles as they are and the high ones after a shift. That is one vpmovzx and two vpermps per block
+// instead of two widenings, two masks and two int-to-float conversions, and no per-block offset term.
+// `scales` holds the block's d (and m, Q4_1) already in fp32 (see block_scales).
+template <int64_t type>
+inline void block_vectors(const uint8_t* block, const float* scales, __m512& low, __m512& high) {
+  const __m512 d = _mm512_set1_ps(scales[0]);  // a broadcast from memory: a load, no shuffle
+  if constexpr (type == kQ8_0) {
+    const auto bytes = [](const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); };
+    low = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes(block + 2))));
+    high = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes(block + 18))));
+  } else {
+    const __m512 nibble = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512 table = type == kQ4_0 ? _mm512_mul_ps(d, _mm512_sub_ps(nibble, _mm512_set1_ps(8)))
+                                       : _mm512_fmadd_ps(d, nibble, _mm512_set1_ps(scales[1]));
+    const __m512i bytes = load16_bytes(block + (type == kQ4_1 ? 4 : 2));
+    low = _mm512_permutexvar_ps(bytes, table);
+    high = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
+  }
+}
+
+// The fp16 d (and m) of `count` consecutive blocks of a row, as floats: scales[c * 4] = d, scales[c * 4 + 1] = m.
+// Converting them a chunk ahead keeps the shuffle port free for the blocks' own vpmovzx and vpermps: vcvtph2ps
+// straight from memory needs no shuffle, and block_vectors then broadcasts d from memory, which is a plain load,
+// where converting in the loop costs an insert, half a conversion and a broadcast on that port per block.
+inline void block_scales(const uint8_t* row, int64_t bytes, int count, float* scales) {
+  for (int c = 0; c < count; ++c)
+    _mm_store_ps(scales + 4 * c, _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + c * bytes))));
+}
+
+// The totals of `group` accumulators (one output row each) to out[0, group): a transpose-and-add, so that a group
+// of 8 rows pays 24 shuffles and adds where a horizontal reduction per row pays about 8 each.
+inline __m512 add_halves(__m512 a, __m512 b) {  // 128-bit lanes: a0+a2, a1+a3, b0+b2, b1+b3
+  return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                       _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+inline __m512 add_quarters(__m512 a, __m512 b) {  // two add_halves results -> 128-bit lane i holds row i's 4 partials
+  return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+template <int group>
+inline void store_totals(const __m512* acc, float* out) {
+  if constexpr (group == 1) {
+    out[0] = _mm512_reduce_add_ps(acc[0]);
+  } else {
+    __m512 rows_0123, rows_4567;  // 128-bit lane i: 4 partial sums of row i (of 4 + i)
+    if constexpr (group == 2) {
+      const __m512 halves = add_halves(acc[0], acc[1]);
+      rows_0123 = rows_4567 = add_quarters(halves, halves);  // rows 0, 1, 0, 1
+    } else {
+      rows_0123 = rows_4567 = add_quarters(add_halves(acc[0], acc[1]), add_halves(acc[2], acc[3]));
+      if constexpr (group == 8) rows_4567 = add_quarters(add_halves(acc[4], acc[5]), add_halves(acc[6], acc[7]));
+    }
+    // within each 128-bit lane i: (row i's pair sums, row 4 + i's pair sums), then each pair added
+    const __m512 pairs = _mm512_add_ps(_mm512_shuffle_ps(rows_0123, rows_4567, _MM_SHUFFLE(1, 0, 1, 0)),
+                                       _mm512_shuffle_ps(rows_0123, rows_4567, _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 totals = _mm512_add_ps(pairs, _mm512_shuffle_ps(pairs, pairs, _MM_SHUFFLE(2, 3, 0, 1)));
+    // row i's total sits in lane 4 i, row 4 + i's in lane 4 i + 2
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 2, 6, 10, 14, 0, 0, 0, 0, 0, 0, 0, 0);
+    _mm512_mask_storeu_ps(out, static_cast<__mmask16>((1 << group) - 1), _mm512_permutexvar_ps(order, totals));
+  }
+}
+
+// Output rows [o, o + group) of W for `rows` rows of x (fp32, [rows, K]): each block is unpacked once and
+// multiplied by every row of x, into rows x group independent accumulators. Several output rows per pass matter
+// at batch 1: one row's chain of fused multiply-adds (4 cycles each) would wait on itself at every block, and
+// its horizontal sum would cost as much as a few blocks; 8 rows overlap their chains and share one transpose.
+template <int64_t type, int rows, int group>
+void multiply_group(const uint8_t* w, int64_t row_bytes, int64_t blocks, const float* x, int64_t k, float* y,
+                    int64_t n, int64_t o) {
+  constexpr int64_t bytes = type == kQ4_0 ? 18 : type == kQ4_1 ? 20 : type == kQ8_0 ? 34 : type == kQ4_K ? 144 : 210;
+  __m512 acc[rows][group];
+  for (int r = 0; r < rows; ++r)
+    for (int g = 0; g < group; ++g) acc[r][g] = _mm512_setzero_ps();
+  if constexpr (type == kQ4_K || type == kQ6_K) {
+    alignas(64) float weights[kSuper];  // a super-block unpacked: in L1, paid once per weight
+    for (int64_t b = 0; b < blocks; ++b)
+      for (int g = 0; g < group; ++g) {
+        super_block_weights(type, w + (o + g) * row_bytes + b * bytes, weights);
+        for (int r = 0; r < rows; ++r) {
+          const float* xb = x + r * k + b * kSuper;
+          for (int j = 0; j < kSuper; j += 16)
+            acc[r][g] = _mm512_fmadd_ps(_mm512_load_ps(weights + j), _mm512_loadu_ps(xb + j), acc[r][g]);
+        }
+      }
+  } else {
+    constexpr int kChunk = 16;  // blocks whose scales are converted ahead, per output row
+    alignas(64) float scales[group][4 * kChunk];
+    for (int64_t first = 0; first < blocks; first += kChunk) {
+      const int count = static_cast<int>(std::min<int64_t>(kChunk, blocks - first));
+      for (int g = 0; g < group; ++g) block_scales(w + (o + g) * row_bytes + first * bytes, bytes, count, scales[g]);
+      for (int c = 0; c < count; ++c) {
+        const int64_t b = first + c;
+        for (int g = 0; g < group; ++g) {
+          __m512 low, high;
+          const uint8_t* block = w + (o + g) * row_bytes + b * bytes;
+          _mm_prefetch(reinterpret_cast<const char*>(block + group * row_bytes), _MM_HINT_T0);
+          block_vectors<type>(block, scales[g] + 4 * c, low, high);
+          for (int r = 0; r < rows; ++r) {
+            const float* xb = x + r * k + b * kBlock;
+            acc[r][g] = _mm512_fmadd_ps(high, _mm512_loadu_ps(xb + 16),
+                                        _mm512_fmadd_ps(low, _mm512_loadu_ps(xb), acc[r][g]));
+          }
+        }
       }
     }
-    for (int r = 0; r < rows; ++r) y[r * n + o] = _mm512_reduce_add_ps(acc[r]);
+  }
+  for (int r = 0; r < rows; ++r) store_totals<group>(acc[r], y + r * n + o);
+}
+
+// Output rows per pass for `rows` rows of x: rows x group accumulators in at most 16 of the 32 vector registers
+constexpr int group_for(int rows) { return rows <= 2 ? 8 : rows <= 4 ? 4 : 2; }
 #else
+// Output rows [o, o + group) of W for `rows` rows of x, one output row at a time (no AVX-512: plain loops)
+template <int64_t type, int rows, int group>
+void multiply_group(const uint8_t* w, int64_t row_bytes, int64_t blocks, const float* x, int64_t k, float* y,
+                    int64_t n, int64_t o) {
+  const int64_t bytes = block_bytes(type), per_block = block_weights(type);
+  float weights[kSuper];
+  for (int64_t row = o; row < o + group; ++row) {
     float acc[rows] = {};
     for (int64_t b = 0; b < blocks; ++b) {
-      super_block_weights(type, row + b * bytes, weights);
-      for (int r = 0; r < rows; ++r)
-        for (int j = 0; j < kSuper; ++j) acc[r] += weights[j] * x[r * k + b * kSuper + j];
+      dequantize_block(type, w + row * row_bytes + b * bytes, weights);
+      for (int r = 0; r < rows; ++r) {
+        const float* xb = x + r * k + b * per_block;
+        for (int64_t j = 0; j < per_block; ++j) acc[r] += weights[j] * xb[j];
+      }
     }
-    for (int r = 0; r < rows; ++r) y[r * n + o] = acc[r];
-#endif
+    for (int r = 0; r < rows; ++r) y[r * n + row] = acc[r];
   }
 }
 
-#ifdef __AVX512F__
-inline void block_vectors(int64_t type, const uint8_t* block, __m512& first, __m512& second) {
-  if (type == kQ8_0) {
-    first = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2))));
-    second = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 18))));
-    return;
-  }
-  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + (type == kQ4_1 ? 4 : 2)));
-  const __m128i low = _mm_set1_epi8(0x0F);
-  first = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(bytes, low)));
-  second = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(bytes, 4), low)));
-}
+constexpr int group_for(int) { return 1; }
 #endif
 
-// rows [first, last) of W for `rows` rows of x (fp32, [rows, K]); block_sums[r][b] = sum of x[r]'s block b
-template <int rows>  // a constant, so that each row's accumulator stays in a register
-void multiply_rows(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t blocks, const float* x, int64_t k,
-                   const float* block_sums, float* y, int64_t n, int64_t first, int64_t last) {
-  const int64_t bytes = block_bytes(type);
-  for (int64_t o = first; o < last; ++o) {
-    const uint8_t* row = w + o * row_bytes;
-    float offset[rows] = {};
-#ifdef __AVX512F__
-    __m512 acc[rows];
-    for (int r = 0; r < rows; ++r) acc[r] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < blocks; ++b) {
-      const uint8_t* block = row + b * bytes;
-      __m512 first_half, second_half;
-      block_vectors(type, block, first_half, second_half);
-      const float d = half_at(block);
-      const float extra = type == kQ4_0 ? -8.0f * d : type == kQ4_1 ? half_at(block + 2) : 0.0f;
-      const __m512 dv = _mm512_set1_ps(d);
-      for (int r = 0; r < rows; ++r) {
-        const float* xb = x + r * k + b * kBlock;
-        const __m512 dot = _mm512_fmadd_ps(first_half, _mm512_loadu_ps(xb),
-                                           _mm512_mul_ps(second_half, _mm512_loadu_ps(xb + 16)));
-        acc[r] = _mm512_fmadd_ps(dot, dv, acc[r]);
-        offset[r] += extra * block_sums[r * blocks + b];
-      }
-    }
-    for (int r = 0; r < rows; ++r) y[r * n + o] = _mm512_reduce_add_ps(acc[r]) + offset[r];
-#else
-    float acc[rows] = {}, values[kBlock];
-    for (int64_t b = 0; b < blocks; ++b) {
-      const uint8_t* block = row + b * bytes;
-      block_values(type, block, values);
-      const float d = half_at(block);
-      const float extra = type == kQ4_0 ? -8.0f * d : type == kQ4_1 ? half_at(block + 2) : 0.0f;
-      for (int r = 0; r < rows; ++r) {
-        float dot = 0.0f;
-        for (int j = 0; j < kBlock; ++j) dot += values[j] * x[r * k + b * kBlock + j];
-        acc[r] += d * dot;
-        offset[r] += extra * block_sums[r * blocks + b];
-      }
-    }
-    for (int r = 0; r < rows; ++r) y[r * n + o] = acc[r] + offset[r];
-#endif
+void check(const at::Tensor& blocks, int64_t type, int64_t n, int64_t k) {
+  TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.is_contiguous(),
+              "GGUF blocks must be contiguous uint8 [out, bytes per row]");
+  const int64_t per_block = block_weights(type);
+  TORCH_CHECK(k % per_block == 0 && blocks.size(0) == n && blocks.size(1) == k / per_block * block_bytes(type),
+              "GGUF blocks [", blocks.size(0), ", ", blocks.size(1), "] do not hold a [", n, ", ", k, "] weight");
+}
+
+// f(std::integral_constant<int64_t, type>{}) for the block format `type`: one instance of the multiply per format
+template <typename F>
+void with_type(int64_t type, F&& f) {
+  switch (type) {
+    case kQ4_0: return f(std::integral_constant<int64_t, kQ4_0>{});
+    case kQ4_1: return f(std::integral_constant<int64_t, kQ4_1>{});
+    case kQ8_0: return f(std::integral_constant<int64_t, kQ8_0>{});
+    case kQ4_K: return f(std::integral_constant<int64_t, kQ4_K>{});
+    default: return f(std::integral_constant<int64_t, kQ6_K>{});  // check() refused every other type
   }
 }
 
@@ -243,14 +329,6 @@ void with_rows(int rows, F&& f) {
   }
 }
 
-void check(const at::Tensor& blocks, int64_t type, int64_t n, int64_t k) {
-  TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.is_contiguous(),
-              "GGUF blocks must be contiguous uint8 [out, bytes per row]");
-  const int64_t per_block = block_weights(type);
-  TORCH_CHECK(k % per_block == 0 && blocks.size(0) == n && blocks.size(1) == k / per_block * block_bytes(type),
-              "GGUF blocks [", blocks.size(0), ", ", blocks.size(1), "] do not hold a [", n, ", ", k, "] weight");
-}
-
 }  // namespace
 
 // x [..., K] (fp32/bf16/fp16; meant for a few rows) @ W.T, W [N, K] as GGUF `type` blocks -> [..., N] in x's dtype
@@ -260,32 +338,28 @@ at::Tensor gguf_linear(const at::Tensor& x_in, const at::Tensor& blocks, int64_t
   const at::Tensor x = x_in.reshape({m, k}).to(at::kFloat).contiguous();
   auto y = at::empty({m, n}, x.options());
   const uint8_t* w = blocks.data_ptr<uint8_t>();
-  if (is_super(type)) {
-    for (int64_t r = 0; r < m; r += kRows) {
-      const int rows = static_cast<int>(std::min(kRows, m - r));
-      const float* xr = x.data_ptr<float>() + r * k;
-      float* yr = y.data_ptr<float>() + r * n;
-      with_rows(rows, [&](auto constant) {
-        at::parallel_for(0, n, 16, [&](int64_t first, int64_t last) {
-          multiply_rows_super<decltype(constant)::value>(type, w, blocks.size(1), k / kSuper, xr, k, yr, n, first,
-                                                         last);
-        });
-      });
-    }
-    auto shape = x_in.sizes().vec();
-    shape.back() = n;
-    return y.to(x_in.scalar_type()).view(shape);
-  }
-  const int64_t nblocks = k / kBlock;
-  const at::Tensor sums = x.view({m, nblocks, kBlock}).sum(-1).contiguous();  // each block's sum of x
+  const int64_t row_bytes = blocks.size(1), blocks_per_row = k / block_weights(type);
   for (int64_t r = 0; r < m; r += kRows) {
     const int rows = static_cast<int>(std::min(kRows, m - r));
     const float* xr = x.data_ptr<float>() + r * k;
-    const float* sr = sums.data_ptr<float>() + r * nblocks;
     float* yr = y.data_ptr<float>() + r * n;
-    at::parallel_for(0, n, 16, [&](int64_t first, int64_t last) {
-      with_rows(rows, [&](auto constant) {
-        multiply_rows<decltype(constant)::value>(type, w, blocks.size(1), nblocks, xr, k, sr, yr, n, first, last);
+    with_type(type, [&](auto type_constant) {
+      with_rows(rows, [&](auto rows_constant) {
+        constexpr int64_t kType = decltype(type_constant)::value;
+        constexpr int kRowsOfX = decltype(rows_constant)::value, kGroup = group_for(kRowsOfX);
+        // whole groups split evenly between the threads (a grain of about 16 output rows); the last group, where
+        // N is not a multiple of kGroup, goes one output row at a time
+        at::parallel_for(0, (n + kGroup - 1) / kGroup, std::max(1, 16 / kGroup), [&](int64_t first, int64_t last) {
+          for (int64_t group = first; group < last; ++group) {
+            const int64_t o = group * kGroup;
+            if (o + kGroup <= n) {
+              multiply_group<kType, kRowsOfX, kGroup>(w, row_bytes, blocks_per_row, xr, k, yr, n, o);
+            } else {
+              for (int64_t row = o; row < n; ++row)
+                multiply_group<kType, kRowsOfX, 1>(w, row_bytes, blocks_per_row, xr, k, yr, n, row);
+            }
+          }
+        });
       });
     });
   }
@@ -298,28 +372,13 @@ at::Tensor gguf_linear(const at::Tensor& x_in, const at::Tensor& blocks, int64_t
 at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t type, int64_t n, int64_t k) {
   check(blocks, type, n, k);
   auto w = at::empty({n, k}, at::kFloat);
-  const int64_t bytes = block_bytes(type), row_bytes = blocks.size(1);
+  const int64_t bytes = block_bytes(type), row_bytes = blocks.size(1), per_block = block_weights(type);
   const uint8_t* src = blocks.data_ptr<uint8_t>();
   float* dst = w.data_ptr<float>();
-  if (is_super(type)) {
-    at::parallel_for(0, n, 16, [&](int64_t first, int64_t last) {
-      for (int64_t o = first; o < last; ++o)
-        for (int64_t b = 0; b < k / kSuper; ++b)
-          super_block_weights(type, src + o * row_bytes + b * bytes, dst + o * k + b * kSuper);
-    });
-    return w;
-  }
-  const int64_t nblocks = k / kBlock;
   at::parallel_for(0, n, 16, [&](int64_t first, int64_t last) {
-    float values[kBlock];
     for (int64_t o = first; o < last; ++o)
-      for (int64_t b = 0; b < nblocks; ++b) {
-        const uint8_t* block = src + o * row_bytes + b * bytes;
-        block_values(type, block, values);
-        const float d = half_at(block);
-        const float add = type == kQ4_0 ? -8.0f * d : type == kQ4_1 ? half_at(block + 2) : 0.0f;
-        for (int j = 0; j < kBlock; ++j) dst[o * k + b * kBlock + j] = d * values[j] + add;
-      }
+      for (int64_t b = 0; b < k / per_block; ++b)
+        dequantize_block(type, src + o * row_bytes + b * bytes, dst + o * k + b * per_block);
   });
   return w;
 }
