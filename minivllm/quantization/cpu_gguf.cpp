@@ -13,8 +13,10 @@
 //
 // The "K" formats (Q4_K, Q6_K: what most downloaded files hold) group 256 weights into a super-block whose
 // sub-blocks carry small integer scales, themselves scaled by the super-block's fp16 d (super_block_weights
-// spells each layout out). A super-block is unpacked to 256 floats on the stack (in L1; 16 lanes at a time with
-// AVX-512 where the CPU has it) and then multiplied by every row of x, in the same groups of output rows.
+// spells each layout out). With AVX-512 a super-block is unpacked 16 weights at a time into registers
+// (super_block_vectors: Q4_K through a table per sub-block as above, its 16 scales and mins decoded and scaled as
+// one vector) and each vector multiplied at once by every row of x, in the same groups of output rows. Without
+// AVX-512, every format is dequantized block by block into floats and multiplied by plain loops.
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -84,13 +86,77 @@ inline void q4_k_scale_min(const uint8_t* packed, int j, int& scale, int& min) {
   }
 }
 
-// One super-block of 256 weights as floats, exactly as llama.cpp dequantizes it.
+// The super-block layouts, whose 256 weights super_block_weights writes as floats exactly as llama.cpp does:
 //   Q4_K: w = d scale_j q - dmin min_j for sub-block j of 32; the nibbles come in runs of 32 bytes, each run
 //         holding two sub-blocks: low nibbles the first 32 weights, high nibbles the next 32.
 //   Q6_K: w = d scale_i (q - 32), q 6 bits, scale_i an int8 per 16 weights. Each 128 weights read 64 bytes of
 //         low nibbles (ql) and 32 bytes of high pairs (qh): weight l, l + 32, l + 64, l + 96 (l < 32) take ql[l]'s
 //         low, ql[l + 32]'s low, ql[l]'s high, ql[l + 32]'s high nibble, and bits 0-1, 2-3, 4-5, 6-7 of qh[l].
+#ifdef __AVX512F__
+inline __m512i load16_bytes(const uint8_t* p) {
+  return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// The same weights, 16 at a time as vectors: use(j, w) for w = weights j..j + 15 of the super-block, in whatever
+// order of j the layout reads best, so that the multiply consumes them from registers.
+//   Q4_K: each sub-block's 16 possible weights d scale q - dmin min form a table that its nibbles index (vpermps
+//         reads an index's low 4 bits: the low nibbles need no mask, the high ones a shift); every entry is
+//         exactly llama.cpp's float (d scale q is exact in fp32: 11 x 6 x 4 bits, then one rounding).
+//   Q6_K: the 16 bytes of ql[l], ql[l + 32] and qh[l] are widened once for the four weights they hold each.
+template <int64_t type, typename Use>
+inline void super_block_vectors(const uint8_t* block, Use&& use) {
+  alignas(64) float sub[16];  // the sub-blocks' float scales (and Q4_K's mins), broadcast from memory below
+  if constexpr (type == kQ4_K) {
+    // q4_k_scale_min for all eight sub-blocks at once, on 32-bit words of 4 bytes each
+    uint32_t packed[3];
+    std::memcpy(packed, block + 4, 12);
+    const uint32_t low6 = 0x3F3F3F3F, low4 = 0x0F0F0F0F, top2 = 0x03030303;
+    const __m128i scale_min = _mm_setr_epi32(packed[0] & low6, (packed[2] & low4) | (((packed[0] >> 6) & top2) << 4),
+                                             packed[1] & low6,
+                                             ((packed[2] >> 4) & low4) | (((packed[1] >> 6) & top2) << 4));
+    const __m512 d_dmin = _mm512_insertf32x8(_mm512_set1_ps(half_at(block)), _mm256_set1_ps(half_at(block + 2)), 1);
+    _mm512_store_ps(sub, _mm512_mul_ps(d_dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(scale_min))));
+    const __m512 nibble = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const uint8_t* q = block + 16;
+    for (int run = 0; run < 4; ++run, q += 32) {  // 32 bytes: sub-block 2 run in low nibbles, 2 run + 1 in high
+      const __m512 low_table = _mm512_fmsub_ps(_mm512_set1_ps(sub[2 * run]), nibble, _mm512_set1_ps(sub[8 + 2 * run]));
+      const __m512 high_table = _mm512_fmsub_ps(_mm512_set1_ps(sub[2 * run + 1]), nibble,
+                                                _mm512_set1_ps(sub[9 + 2 * run]));
+      const __m512i first = load16_bytes(q), second = load16_bytes(q + 16);
+      use(64 * run, _mm512_permutexvar_ps(first, low_table));
+      use(64 * run + 16, _mm512_permutexvar_ps(second, low_table));
+      use(64 * run + 32, _mm512_permutexvar_ps(_mm512_srli_epi32(first, 4), high_table));
+      use(64 * run + 48, _mm512_permutexvar_ps(_mm512_srli_epi32(second, 4), high_table));
+    }
+  } else {
+    const uint8_t *ql = block, *qh = block + 128;
+    const __m128i scales = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 192));  // 16 int8
+    _mm512_store_ps(sub, _mm512_mul_ps(_mm512_set1_ps(half_at(block + 208)),
+                                       _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(scales))));
+    const __m512i mask4 = _mm512_set1_epi32(15), mask2 = _mm512_set1_epi32(3), centre = _mm512_set1_epi32(32);
+    for (int half = 0; half < 2; ++half, ql += 64, qh += 32) {
+      for (int l = 0; l < 32; l += 16) {
+        const __m512i low[2] = {load16_bytes(ql + l), load16_bytes(ql + l + 32)}, high = load16_bytes(qh + l);
+        for (int part = 0; part < 4; ++part) {  // weights 32 part + l: ql[l] (part 0, 2) or ql[l + 32] (1, 3)
+          const __m512i q = _mm512_or_si512(
+              _mm512_and_si512(_mm512_srli_epi32(low[part % 2], 4 * (part / 2)), mask4),
+              _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(high, 2 * part), mask2), 4));
+          const float scale = sub[8 * half + 2 * part + l / 16];  // d scale: one per 16 weights
+          use(128 * half + 32 * part + l,
+              _mm512_mul_ps(_mm512_set1_ps(scale), _mm512_cvtepi32_ps(_mm512_sub_epi32(q, centre))));
+        }
+      }
+    }
+  }
+}
+#endif
+
+// One super-block's 256 weights as floats: the vectors above stored, or plain loops where there is no AVX-512
 inline void super_block_weights(int64_t type, const uint8_t* block, float* out) {
+#ifdef __AVX512F__
+  const auto store = [out](int j, __m512 w) { _mm512_storeu_ps(out + j, w); };
+  return type == kQ4_K ? super_block_vectors<kQ4_K>(block, store) : super_block_vectors<kQ6_K>(block, store);
+#else
   if (type == kQ4_K) {
     const float d = half_at(block), dmin = half_at(block + 2);
     const uint8_t *packed = block + 4, *q = block + 16;
@@ -99,18 +165,8 @@ inline void super_block_weights(int64_t type, const uint8_t* block, float* out) 
       q4_k_scale_min(packed, 2 * run, scale_low, min_low);
       q4_k_scale_min(packed, 2 * run + 1, scale_high, min_high);
       const float d_low = d * scale_low, m_low = dmin * min_low, d_high = d * scale_high, m_high = dmin * min_high;
-#ifdef __AVX512F__  // the two loops below, 16 bytes at once (d_low q is exact in fp32: 11 x 6 x 4 bits)
-      for (int l = 0; l < 32; l += 16) {
-        const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + l)));
-        const __m512 lows = _mm512_cvtepi32_ps(_mm512_and_si512(bytes, _mm512_set1_epi32(15)));
-        const __m512 highs = _mm512_cvtepi32_ps(_mm512_srli_epi32(bytes, 4));
-        _mm512_storeu_ps(out + l, _mm512_fmsub_ps(_mm512_set1_ps(d_low), lows, _mm512_set1_ps(m_low)));
-        _mm512_storeu_ps(out + l + 32, _mm512_fmsub_ps(_mm512_set1_ps(d_high), highs, _mm512_set1_ps(m_high)));
-      }
-#else
       for (int l = 0; l < 32; ++l) out[l] = d_low * (q[l] & 0x0F) - m_low;
       for (int l = 0; l < 32; ++l) out[l + 32] = d_high * (q[l] >> 4) - m_high;
-#endif
     }
     return;
   }
@@ -121,24 +177,12 @@ inline void super_block_weights(int64_t type, const uint8_t* block, float* out) 
     for (int part = 0; part < 4; ++part) {  // weights 32 part + l: ql[l] (part 0, 2) or ql[l + 32] (1, 3)
       const uint8_t* low = ql + 32 * (part % 2);
       const int low_shift = 4 * (part / 2), high_shift = 2 * part;
-      for (int group = 0; group < 2; ++group) {  // 16 weights per scale
-        const float scale = d * scales[2 * part + group];
-#ifdef __AVX512F__  // the loop below, 16 lanes at once (GCC does not vectorize it well by itself)
-        const int l = 16 * group;
-        const __m512i lows = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(low + l)));
-        const __m512i highs = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qh + l)));
-        const __m512i q = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(lows, low_shift), _mm512_set1_epi32(15)),
-                                          _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(highs, high_shift),
-                                                                             _mm512_set1_epi32(3)), 4));
-        const __m512 centred = _mm512_cvtepi32_ps(_mm512_sub_epi32(q, _mm512_set1_epi32(32)));
-        _mm512_storeu_ps(out + 32 * part + l, _mm512_mul_ps(_mm512_set1_ps(scale), centred));
-#else
-        for (int l = 16 * group; l < 16 * group + 16; ++l)
-          out[32 * part + l] = scale * ((((low[l] >> low_shift) & 0x0F) | (((qh[l] >> high_shift) & 3) << 4)) - 32);
-#endif
-      }
+      for (int l = 0; l < 32; ++l)  // 16 weights per scale
+        out[32 * part + l] = d * scales[2 * part + l / 16] *
+                             ((((low[l] >> low_shift) & 0x0F) | (((qh[l] >> high_shift) & 3) << 4)) - 32);
     }
   }
+#endif
 }
 
 // One block's weights (32, or 256 for Q4_K/Q6_K) as floats, exactly as llama.cpp dequantizes them
@@ -152,10 +196,6 @@ inline void dequantize_block(int64_t type, const uint8_t* block, float* out) {
 }
 
 #ifdef __AVX512F__
-inline __m512i load16_bytes(const uint8_t* p) {
-  return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-
 // A 32-weight block as the two vectors of its weights, exactly the dequantized floats (d q, d (q - 8) and d q are
 // exact in fp32: an 11-bit fp16 mantissa times a 4- or 8-bit integer; d q + m rounds once, as llama.cpp does).
 // A Q4 block's nibbles index a table of the 16 weights they can stand for, built per block with d and m folded
@@ -234,16 +274,27 @@ void multiply_group(const uint8_t* w, int64_t row_bytes, int64_t blocks, const f
   for (int r = 0; r < rows; ++r)
     for (int g = 0; g < group; ++g) acc[r][g] = _mm512_setzero_ps();
   if constexpr (type == kQ4_K || type == kQ6_K) {
-    alignas(64) float weights[kSuper];  // a super-block unpacked: in L1, paid once per weight
+    // a super-block adds 16 products to each accumulator, one after another; at batch 1 two accumulators per
+    // output row halve that chain for Q4_K (measured: Q6_K's unpacking wants those registers, and is slower)
+    constexpr int chains = type == kQ4_K && rows * group <= 8 ? 2 : 1;
+    __m512 odd[rows][group];
+    for (int r = 0; r < rows; ++r)
+      for (int g = 0; g < group; ++g) odd[r][g] = _mm512_setzero_ps();
     for (int64_t b = 0; b < blocks; ++b)
       for (int g = 0; g < group; ++g) {
-        super_block_weights(type, w + (o + g) * row_bytes + b * bytes, weights);
-        for (int r = 0; r < rows; ++r) {
-          const float* xb = x + r * k + b * kSuper;
-          for (int j = 0; j < kSuper; j += 16)
-            acc[r][g] = _mm512_fmadd_ps(_mm512_load_ps(weights + j), _mm512_loadu_ps(xb + j), acc[r][g]);
-        }
+        const uint8_t* block = w + (o + g) * row_bytes + b * bytes;
+        for (int64_t line = 0; line < bytes; line += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(block + group * row_bytes + line), _MM_HINT_T0);
+        super_block_vectors<type>(block, [&](int j, __m512 weights) {
+          for (int r = 0; r < rows; ++r) {
+            __m512& sum = chains == 2 && (j / 16) % 2 ? odd[r][g] : acc[r][g];
+            sum = _mm512_fmadd_ps(weights, _mm512_loadu_ps(x + r * k + b * kSuper + j), sum);
+          }
+        });
       }
+    if constexpr (chains == 2)
+      for (int r = 0; r < rows; ++r)
+        for (int g = 0; g < group; ++g) acc[r][g] = _mm512_add_ps(acc[r][g], odd[r][g]);
   } else {
     constexpr int kChunk = 16;  // blocks whose scales are converted ahead, per output row
     alignas(64) float scales[group][4 * kChunk];
