@@ -34,7 +34,7 @@ namespace {
 constexpr int64_t kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14;  // ggml's type ids
 constexpr int64_t kBlock = 32;                       // weights per block of Q8_0, Q4_0, Q4_1
 constexpr int64_t kSuper = 256;                      // weights per super-block of Q4_K, Q6_K
-constexpr int64_t kRows = 8;                         // rows of x multiplied per pass over a weight row
+constexpr int64_t kRows = 8;                         // rows of x multiplied per pass over the weights
 
 int64_t block_bytes(int64_t type) {
   switch (type) {
@@ -270,6 +270,9 @@ template <int64_t type, int rows, int group>
 void multiply_group(const uint8_t* w, int64_t row_bytes, int64_t blocks, const float* x, int64_t k, float* y,
                     int64_t n, int64_t o) {
   constexpr int64_t bytes = type == kQ4_0 ? 18 : type == kQ4_1 ? 20 : type == kQ8_0 ? 34 : type == kQ4_K ? 144 : 210;
+  // each block read also prefetches the same block of the next group's rows (one group's work ahead: at batch 1
+  // the hardware prefetcher alone left the loop waiting on memory), or of these rows again in the last group
+  const int64_t ahead = o + 2 * group <= n ? group * row_bytes : 0;
   __m512 acc[rows][group];
   for (int r = 0; r < rows; ++r)
     for (int g = 0; g < group; ++g) acc[r][g] = _mm512_setzero_ps();
@@ -284,7 +287,7 @@ void multiply_group(const uint8_t* w, int64_t row_bytes, int64_t blocks, const f
       for (int g = 0; g < group; ++g) {
         const uint8_t* block = w + (o + g) * row_bytes + b * bytes;
         for (int64_t line = 0; line < bytes; line += 64)
-          _mm_prefetch(reinterpret_cast<const char*>(block + group * row_bytes + line), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(block + ahead + line), _MM_HINT_T0);
         super_block_vectors<type>(block, [&](int j, __m512 weights) {
           for (int r = 0; r < rows; ++r) {
             __m512& sum = chains == 2 && (j / 16) % 2 ? odd[r][g] : acc[r][g];
@@ -306,7 +309,7 @@ void multiply_group(const uint8_t* w, int64_t row_bytes, int64_t blocks, const f
         for (int g = 0; g < group; ++g) {
           __m512 low, high;
           const uint8_t* block = w + (o + g) * row_bytes + b * bytes;
-          _mm_prefetch(reinterpret_cast<const char*>(block + group * row_bytes), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(block + ahead), _MM_HINT_T0);
           block_vectors<type>(block, scales[g] + 4 * c, low, high);
           for (int r = 0; r < rows; ++r) {
             const float* xb = x + r * k + b * kBlock;
