@@ -203,13 +203,18 @@ inline void dequantize_block(int64_t type, const uint8_t* block, float* out) {
 // the low nibbles as they are and the high ones after a shift. That is one vpmovzx and two vpermps per block
 // instead of two widenings, two masks and two int-to-float conversions, and no per-block offset term.
 // `scales` holds the block's d (and m, Q4_1) already in fp32 (see block_scales).
-template <int64_t type>
+// (Q8_0 with `scaled` false: q alone, for a caller that multiplies by d after the dot product.)
+template <int64_t type, bool scaled = true>
 inline void block_vectors(const uint8_t* block, const float* scales, __m512& low, __m512& high) {
   const __m512 d = _mm512_set1_ps(scales[0]);  // a broadcast from memory: a load, no shuffle
   if constexpr (type == kQ8_0) {
     const auto bytes = [](const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); };
-    low = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes(block + 2))));
-    high = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes(block + 18))));
+    low = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes(block + 2)));
+    high = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes(block + 18)));
+    if constexpr (scaled) {
+      low = _mm512_mul_ps(d, low);
+      high = _mm512_mul_ps(d, high);
+    }
   } else {
     const __m512 nibble = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512 table = type == kQ4_0 ? _mm512_mul_ps(d, _mm512_sub_ps(nibble, _mm512_set1_ps(8)))
@@ -310,6 +315,14 @@ void multiply_group(const uint8_t* w, int64_t row_bytes, int64_t blocks, const f
           __m512 low, high;
           const uint8_t* block = w + (o + g) * row_bytes + b * bytes;
           _mm_prefetch(reinterpret_cast<const char*>(block + ahead), _MM_HINT_T0);
+          if constexpr (type == kQ8_0 && rows == 1) {  // d after the dot product: one multiply by d, not two
+            block_vectors<type, false>(block, scales[g] + 4 * c, low, high);
+            const float* xb = x + b * kBlock;
+            const __m512 dot = _mm512_fmadd_ps(high, _mm512_loadu_ps(xb + 16),
+                                               _mm512_mul_ps(low, _mm512_loadu_ps(xb)));
+            acc[0][g] = _mm512_fmadd_ps(dot, _mm512_set1_ps(scales[g][4 * c]), acc[0][g]);
+            continue;
+          }
           block_vectors<type>(block, scales[g] + 4 * c, low, high);
           for (int r = 0; r < rows; ++r) {
             const float* xb = x + r * k + b * kBlock;
