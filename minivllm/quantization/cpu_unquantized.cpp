@@ -138,9 +138,11 @@ at::Tensor small_linear(const at::Tensor& x_in, const at::Tensor& packed, const 
   const int64_t pack = packed.size(3), k_padded = packed.size(1) * pack, tiles = packed.size(0);
   const int64_t k = x_in.size(-1), m = x_in.numel() / std::max<int64_t>(k, 1);
   TORCH_CHECK(k <= k_padded && k_padded - k < pack && n <= tiles * kTile, "x, the weight and n disagree");
-  at::Tensor x = x_in.reshape({m, k});
+  // a decode step's x is already [M, K] and contiguous: no reshape, no copy (each an op dispatch, ~120 a step)
+  const bool flat = x_in.dim() == 2 && x_in.is_contiguous();
+  at::Tensor x = flat ? x_in : x_in.reshape({m, k});
   if (k != k_padded) x = at::constant_pad_nd(x, {0, k_padded - k});  // an odd K in bf16: one zero input
-  x = x.contiguous();
+  if (!x.is_contiguous()) x = x.contiguous();
   at::Tensor bias;
   if (bias_in.has_value() && bias_in->defined())
     bias = at::constant_pad_nd(bias_in->to(at::kFloat), {0, tiles * kTile - n}).contiguous();
@@ -200,6 +202,7 @@ at::Tensor small_linear(const at::Tensor& x_in, const at::Tensor& packed, const 
       }
   }
 #endif
+  if (x_in.dim() == 2) return y;
   auto shape = x_in.sizes().vec();
   shape.back() = n;
   return y.view(shape);
