@@ -2,7 +2,7 @@
 PYTHON ?= python
 STAMP := .install-stamp
 
-.PHONY: install demo test chapters-learner chapters-bf16 lint bench chapters clean gpu-check
+.PHONY: install demo test chapters-learner chapters-bf16 lint bench chapters clean gpu-check gpu-check-t4
 
 # torch first, from the pinned local CPU wheel where none is installed (never the CUDA wheels);
 # Colab and GPU machines keep the torch they already have.
@@ -72,10 +72,13 @@ chapters-bf16: $(STAMP)
 bench: $(STAMP)
 	$(PYTHON) bench/cpu_throughput.py
 
-# On a GPU machine: kernels, CUDA graphs, the chapters (auto dtype and fp16), a short throughput run; one
-# results file (bench/gpu_check.sh says what it runs). It installs what is missing itself.
+# On a GPU machine: kernels, CUDA graphs, a short throughput run, the chapters in the GPU's dtype; then,
+# in a second device call, the chapters in fp16 as on a T4 (bench/gpu_check.sh says what each runs)
 gpu-check:
 	PYTHON=$(PYTHON) bash bench/gpu_check.sh
+
+gpu-check-t4:
+	PYTHON=$(PYTHON) bash bench/gpu_check.sh t4
 
 clean:
 	rm -rf $(STAMP) .pytest_cache .ruff_cache

@@ -2,14 +2,18 @@
 # Everything that needs a GPU, in one command on a fresh GPU machine (`make gpu-check` runs this):
 #   1. install what is missing (`make install`: the package and dev extras; the machine's own torch is kept)
 #   2. the Triton kernels against the torch reference in fp16 and bf16, and their timings (bench/gpu_kernels.py)
-#   3. the CUDA-graph tests (tests/test_cuda_graphs.py), with Triton compiling for the GPU, not interpreting
-#   4. every chapter under nbval on the GPU in the dtype "auto" picks there (bf16 from sm 8.0, else fp16)
-#   5. every chapter once more with fp16 forced (MINIVLLM_CUDA_DTYPE=float16), as on Colab's T4
-#   6. a short end-to-end throughput run, whose CUDA-graph check compares with transformers (bench/gpu_throughput.py)
-# Each step has a time limit, so the whole run stays under 10 minutes; a failed step does not stop the
-# others. Everything goes to one results file (GPU_CHECK_RESULTS, default bench/gpu_check_results.md, not
-# committed): per step its command, exit status, seconds and the tail of its output. Exit status: 0 when
-# every step passed. Copy the figures that matter into bench/RESULTS.md by hand.
+#   3. the CUDA-graph and cpu_offload_gb tests, with Triton compiling for the GPU, not interpreting
+#   4. a short end-to-end throughput run, whose CUDA-graph check compares with transformers (bench/gpu_throughput.py)
+#   5. every chapter under nbval on the GPU in the dtype "auto" picks there (bf16 from sm 8.0, else fp16)
+# `bash bench/gpu_check.sh t4` (`make gpu-check-t4`), a second call: every chapter with fp16 forced
+# (MINIVLLM_CUDA_DTYPE=float16), as on Colab's T4. The first H200 run (session 14) took 31 s for step 2, 38 s
+# for step 3, over 100 s for step 4 and about 1.4 s a chapter cell (240 cells: about 6 minutes) for step 5:
+# so each pass of the chapters has a call of its own. Each step has a time limit (the first call's add to
+# 570 s, inside one 10-minute device call); a failed step does not stop the others. Everything goes to one
+# results file (GPU_CHECK_RESULTS, default bench/gpu_check_results.md, not committed): per step its
+# command, exit status, seconds and the tail of its output; each step's whole output goes beside it
+# (<results>-<step number>.log). Exit status: 0 when every step passed. Copy the figures that matter into
+# bench/RESULTS.md by hand.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python}
@@ -23,6 +27,7 @@ if ! "$PYTHON" -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; 
 fi
 
 failed=0
+steps=0
 {
     echo "# GPU check, $(date -u '+%Y-%m-%d %H:%M UTC')"
     echo
@@ -53,27 +58,33 @@ step() {  # step NAME SECONDS COMMAND...: run it with a time limit, append its o
         echo
         echo '```'
         echo "\$ $*"
-        tail -n 40 "$log"
+        grep -q " PASSED" "$log" && echo "items passed: $(grep -c ' PASSED' "$log")"
+        grep -E "^FAILED|^ERROR" "$log" | head -n 20
+        tail -n 30 "$log"
         echo '```'
         echo
     } >> "$RESULTS"
     tail -n 3 "$log" >&2
-    rm -f "$log"
+    steps=$((steps + 1))
+    mv "$log" "${RESULTS%.md}-$steps.log"
 }
 
 if ! "$PYTHON" -c "import minivllm, nbval, triton, transformers" 2>/dev/null; then
     step "install (make install)" 300 make install PYTHON="$PYTHON"
 fi
-step "kernel checks in fp16 and bf16, and timings" 120 "$PYTHON" bench/gpu_kernels.py
-# TRITON_INTERPRET=0: tests/conftest.py interprets Triton unless told otherwise
-step "CUDA-graph and cpu_offload_gb tests" 90 env TRITON_INTERPRET=0 "$PYTHON" -m pytest tests/test_cuda_graphs.py \
-    tests/test_weight_offload.py -q -p no:cacheprovider
-step "chapters on the GPU, dtype auto" 180 "$PYTHON" -m pytest chapters/ --nbval-lax --nbval-current-env \
-    -q -p no:cacheprovider
-step "chapters on the GPU, fp16 forced (as a T4)" 150 env MINIVLLM_CUDA_DTYPE=float16 "$PYTHON" -m pytest \
-    chapters/ --nbval-lax --nbval-current-env -q -p no:cacheprovider
-step "end-to-end throughput, short" 120 "$PYTHON" bench/gpu_throughput.py --models qwen3-0.6b --requests 64 \
-    --no-eager
+if [ "${1:-}" = t4 ]; then
+    step "chapters on the GPU, fp16 forced (as a T4)" 560 env MINIVLLM_CUDA_DTYPE=float16 "$PYTHON" -m pytest \
+        chapters/ --nbval-lax --nbval-current-env -v -p no:cacheprovider
+else
+    step "kernel checks in fp16 and bf16, and timings" 60 "$PYTHON" bench/gpu_kernels.py
+    # TRITON_INTERPRET=0: tests/conftest.py interprets Triton unless told otherwise
+    step "CUDA-graph and cpu_offload_gb tests" 60 env TRITON_INTERPRET=0 "$PYTHON" -m pytest \
+        tests/test_cuda_graphs.py tests/test_weight_offload.py -q -p no:cacheprovider
+    step "end-to-end throughput, short" 150 "$PYTHON" bench/gpu_throughput.py --models qwen3-0.6b \
+        --requests 64 --no-eager
+    step "chapters on the GPU, dtype auto" 300 "$PYTHON" -m pytest chapters/ --nbval-lax --nbval-current-env \
+        -v -p no:cacheprovider
+fi
 
 echo "results: $RESULTS" >&2
 exit $failed

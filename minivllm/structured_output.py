@@ -46,11 +46,18 @@ class StructuredOutputManager:
     @functools.cached_property
     def ll_tokenizer(self):
         """Built on first use: it walks the whole vocabulary. Every id that ends a sequence is an
-        end for the grammar too, so none of them can slip into the text."""
+        end for the grammar too, so none of them can slip into the text. llguidance 1.6 (what pip
+        finds on some platforms) takes one end id: the first then ends a finished grammar, and the
+        others, special tokens, still match no text."""
         import llguidance.hf
 
-        return llguidance.hf.from_tokenizer(self.hf_tokenizer, n_vocab=self.vocab_size,
-                                            eos_token=self.eos_token_ids or None)
+        ends = self.eos_token_ids or None
+        build = functools.partial(llguidance.hf.from_tokenizer, self.hf_tokenizer,
+                                  n_vocab=self.vocab_size)
+        try:
+            return build(eos_token=ends)
+        except TypeError:  # 'list' object cannot be interpreted as an integer
+            return build(eos_token=ends[0])
 
     def validate(self, spec: StructuredOutputsParams) -> str:
         """The grammar for `spec`, or a ValueError saying why it cannot be used, before any work."""

@@ -2,7 +2,8 @@
 
 CUDA cannot record on this machine, so DecodeGraphs runs with capture=False: the same buffers, copies,
 padding (slot -1, one-token contexts) and fixed split-K counts, executed eagerly. Only the recording and
-the replay call themselves are left to the GPU check in bench/.
+the replay call themselves are left to the GPU check in bench/. Every engine here is pinned to the CPU
+(device="cpu"): on a GPU machine (`make gpu-check`) LLM() would otherwise pick cuda and bf16.
 """
 
 import pytest
@@ -40,7 +41,8 @@ def attach_graphs(llm: LLM, sizes: list[int], num_splits: int, runner=None) -> D
 @pytest.mark.parametrize("backend,num_splits,max_new", [("torch", 1, 16), ("triton", 3, 8)])
 def test_padded_decode_batches_match_transformers(checkpoints, backend, num_splits, max_new):
     path, model = checkpoints["qwen3"]
-    llm = LLM(path, attention_backend=backend, block_size=4, num_kv_blocks=60, max_num_batched_tokens=128)
+    llm = LLM(path, device="cpu", attention_backend=backend, block_size=4, num_kv_blocks=60,
+              max_num_batched_tokens=128)
     graphs = attach_graphs(llm, [1, 2, 4], num_splits)
     # one request finishes per step, so decode batches shrink 6, 5 (both eager: above 4), 4, 3 (padded), 2, 1
     params = [SamplingParams(temperature=0, max_tokens=max_new - i, ignore_eos=True) for i in range(len(PROMPTS))]
@@ -56,7 +58,7 @@ def test_padded_decode_batches_match_transformers(checkpoints, backend, num_spli
 def test_preemption_and_prefix_hits_with_graphs(checkpoints):
     """Too few blocks (preemption, recompute) and shared prefixes, with every small decode batch padded."""
     path, model = checkpoints["llama"]
-    llm = LLM(path, block_size=4, num_kv_blocks=16, max_num_batched_tokens=32)
+    llm = LLM(path, device="cpu", block_size=4, num_kv_blocks=16, max_num_batched_tokens=32)
     graphs = attach_graphs(llm, [2, 8], num_splits=1)
     prompts = [[5, 6, 7, 8, 9, 10, 11, 12, 1], [5, 6, 7, 8, 9, 10, 11, 12, 2], list(range(30, 52)), [3, 3]]
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
@@ -68,14 +70,15 @@ def test_preemption_and_prefix_hits_with_graphs(checkpoints):
 
 
 def test_no_graphs_off_cuda(llama_path):
-    assert LLM(llama_path, num_kv_blocks=16).engine.runner.graphs is None
+    assert LLM(llama_path, device="cpu", num_kv_blocks=16).engine.runner.graphs is None
 
 
 def test_speculative_decoding_with_graphs(checkpoints):
     """Verification steps (several tokens per request) run eagerly; plain decode steps in between use graphs."""
     path, model = checkpoints["llama"]
     prompts = [[4, 5, 6, 4, 5, 6, 4, 5, 6], list(range(20, 45)), [7, 7, 7, 7]]  # repeats: n-gram drafts
-    llm = LLM(path, block_size=4, num_kv_blocks=64, speculative_model="[ngram]", num_speculative_tokens=3)
+    llm = LLM(path, device="cpu", block_size=4, num_kv_blocks=64, speculative_model="[ngram]",
+              num_speculative_tokens=3)
     graphs = attach_graphs(llm, [1, 2, 4], num_splits=1)
     params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
@@ -93,7 +96,8 @@ def test_draft_model_decodes_through_graphs(checkpoints, tmp_path):
     path, model = checkpoints["llama"]
     build_checkpoint("llama", tmp_path / "draft", num_hidden_layers=1, hidden_size=32, num_attention_heads=2,
                      num_key_value_heads=1, intermediate_size=64)
-    llm = LLM(path, block_size=4, num_kv_blocks=64, speculative_model=tmp_path / "draft", num_speculative_tokens=3)
+    llm = LLM(path, device="cpu", block_size=4, num_kv_blocks=64, speculative_model=tmp_path / "draft",
+              num_speculative_tokens=3)
     graphs = attach_graphs(llm, [1, 2, 4], num_splits=1, runner=llm.engine.runner.proposer.runner)
     prompts = [[3, 4, 5, 6], list(range(30, 47)), [9] * 6]
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
@@ -109,7 +113,7 @@ def test_graph_batch_view_shows_the_real_buffers(checkpoints):
     from minivllm import widgets
 
     path, _ = checkpoints["llama"]
-    llm = LLM(path, block_size=4, num_kv_blocks=40)
+    llm = LLM(path, device="cpu", block_size=4, num_kv_blocks=40)
     graphs = attach_graphs(llm, [1, 2, 4], num_splits=1)
     assert "no decode step" in widgets.graph_batch_html(graphs)
     engine = llm.engine

@@ -255,6 +255,22 @@ def test_gguf_file_loads_by_path_with_its_own_tokenizer_and_matches_transformers
     assert outs[0].outputs[0].text == hf_tok.decode(outs[0].outputs[0].token_ids, skip_special_tokens=True)
 
 
+def test_a_gguf_file_ends_on_its_own_eos_whatever_its_tokenizer_says(gguf_file, monkeypatch):
+    """transformers 5.17 converts a GGUF tokenizer with <s> (1) as its EOS; the file's metadata says
+    </s> (2), and transformers' own generate stops on that: so does the engine (seen on a GPU
+    machine, whose transformers was 5.17, as min_tokens letting </s> through)."""
+    from minivllm.engine import llm_engine
+
+    class MisreadTokenizer(llm_engine.Tokenizer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.eos_token_id = self.hf.bos_token_id
+
+    monkeypatch.setattr(llm_engine, "Tokenizer", MisreadTokenizer)
+    llm = LLM(str(gguf_file), dtype="float32", num_kv_blocks=64)
+    assert llm.engine.tokenizer.eos_token_id == 1 and llm.engine.eos_token_ids == (2,)
+
+
 def test_gguf_int8_requantizes_the_dequantized_weights(gguf_file):
     llm = LLM(str(gguf_file), dtype="float32", quantization="int8", num_kv_blocks=64)
     assert llm.engine.runner.model.model.layers[0].mlp.down_proj.weight.dtype == torch.int8

@@ -188,6 +188,26 @@ def test_structured_output_with_speculative_decoding(llm):
     assert spec.engine.stats()["spec_num_proposed"] > 0
 
 
+def test_structured_outputs_with_an_llguidance_that_takes_one_end_id(monkeypatch):
+    """llguidance 1.6 (what pip finds for some platforms) refuses a list of end ids: the first one
+    ends the grammar, and the output still parses."""
+    import llguidance.hf
+
+    ends, build = [], llguidance.LLTokenizer
+
+    def one_end(*args, eos_token=None, **kwargs):
+        ends.append(eos_token)
+        if isinstance(eos_token, list):
+            raise TypeError("argument 'eos_token': 'list' object cannot be interpreted as an integer")
+        return build(*args, eos_token=eos_token, **kwargs)
+
+    monkeypatch.setattr(llguidance.hf, "LLTokenizer", one_end)
+    llm = LLM(block_size=16, num_kv_blocks=64)
+    for text in constrained(llm, {"json": SCHEMA}, n=3):
+        check_schema(json.loads(text))
+    assert ends == [list(llm.engine.eos_token_ids), llm.engine.eos_token_ids[0]]
+
+
 def test_bad_grammars_are_refused_before_any_work(llm):
     for spec, message in (({"regex": "(unclosed"}, "structured outputs"),
                           ({"json": "{not json"}, "structured"),

@@ -19,9 +19,9 @@ def tokens(llm: LLM) -> list[list[int]]:
 
 
 def test_cpu_offload_is_a_no_op_that_says_so_on_a_cpu(llama_path, caplog):
-    plain = tokens(LLM(llama_path, num_kv_blocks=64))
+    plain = tokens(LLM(llama_path, device="cpu", num_kv_blocks=64))
     with caplog.at_level(logging.WARNING, logger="minivllm"):
-        llm = LLM(llama_path, num_kv_blocks=64, cpu_offload_gb=2)
+        llm = LLM(llama_path, device="cpu", num_kv_blocks=64, cpu_offload_gb=2)
     assert "does nothing on cpu" in caplog.text
     assert tokens(llm) == plain
     with pytest.raises(ValueError, match="cpu_offload_gb"):
@@ -29,7 +29,7 @@ def test_cpu_offload_is_a_no_op_that_says_so_on_a_cpu(llama_path, caplog):
 
 
 def test_streamed_layers_give_the_same_tokens_and_hand_the_memory_back(llama_path):
-    llm = LLM(llama_path, num_kv_blocks=64)
+    llm = LLM(llama_path, device="cpu", num_kv_blocks=64)
     plain = tokens(llm)
     layers = list(llm.engine.runner.model.model.layers)
     streamed = [StreamedLayer(layer, torch.device("cpu")) for layer in layers]

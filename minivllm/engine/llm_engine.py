@@ -68,9 +68,10 @@ class LLMEngine:
             (Path(config.tokenizer) / f).is_file() for f in ("tokenizer.json", "tokenizer.model"))
         self.tokenizer = (Tokenizer(config.tokenizer, config.hooks.keep_token) if has_tokenizer
                           else None)
+        # a GGUF file's metadata names its end token (transformers 5.17 gives its tokenizer <s>)
+        eos = mc.eos_token_id if mc.gguf or not self.tokenizer else self.tokenizer.eos_token_id
         self.eos_token_ids, self.default_sampling_overrides = generation_defaults(
-            config.model, self.tokenizer.eos_token_id if self.tokenizer else mc.eos_token_id,
-            config.generation_config == "auto")
+            config.model, eos, config.generation_config == "auto")
         structured = (StructuredOutputManager(self.tokenizer.hf, mc.vocab_size, self.eos_token_ids)
                       if self.tokenizer else None)
         self.input_processor = InputProcessor(config, self.tokenizer, self.eos_token_ids,
