@@ -11,6 +11,7 @@ its collectives carried (`traffic`), which chapter 13 checks against the bytes p
 from __future__ import annotations
 
 import pickle
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -85,7 +86,21 @@ class TensorParallel:
         if self.rank != 0:
             data = torch.empty(int(size.item()), dtype=torch.uint8)
         self.cpu_group.broadcast(data, 0).wait()
-        return obj if self.rank == 0 else pickle.loads(data.numpy().tobytes())
+        obj = obj if self.rank == 0 else pickle.loads(data.numpy().tobytes())
+        if obj is None:  # the end of the workers' loop: the processes may exit right after
+            _settle(size, data)
+        return obj
+
+
+def _settle(*tensors: torch.Tensor, timeout_s: float = 1.0) -> None:
+    """Wait (at most `timeout_s`) until gloo's threads have let go of `tensors`. A gloo thread drops
+    a finished collective's tensors just after wait() returns, and that takes the GIL: if the
+    interpreter is exiting by then, the thread is ended inside C++ and the process aborts
+    (std::terminate; a torchrun rank 0 died so at exit in about one run of seven)."""
+    deadline = time.monotonic() + timeout_s  # (a torch without Tensor._use_count: no wait)
+    while (any(getattr(t, "_use_count", lambda: 1)() > 1 for t in tensors)
+           and time.monotonic() < deadline):
+        time.sleep(0.001)
 
 
 def _all_reduce(group, x: torch.Tensor, op) -> torch.Tensor:
