@@ -235,7 +235,7 @@ def model_variants(model: Model, arch: Arch, dtype: str, block_size: int) -> lis
         for ggml_type, block_bytes in gguf_linear.BLOCK_BYTES.items():
             out.append(_variant(gguf_linear._gguf_linear_kernel, arch.sm, dtype, dict(
                 x_ptr=p, w_ptr="*u8", bias_ptr=p, out_ptr=p, M=num_tokens, N=n, K=k, stride_xm=k,
-                stride_wn=k // 32 * block_bytes, stride_om=n),
+                stride_wn=k // gguf_linear.BLOCK_WEIGHTS[ggml_type] * block_bytes, stride_om=n),
                 dict(HAS_BIAS=False, **gguf_linear.gguf_linear_config(num_tokens, ggml_type, torch_dtype, arch.sm))))
     # MoE experts (issue 39): both grouped GEMMs at every row-tile height, an MLP's shape for an expert's
     # float experts, and int8 ones (the weights read as bytes, one scale per output row of each expert)

@@ -10,7 +10,7 @@ from the f32 file through llama.cpp's own `llama_model_quantize`.
 Rows, each in its own subprocess, engines alternating within each round:
 - `llama.cpp <fmt>`: llama-cpp-python on the GGUF file, 2 threads, greedy (top_k=1).
 - `minivllm <dtype>`: the safetensors checkpoint at float32 / bfloat16.
-- `minivllm gguf <fmt>`: the same GGUF file llama.cpp ran (Q8_0/Q4_0/Q4_1 layers kept as the file's blocks on
+- `minivllm gguf <fmt>`: the same GGUF file llama.cpp ran (Q8_0/Q4_0/Q4_1/Q4_K/Q6_K layers kept as the file's blocks on
   the cpu platform, minivllm/model/gguf_blocks.py; float files dequantized at load).
 Each reports ms per output token after the first (a 128-token prompt, 128 outputs, ignore EOS), time to
 first token, resident memory after load (minivllm also the bytes its parameters and buffers hold), and the

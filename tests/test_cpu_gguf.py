@@ -171,15 +171,14 @@ def test_the_reference_platform_dequantizes_a_gguf_file(mixed_gguf, monkeypatch)
     assert layers[0].self_attn.o_proj.weight.dtype == torch.float32
 
 
-def test_q4_k_and_q6_k_layers_keep_their_super_blocks_and_match_transformers(tmp_path):
+def write_k_gguf(tmp_path) -> tuple[object, object]:
     """Rows of 256 weights (whole super-blocks): a tiny Llama of hidden size 256 whose layers hold random Q4_K and
-    Q6_K blocks (small scales), layer 0's q/k/v mixing Q4_K with a Q6_K v (dequantized), as Q4_K_M files do."""
-    pytest.importorskip("accelerate")
+    Q6_K blocks (small scales), layer 0's q/k/v mixing Q4_K with a Q6_K v (dequantized), as Q4_K_M files do.
+    (the file's path, transformers' model of it)."""
     import transformers as tf
 
-    from minivllm import LLM, SamplingParams
     from minivllm.quantization.gguf import write_gguf
-    from tests.conftest import EMBEDDED, build_checkpoint, hf_greedy
+    from tests.conftest import EMBEDDED, build_checkpoint
 
     model = build_checkpoint("llama", tmp_path / "float", vocab_size=1834, bos_token_id=1, eos_token_id=2,
                              hidden_size=256, intermediate_size=512, num_hidden_layers=2)
@@ -192,14 +191,22 @@ def test_q4_k_and_q6_k_layers_keep_their_super_blocks_and_match_transformers(tmp
             types[name] = "Q6_K" if part in ("ffn_down",) or (layer == 0 and part == "attn_v") else "Q4_K"
             raw[name] = random_super_blocks(types[name], n, k, rng, scale=(1e-4, 3e-4))
     write_gguf(tmp_path / "tiny-k.gguf", model, EMBEDDED, types=types, raw=raw)
+    hf = tf.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="tiny-k.gguf", dtype=torch.float32).eval()
+    return tmp_path / "tiny-k.gguf", hf
 
-    llm = LLM(str(tmp_path / "tiny-k.gguf"), dtype="float32", num_kv_blocks=64)
+
+def test_q4_k_and_q6_k_layers_keep_their_super_blocks_and_match_transformers(tmp_path):
+    pytest.importorskip("accelerate")
+    from minivllm import LLM, SamplingParams
+    from tests.conftest import hf_greedy
+
+    path, hf = write_k_gguf(tmp_path)
+    llm = LLM(str(path), dtype="float32", num_kv_blocks=64)
     layer0, layer1 = llm.engine.runner.model.model.layers
     assert layer0.self_attn.qkv_proj.weight.dtype == torch.float32  # Q4_K q, k beside a Q6_K v
     assert (layer1.self_attn.qkv_proj.ggml_type, layer0.mlp.gate_up_proj.ggml_type, layer0.self_attn.o_proj.ggml_type,
             layer1.mlp.down_proj.ggml_type) == (cpu_gguf.Q4_K, cpu_gguf.Q4_K, cpu_gguf.Q4_K, cpu_gguf.Q6_K)
 
-    hf = tf.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="tiny-k.gguf", dtype=torch.float32).eval()
     prompts = [[1, 5, 9, 300, 4], list(range(7, 60))]
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)

@@ -1,36 +1,44 @@
 """GGUF blocks on the cuda platform (kernels/gguf_linear.py, run by Triton's interpreter here): the kernel
 against the gguf package's dequantization and a float matmul, the torch dequantizer against the package, and a
-GGUF file through the engine keeping its Q8_0/Q4_0/Q4_1 layers as blocks, greedy equal to transformers."""
+GGUF file through the engine keeping its Q8_0/Q4_0/Q4_1 and Q4_K/Q6_K layers as blocks, greedy equal to
+transformers."""
 
 import numpy as np
 import pytest
 import torch
 
-from minivllm.kernels.gguf_linear import Q4_0, Q4_1, Q8_0, dequantize_blocks, gguf_linear
+from minivllm.kernels.gguf_linear import Q4_0, Q4_1, Q4_K, Q6_K, Q8_0, dequantize_blocks, gguf_linear
 
 gguf = pytest.importorskip("gguf")
-TYPES = {"Q8_0": Q8_0, "Q4_0": Q4_0, "Q4_1": Q4_1}
+TYPES = {"Q8_0": Q8_0, "Q4_0": Q4_0, "Q4_1": Q4_1, "Q4_K": Q4_K, "Q6_K": Q6_K}
 
 
 def quantized(name: str, n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """(blocks, the gguf package's dequantization) of random weights."""
+    """(blocks, the gguf package's dequantization) of random weights (Q4_K / Q6_K: random blocks with
+    small fp16 scales, since the package only reads those formats)."""
+    from tests.test_cpu_gguf import random_super_blocks
+
     rng = np.random.default_rng(seed)
     kind = gguf.GGMLQuantizationType[name]
-    blocks = gguf.quants.quantize(rng.standard_normal((n, k)).astype(np.float32), kind)
+    if name in ("Q4_K", "Q6_K"):
+        blocks = random_super_blocks(name, n, k, rng)
+    else:
+        blocks = gguf.quants.quantize(rng.standard_normal((n, k)).astype(np.float32), kind)
     return torch.from_numpy(blocks.copy()), torch.from_numpy(gguf.quants.dequantize(blocks, kind).copy())
 
 
 @pytest.mark.parametrize("name", TYPES)
 def test_torch_dequantization_equals_the_gguf_package(name):
-    blocks, weight = quantized(name, 37, 128)
-    assert torch.equal(dequantize_blocks(blocks, TYPES[name], 37, 128), weight)
+    blocks, weight = quantized(name, 37, 512)
+    assert torch.equal(dequantize_blocks(blocks, TYPES[name], 37, 512), weight)
 
 
 @pytest.mark.parametrize("name", TYPES)
 @pytest.mark.parametrize("rows", [1, 3, 17, 70])  # one tile, a partial one, several along M
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_kernel_equals_the_dequantized_matmul(name, rows, dtype):
-    n, k = 100, 96  # N not a whole tile; K three blocks
+    # N not a whole tile; K three blocks, or two super-blocks (every sub-block of each)
+    n, k = 100, 512 if name in ("Q4_K", "Q6_K") else 96
     blocks, weight = quantized(name, n, k, seed=rows)
     gen = torch.Generator().manual_seed(rows)
     x, bias = torch.randn(rows, k, generator=gen).to(dtype), torch.randn(n, generator=gen).to(dtype)
@@ -74,3 +82,24 @@ def test_a_gguf_file_keeps_its_blocks_on_the_cuda_platform(tmp_path):
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)  # the interpreter is slow
     outs = llm.generate(texts, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(hf, hf_tok(t).input_ids, 4) for t in texts]
+
+
+def test_q4_k_and_q6_k_files_keep_their_super_blocks_on_the_cuda_platform(tmp_path):
+    """The K formats most downloaded files hold: Q4_K and Q6_K layers multiplied as stored by the
+    Triton kernel (Triton's interpreter here), greedy equal to transformers on the dequantized file."""
+    pytest.importorskip("accelerate")
+    from minivllm import LLM, SamplingParams
+    from minivllm.kernels.quantized_linear import TritonGgufKernel
+    from tests.conftest import hf_greedy
+    from tests.test_cpu_gguf import write_k_gguf
+
+    path, hf = write_k_gguf(tmp_path)
+    llm = LLM(str(path), dtype="float32", num_kv_blocks=64, attention_backend="triton")
+    layer0, layer1 = llm.engine.runner.model.model.layers
+    kept = (layer1.self_attn.qkv_proj, layer0.mlp.gate_up_proj, layer1.mlp.down_proj)
+    assert all(isinstance(layer.quant_method.kernel, TritonGgufKernel) for layer in kept)
+    assert [layer.ggml_type for layer in kept] == [Q4_K, Q4_K, Q6_K]
+    prompts = [[1, 5, 9, 300, 4], list(range(7, 30))]
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)  # the interpreter is slow
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(hf, p, 4) for p in prompts]
