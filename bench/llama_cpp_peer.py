@@ -4,14 +4,14 @@ The checkpoint is bench/cpu_peer.py's random 135M-shaped Llama (seed 0, float32 
 `convert_hf_to_gguf.py` (shipped in the vendor directory of llama-cpp-python's source package) needs a tokenizer:
 a small SentencePiece model trained here on the repository's own text gives it one; the converter pads its
 vocabulary to the config's 49,152 entries, and every engine is fed the same token ids, so the tokenizer
-changes nothing that is timed. Formats: GGUF f32, bf16 and q8_0 straight from the converter; q4_0 and q4_1
-from the f32 file through llama.cpp's own `llama_model_quantize`.
+changes nothing that is timed. Formats: GGUF f32, bf16 and q8_0 straight from the converter; q4_0, q4_1 and
+q4_k_m from the f32 file through llama.cpp's own `llama_model_quantize`.
 
 Rows, each in its own subprocess, engines alternating within each round:
 - `llama.cpp <fmt>`: llama-cpp-python on the GGUF file, 2 threads, greedy (top_k=1).
 - `minivllm <dtype>`: the safetensors checkpoint at float32 / bfloat16.
-- `minivllm gguf <fmt>`: the same GGUF file llama.cpp ran (Q8_0/Q4_0/Q4_1/Q4_K/Q6_K layers kept as the file's blocks on
-  the cpu platform, minivllm/model/gguf_blocks.py; float files dequantized at load).
+- `minivllm gguf <fmt>`: the same GGUF file llama.cpp ran (Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q6_K layers kept as
+  the file's blocks on the cpu platform, minivllm/model/gguf_blocks.py; float files dequantized at load).
 Each reports ms per output token after the first (a 128-token prompt, 128 outputs, ignore EOS), time to
 first token, resident memory after load (minivllm also the bytes its parameters and buffers hold), and the
 first 16 greedy tokens (llama.cpp and minivllm on the same f32 weights should agree). The floor is a read-only
@@ -20,7 +20,7 @@ best of 5).
 
     python bench/llama_cpp_peer.py --llama-python /tmp/llama-venv/bin/python \
         --convert-python /tmp/convert-venv/bin/python --llama-src /tmp/llsrc/x/llama_cpp_python-0.3.36 \
-        [--formats f32,bf16,q8_0,q4_0,q4_1] [--rounds 2] [--workdir /tmp/llamacpp-bench]
+        [--formats f32,bf16,q8_0,q4_0,q4_1,q4_k_m] [--rounds 2] [--workdir /tmp/llamacpp-bench]
 
 The llama venv holds llama-cpp-python (pip install llama-cpp-python; it compiles llama.cpp); the convert
 venv holds torch, transformers and sentencepiece (python -m venv --system-site-packages + pip install
@@ -44,7 +44,9 @@ from cpu_peer import VOCAB, build_checkpoint, machine_info, tree_rss_mib  # noqa
 
 PROMPT, OUTPUT, SHOWN = 128, 128, 16
 CONVERTER_TYPES = {"f32": "f32", "bf16": "bf16", "q8_0": "q8_0"}
-QUANTIZED_FROM_F32 = {"q4_0": 2, "q4_1": 3}  # llama_ftype: LLAMA_FTYPE_MOSTLY_Q4_0 / _Q4_1
+# llama_ftype: LLAMA_FTYPE_MOSTLY_Q4_0 / _Q4_1 / _Q4_K_M (the mix most downloaded files are: Q4_K, some
+# tensors Q6_K, and rows whose length is not a multiple of 256 in llama.cpp's fallback types)
+QUANTIZED_FROM_F32 = {"q4_0": 2, "q4_1": 3, "q4_k_m": 15}
 HF_DTYPES = {"f32": "float32", "bf16": "bfloat16"}
 
 

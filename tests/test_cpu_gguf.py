@@ -10,8 +10,8 @@ from minivllm.quantization import cpu_gguf
 
 gguf = pytest.importorskip("gguf")
 pytestmark = pytest.mark.skipif(not extension_built(), reason="no compiler: the C++ kernels are not built")
-TYPES = {"Q8_0": cpu_gguf.Q8_0, "Q4_0": cpu_gguf.Q4_0, "Q4_1": cpu_gguf.Q4_1, "Q4_K": cpu_gguf.Q4_K,
-         "Q6_K": cpu_gguf.Q6_K}
+TYPES = {"Q8_0": cpu_gguf.Q8_0, "Q4_0": cpu_gguf.Q4_0, "Q4_1": cpu_gguf.Q4_1, "Q5_0": cpu_gguf.Q5_0,
+         "Q5_1": cpu_gguf.Q5_1, "Q4_K": cpu_gguf.Q4_K, "Q6_K": cpu_gguf.Q6_K}
 SUPER = ("Q4_K", "Q6_K")  # 256 weights per super-block: a row needs whole super-blocks
 
 
@@ -105,7 +105,8 @@ SIZES = dict(intermediate_size=128, num_hidden_layers=2)  # hidden 64, q 64, k/v
 @pytest.fixture(scope="module")
 def mixed_gguf(tmp_path_factory):
     """A tiny Llama with a tied embedding as a GGUF file of several types: attention Q4_0, MLP Q8_0, layer 1's
-    gate Q4_1 (its fused gate/up differs: dequantized), layer 0's v Q8_0 (q/k/v differs), token_embd Q8_0."""
+    gate Q4_1 (its fused gate/up differs: dequantized), layer 0's v Q8_0 (q/k/v differs), token_embd Q8_0,
+    layer 0's down Q5_0 and layer 1's o Q5_1 (as llama.cpp's Q4_K_M writes rows of no multiple of 256)."""
     from tests.conftest import EMBEDDED, build_checkpoint
 
     root = tmp_path_factory.mktemp("gguf-cpu")
@@ -114,7 +115,7 @@ def mixed_gguf(tmp_path_factory):
     from minivllm.quantization.gguf import write_gguf
 
     types = {"blk.1.ffn_gate.weight": "Q4_1", "blk.0.attn_v.weight": "Q8_0", "token_embd.weight": "Q8_0",
-             "blk.1.ffn_down.weight": "Q4_1"}
+             "blk.1.ffn_down.weight": "Q4_1", "blk.0.ffn_down.weight": "Q5_0", "blk.1.attn_output.weight": "Q5_1"}
     write_gguf(root / "tiny-mixed.gguf", model, EMBEDDED, types=types)
     return root / "tiny-mixed.gguf"
 
@@ -132,10 +133,11 @@ def test_a_gguf_file_keeps_its_blocks_and_matches_transformers(mixed_gguf):
     layer0, layer1 = model.model.layers
     kept = {"layer 0 o": layer0.self_attn.o_proj, "layer 0 gate/up": layer0.mlp.gate_up_proj,
             "layer 0 down": layer0.mlp.down_proj, "layer 1 q/k/v": layer1.self_attn.qkv_proj,
-            "layer 1 down": layer1.mlp.down_proj, "tied head": model.lm_head}
+            "layer 1 o": layer1.self_attn.o_proj, "layer 1 down": layer1.mlp.down_proj, "tied head": model.lm_head}
     types = {name: layer.ggml_type for name, layer in kept.items()}
-    assert types == {"layer 0 o": cpu_gguf.Q4_0, "layer 0 gate/up": cpu_gguf.Q8_0, "layer 0 down": cpu_gguf.Q8_0,
-                     "layer 1 q/k/v": cpu_gguf.Q4_0, "layer 1 down": cpu_gguf.Q4_1, "tied head": cpu_gguf.Q8_0}
+    assert types == {"layer 0 o": cpu_gguf.Q4_0, "layer 0 gate/up": cpu_gguf.Q8_0, "layer 0 down": cpu_gguf.Q5_0,
+                     "layer 1 q/k/v": cpu_gguf.Q4_0, "layer 1 o": cpu_gguf.Q5_1, "layer 1 down": cpu_gguf.Q4_1,
+                     "tied head": cpu_gguf.Q8_0}
     assert all(layer.weight.dtype == torch.uint8 for layer in kept.values())
     # shards of two types: dequantized at load
     assert layer0.self_attn.qkv_proj.weight.dtype == layer1.mlp.gate_up_proj.weight.dtype == torch.float32

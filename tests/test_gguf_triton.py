@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from minivllm.kernels.gguf_linear import Q4_0, Q4_1, Q4_K, Q6_K, Q8_0, dequantize_blocks, gguf_linear
+from minivllm.kernels.gguf_linear import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0, dequantize_blocks, gguf_linear
 
 gguf = pytest.importorskip("gguf")
-TYPES = {"Q8_0": Q8_0, "Q4_0": Q4_0, "Q4_1": Q4_1, "Q4_K": Q4_K, "Q6_K": Q6_K}
+TYPES = {"Q8_0": Q8_0, "Q4_0": Q4_0, "Q4_1": Q4_1, "Q5_0": Q5_0, "Q5_1": Q5_1, "Q4_K": Q4_K, "Q6_K": Q6_K}
 
 
 def quantized(name: str, n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

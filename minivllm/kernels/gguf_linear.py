@@ -3,7 +3,9 @@
 A GGUF layer is uint8 [N, K / weights per block * bytes per block] (quantization/gguf.py): each
 output row a run of blocks. Q8_0, Q4_0 and Q4_1 hold 32 weights a block: an fp16 scale d (Q4_1 also
 an fp16 minimum m) and their codes, Q8_0 32 signed bytes (w = d q), Q4_0 and Q4_1 16 bytes of
-nibbles (w = d (q - 8), w = d q + m), a byte's low nibble weight j, its high nibble j + 16.
+nibbles (w = d (q - 8), w = d q + m), a byte's low nibble weight j, its high nibble j + 16; Q5_0
+and Q5_1 (in Q4_K_M files, where a row's length is no multiple of 256) add 4 bytes of fifth bits,
+bit j weight j's (w = d (q - 16), w = d q + m).
 The "K" formats most downloaded files hold group 256 weights into a super-block of eight sub-blocks
 of 32, each with its own small integer scale (quantization/cpu_gguf.cpp draws both layouts):
 Q4_K (144 bytes) w = d scale_j q - dmin min_j, Q6_K (210 bytes) w = d scale_i (q - 32), one int8
@@ -23,10 +25,11 @@ import triton.language as tl
 
 from minivllm.kernels.paged_decode import device_arch, small_tiles
 
-Q4_0, Q4_1, Q8_0, Q4_K, Q6_K = 2, 3, 8, 12, 14  # ggml's type ids
-BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q8_0: 34, Q4_K: 144, Q6_K: 210}
-BLOCK_WEIGHTS = {Q4_0: 32, Q4_1: 32, Q8_0: 32, Q4_K: 256, Q6_K: 256}
-CODES_AT = {Q4_0: 2, Q4_1: 4, Q8_0: 2, Q4_K: 16, Q6_K: 0}  # the byte where a block's codes start
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K = 2, 3, 6, 7, 8, 12, 14  # ggml's type ids
+BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q5_0: 22, Q5_1: 24, Q8_0: 34, Q4_K: 144, Q6_K: 210}
+BLOCK_WEIGHTS = {Q4_0: 32, Q4_1: 32, Q5_0: 32, Q5_1: 32, Q8_0: 32, Q4_K: 256, Q6_K: 256}
+# the byte where a block's codes start (a Q5 block's fifth bits are the 4 bytes before)
+CODES_AT = {Q4_0: 2, Q4_1: 4, Q5_0: 6, Q5_1: 8, Q8_0: 2, Q4_K: 16, Q6_K: 0}
 
 
 @triton.jit
@@ -102,10 +105,20 @@ def _gguf_linear_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, M, N, K, stride_xm, str
                 w_low, w_high = tl.trans(low.to(tl.float32)) * d, tl.trans(high.to(tl.float32)) * d
             else:
                 nibbles = tl.trans(tl.load(codes, mask=rows, other=0))  # [16, BLOCK_N]
-                low, high = (nibbles & 15).to(tl.float32), (nibbles >> 4).to(tl.float32)
-                if TYPE == 2:  # Q4_0: an offset of 8
-                    w_low, w_high = (low - 8.0) * d, (high - 8.0) * d
-                else:  # Q4_1: the block's minimum added
+                low, high = (nibbles & 15).to(tl.int32), (nibbles >> 4).to(tl.int32)
+                if TYPE == 6 or TYPE == 7:  # Q5: bit j of the 32-bit word before the nibbles
+                    fifth = block + CODES_AT - 4
+                    word = (tl.load(fifth, mask=n_mask, other=0).to(tl.int32)
+                            | (tl.load(fifth + 1, mask=n_mask, other=0).to(tl.int32) << 8)
+                            | (tl.load(fifth + 2, mask=n_mask, other=0).to(tl.int32) << 16)
+                            | (tl.load(fifth + 3, mask=n_mask, other=0).to(tl.int32) << 24))
+                    low = low | (((word[None, :] >> half[:, None]) & 1) << 4)
+                    high = high | (((word[None, :] >> (half[:, None] + 16)) & 1) << 4)
+                low, high = low.to(tl.float32), high.to(tl.float32)
+                if TYPE == 2 or TYPE == 6:  # Q4_0, Q5_0: an offset of 8 (16)
+                    offset = 8.0 if TYPE == 2 else 16.0
+                    w_low, w_high = (low - offset) * d, (high - offset) * d
+                else:  # Q4_1, Q5_1: the block's minimum added
                     m = _half_at(block + 2, n_mask)[None, :]
                     w_low, w_high = low * d + m, high * d + m
         acc += tl.dot(x_low, w_low.to(x_low.dtype), input_precision=DOT_PRECISION)
@@ -157,8 +170,12 @@ def dequantize_blocks(blocks: torch.Tensor, ggml_type: int, n: int, k: int) -> t
     if ggml_type == Q8_0:
         return (d * codes.view(torch.int8).float()).reshape(n, k)
     q = torch.cat([codes & 15, codes >> 4], dim=-1).float()  # low nibbles first, as stored
-    if ggml_type == Q4_0:
-        return (d * (q - 8)).reshape(n, k)
+    if ggml_type in (Q5_0, Q5_1):  # fifth bits: bit j of the little-endian word before the codes
+        word = block[..., CODES_AT[ggml_type] - 4:CODES_AT[ggml_type]].to(torch.int64)
+        word = word[..., 0] | word[..., 1] << 8 | word[..., 2] << 16 | word[..., 3] << 24
+        q = q + 16 * ((word[..., None] >> torch.arange(32, device=blocks.device)) & 1).float()
+    if ggml_type in (Q4_0, Q5_0):
+        return (d * (q - (8 if ggml_type == Q4_0 else 16))).reshape(n, k)
     return (d * q + _halves(block[..., 2:4])).reshape(n, k)
 
 

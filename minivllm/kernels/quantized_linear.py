@@ -5,8 +5,9 @@ of int8_linear.py, int4_linear.py and gguf_linear.py, in place of the readable o
 int8 (kernels/int8_linear.py) loads int8 tiles, converts them in registers and multiplies; int4
 (kernels/int4_linear.py) reads GPTQ's layout as int4.py holds it (q eight to a word down the inputs,
 z as bytes, s) and dequantizes each tile in registers, for groups of a multiple of 16 inputs (other
-layers keep the readable kernel); GGUF (kernels/gguf_linear.py) multiplies Q8_0, Q4_0, Q4_1, Q4_K
-and Q6_K layers as the file's blocks (other types are dequantized at load, model/gguf_blocks.py).
+layers keep the readable kernel); GGUF (kernels/gguf_linear.py) multiplies Q8_0, Q4_0, Q4_1, Q5_0,
+Q5_1, Q4_K and Q6_K layers as the file's blocks (other types are dequantized at load,
+model/gguf_blocks.py).
 """
 
 from __future__ import annotations

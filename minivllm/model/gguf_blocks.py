@@ -2,13 +2,13 @@
 
 A GGUF file gives each tensor its own type, and files users download mix them (Q4_K_M stores some
 layers' attn_v and ffn_down as Q6_K, an embedding as Q8_0 or Q6_K). Where the platform multiplies
-a type as stored (`LinearKernels.gguf`: the cpu and cuda platforms, Q8_0, Q4_0, Q4_1, Q4_K and
-Q6_K; one process), a layer whose checkpoint tensors all have that type swaps its float weight for
-`GgufLinearMethod`'s blocks, before any memory is allocated. A fused layer (q/k/v, gate/up) whose
-shards differ in type stays float, dequantized at load like every tensor of a type the kernel
-lacks; so does every layer under tensor parallelism or on another platform. A tied LM head keeps
-the embedding's blocks (the embedding then looks its rows up there: model/embedding.py), an untied
-one and the embedding table stay float.
+a type as stored (`LinearKernels.gguf`: the cpu and cuda platforms, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+Q4_K and Q6_K; one process), a layer whose checkpoint tensors all have that type swaps its float
+weight for `GgufLinearMethod`'s blocks, before any memory is allocated. A fused layer (q/k/v,
+gate/up) whose shards differ in type stays float, dequantized at load like every tensor of a type
+the kernel lacks; so does every layer under tensor parallelism or on another platform. A tied LM
+head keeps the embedding's blocks (the embedding then looks its rows up there:
+model/embedding.py), an untied one and the embedding table stay float.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ What it replaces, and the switch (read here, once per platform) that keeps the r
 * float matmuls: quantization/cpu_unquantized.py, each weight held once: tiled where the CPU has
   AVX-512 (MINIVLLM_CPU_SMALL_LINEAR=0 rules that out), else oneDNN's layout where fast, else plain;
 * int8 and int4 matmuls: torch's packed-weight kernels (quantization/cpu_quantized.py);
-* GGUF files: Q8_0/Q4_0/Q4_1/Q4_K/Q6_K layers kept as the file's blocks, multiplied as stored
-  (quantization/cpu_gguf.py; one process; without the C++ build they are dequantized at load);
+* GGUF files: Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q6_K layers kept as the file's blocks, multiplied
+  as stored (quantization/cpu_gguf.py; one process; without the C++ build: dequantized at load);
 * a decode step's decoder layers: their ops bound into one function each (model/cpu_bound_layer.py),
   where the fused ops and the C++ attention serve them; MINIVLLM_CPU_BOUND_LAYERS=0;
 * torch.compile of the layers around attention (model/compiled.py): opt-in, MINIVLLM_CPU_COMPILE=1

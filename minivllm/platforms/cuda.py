@@ -2,8 +2,8 @@
 
 Attention is attention/triton_backend.py; norm, rotary and SwiGLU are minivllm/kernels/ (norm.py,
 rotary.py, activation.py); int8 and int4 weights go through kernels/int8_linear.py and
-int4_linear.py, a GGUF file's Q8_0/Q4_0/Q4_1/Q4_K/Q6_K layers through gguf_linear.py as its blocks
-(kernels/quantized_linear.py); float weights stay with `F.linear` (cuBLAS). Decode
+int4_linear.py, a GGUF file's Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q6_K layers through gguf_linear.py
+as its blocks (kernels/quantized_linear.py); float weights stay with `F.linear` (cuBLAS). Decode
 steps are recorded as CUDA graphs (runner/cuda_graphs.py) unless enforce_eager. On a CPU the Triton
 kernels run only under Triton's interpreter (TRITON_INTERPRET=1 before triton is imported): tests
 run this platform that way, `attention_backend="triton"`, without graphs.

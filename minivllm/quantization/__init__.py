@@ -26,8 +26,8 @@ SUPPORTED_TEXT = ("supported: quantization=None (the checkpoint as it is), 'int8
                   "quantized at load from any float checkpoint or GGUF file), 'gptq' or "
                   "'gptq_marlin' (4-bit GPTQ checkpoints), 'awq' or 'awq_marlin' (4-bit AWQ "
                   "checkpoints, GEMM layout), 'gguf' (a .gguf file of a Llama or Qwen model: "
-                  "its Q8_0/Q4_0/Q4_1/Q4_K/Q6_K blocks kept on the cpu and cuda platforms, the "
-                  "rest dequantized at load)")
+                  "its Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q6_K blocks kept on the cpu and cuda "
+                  "platforms, the rest dequantized at load)")
 
 __all__ = ["ACCEPTED", "REFERENCE_KERNELS", "LinearKernels", "LinearMethod", "QuantizationConfig",
            "checkpoint_quantization", "held_bytes", "resolve_quantization", "weight_bytes"]

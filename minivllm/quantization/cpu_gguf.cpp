@@ -1,11 +1,13 @@
 // GGUF's block formats multiplied as the file stores them (layout and why: quantization/cpu_gguf.py). Each
 // output row is a run of 32-weight blocks: Q8_0 = fp16 d + 32 int8 (w = d q), Q4_0 = fp16 d + 16 bytes of
 // nibbles (w = d (q - 8)), Q4_1 = fp16 d + fp16 m + 16 bytes (w = d q + m); a byte's low nibble is weight j,
-// its high nibble weight j + 16. A decode step reads each block once and turns it into two vectors of 16
+// its high nibble weight j + 16. Q5_0 and Q5_1 (what llama.cpp's Q4_K_M uses for rows whose length is not a
+// multiple of 256) add a fifth bit per weight, bit j of a 32-bit word after d (and m): w = d (q - 16), d q + m. A decode step reads each block once and turns it into two vectors of 16
 // weights, exactly the dequantized floats (x stays fp32, so the result differs from dequantize + matmul only in
 // the order of the fp32 sums). A Q4 block does it with a lookup: its 16 bytes widen once to 32-bit lanes and
 // index a 16-float table of d (q - 8) (or d q + m) built for the block, low nibbles as they are (vpermps reads
-// an index's low 4 bits) and high ones after a shift. The small-batch loop takes 8 output rows per pass at
+// an index's low 4 bits) and high ones after a shift; a Q5 block's 5-bit codes index two such tables
+// (vpermt2ps reads 5 bits). The small-batch loop takes 8 output rows per pass at
 // batch 1-2 (4 at 3-4, 2 beyond): one accumulator per output row and row of x, so the fused multiply-add
 // chains of the rows overlap instead of each row waiting on its own, and one transpose-and-add sums a group's
 // accumulators at the end. The blocks' fp16 scales are converted a chunk ahead, and the next group's blocks are
@@ -31,8 +33,8 @@
 
 namespace {
 
-constexpr int64_t kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14;  // ggml's type ids
-constexpr int64_t kBlock = 32;                       // weights per block of Q8_0, Q4_0, Q4_1
+constexpr int64_t kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14;  // ggml's ids
+constexpr int64_t kBlock = 32;                       // weights per block of Q8_0, Q4_0, Q4_1, Q5_0, Q5_1
 constexpr int64_t kSuper = 256;                      // weights per super-block of Q4_K, Q6_K
 constexpr int64_t kRows = 8;                         // rows of x multiplied per pass over the weights
 
@@ -40,11 +42,14 @@ int64_t block_bytes(int64_t type) {
   switch (type) {
     case kQ4_0: return 18;
     case kQ4_1: return 20;
+    case kQ5_0: return 22;  // fp16 d, 4 bytes of fifth bits, 16 bytes of nibbles
+    case kQ5_1: return 24;  // fp16 d, fp16 m, 4 bytes of fifth bits, 16 bytes of nibbles
     case kQ8_0: return 34;
     case kQ4_K: return 144;  // fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles
     case kQ6_K: return 210;  // 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales, fp16 d
   }
-  TORCH_CHECK(false, "GGUF type ", type, " is not one of Q4_0 (2), Q4_1 (3), Q8_0 (8), Q4_K (12), Q6_K (14)");
+  TORCH_CHECK(false, "GGUF type ", type,
+              " is not one of Q4_0 (2), Q4_1 (3), Q5_0 (6), Q5_1 (7), Q8_0 (8), Q4_K (12), Q6_K (14)");
 }
 
 bool is_super(int64_t type) { return type == kQ4_K || type == kQ6_K; }
@@ -60,16 +65,31 @@ inline float half_at(const uint8_t* p) {
 #endif
 }
 
-// the block's 32 weights before d and m: q (Q8_0, signed) or the nibbles (Q4, 0..15), in order
+bool is_q5(int64_t type) { return type == kQ5_0 || type == kQ5_1; }
+
+// where a 32-weight block's nibbles start: after d (Q4_0), d and m (Q4_1), and a Q5's 4 bytes of fifth bits
+constexpr int64_t nibbles_at(int64_t type) {
+  return type == kQ4_0 ? 2 : type == kQ4_1 ? 4 : type == kQ5_0 ? 6 : 8;
+}
+
+// the 32 fifth bits of a Q5 block (bit j: weight j), just before its nibbles
+inline uint32_t fifth_bits(int64_t type, const uint8_t* block) {
+  uint32_t bits;
+  std::memcpy(&bits, block + nibbles_at(type) - 4, 4);
+  return bits;
+}
+
+// the block's 32 weights before d and m: q (Q8_0, signed) or the codes (Q4: 0..15, Q5: 0..31), in order
 inline void block_values(int64_t type, const uint8_t* block, float* out) {
   if (type == kQ8_0) {
     for (int j = 0; j < kBlock; ++j) out[j] = static_cast<int8_t>(block[2 + j]);
     return;
   }
-  const uint8_t* nibbles = block + (type == kQ4_1 ? 4 : 2);
+  const uint8_t* nibbles = block + nibbles_at(type);
+  const uint32_t fifth = is_q5(type) ? fifth_bits(type, block) : 0;
   for (int j = 0; j < kBlock / 2; ++j) {
-    out[j] = nibbles[j] & 0x0F;
-    out[j + kBlock / 2] = nibbles[j] >> 4;
+    out[j] = (nibbles[j] & 0x0F) | (((fifth >> j) & 1) << 4);
+    out[j + kBlock / 2] = (nibbles[j] >> 4) | (((fifth >> (j + kBlock / 2)) & 1) << 4);
   }
 }
 
@@ -191,7 +211,9 @@ inline void dequantize_block(int64_t type, const uint8_t* block, float* out) {
   float values[kBlock];
   block_values(type, block, values);
   const float d = half_at(block);
-  const float add = type == kQ4_0 ? -8.0f * d : type == kQ4_1 ? half_at(block + 2) : 0.0f;  // d q - 8 d = d (q - 8)
+  const float add = type == kQ4_0   ? -8.0f * d  // d q - 8 d = d (q - 8), exactly
+                    : type == kQ5_0 ? -16.0f * d
+                    : type == kQ4_1 || type == kQ5_1 ? half_at(block + 2) : 0.0f;
   for (int j = 0; j < kBlock; ++j) out[j] = d * values[j] + add;
 }
 
@@ -215,11 +237,33 @@ inline void block_vectors(const uint8_t* block, const float* scales, __m512& low
       low = _mm512_mul_ps(d, low);
       high = _mm512_mul_ps(d, high);
     }
+  } else if constexpr (type == kQ5_0 || type == kQ5_1) {  // codes 0..31: two tables, of q < 16 and q >= 16
+    const __m512 nibble = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512 upper = _mm512_add_ps(nibble, _mm512_set1_ps(16));
+    __m512 below, above;
+    if constexpr (type == kQ5_0) {  // d (q - 16): -16 d .. -d, then 0 .. 15 d
+      below = _mm512_mul_ps(d, _mm512_sub_ps(nibble, _mm512_set1_ps(16)));
+      above = _mm512_mul_ps(d, nibble);
+    } else {
+      below = _mm512_fmadd_ps(d, nibble, _mm512_set1_ps(scales[1]));
+      above = _mm512_fmadd_ps(d, upper, _mm512_set1_ps(scales[1]));
+    }
+    const __m512i bytes = load16_bytes(block + nibbles_at(type));
+    const __m512i fifth = _mm512_set1_epi32(static_cast<int>(fifth_bits(type, block)));
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i bit4 = _mm512_set1_epi32(16), low4 = _mm512_set1_epi32(15);
+    // code j = nibble | (bit j of the word) << 4, for j and j + 16
+    const __m512i code_low = _mm512_or_si512(_mm512_and_si512(bytes, low4), _mm512_and_si512(
+        _mm512_slli_epi32(_mm512_srlv_epi32(fifth, lane), 4), bit4));
+    const __m512i code_high = _mm512_or_si512(_mm512_srli_epi32(bytes, 4), _mm512_and_si512(
+        _mm512_srli_epi32(_mm512_srlv_epi32(fifth, lane), 12), bit4));
+    low = _mm512_permutex2var_ps(below, code_low, above);
+    high = _mm512_permutex2var_ps(below, code_high, above);
   } else {
     const __m512 nibble = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512 table = type == kQ4_0 ? _mm512_mul_ps(d, _mm512_sub_ps(nibble, _mm512_set1_ps(8)))
                                        : _mm512_fmadd_ps(d, nibble, _mm512_set1_ps(scales[1]));
-    const __m512i bytes = load16_bytes(block + (type == kQ4_1 ? 4 : 2));
+    const __m512i bytes = load16_bytes(block + nibbles_at(type));
     low = _mm512_permutexvar_ps(bytes, table);
     high = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
   }
@@ -274,7 +318,8 @@ inline void store_totals(const __m512* acc, float* out) {
 template <int64_t type, int rows, int group>
 void multiply_group(const uint8_t* w, int64_t row_bytes, int64_t blocks, const float* x, int64_t k, float* y,
                     int64_t n, int64_t o) {
-  constexpr int64_t bytes = type == kQ4_0 ? 18 : type == kQ4_1 ? 20 : type == kQ8_0 ? 34 : type == kQ4_K ? 144 : 210;
+  constexpr int64_t bytes = type == kQ4_0 ? 18 : type == kQ4_1 ? 20 : type == kQ5_0 ? 22 : type == kQ5_1 ? 24
+                           : type == kQ8_0 ? 34 : type == kQ4_K ? 144 : 210;
   // each block read also prefetches the same block of the next group's rows (one group's work ahead: at batch 1
   // the hardware prefetcher alone left the loop waiting on memory), or of these rows again in the last group
   const int64_t ahead = o + 2 * group <= n ? group * row_bytes : 0;
@@ -375,6 +420,8 @@ void with_type(int64_t type, F&& f) {
   switch (type) {
     case kQ4_0: return f(std::integral_constant<int64_t, kQ4_0>{});
     case kQ4_1: return f(std::integral_constant<int64_t, kQ4_1>{});
+    case kQ5_0: return f(std::integral_constant<int64_t, kQ5_0>{});
+    case kQ5_1: return f(std::integral_constant<int64_t, kQ5_1>{});
     case kQ8_0: return f(std::integral_constant<int64_t, kQ8_0>{});
     case kQ4_K: return f(std::integral_constant<int64_t, kQ4_K>{});
     default: return f(std::integral_constant<int64_t, kQ6_K>{});  // check() refused every other type

@@ -2,7 +2,9 @@
 
 What users download is mostly Q8_0 or Q4: 32 weights per block sharing an fp16 scale (and, in
 Q4_1, an fp16 minimum), or the "K" formats Q4_K and Q6_K: 256 weights per super-block, whose
-sub-blocks of 32 (16) weights have 6-bit (8-bit) scales of their own. Dequantizing at load
+sub-blocks of 32 (16) weights have 6-bit (8-bit) scales of their own. A Q4_K_M file also holds
+Q5_0 (Q5_1): Q4_0 (Q4_1) with a fifth bit per weight, where a row's length is no multiple of 256
+(a 135M Llama's 576: half its bytes). Dequantizing at load
 turns a 87 MiB Q4_0 file into 514 MiB of fp32 and reads all of it every decode step; keeping the
 blocks reads the file's bytes, 3.7-5.9x fewer. `gguf_linear` multiplies a few rows of x
 straight from the blocks (a decode step's batch); past GGUF_MAX_ROWS rows (a prompt) one
@@ -24,9 +26,10 @@ from torch import nn
 
 from minivllm.quantization.base import LinearKernel
 
-Q4_0, Q4_1, Q8_0, Q4_K, Q6_K = 2, 3, 8, 12, 14  # ggml's type ids, as GGUFReader reports them
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K = 2, 3, 6, 7, 8, 12, 14  # ggml's type ids (GGUFReader's)
 # (weights, bytes) per block: Q4_K and Q6_K group 256 weights into a super-block (cpu_gguf.cpp)
-BLOCKS = {Q4_0: (32, 18), Q4_1: (32, 20), Q8_0: (32, 34), Q4_K: (256, 144), Q6_K: (256, 210)}
+BLOCKS = {Q4_0: (32, 18), Q4_1: (32, 20), Q5_0: (32, 22), Q5_1: (32, 24), Q8_0: (32, 34),
+          Q4_K: (256, 144), Q6_K: (256, 210)}
 GGUF_MAX_ROWS = 32  # beyond, dequantize once per call and multiply with the float GEMM
 
 
