@@ -6,14 +6,14 @@ memory rather than cache, multiplied by M rows of x straight from the blocks (`g
 step's block bytes over the read bandwidth measured in the same run (the best of 5 sums of a 512 MiB tensor): a
 decode step cannot read its weights faster, so ms / floor says how far the kernel is from memory bound.
 
-    PYTHONPATH=. python bench/gguf_kernel.py [--types Q4_0,Q4_1,Q8_0,Q4_K,Q6_K] [--rows 1,4,8] [--rounds 5]
+    PYTHONPATH=. python bench/gguf_kernel.py [--types Q4_0,Q4_1,Q5_0,Q5_1,Q8_0,Q4_K,Q6_K] [--rows 1,4,8] [--rounds 5]
         [--threads N] [--cpu-time]
 
 On a shared machine, two threads wait for each other whenever another process holds a core (each of the 120
 parallel regions can then lose a scheduler tick): `--threads 1 --cpu-time` times this process's CPU time on one
 core, against a floor measured on one core too.
 
-Q4_0/Q4_1/Q8_0 blocks are random normal weights quantized by the `gguf` package; the package cannot quantize
+Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 blocks are random normal weights quantized by the `gguf` package; the package cannot quantize
 Q4_K/Q6_K, so those are random bytes with small fp16 scales (every bit pattern is a valid code), and their rows
 must hold whole super-blocks of 256 weights: K = 576 is rounded up to 768 for them (llama.cpp itself stores such
 tensors in another type).
@@ -33,8 +33,8 @@ from minivllm.quantization import cpu_gguf
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # q/k/v, o, gate/up, down (N x K)
 LAYERS = 30
-TYPES = {"Q4_0": cpu_gguf.Q4_0, "Q4_1": cpu_gguf.Q4_1, "Q8_0": cpu_gguf.Q8_0, "Q4_K": cpu_gguf.Q4_K,
-         "Q6_K": cpu_gguf.Q6_K}
+TYPES = {"Q4_0": cpu_gguf.Q4_0, "Q4_1": cpu_gguf.Q4_1, "Q5_0": cpu_gguf.Q5_0, "Q5_1": cpu_gguf.Q5_1,
+         "Q8_0": cpu_gguf.Q8_0, "Q4_K": cpu_gguf.Q4_K, "Q6_K": cpu_gguf.Q6_K}
 
 
 def read_bandwidth(clock) -> float:

@@ -34,7 +34,7 @@ def test_torch_dequantization_equals_the_gguf_package(name):
 
 
 @pytest.mark.parametrize("name", TYPES)
-@pytest.mark.parametrize("rows", [1, 3, 17, 70])  # one tile, a partial one, several along M
+@pytest.mark.parametrize("rows", [1, 17, 70])  # a partial tile, a taller one, several along M
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_kernel_equals_the_dequantized_matmul(name, rows, dtype):
     # N not a whole tile; K three blocks, or two super-blocks (every sub-block of each)
@@ -99,7 +99,7 @@ def test_q4_k_and_q6_k_files_keep_their_super_blocks_on_the_cuda_platform(tmp_pa
     kept = (layer1.self_attn.qkv_proj, layer0.mlp.gate_up_proj, layer1.mlp.down_proj)
     assert all(isinstance(layer.quant_method.kernel, TritonGgufKernel) for layer in kept)
     assert [layer.ggml_type for layer in kept] == [Q4_K, Q4_K, Q6_K]
-    prompts = [[1, 5, 9, 300, 4], list(range(7, 30))]
-    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)  # the interpreter is slow
+    prompts = [[1, 5, 9, 300, 4, 17, 40]]  # a prompt's rows, then one decode row: ~5 s a step interpreted
+    params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(hf, p, 4) for p in prompts]
+    assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(hf, p, 2) for p in prompts]

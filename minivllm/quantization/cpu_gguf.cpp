@@ -248,15 +248,15 @@ inline void block_vectors(const uint8_t* block, const float* scales, __m512& low
       below = _mm512_fmadd_ps(d, nibble, _mm512_set1_ps(scales[1]));
       above = _mm512_fmadd_ps(d, upper, _mm512_set1_ps(scales[1]));
     }
-    const __m512i bytes = load16_bytes(block + nibbles_at(type));
-    const __m512i fifth = _mm512_set1_epi32(static_cast<int>(fifth_bits(type, block)));
-    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512i bit4 = _mm512_set1_epi32(16), low4 = _mm512_set1_epi32(15);
-    // code j = nibble | (bit j of the word) << 4, for j and j + 16
-    const __m512i code_low = _mm512_or_si512(_mm512_and_si512(bytes, low4), _mm512_and_si512(
-        _mm512_slli_epi32(_mm512_srlv_epi32(fifth, lane), 4), bit4));
-    const __m512i code_high = _mm512_or_si512(_mm512_srli_epi32(bytes, 4), _mm512_and_si512(
-        _mm512_srli_epi32(_mm512_srlv_epi32(fifth, lane), 12), bit4));
+    // code j = nibble j | 16 where bit j of the word is set: its low and high 16 bits are the two halves'
+    // lane masks, so each half costs one masked or (vpermt2ps reads 5 bits: the low nibble is masked first)
+    const uint32_t fifth = fifth_bits(type, block);
+    const __m512i bytes = load16_bytes(block + nibbles_at(type)), sixteen = _mm512_set1_epi32(16);
+    const __m512i nibble_low = _mm512_and_si512(bytes, _mm512_set1_epi32(15));
+    const __m512i nibble_high = _mm512_srli_epi32(bytes, 4);
+    const __m512i code_low = _mm512_mask_or_epi32(nibble_low, static_cast<__mmask16>(fifth), nibble_low, sixteen);
+    const __m512i code_high = _mm512_mask_or_epi32(nibble_high, static_cast<__mmask16>(fifth >> 16), nibble_high,
+                                                   sixteen);
     low = _mm512_permutex2var_ps(below, code_low, above);
     high = _mm512_permutex2var_ps(below, code_high, above);
   } else {
