@@ -69,7 +69,8 @@ class LLMEngine:
         self.tokenizer = (Tokenizer(config.tokenizer, config.hooks.keep_token) if has_tokenizer
                           else None)
         # a GGUF file's metadata names its end token (transformers 5.17 gives its tokenizer <s>)
-        eos = mc.eos_token_id if mc.gguf or not self.tokenizer else self.tokenizer.eos_token_id
+        from_file = mc.gguf and mc.eos_token_id is not None
+        eos = mc.eos_token_id if from_file or not self.tokenizer else self.tokenizer.eos_token_id
         self.eos_token_ids, self.default_sampling_overrides = generation_defaults(
             config.model, eos, config.generation_config == "auto")
         structured = (StructuredOutputManager(self.tokenizer.hf, mc.vocab_size, self.eos_token_ids)
