@@ -269,7 +269,10 @@ def interpreted_decode_kernels():
         yield
 
 
-walk_llm = LLM(attention_backend="triton", dtype="float32", block_size=8, num_kv_blocks=32, trace_steps=0)
+# enforce_eager: on a GPU a decode step replays a CUDA graph, which launches the recorded kernels
+# without calling back into Python, so there would be no launch to watch
+walk_llm = LLM(attention_backend="triton", dtype="float32", block_size=8, num_kv_blocks=32, trace_steps=0,
+               enforce_eager=True)
 walk_engine = walk_llm.engine
 story = ("Once upon a time there was a little dog named Max who liked to run in the park with his friends "
          "every morning, before the sun came up over the hills behind the old town.")

@@ -2,13 +2,15 @@
 
 CUDA cannot record on this machine, so DecodeGraphs runs with capture=False: the same buffers, copies,
 padding (slot -1, one-token contexts) and fixed split-K counts, executed eagerly. Only the recording and
-the replay call themselves are left to the GPU check in bench/. Every engine here is pinned to the CPU
-(device="cpu"): on a GPU machine (`make gpu-check`) LLM() would otherwise pick cuda and bf16.
+the replay call themselves are left to the GPU check in bench/. Every engine here names its device and
+dtype: on a GPU machine (`make gpu-check`) LLM() would otherwise pick cuda and bf16. The compiled-Triton
+case runs on cuda there, in fp32.
 """
 
 import pytest
 
 from minivllm import LLM, SamplingParams
+from minivllm.kernels import interpreted
 from minivllm.runner.cuda_graphs import DecodeGraphs, capture_sizes
 from tests.conftest import hf_greedy
 
@@ -41,8 +43,10 @@ def attach_graphs(llm: LLM, sizes: list[int], num_splits: int, runner=None) -> D
 @pytest.mark.parametrize("backend,num_splits,max_new", [("torch", 1, 16), ("triton", 3, 8)])
 def test_padded_decode_batches_match_transformers(checkpoints, backend, num_splits, max_new):
     path, model = checkpoints["qwen3"]
-    llm = LLM(path, device="cpu", attention_backend=backend, block_size=4, num_kv_blocks=60,
-              max_num_batched_tokens=128)
+    # compiled Triton (a GPU machine, TRITON_INTERPRET=0) runs on cuda only: there, in fp32 against the CPU oracle
+    device = "cuda" if backend == "triton" and not interpreted() else "cpu"
+    llm = LLM(path, device=device, dtype="float32", attention_backend=backend, block_size=4,
+              num_kv_blocks=60, max_num_batched_tokens=128)
     graphs = attach_graphs(llm, [1, 2, 4], num_splits)
     # one request finishes per step, so decode batches shrink 6, 5 (both eager: above 4), 4, 3 (padded), 2, 1
     params = [SamplingParams(temperature=0, max_tokens=max_new - i, ignore_eos=True) for i in range(len(PROMPTS))]

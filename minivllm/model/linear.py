@@ -95,7 +95,7 @@ class LinearBase(nn.Module):
                              f"{tuple(target.shape)}")
         # one tensor for every shard (GPTQ's g_idx): each shard's copy must be the same
         if (shard is not None and dim is None and any(n == name for n, _ in self.loaded)
-                and not torch.equal(target, loaded.to(target.dtype))):
+                and not torch.equal(target, loaded.to(target.device, target.dtype))):
             raise ValueError(f"{where} differs between the shards fused into one layer "
                              f"({self.output_sizes})")
         with torch.no_grad():
