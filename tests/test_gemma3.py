@@ -83,15 +83,17 @@ def test_greedy_matches_transformers(gemma, setting, platform, monkeypatch):
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_padded_graph_batches_read_each_groups_tables(gemma, backend):
     """CUDA-graph decode batches (run eagerly here, padded, from the static buffers) give every group of layers its
-    own slots and tables; the Triton kernels under the interpreter read them as the reference does."""
+    own slots and tables; the Triton kernels under the interpreter read them as the reference does (6 tokens:
+    interpreted, each step takes seconds; greedy tokens are a prefix of the longer run's)."""
     from tests.test_cuda_graphs import attach_graphs
 
     path, _, want = gemma
+    n = MAX_NEW if backend == "torch" else 6
     llm = LLM(str(path), dtype="float32", attention_backend=backend, block_size=4, num_kv_blocks=256)
     graphs = attach_graphs(llm, [2, 8], num_splits=2)
-    params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
-    assert [o.outputs[0].token_ids for o in outs] == want
+    assert [o.outputs[0].token_ids for o in outs] == [w[:n] for w in want]
     assert graphs.calls and graphs.group_tables.shape[0] == 4
 
 

@@ -101,14 +101,15 @@ def test_fcfs_lets_the_late_request_wait(llama_path):
 # ---- swap ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_swap_and_recompute_match_unpressured_runs(llama_path, backend):
-    """Greedy and seeded sampling, n=2 included: the same tokens with a roomy pool, recompute and swap."""
+    """Greedy and seeded sampling, n=2 included: the same tokens with a roomy pool, recompute and swap.
+    Recompute is the same on either backend; Triton (interpreted: slow) checks swap's copies of its cache."""
     params = [greedy(20), SamplingParams(temperature=0.9, seed=11, max_tokens=20, ignore_eos=True),
               SamplingParams(temperature=1.0, top_k=20, seed=3, n=2, max_tokens=16, ignore_eos=True),
               greedy(12)]
     prompts = PROMPTS[:4]
     reference = run(engine(llama_path, 200, attention_backend=backend), prompts, params)
     results = {}
-    for mode in ("recompute", "swap"):
+    for mode in ("recompute", "swap") if backend == "torch" else ("swap",):
         eng = engine(llama_path, 16, attention_backend=backend, preemption_mode=mode, swap_space=0.01)
         results[mode] = run(eng, prompts, params)
         assert eng.scheduler.num_preemptions > 0, "the tiny pool must force preemption"
@@ -119,9 +120,10 @@ def test_swap_and_recompute_match_unpressured_runs(llama_path, backend):
             assert stats["num_free_host_blocks"] == stats["num_total_host_blocks"]
             assert eng.runner.block_copier.swap_bytes == 2 * stats["num_blocks_swapped_in"] * eng.runner.bytes_per_block
         results[mode + "_prefill"] = stats["num_prefill_tokens_computed"]
-    assert results["recompute"] == reference
     assert results["swap"] == reference
-    assert results["swap_prefill"] < results["recompute_prefill"], "a swapped-in request is not prefilled again"
+    if backend == "torch":
+        assert results["recompute"] == reference
+        assert results["swap_prefill"] < results["recompute_prefill"], "a swapped-in request is not prefilled again"
 
 
 def test_swap_runs_the_same_under_python_O(llama_path):

@@ -11,7 +11,7 @@ SOAK = Path(__file__).resolve().parent.parent / "bench" / "soak.py"
 
 
 def test_short_soak_loses_and_leaks_nothing(tmp_path):
-    run = subprocess.run([sys.executable, str(SOAK), "--minutes", "0.4", "--clients", "6", "--tp", "1",
+    run = subprocess.run([sys.executable, str(SOAK), "--minutes", "0.25", "--clients", "6", "--tp", "1",
                           "--warmup", "8", "--out", str(tmp_path / "soak")], capture_output=True, text=True,
                          timeout=600)
     assert run.returncode == 0 and run.stdout.rstrip().endswith("PASS"), run.stdout[-3000:] + run.stderr[-3000:]
