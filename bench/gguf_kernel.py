@@ -6,8 +6,8 @@ memory rather than cache, multiplied by M rows of x straight from the blocks (`g
 step's block bytes over the read bandwidth measured in the same run (the best of 5 sums of a 512 MiB tensor): a
 decode step cannot read its weights faster, so ms / floor says how far the kernel is from memory bound.
 
-    PYTHONPATH=. python bench/gguf_kernel.py [--types Q4_0,Q4_1,Q5_0,Q5_1,Q8_0,Q4_K,Q6_K] [--rows 1,4,8] [--rounds 5]
-        [--threads N] [--cpu-time]
+    PYTHONPATH=. python bench/gguf_kernel.py [--types Q4_0,Q4_1,Q5_0,Q5_1,Q8_0,Q4_K,Q6_K,Q4_0-int8,Q8_0-int8]
+        [--rows 1,4,8] [--rounds 5] [--threads N] [--cpu-time]
 
 On a shared machine, two threads wait for each other whenever another process holds a core (each of the 120
 parallel regions can then lose a scheduler tick): `--threads 1 --cpu-time` times this process's CPU time on one
@@ -35,6 +35,8 @@ SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # q/k/v, o, gate/up
 LAYERS = 30
 TYPES = {"Q4_0": cpu_gguf.Q4_0, "Q4_1": cpu_gguf.Q4_1, "Q5_0": cpu_gguf.Q5_0, "Q5_1": cpu_gguf.Q5_1,
          "Q8_0": cpu_gguf.Q8_0, "Q4_K": cpu_gguf.Q4_K, "Q6_K": cpu_gguf.Q6_K}
+# the same blocks regrouped for int8 activations (llama.cpp's arithmetic; cpu_gguf.py): x quantized per call
+INT8 = {"Q4_0-int8": cpu_gguf.Q4_0, "Q8_0-int8": cpu_gguf.Q8_0}
 
 
 def read_bandwidth(clock) -> float:
@@ -67,7 +69,7 @@ def blocks_of(name: str, n: int, k: int, rng: np.random.Generator) -> torch.Tens
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--types", default=",".join(TYPES))
+    ap.add_argument("--types", default=",".join([*TYPES, *INT8]))
     ap.add_argument("--rows", default="1,4,8")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None)
@@ -83,10 +85,13 @@ def main() -> None:
           f"read bandwidth {bandwidth / 1e9:.1f} GB/s, load1 {os.getloadavg()[0]:.2f}")
     rng = np.random.default_rng(0)
     for name in args.types.split(","):
-        ggml_type = TYPES[name]
+        ggml_type = TYPES.get(name) or INT8[name]
         per_block = cpu_gguf.BLOCKS[ggml_type][0]  # Q4_K/Q6_K rows hold whole super-blocks of 256: 576 -> 768
-        shapes = [(n, k, blocks_of(name, n, k, rng)) for n, k in ((n, -(-k // per_block) * per_block)
-                                                                  for n, k in SHAPES)]
+        shapes = [(n, k, blocks_of(name.removesuffix("-int8"), n, k, rng))
+                  for n, k in ((n, -(-k // per_block) * per_block) for n, k in SHAPES)]
+        if name in INT8:
+            shapes = [(n, k, torch.ops.minivllm_cpu.gguf_pack(b, ggml_type)) for n, k, b in shapes]
+            ggml_type |= cpu_gguf.PACKED
         layers = [(n, k, blocks.clone()) for _ in range(LAYERS) for n, k, blocks in shapes]  # own copies: no cache
         floor = sum(blocks.numel() for _, _, blocks in layers) / bandwidth
         for rows in (int(r) for r in args.rows.split(",")):

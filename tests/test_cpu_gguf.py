@@ -97,6 +97,37 @@ def test_a_shape_that_disagrees_is_refused():
         cpu_gguf.gguf_linear(torch.randn(1, 64), blocks, 13, 8)  # Q5_K: no kernel
 
 
+# --- int8 activations: llama.cpp's arithmetic (packed Q4_0 / Q8_0 rows) ---------------------------------------
+int8_dot = pytest.mark.skipif(not (extension_built() and torch.ops.minivllm_cpu.gguf_int8_dot()),
+                              reason="the int8 path needs AVX512-VNNI")
+
+
+def quantized_per_32(x: torch.Tensor) -> torch.Tensor:
+    """x as the int8 path sees it: per 32 values d = max |x| / 127, q = round(x / d) (half to even)."""
+    blocks = x.reshape(x.shape[0], -1, 32)
+    amax = blocks.abs().amax(-1, keepdim=True)
+    inverse = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+    return (torch.round(blocks * inverse) * (amax / 127)).reshape(x.shape)
+
+
+@int8_dot
+@pytest.mark.parametrize("name", ["Q4_0", "Q8_0"])
+@pytest.mark.parametrize("n,k", [(103, 608), (19, 64), (8, 96), (40, 32)])  # runs of 4 blocks and 1-3 left over
+def test_packed_rows_hold_the_same_weights_and_multiply_int8_x_exactly(name, n, k):
+    """Packing regroups the bytes (dequantized: the same weights); the int8 path equals x quantized per 32 values
+    times the exact weights up to fp32 sums, every batch size 1-8, 9 (8 + 1) and 33 (dequantize + GEMM, float x)."""
+    blocks, weight = quantized(name, n, k, seed=n)
+    packed = torch.ops.minivllm_cpu.gguf_pack(blocks, TYPES[name])
+    kind = TYPES[name] | cpu_gguf.PACKED
+    assert packed.shape == blocks.shape and torch.equal(packed, blocks) == (k == 32)  # one block: nothing moves
+    assert torch.equal(cpu_gguf.dequantize(packed, kind, n, k), weight)
+    for rows in [*range(1, 10), 33]:
+        x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+        got = cpu_gguf.gguf_linear(x, packed, kind, n).double()
+        want = (x if rows > cpu_gguf.GGUF_MAX_ROWS else quantized_per_32(x)).double() @ weight.double().T
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+
+
 # --- a GGUF file loaded on the cpu platform keeps its blocks --------------------------------------------------
 
 SIZES = dict(intermediate_size=128, num_hidden_layers=2)  # hidden 64, q 64, k/v 32: whole blocks of 32
@@ -161,6 +192,46 @@ def test_a_gguf_file_keeps_its_blocks_and_matches_transformers(mixed_gguf):
     outs = llm.generate(texts, params, use_tqdm=False)
     assert [o.prompt_token_ids for o in outs] == prompts
     assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(hf, p, 16) for p in prompts]
+
+
+@int8_dot
+def test_int8_activations_pack_q4_0_and_q8_0_and_stay_near_transformers(mixed_gguf, monkeypatch):
+    """MINIVLLM_CPU_GGUF_ACTIVATIONS: 'auto' keeps fp32 exact and takes the int8 path in bf16; 'int8' in fp32
+    packs the Q4_0/Q8_0 layers in place (the same bytes held), and its logprobs stay as near transformers' on the
+    dequantized model as bf16's with float x do (the honest bar: int8 x rounds about as coarsely as bf16)."""
+    import transformers as tf
+
+    from minivllm import LLM, SamplingParams
+    from minivllm.quantization import held_bytes
+    from tests.test_gemma3 import logprobs_against
+
+    def head(llm):
+        return llm.engine.runner.model.lm_head
+
+    exact = LLM(str(mixed_gguf), dtype="float32", num_kv_blocks=64)
+    assert head(exact).kernel_type == cpu_gguf.Q8_0
+    assert head(LLM(str(mixed_gguf), dtype="bfloat16", num_kv_blocks=64)).kernel_type == cpu_gguf.Q8_0 | cpu_gguf.PACKED
+    monkeypatch.setenv("MINIVLLM_CPU_GGUF_ACTIVATIONS", "int8")
+    llm = LLM(str(mixed_gguf), dtype="float32", num_kv_blocks=64)
+    layer0, layer1 = llm.engine.runner.model.model.layers
+    assert (layer0.self_attn.o_proj.kernel_type, layer0.mlp.gate_up_proj.kernel_type, layer1.mlp.down_proj.kernel_type,
+            layer0.mlp.down_proj.kernel_type) == (cpu_gguf.Q4_0 | cpu_gguf.PACKED, cpu_gguf.Q8_0 | cpu_gguf.PACKED,
+                                                  cpu_gguf.Q4_1, cpu_gguf.Q5_0)  # Q4_1, Q5_0: float x
+    assert held_bytes(llm.engine.runner.model) == held_bytes(exact.engine.runner.model)
+    ids = torch.tensor([0, 7, 1833])
+    torch.testing.assert_close(llm.engine.runner.model.model.embed_tokens(ids),
+                               exact.engine.runner.model.model.embed_tokens(ids))  # rows from packed blocks
+
+    hf = tf.AutoModelForCausalLM.from_pretrained(mixed_gguf.parent, gguf_file=mixed_gguf.name,
+                                                 dtype=torch.float32).eval()
+    params = SamplingParams(temperature=0, max_tokens=8, logprobs=2, prompt_logprobs=2, ignore_eos=True)
+    prompts = [{"prompt_token_ids": p} for p in ([1, 5, 9, 300, 4, 17, 250, 3], list(range(40, 60)))]
+    monkeypatch.setenv("MINIVLLM_CPU_GGUF_ACTIVATIONS", "float")
+    bf16 = LLM(str(mixed_gguf), dtype="bfloat16", num_kv_blocks=64)
+    worst = {name: logprobs_against(hf, engine.generate(prompts, params, use_tqdm=False))
+             for name, engine in (("float", exact), ("int8", llm), ("bf16", bf16))}
+    # measured: float 5e-6, int8 0.088, bf16 (float x) 0.083: int8 x costs what bf16 already costs
+    assert worst["float"] < 1e-4 and 1e-3 < worst["int8"] < 1.5 * worst["bf16"], worst
 
 
 def test_the_reference_platform_dequantizes_a_gguf_file(mixed_gguf, monkeypatch):

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from minivllm import envs
 from minivllm.logger import init_logger
 
 if TYPE_CHECKING:
@@ -66,7 +67,8 @@ def cache_key(path: Path, cfg: ModelConfig, impl: Implementations, dtype: torch.
             "kernels": {name: type(k).__qualname__ for name, k in impl.linear._asdict().items()},
             "ops": {name: getattr(op, "__qualname__", type(op).__qualname__)
                     for name, op in impl.ops._asdict().items()},
-            "attention": type(impl.attention).__qualname__}
+            "attention": type(impl.attention).__qualname__,
+            "gguf_activations": envs.MINIVLLM_CPU_GGUF_ACTIVATIONS}  # packed rows or not
 
 
 def cache_file(cache_dir: Path, key: dict) -> Path:

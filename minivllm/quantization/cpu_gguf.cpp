@@ -55,6 +55,23 @@ int64_t block_bytes(int64_t type) {
 bool is_super(int64_t type) { return type == kQ4_K || type == kQ6_K; }
 int64_t block_weights(int64_t type) { return is_super(type) ? kSuper : kBlock; }
 
+// Q4_0 and Q8_0 rows regrouped for int8 activations (gguf_pack): each run of four blocks keeps its four
+// fp16 d first and its four payloads (the bytes after d) after them, so that one load reads four blocks'
+// codes. The same bytes in another order: a row's last run holds the 1-3 blocks that are left, alike.
+// `type | kPacked` names such rows.
+constexpr int64_t kPacked = 256, kRun = 4;
+bool is_packed(int64_t type) { return (type & kPacked) != 0; }
+int64_t stored_type(int64_t type) { return type & ~kPacked; }
+
+// where block b of a packed row (of `blocks` blocks of `bytes` each) keeps its d and its payload
+inline void packed_block(const uint8_t* row, int64_t blocks, int64_t bytes, int64_t b, const uint8_t*& d,
+                         const uint8_t*& payload) {
+  const int64_t run = b / kRun, i = b % kRun, count = std::min(kRun, blocks - kRun * run);
+  const uint8_t* base = row + kRun * run * bytes;
+  d = base + 2 * i;
+  payload = base + 2 * count + i * (bytes - 2);
+}
+
 inline float half_at(const uint8_t* p) {
   uint16_t bits;
   std::memcpy(&bits, p, 2);
@@ -383,6 +400,131 @@ void multiply_group(const uint8_t* w, int64_t row_bytes, int64_t blocks, const f
 
 // Output rows per pass for `rows` rows of x: rows x group accumulators in at most 16 of the 32 vector registers
 constexpr int group_for(int rows) { return rows <= 2 ? 8 : rows <= 4 ? 4 : 2; }
+
+#if defined(__AVX512BW__) && defined(__AVX512VNNI__)
+constexpr bool kInt8Dot = true;
+
+// ---- int8 activations: llama.cpp's arithmetic for Q4_0 and Q8_0 (packed rows) ----
+// x's rows are quantized as Q8_0 (per 32 values d = max |x| / 127, q = round(x / d)) and each run of four
+// blocks is multiplied in integers: vpdpbusd adds four u8 x s8 products per 32-bit lane, 64 per
+// instruction, where the float path unpacks, converts and multiplies 16 weights at a time. One int-to-float
+// conversion and one fused multiply-add per 16 lanes apply d_w d_x. x is laid out per run in the order the
+// weights' bytes come in (QuantizedX), so that the weights need no shuffle:
+//   Q4_0: a run's 64 bytes of nibbles give the four blocks' weights 0-15 (low nibbles) and 16-31 (high), so
+//         x's run is 64 bytes of each block's values 0-15 then 64 of values 16-31; the codes are 0..15, and
+//         the -8 is one lane sum of x per run, precomputed (`offset`: -8 x the lane's 8 values).
+//   Q8_0: the weights are signed, and vpdpbusd's first operand is unsigned: x goes in as q + 128 and each
+//         lane subtracts 128 x its four weights (one vpdpbusd of the weights by 128, shared by every row).
+struct QuantizedX {
+  int64_t runs;
+  std::vector<int8_t> q;         // [row][run][128]: Q4_0 signed, Q8_0 as q + 128 (bytes)
+  std::vector<float> scale;      // [row][run][32]: lane l's d_x (Q4_0: block l / 4; Q8_0: block l / 8)
+  std::vector<int32_t> offset;   // [row][run][16]: Q4_0's -8 (sum of the lane's 8 values of x)
+  const int8_t* q_at(int r, int64_t run) const { return q.data() + (r * runs + run) * 128; }
+  const float* scale_at(int r, int64_t run) const { return scale.data() + (r * runs + run) * 32; }
+  const int32_t* offset_at(int r, int64_t run) const { return offset.data() + (r * runs + run) * 16; }
+};
+
+QuantizedX quantize_x(int64_t type, const float* x, int rows, int64_t k) {
+  const int64_t blocks = k / kBlock, runs = (blocks + kRun - 1) / kRun;
+  QuantizedX out{runs, std::vector<int8_t>(rows * runs * 128, type == kQ8_0 ? -128 : 0),
+                 std::vector<float>(rows * runs * 32, 0.0f), std::vector<int32_t>(rows * runs * 16, 0)};
+  for (int r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const float* xb = x + r * k + b * kBlock;
+      const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
+      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+      const float d = amax / 127.0f, inverse = amax > 0 ? 127.0f / amax : 0.0f;
+      const __m128i q0 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(inverse))));
+      const __m128i q1 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(inverse))));
+      const int64_t run = b / kRun, i = b % kRun;
+      int8_t* q = out.q.data() + (r * runs + run) * 128;
+      float* scale = out.scale.data() + (r * runs + run) * 32;
+      if (type == kQ4_0) {
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * i), q0);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 64 + 16 * i), q1);
+        int32_t* offset = out.offset.data() + (r * runs + run) * 16;
+        for (int lane = 0; lane < 4; ++lane) {
+          int32_t sum = 0;
+          for (int j = 0; j < 4; ++j) sum += q[16 * i + 4 * lane + j] + q[64 + 16 * i + 4 * lane + j];
+          offset[4 * i + lane] = -8 * sum;
+        }
+        for (int lane = 0; lane < 4; ++lane) scale[4 * i + lane] = d;
+      } else {
+        const __m128i bias = _mm_set1_epi8(static_cast<char>(0x80));  // q + 128 as an unsigned byte
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 32 * i), _mm_xor_si128(q0, bias));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 32 * i + 16), _mm_xor_si128(q1, bias));
+        for (int lane = 0; lane < 8; ++lane) scale[8 * i + lane] = d;
+      }
+    }
+  return out;
+}
+
+inline __m512i load_bytes(const uint8_t* p, int64_t count) {  // the first `count` bytes (at most 64), zeros beyond
+  if (count >= 64) return _mm512_loadu_si512(p);
+  return count > 0 ? _mm512_maskz_loadu_epi8((~0ULL) >> (64 - count), p) : _mm512_setzero_si512();
+}
+
+// Output rows [o, o + group) of a packed W for `rows` rows of quantized x, as multiply_group does in floats
+template <int64_t type, int rows, int group>
+void multiply_group_int8(const uint8_t* w, int64_t row_bytes, int64_t blocks, const QuantizedX& x, float* y,
+                         int64_t n, int64_t o) {
+  constexpr int64_t bytes = type == kQ4_0 ? 18 : 34;
+  const int64_t ahead = o + 2 * group <= n ? group * row_bytes : 0;
+  const __m512i low_nibbles = _mm512_set1_epi8(0x0F), bias = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i each_of_4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  const __m512i first_2 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  const __m512i last_2 = _mm512_add_epi32(first_2, _mm512_set1_epi32(2));
+  __m512 acc[rows][group];
+  for (int r = 0; r < rows; ++r)
+    for (int g = 0; g < group; ++g) acc[r][g] = _mm512_setzero_ps();
+  for (int64_t run = 0; run < x.runs; ++run) {
+    const int64_t count = std::min(kRun, blocks - kRun * run);
+    for (int g = 0; g < group; ++g) {
+      const uint8_t* base = w + (o + g) * row_bytes + kRun * run * bytes;
+      for (int64_t line = 0; line < kRun * bytes; line += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(base + ahead + line), _MM_HINT_T0);
+      const __m128i halves = count == kRun ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(base))
+                                           : _mm_maskz_loadu_epi16(static_cast<__mmask8>((1 << count) - 1), base);
+      const __m512 d_w = _mm512_castps128_ps512(_mm_cvtph_ps(halves));
+      const uint8_t* payload = base + 2 * count;
+      if constexpr (type == kQ4_0) {
+        const __m512i nibbles = load_bytes(payload, 16 * count);
+        const __m512i low = _mm512_and_si512(nibbles, low_nibbles);
+        const __m512i high = _mm512_and_si512(_mm512_srli_epi16(nibbles, 4), low_nibbles);
+        const __m512 d_lanes = _mm512_permutexvar_ps(each_of_4, d_w);
+        for (int r = 0; r < rows; ++r) {
+          const int8_t* q = x.q_at(r, run);
+          __m512i dot = _mm512_loadu_si512(x.offset_at(r, run));
+          dot = _mm512_dpbusd_epi32(dot, low, _mm512_loadu_si512(q));
+          dot = _mm512_dpbusd_epi32(dot, high, _mm512_loadu_si512(q + 64));
+          acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
+                                      _mm512_mul_ps(d_lanes, _mm512_loadu_ps(x.scale_at(r, run))), acc[r][g]);
+        }
+      } else {
+        const __m512i w0 = load_bytes(payload, 32 * count), w1 = load_bytes(payload + 64, 32 * count - 64);
+        const __m512i zero = _mm512_setzero_si512();
+        const __m512i minus0 = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, bias, w0));
+        const __m512i minus1 = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, bias, w1));
+        const __m512 d0 = _mm512_permutexvar_ps(first_2, d_w), d1 = _mm512_permutexvar_ps(last_2, d_w);
+        for (int r = 0; r < rows; ++r) {
+          const int8_t* q = x.q_at(r, run);
+          const float* scale = x.scale_at(r, run);
+          const __m512i dot0 = _mm512_dpbusd_epi32(minus0, _mm512_loadu_si512(q), w0);
+          const __m512i dot1 = _mm512_dpbusd_epi32(minus1, _mm512_loadu_si512(q + 64), w1);
+          acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot0), _mm512_mul_ps(d0, _mm512_loadu_ps(scale)),
+                                      acc[r][g]);
+          acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot1), _mm512_mul_ps(d1, _mm512_loadu_ps(scale + 16)),
+                                      acc[r][g]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < rows; ++r) store_totals<group>(acc[r], y + r * n + o);
+}
+#else
+constexpr bool kInt8Dot = false;
+#endif
 #else
 // Output rows [o, o + group) of W for `rows` rows of x, one output row at a time (no AVX-512: plain loops)
 template <int64_t type, int rows, int group>
@@ -404,13 +546,17 @@ void multiply_group(const uint8_t* w, int64_t row_bytes, int64_t blocks, const f
 }
 
 constexpr int group_for(int) { return 1; }
+constexpr bool kInt8Dot = false;
 #endif
 
 void check(const at::Tensor& blocks, int64_t type, int64_t n, int64_t k) {
   TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.is_contiguous(),
               "GGUF blocks must be contiguous uint8 [out, bytes per row]");
-  const int64_t per_block = block_weights(type);
-  TORCH_CHECK(k % per_block == 0 && blocks.size(0) == n && blocks.size(1) == k / per_block * block_bytes(type),
+  TORCH_CHECK(!is_packed(type) || stored_type(type) == kQ4_0 || stored_type(type) == kQ8_0,
+              "only Q4_0 and Q8_0 rows are packed (type ", type, ")");
+  const int64_t per_block = block_weights(stored_type(type));
+  TORCH_CHECK(k % per_block == 0 && blocks.size(0) == n &&
+              blocks.size(1) == k / per_block * block_bytes(stored_type(type)),
               "GGUF blocks [", blocks.size(0), ", ", blocks.size(1), "] do not hold a [", n, ", ", k, "] weight");
 }
 
@@ -452,7 +598,39 @@ at::Tensor gguf_linear(const at::Tensor& x_in, const at::Tensor& blocks, int64_t
   const at::Tensor x = x_in.reshape({m, k}).to(at::kFloat).contiguous();
   auto y = at::empty({m, n}, x.options());
   const uint8_t* w = blocks.data_ptr<uint8_t>();
-  const int64_t row_bytes = blocks.size(1), blocks_per_row = k / block_weights(type);
+  const int64_t row_bytes = blocks.size(1), blocks_per_row = k / block_weights(stored_type(type));
+  if (is_packed(type)) {
+    TORCH_CHECK(kInt8Dot, "packed GGUF rows need AVX512-VNNI (gguf_int8_dot() is false here)");
+#if defined(__AVX512BW__) && defined(__AVX512VNNI__)
+    for (int64_t r = 0; r < m; r += kRows) {
+      const int rows = static_cast<int>(std::min(kRows, m - r));
+      const QuantizedX qx = quantize_x(stored_type(type), x.data_ptr<float>() + r * k, rows, k);
+      float* yr = y.data_ptr<float>() + r * n;
+      const auto run = [&](auto type_constant) {
+        with_rows(rows, [&](auto rows_constant) {
+          constexpr int64_t kType = decltype(type_constant)::value;
+          constexpr int kRowsOfX = decltype(rows_constant)::value, kGroup = group_for(kRowsOfX);
+          at::parallel_for(0, (n + kGroup - 1) / kGroup, std::max(1, 16 / kGroup), [&](int64_t first, int64_t last) {
+            for (int64_t group = first; group < last; ++group) {
+              const int64_t o = group * kGroup;
+              if (o + kGroup <= n) {
+                multiply_group_int8<kType, kRowsOfX, kGroup>(w, row_bytes, blocks_per_row, qx, yr, n, o);
+              } else {
+                for (int64_t row = o; row < n; ++row)
+                  multiply_group_int8<kType, kRowsOfX, 1>(w, row_bytes, blocks_per_row, qx, yr, n, row);
+              }
+            }
+          });
+        });
+      };
+      if (stored_type(type) == kQ4_0) run(std::integral_constant<int64_t, kQ4_0>{});
+      else run(std::integral_constant<int64_t, kQ8_0>{});
+    }
+#endif
+    auto shape = x_in.sizes().vec();
+    shape.back() = n;
+    return y.to(x_in.scalar_type()).view(shape);
+  }
   for (int64_t r = 0; r < m; r += kRows) {
     const int rows = static_cast<int>(std::min(kRows, m - r));
     const float* xr = x.data_ptr<float>() + r * k;
@@ -486,20 +664,58 @@ at::Tensor gguf_linear(const at::Tensor& x_in, const at::Tensor& blocks, int64_t
 at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t type, int64_t n, int64_t k) {
   check(blocks, type, n, k);
   auto w = at::empty({n, k}, at::kFloat);
-  const int64_t bytes = block_bytes(type), row_bytes = blocks.size(1), per_block = block_weights(type);
+  const int64_t stored = stored_type(type), bytes = block_bytes(stored), row_bytes = blocks.size(1);
+  const int64_t per_block = block_weights(stored), blocks_per_row = k / per_block;
   const uint8_t* src = blocks.data_ptr<uint8_t>();
   float* dst = w.data_ptr<float>();
   at::parallel_for(0, n, 16, [&](int64_t first, int64_t last) {
+    uint8_t block[kSuper];  // a packed block put back together: its d, then its payload
     for (int64_t o = first; o < last; ++o)
-      for (int64_t b = 0; b < k / per_block; ++b)
-        dequantize_block(type, src + o * row_bytes + b * bytes, dst + o * k + b * per_block);
+      for (int64_t b = 0; b < blocks_per_row; ++b) {
+        const uint8_t* at = src + o * row_bytes + b * bytes;
+        if (is_packed(type)) {
+          const uint8_t *d, *payload;
+          packed_block(src + o * row_bytes, blocks_per_row, bytes, b, d, payload);
+          std::memcpy(block, d, 2);
+          std::memcpy(block + 2, payload, bytes - 2);
+          at = block;
+        }
+        dequantize_block(stored, at, dst + o * k + b * per_block);
+      }
   });
   return w;
 }
 
+// Q4_0 or Q8_0 rows regrouped for the int8 path (the same bytes: see packed_block); `type | 256` names them
+at::Tensor gguf_pack(const at::Tensor& blocks, int64_t type) {
+  TORCH_CHECK(type == kQ4_0 || type == kQ8_0, "only Q4_0 and Q8_0 rows are packed, not type ", type);
+  TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.is_contiguous(),
+              "GGUF blocks must be contiguous uint8 [out, bytes per row]");
+  const int64_t bytes = block_bytes(type), row_bytes = blocks.size(1), per_row = row_bytes / bytes;
+  TORCH_CHECK(row_bytes % bytes == 0, "a row of ", row_bytes, " bytes is not whole blocks of ", bytes);
+  auto out = at::empty_like(blocks);
+  const uint8_t* src = blocks.data_ptr<uint8_t>();
+  uint8_t* dst = out.data_ptr<uint8_t>();
+  at::parallel_for(0, blocks.size(0), 64, [&](int64_t first, int64_t last) {
+    for (int64_t o = first; o < last; ++o)
+      for (int64_t b = 0; b < per_row; ++b) {
+        const uint8_t *d, *payload;
+        packed_block(dst + o * row_bytes, per_row, bytes, b, d, payload);
+        std::memcpy(const_cast<uint8_t*>(d), src + o * row_bytes + b * bytes, 2);
+        std::memcpy(const_cast<uint8_t*>(payload), src + o * row_bytes + b * bytes + 2, bytes - 2);
+      }
+  });
+  return out;
+}
+
+bool gguf_int8_dot() { return kInt8Dot; }
+
 TORCH_LIBRARY_FRAGMENT(minivllm_cpu, m) {
   m.def("gguf_linear(Tensor x, Tensor blocks, int type, int n) -> Tensor");
   m.def("gguf_dequantize(Tensor blocks, int type, int n, int k) -> Tensor");
+  m.def("gguf_pack(Tensor blocks, int type) -> Tensor");
+  m.def("gguf_int8_dot() -> bool", &gguf_int8_dot);
+  m.impl("gguf_pack", c10::DispatchKey::CPU, TORCH_FN(gguf_pack));
   m.impl("gguf_linear", c10::DispatchKey::CPU, TORCH_FN(gguf_linear));
   m.impl("gguf_dequantize", c10::DispatchKey::CPU, TORCH_FN(gguf_dequantize));
 }

@@ -12,8 +12,15 @@ dequantized copy per call and a GEMM are faster, as for the tiled float kernel. 
 the `gguf` package's own dequantization (tests/test_cpu_gguf.py).
 
 `CPU_GGUF` is the cpu platform's kernel for GGUF layers (quantization/gguf.py's GgufLinearMethod):
-it reads the blocks the loader copied in unchanged, and dequantizes rows where a tied embedding
-looks tokens up in the LM head's blocks.
+it reads the blocks the loader copied in, and dequantizes rows where a tied embedding looks tokens
+up in the LM head's blocks.
+
+Two arithmetics. By default x stays float and meets the exact weights: greedy tokens equal
+transformers' on the dequantized model. llama.cpp instead quantizes x to 8 bits per 32 values and
+multiplies in integers (AVX512-VNNI's vpdpbusd: 64 products an instruction); where the model
+computes in bf16 or fp16 anyway (MINIVLLM_CPU_GGUF_ACTIVATIONS, minivllm/envs.py), Q4_0 and Q8_0
+layers do too: `layout` regroups each row's blocks four at a time (the same bytes, `kernel_type`
+= the file's type | PACKED), so that one load reads four blocks' codes.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minivllm import envs
 from minivllm.quantization.base import LinearKernel
 
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K = 2, 3, 6, 7, 8, 12, 14  # ggml's type ids (GGUFReader's)
@@ -31,6 +39,7 @@ Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K = 2, 3, 6, 7, 8, 12, 14  # ggml's type 
 BLOCKS = {Q4_0: (32, 18), Q4_1: (32, 20), Q5_0: (32, 22), Q5_1: (32, 24), Q8_0: (32, 34),
           Q4_K: (256, 144), Q6_K: (256, 210)}
 GGUF_MAX_ROWS = 32  # beyond, dequantize once per call and multiply with the float GEMM
+PACKED = 256  # type | PACKED: Q4_0 or Q8_0 rows regrouped for int8 activations (gguf_pack)
 
 
 def dequantize(blocks: torch.Tensor, ggml_type: int, n: int, k: int) -> torch.Tensor:
@@ -53,19 +62,35 @@ def register_fake() -> None:
         lambda x, blocks, ggml_type, n: x.new_empty(*x.shape[:-1], n))
 
 
+def int8_activations(dtype: torch.dtype) -> bool:
+    """Whether Q4_0/Q8_0 layers of a model computing in `dtype` take llama.cpp's int8 path."""
+    wanted = envs.MINIVLLM_CPU_GGUF_ACTIVATIONS
+    if wanted == "auto":
+        wanted = "float" if dtype == torch.float32 else "int8"
+    return wanted == "int8" and torch.ops.minivllm_cpu.gguf_int8_dot()
+
+
 class CpuGgufKernel(LinearKernel):
-    """W as the file's blocks (`layer.weight`, uint8 [N, bytes per row]) of `layer.ggml_type`."""
+    """W as the file's blocks (`layer.weight`, uint8 [N, bytes per row]) of `layer.ggml_type`,
+    multiplied as `layer.kernel_type` (the same type, or packed for int8 activations)."""
 
     types = tuple(BLOCKS)  # the block formats cpu_gguf.cpp multiplies
 
+    def layout(self, layer: nn.Module) -> None:
+        """Q4_0 and Q8_0 rows regrouped where x goes in as int8 (the same bytes, in place)."""
+        layer.kernel_type = layer.ggml_type
+        if layer.ggml_type in (Q4_0, Q8_0) and int8_activations(layer.compute_dtype):
+            layer.weight.data = torch.ops.minivllm_cpu.gguf_pack(layer.weight, layer.ggml_type)
+            layer.kernel_type = layer.ggml_type | PACKED
+
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        y = gguf_linear(x, layer.weight, layer.ggml_type, layer.output_size)
+        y = gguf_linear(x, layer.weight, layer.kernel_type, layer.output_size)
         return y if bias is None else y + bias
 
     def bind(self, layer: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
         """The op itself over the blocks; a prompt's rows (x [T, K]) as `apply` takes them."""
         op, blocks, ggml_type, n, bias = (torch.ops.minivllm_cpu.gguf_linear.default, layer.weight,
-                                          layer.ggml_type, layer.output_size, layer.bias)
+                                          layer.kernel_type, layer.output_size, layer.bias)
         if bias is not None:
             return lambda x: self.apply(layer, x, bias)
         return lambda x: (op(x, blocks, ggml_type, n) if x.shape[0] <= GGUF_MAX_ROWS
@@ -73,12 +98,12 @@ class CpuGgufKernel(LinearKernel):
 
     def plain(self, layer: nn.Module) -> torch.Tensor:
         """W [N, K] in float (fp32), exactly as llama.cpp dequantizes it."""
-        return dequantize(layer.weight, layer.ggml_type, layer.output_size, layer.input_size)
+        return dequantize(layer.weight, layer.kernel_type, layer.output_size, layer.input_size)
 
     def rows(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` of W, dequantized: a tied embedding's lookup, in the model's dtype."""
         flat = ids.reshape(-1)
-        rows = dequantize(layer.weight[flat], layer.ggml_type, flat.numel(), layer.input_size)
+        rows = dequantize(layer.weight[flat], layer.kernel_type, flat.numel(), layer.input_size)
         return rows.to(layer.compute_dtype).reshape(*ids.shape, layer.input_size)
 
 

@@ -227,6 +227,7 @@ class GgufLinearMethod(LinearMethod):
         shape = (layer.output_size, layer.input_size // weights * nbytes)
         add_weight(layer, "weight", shape, torch.uint8, Layout(output_dim=0, input_dim=1))
         layer.ggml_type, layer.compute_dtype = self.ggml_type, self.compute_dtype
+        layer.kernel_type = self.ggml_type  # the kernel may regroup the blocks (cpu_gguf.py)
 
     def rows(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
         """A tied embedding's lookup in this (LM head) layer's blocks."""
