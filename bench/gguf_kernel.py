@@ -6,7 +6,7 @@ memory rather than cache, multiplied by M rows of x straight from the blocks (`g
 step's block bytes over the read bandwidth measured in the same run (the best of 5 sums of a 512 MiB tensor): a
 decode step cannot read its weights faster, so ms / floor says how far the kernel is from memory bound.
 
-    PYTHONPATH=. python bench/gguf_kernel.py [--types Q4_0,Q4_1,Q5_0,Q5_1,Q8_0,Q4_K,Q6_K,Q4_0-int8,Q8_0-int8]
+    PYTHONPATH=. python bench/gguf_kernel.py [--types Q4_0,Q4_1,Q5_0,Q5_1,Q8_0,Q4_K,Q6_K,Q4_0-int8,...]
         [--rows 1,4,8] [--rounds 5] [--threads N] [--cpu-time]
 
 On a shared machine, two threads wait for each other whenever another process holds a core (each of the 120
@@ -36,7 +36,7 @@ LAYERS = 30
 TYPES = {"Q4_0": cpu_gguf.Q4_0, "Q4_1": cpu_gguf.Q4_1, "Q5_0": cpu_gguf.Q5_0, "Q5_1": cpu_gguf.Q5_1,
          "Q8_0": cpu_gguf.Q8_0, "Q4_K": cpu_gguf.Q4_K, "Q6_K": cpu_gguf.Q6_K}
 # the same blocks regrouped for int8 activations (llama.cpp's arithmetic; cpu_gguf.py): x quantized per call
-INT8 = {"Q4_0-int8": cpu_gguf.Q4_0, "Q8_0-int8": cpu_gguf.Q8_0}
+INT8 = {f"{name}-int8": TYPES[name] for name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")}
 
 
 def read_bandwidth(clock) -> float:

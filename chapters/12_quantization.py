@@ -25,9 +25,13 @@
 # | GPTQ 4-bit | 4 | a scale and a zero point per group of 128 inputs | detected from `config.json` |
 # | AWQ 4-bit | 4 | the same, another packing order | detected from `config.json` |
 # | GGUF Q8_0 / Q4_0 | 8.5 / 4.5 | an fp16 scale per block of 32 | `LLM("model.gguf")`: kept as blocks, CPU and GPU |
-# | GGUF Q4_K / Q6_K | 4.5 / 6.6 | 6/8-bit scales per 32/16 weights, fp16 ones per 256 | the same (GPU: dequantized) |
+# | GGUF Q4_K / Q6_K | 4.5 / 6.6 | 6/8-bit scales per 32/16 weights, fp16 ones per 256 | the same |
 # | FP8 weights (Hopper) | 8 | per tensor | refused here |
 # | **FP8 KV cache** (K and V, not weights) | 8 | a K and a V scale per layer | `kv_cache_dtype="fp8"` |
+#
+# A GGUF file's blocks are multiplied as stored. On a CPU with bf16, Q8_0 and Q4_0/Q5_0 layers also take
+# llama.cpp's arithmetic: x rounded to 8 bits per 32 values and multiplied in integers
+# (`MINIVLLM_CPU_GGUF_ACTIVATIONS`); in fp32 x stays float and the tokens equal transformers'.
 #
 # This chapter does the arithmetic first (what fits a T4, computed by the engine's own sizing code), then
 # quantizes the embedded model two ways and its KV cache two ways and measures what it costs, looks inside a

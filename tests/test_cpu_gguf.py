@@ -89,6 +89,18 @@ def test_every_output_row_is_its_own(name):
         torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
 
 
+@pytest.mark.parametrize("name", ["Q4_0", "Q5_0", "Q8_0"])
+def test_symmetric_blocks_rewritten_as_q8_0_hold_exactly_the_same_weights(name):
+    """Q4_0 and Q5_0 are d (q - 8), d (q - 16): Q8_0 blocks with the same d (quantization/gguf.py's as_q8_0,
+    for a fused layer whose shards mix them)."""
+    from minivllm.quantization.gguf import as_q8_0
+
+    blocks, weight = quantized(name, 24, 160)
+    wide = torch.from_numpy(as_q8_0(blocks.numpy(), TYPES[name]))
+    assert wide.shape == (24, 160 // 32 * 34)
+    assert torch.equal(cpu_gguf.dequantize(wide.contiguous(), cpu_gguf.Q8_0, 24, 160), weight)
+
+
 def test_a_shape_that_disagrees_is_refused():
     blocks, _ = quantized("Q8_0", 8, 64)
     with pytest.raises(RuntimeError, match="do not hold"):
@@ -111,7 +123,7 @@ def quantized_per_32(x: torch.Tensor) -> torch.Tensor:
 
 
 @int8_dot
-@pytest.mark.parametrize("name", ["Q4_0", "Q8_0"])
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
 @pytest.mark.parametrize("n,k", [(103, 608), (19, 64), (8, 96), (40, 32)])  # runs of 4 blocks and 1-3 left over
 def test_packed_rows_hold_the_same_weights_and_multiply_int8_x_exactly(name, n, k):
     """Packing regroups the bytes (dequantized: the same weights); the int8 path equals x quantized per 32 values
@@ -136,8 +148,9 @@ SIZES = dict(intermediate_size=128, num_hidden_layers=2)  # hidden 64, q 64, k/v
 @pytest.fixture(scope="module")
 def mixed_gguf(tmp_path_factory):
     """A tiny Llama with a tied embedding as a GGUF file of several types: attention Q4_0, MLP Q8_0, layer 1's
-    gate Q4_1 (its fused gate/up differs: dequantized), layer 0's v Q8_0 (q/k/v differs), token_embd Q8_0,
-    layer 0's down Q5_0 and layer 1's o Q5_1 (as llama.cpp's Q4_K_M writes rows of no multiple of 256)."""
+    gate Q4_1 (its fused gate/up differs: dequantized), layer 0's v Q8_0 (q/k/v differs: held as Q8_0),
+    token_embd Q8_0, layer 0's down Q5_0 and layer 1's o Q5_1 (as llama.cpp's Q4_K_M writes rows of no multiple
+    of 256)."""
     from tests.conftest import EMBEDDED, build_checkpoint
 
     root = tmp_path_factory.mktemp("gguf-cpu")
@@ -162,26 +175,28 @@ def test_a_gguf_file_keeps_its_blocks_and_matches_transformers(mixed_gguf):
     llm = LLM(str(mixed_gguf), dtype="float32", num_kv_blocks=64)
     model = llm.engine.runner.model
     layer0, layer1 = model.model.layers
-    kept = {"layer 0 o": layer0.self_attn.o_proj, "layer 0 gate/up": layer0.mlp.gate_up_proj,
-            "layer 0 down": layer0.mlp.down_proj, "layer 1 q/k/v": layer1.self_attn.qkv_proj,
-            "layer 1 o": layer1.self_attn.o_proj, "layer 1 down": layer1.mlp.down_proj, "tied head": model.lm_head}
+    kept = {"layer 0 q/k/v": layer0.self_attn.qkv_proj, "layer 0 o": layer0.self_attn.o_proj,
+            "layer 0 gate/up": layer0.mlp.gate_up_proj, "layer 0 down": layer0.mlp.down_proj,
+            "layer 1 q/k/v": layer1.self_attn.qkv_proj, "layer 1 o": layer1.self_attn.o_proj,
+            "layer 1 down": layer1.mlp.down_proj, "tied head": model.lm_head}
     types = {name: layer.ggml_type for name, layer in kept.items()}
-    assert types == {"layer 0 o": cpu_gguf.Q4_0, "layer 0 gate/up": cpu_gguf.Q8_0, "layer 0 down": cpu_gguf.Q5_0,
-                     "layer 1 q/k/v": cpu_gguf.Q4_0, "layer 1 o": cpu_gguf.Q5_1, "layer 1 down": cpu_gguf.Q4_1,
-                     "tied head": cpu_gguf.Q8_0}
+    assert types == {"layer 0 q/k/v": cpu_gguf.Q8_0, "layer 0 o": cpu_gguf.Q4_0, "layer 0 gate/up": cpu_gguf.Q8_0,
+                     "layer 0 down": cpu_gguf.Q5_0, "layer 1 q/k/v": cpu_gguf.Q4_0, "layer 1 o": cpu_gguf.Q5_1,
+                     "layer 1 down": cpu_gguf.Q4_1, "tied head": cpu_gguf.Q8_0}
     assert all(layer.weight.dtype == torch.uint8 for layer in kept.values())
-    # shards of two types: dequantized at load
-    assert layer0.self_attn.qkv_proj.weight.dtype == layer1.mlp.gate_up_proj.weight.dtype == torch.float32
+    # Q4_1 beside Q8_0 (no common block format): dequantized at load
+    assert layer1.mlp.gate_up_proj.weight.dtype == torch.float32
     assert model.model.embed_tokens.weight is model.lm_head.weight  # rows looked up in the head's blocks
 
     file_bytes = sum(t.n_bytes for t in gguf.GGUFReader(mixed_gguf).tensors)
-    dequantized = 4 * (layer0.self_attn.qkv_proj.weight.numel() + layer1.mlp.gate_up_proj.weight.numel())
+    dequantized = 4 * layer1.mlp.gate_up_proj.weight.numel()
+    widened = 34 / 18 * sum(t.n_bytes for t in gguf.GGUFReader(mixed_gguf).tensors  # Q4_0 q, k as Q8_0
+                            if t.name in ("blk.0.attn_q.weight", "blk.0.attn_k.weight"))
     blocks_in_file = file_bytes - sum(t.n_bytes for t in gguf.GGUFReader(mixed_gguf).tensors
                                       if t.name in ("blk.0.attn_q.weight", "blk.0.attn_k.weight",
-                                                    "blk.0.attn_v.weight", "blk.1.ffn_gate.weight",
-                                                    "blk.1.ffn_up.weight"))
+                                                    "blk.1.ffn_gate.weight", "blk.1.ffn_up.weight"))
     rotary = sum(b.numel() * b.element_size() for b in model.model.rotary_emb.buffers())
-    assert held_bytes(model) - rotary == blocks_in_file + dequantized
+    assert held_bytes(model) - rotary == blocks_in_file + widened + dequantized
 
     hf_tok = tf.AutoTokenizer.from_pretrained(mixed_gguf.parent, gguf_file=mixed_gguf.name)
     hf = tf.AutoModelForCausalLM.from_pretrained(mixed_gguf.parent, gguf_file=mixed_gguf.name,
@@ -197,7 +212,7 @@ def test_a_gguf_file_keeps_its_blocks_and_matches_transformers(mixed_gguf):
 @int8_dot
 def test_int8_activations_pack_q4_0_and_q8_0_and_stay_near_transformers(mixed_gguf, monkeypatch):
     """MINIVLLM_CPU_GGUF_ACTIVATIONS: 'auto' keeps fp32 exact and takes the int8 path in bf16; 'int8' in fp32
-    packs the Q4_0/Q8_0 layers in place (the same bytes held), and its logprobs stay as near transformers' on the
+    packs the 32-weight layers in place (the same bytes held), and its logprobs stay as near transformers' on the
     dequantized model as bf16's with float x do (the honest bar: int8 x rounds about as coarsely as bf16)."""
     import transformers as tf
 
@@ -214,9 +229,10 @@ def test_int8_activations_pack_q4_0_and_q8_0_and_stay_near_transformers(mixed_gg
     monkeypatch.setenv("MINIVLLM_CPU_GGUF_ACTIVATIONS", "int8")
     llm = LLM(str(mixed_gguf), dtype="float32", num_kv_blocks=64)
     layer0, layer1 = llm.engine.runner.model.model.layers
+    kinds = (cpu_gguf.Q4_0, cpu_gguf.Q8_0, cpu_gguf.Q4_1, cpu_gguf.Q5_0, cpu_gguf.Q5_1)
     assert (layer0.self_attn.o_proj.kernel_type, layer0.mlp.gate_up_proj.kernel_type, layer1.mlp.down_proj.kernel_type,
-            layer0.mlp.down_proj.kernel_type) == (cpu_gguf.Q4_0 | cpu_gguf.PACKED, cpu_gguf.Q8_0 | cpu_gguf.PACKED,
-                                                  cpu_gguf.Q4_1, cpu_gguf.Q5_0)  # Q4_1, Q5_0: float x
+            layer0.mlp.down_proj.kernel_type, layer1.self_attn.o_proj.kernel_type) == tuple(
+                kind | cpu_gguf.PACKED for kind in kinds)
     assert held_bytes(llm.engine.runner.model) == held_bytes(exact.engine.runner.model)
     ids = torch.tensor([0, 7, 1833])
     torch.testing.assert_close(llm.engine.runner.model.model.embed_tokens(ids),

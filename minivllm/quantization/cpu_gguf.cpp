@@ -55,21 +55,45 @@ int64_t block_bytes(int64_t type) {
 bool is_super(int64_t type) { return type == kQ4_K || type == kQ6_K; }
 int64_t block_weights(int64_t type) { return is_super(type) ? kSuper : kBlock; }
 
-// Q4_0 and Q8_0 rows regrouped for int8 activations (gguf_pack): each run of four blocks keeps its four
-// fp16 d first and its four payloads (the bytes after d) after them, so that one load reads four blocks'
-// codes. The same bytes in another order: a row's last run holds the 1-3 blocks that are left, alike.
-// `type | kPacked` names such rows.
+// 32-weight blocks regrouped for int8 activations (gguf_pack): each run of four blocks of a row keeps its
+// headers field by field (the four fp16 d, then the four m of Q4_1/Q5_1, then the four 32-bit fifth-bit
+// words of Q5_0/Q5_1) and then the four payloads (nibbles, or Q8_0's int8), so that one load reads four
+// blocks' scales and one or two their codes. The same bytes in another order; a row's last run holds the
+// 1-3 blocks that are left, alike. `type | kPacked` names such rows.
 constexpr int64_t kPacked = 256, kRun = 4;
 bool is_packed(int64_t type) { return (type & kPacked) != 0; }
 int64_t stored_type(int64_t type) { return type & ~kPacked; }
+bool packable(int64_t type) { return type == kQ4_0 || type == kQ4_1 || type == kQ5_0 || type == kQ5_1 || type == kQ8_0; }
 
-// where block b of a packed row (of `blocks` blocks of `bytes` each) keeps its d and its payload
-inline void packed_block(const uint8_t* row, int64_t blocks, int64_t bytes, int64_t b, const uint8_t*& d,
-                         const uint8_t*& payload) {
+// A block's header fields, in the order the file stores them: d, then m (Q4_1, Q5_1), then the fifth bits (Q5)
+struct Fields {
+  int count = 0;
+  int64_t size[3] = {};
+};
+constexpr Fields header_fields(int64_t type) {
+  Fields f;
+  f.size[f.count++] = 2;
+  if (type == kQ4_1 || type == kQ5_1) f.size[f.count++] = 2;
+  if (type == kQ5_0 || type == kQ5_1) f.size[f.count++] = 4;
+  return f;
+}
+
+// Copies block b of a packed row to `block` in the file's layout (unpack), or the file's block into the
+// packed row (pack): the one map between the two orders
+template <bool unpack>
+inline void map_block(uint8_t* packed_row, int64_t blocks, int64_t type, int64_t bytes, int64_t b, uint8_t* block) {
   const int64_t run = b / kRun, i = b % kRun, count = std::min(kRun, blocks - kRun * run);
-  const uint8_t* base = row + kRun * run * bytes;
-  d = base + 2 * i;
-  payload = base + 2 * count + i * (bytes - 2);
+  uint8_t* at = packed_row + kRun * run * bytes;
+  const Fields fields = header_fields(type);
+  int64_t offset = 0;
+  for (int f = 0; f < fields.count; ++f) {
+    uint8_t* field = at + fields.size[f] * i;
+    unpack ? std::memcpy(block + offset, field, fields.size[f]) : std::memcpy(field, block + offset, fields.size[f]);
+    at += fields.size[f] * count;
+    offset += fields.size[f];
+  }
+  uint8_t* payload = at + (bytes - offset) * i;
+  unpack ? std::memcpy(block + offset, payload, bytes - offset) : std::memcpy(payload, block + offset, bytes - offset);
 }
 
 inline float half_at(const uint8_t* p) {
@@ -404,31 +428,36 @@ constexpr int group_for(int rows) { return rows <= 2 ? 8 : rows <= 4 ? 4 : 2; }
 #if defined(__AVX512BW__) && defined(__AVX512VNNI__)
 constexpr bool kInt8Dot = true;
 
-// ---- int8 activations: llama.cpp's arithmetic for Q4_0 and Q8_0 (packed rows) ----
+// ---- int8 activations: llama.cpp's arithmetic for the 32-weight formats (packed rows) ----
 // x's rows are quantized as Q8_0 (per 32 values d = max |x| / 127, q = round(x / d)) and each run of four
 // blocks is multiplied in integers: vpdpbusd adds four u8 x s8 products per 32-bit lane, 64 per
 // instruction, where the float path unpacks, converts and multiplies 16 weights at a time. One int-to-float
 // conversion and one fused multiply-add per 16 lanes apply d_w d_x. x is laid out per run in the order the
 // weights' bytes come in (QuantizedX), so that the weights need no shuffle:
-//   Q4_0: a run's 64 bytes of nibbles give the four blocks' weights 0-15 (low nibbles) and 16-31 (high), so
-//         x's run is 64 bytes of each block's values 0-15 then 64 of values 16-31; the codes are 0..15, and
-//         the -8 is one lane sum of x per run, precomputed (`offset`: -8 x the lane's 8 values).
+//   Q4/Q5: a run's 64 bytes of nibbles give the four blocks' weights 0-15 (low nibbles) and 16-31 (high), so
+//         x's run is 64 bytes of each block's values 0-15 then 64 of values 16-31. The codes (0..15, Q5: the
+//         fifth bit added where its bit is set, 0..31) are the unsigned operand; Q4_0's -8 (Q5_0's -16) is a
+//         per-lane sum of x, precomputed (`offset`), and Q4_1's (Q5_1's) m multiplies the same sum (`sum`).
 //   Q8_0: the weights are signed, and vpdpbusd's first operand is unsigned: x goes in as q + 128 and each
 //         lane subtracts 128 x its four weights (one vpdpbusd of the weights by 128, shared by every row).
 struct QuantizedX {
   int64_t runs;
-  std::vector<int8_t> q;         // [row][run][128]: Q4_0 signed, Q8_0 as q + 128 (bytes)
-  std::vector<float> scale;      // [row][run][32]: lane l's d_x (Q4_0: block l / 4; Q8_0: block l / 8)
-  std::vector<int32_t> offset;   // [row][run][16]: Q4_0's -8 (sum of the lane's 8 values of x)
+  std::vector<int8_t> q;         // [row][run][128]: signed (Q8_0: q + 128 as unsigned bytes)
+  std::vector<float> scale;      // [row][run][32]: lane l's d_x (Q4/Q5: block l / 4; Q8_0: block l / 8)
+  std::vector<int32_t> offset;   // [row][run][16]: -8 (Q4_0) or -16 (Q5_0) x the sum of the lane's 8 values
+  std::vector<float> sum;        // [row][run][16]: d_x x the sum of the lane's 8 values (Q4_1, Q5_1's m)
   const int8_t* q_at(int r, int64_t run) const { return q.data() + (r * runs + run) * 128; }
   const float* scale_at(int r, int64_t run) const { return scale.data() + (r * runs + run) * 32; }
   const int32_t* offset_at(int r, int64_t run) const { return offset.data() + (r * runs + run) * 16; }
+  const float* sum_at(int r, int64_t run) const { return sum.data() + (r * runs + run) * 16; }
 };
 
 QuantizedX quantize_x(int64_t type, const float* x, int rows, int64_t k) {
   const int64_t blocks = k / kBlock, runs = (blocks + kRun - 1) / kRun;
   QuantizedX out{runs, std::vector<int8_t>(rows * runs * 128, type == kQ8_0 ? -128 : 0),
-                 std::vector<float>(rows * runs * 32, 0.0f), std::vector<int32_t>(rows * runs * 16, 0)};
+                 std::vector<float>(rows * runs * 32, 0.0f), std::vector<int32_t>(rows * runs * 16, 0),
+                 std::vector<float>(rows * runs * 16, 0.0f)};
+  const int32_t minus = type == kQ4_0 ? -8 : type == kQ5_0 ? -16 : 0;
   for (int r = 0; r < rows; ++r)
     for (int64_t b = 0; b < blocks; ++b) {
       const float* xb = x + r * k + b * kBlock;
@@ -437,24 +466,24 @@ QuantizedX quantize_x(int64_t type, const float* x, int rows, int64_t k) {
       const float d = amax / 127.0f, inverse = amax > 0 ? 127.0f / amax : 0.0f;
       const __m128i q0 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(inverse))));
       const __m128i q1 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(inverse))));
-      const int64_t run = b / kRun, i = b % kRun;
-      int8_t* q = out.q.data() + (r * runs + run) * 128;
-      float* scale = out.scale.data() + (r * runs + run) * 32;
-      if (type == kQ4_0) {
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * i), q0);
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 64 + 16 * i), q1);
-        int32_t* offset = out.offset.data() + (r * runs + run) * 16;
-        for (int lane = 0; lane < 4; ++lane) {
-          int32_t sum = 0;
-          for (int j = 0; j < 4; ++j) sum += q[16 * i + 4 * lane + j] + q[64 + 16 * i + 4 * lane + j];
-          offset[4 * i + lane] = -8 * sum;
-        }
-        for (int lane = 0; lane < 4; ++lane) scale[4 * i + lane] = d;
-      } else {
+      const int64_t run = b / kRun, i = b % kRun, at = r * runs + run;
+      int8_t* q = out.q.data() + at * 128;
+      float* scale = out.scale.data() + at * 32;
+      if (type == kQ8_0) {
         const __m128i bias = _mm_set1_epi8(static_cast<char>(0x80));  // q + 128 as an unsigned byte
         _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 32 * i), _mm_xor_si128(q0, bias));
         _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 32 * i + 16), _mm_xor_si128(q1, bias));
         for (int lane = 0; lane < 8; ++lane) scale[8 * i + lane] = d;
+        continue;
+      }
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * i), q0);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 64 + 16 * i), q1);
+      for (int lane = 0; lane < 4; ++lane) {
+        int32_t sum = 0;
+        for (int j = 0; j < 4; ++j) sum += q[16 * i + 4 * lane + j] + q[64 + 16 * i + 4 * lane + j];
+        out.offset[at * 16 + 4 * i + lane] = minus * sum;
+        out.sum[at * 16 + 4 * i + lane] = d * static_cast<float>(sum);
+        scale[4 * i + lane] = d;
       }
     }
   return out;
@@ -465,16 +494,26 @@ inline __m512i load_bytes(const uint8_t* p, int64_t count) {  // the first `coun
   return count > 0 ? _mm512_maskz_loadu_epi8((~0ULL) >> (64 - count), p) : _mm512_setzero_si512();
 }
 
+inline __m128 load_halves(const uint8_t* p, int64_t count) {  // `count` (1-4) fp16 values as floats
+  return _mm_cvtph_ps(count == kRun ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))
+                                    : _mm_maskz_loadu_epi16(static_cast<__mmask8>((1 << count) - 1), p));
+}
+
 // Output rows [o, o + group) of a packed W for `rows` rows of quantized x, as multiply_group does in floats
 template <int64_t type, int rows, int group>
 void multiply_group_int8(const uint8_t* w, int64_t row_bytes, int64_t blocks, const QuantizedX& x, float* y,
                          int64_t n, int64_t o) {
-  constexpr int64_t bytes = type == kQ4_0 ? 18 : 34;
+  constexpr int64_t bytes = type == kQ4_0 ? 18 : type == kQ4_1 ? 20 : type == kQ5_0 ? 22 : type == kQ5_1 ? 24 : 34;
+  constexpr bool has_m = type == kQ4_1 || type == kQ5_1, has_fifth = type == kQ5_0 || type == kQ5_1;
+  constexpr int64_t header = nibbles_at(type == kQ8_0 ? kQ4_0 : type);  // d (m) (fifth bits): bytes per block
   const int64_t ahead = o + 2 * group <= n ? group * row_bytes : 0;
   const __m512i low_nibbles = _mm512_set1_epi8(0x0F), bias = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i sixteen = _mm512_set1_epi8(16);
   const __m512i each_of_4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
   const __m512i first_2 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
   const __m512i last_2 = _mm512_add_epi32(first_2, _mm512_set1_epi32(2));
+  // a run's four fifth-bit words -> bytes 0-7: each word's low halves (weights 0-15), 8-15: its high halves
+  const __m128i halves_apart = _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
   __m512 acc[rows][group];
   for (int r = 0; r < rows; ++r)
     for (int g = 0; g < group; ++g) acc[r][g] = _mm512_setzero_ps();
@@ -484,24 +523,9 @@ void multiply_group_int8(const uint8_t* w, int64_t row_bytes, int64_t blocks, co
       const uint8_t* base = w + (o + g) * row_bytes + kRun * run * bytes;
       for (int64_t line = 0; line < kRun * bytes; line += 64)
         _mm_prefetch(reinterpret_cast<const char*>(base + ahead + line), _MM_HINT_T0);
-      const __m128i halves = count == kRun ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(base))
-                                           : _mm_maskz_loadu_epi16(static_cast<__mmask8>((1 << count) - 1), base);
-      const __m512 d_w = _mm512_castps128_ps512(_mm_cvtph_ps(halves));
-      const uint8_t* payload = base + 2 * count;
-      if constexpr (type == kQ4_0) {
-        const __m512i nibbles = load_bytes(payload, 16 * count);
-        const __m512i low = _mm512_and_si512(nibbles, low_nibbles);
-        const __m512i high = _mm512_and_si512(_mm512_srli_epi16(nibbles, 4), low_nibbles);
-        const __m512 d_lanes = _mm512_permutexvar_ps(each_of_4, d_w);
-        for (int r = 0; r < rows; ++r) {
-          const int8_t* q = x.q_at(r, run);
-          __m512i dot = _mm512_loadu_si512(x.offset_at(r, run));
-          dot = _mm512_dpbusd_epi32(dot, low, _mm512_loadu_si512(q));
-          dot = _mm512_dpbusd_epi32(dot, high, _mm512_loadu_si512(q + 64));
-          acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
-                                      _mm512_mul_ps(d_lanes, _mm512_loadu_ps(x.scale_at(r, run))), acc[r][g]);
-        }
-      } else {
+      const __m512 d_w = _mm512_castps128_ps512(load_halves(base, count));
+      const uint8_t* payload = base + header * count;
+      if constexpr (type == kQ8_0) {
         const __m512i w0 = load_bytes(payload, 32 * count), w1 = load_bytes(payload + 64, 32 * count - 64);
         const __m512i zero = _mm512_setzero_si512();
         const __m512i minus0 = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, bias, w0));
@@ -516,6 +540,32 @@ void multiply_group_int8(const uint8_t* w, int64_t row_bytes, int64_t blocks, co
                                       acc[r][g]);
           acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot1), _mm512_mul_ps(d1, _mm512_loadu_ps(scale + 16)),
                                       acc[r][g]);
+        }
+      } else {
+        const __m512i nibbles = load_bytes(payload, 16 * count);
+        __m512i low = _mm512_and_si512(nibbles, low_nibbles);
+        __m512i high = _mm512_and_si512(_mm512_srli_epi16(nibbles, 4), low_nibbles);
+        if constexpr (has_fifth) {  // bit j of block i's word: +16 on byte 16 i + j of low (j < 16) or high
+          const uint8_t* words = base + (has_m ? 4 : 2) * count;
+          const __m128i fifth = _mm_shuffle_epi8(
+              count == kRun ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(words))
+                            : _mm_maskz_loadu_epi32(static_cast<__mmask8>((1 << count) - 1), words),
+              halves_apart);
+          low = _mm512_mask_add_epi8(low, static_cast<__mmask64>(_mm_cvtsi128_si64(fifth)), low, sixteen);
+          high = _mm512_mask_add_epi8(high, static_cast<__mmask64>(_mm_extract_epi64(fifth, 1)), high, sixteen);
+        }
+        const __m512 d_lanes = _mm512_permutexvar_ps(each_of_4, d_w);
+        __m512 m_lanes = _mm512_setzero_ps();
+        if constexpr (has_m)
+          m_lanes = _mm512_permutexvar_ps(each_of_4, _mm512_castps128_ps512(load_halves(base + 2 * count, count)));
+        for (int r = 0; r < rows; ++r) {
+          const int8_t* q = x.q_at(r, run);
+          __m512i dot = has_m ? _mm512_setzero_si512() : _mm512_loadu_si512(x.offset_at(r, run));
+          dot = _mm512_dpbusd_epi32(dot, low, _mm512_loadu_si512(q));
+          dot = _mm512_dpbusd_epi32(dot, high, _mm512_loadu_si512(q + 64));
+          acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
+                                      _mm512_mul_ps(d_lanes, _mm512_loadu_ps(x.scale_at(r, run))), acc[r][g]);
+          if constexpr (has_m) acc[r][g] = _mm512_fmadd_ps(m_lanes, _mm512_loadu_ps(x.sum_at(r, run)), acc[r][g]);
         }
       }
     }
@@ -552,8 +602,7 @@ constexpr bool kInt8Dot = false;
 void check(const at::Tensor& blocks, int64_t type, int64_t n, int64_t k) {
   TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.is_contiguous(),
               "GGUF blocks must be contiguous uint8 [out, bytes per row]");
-  TORCH_CHECK(!is_packed(type) || stored_type(type) == kQ4_0 || stored_type(type) == kQ8_0,
-              "only Q4_0 and Q8_0 rows are packed (type ", type, ")");
+  TORCH_CHECK(!is_packed(type) || packable(stored_type(type)), "only 32-weight blocks are packed (type ", type, ")");
   const int64_t per_block = block_weights(stored_type(type));
   TORCH_CHECK(k % per_block == 0 && blocks.size(0) == n &&
               blocks.size(1) == k / per_block * block_bytes(stored_type(type)),
@@ -623,8 +672,13 @@ at::Tensor gguf_linear(const at::Tensor& x_in, const at::Tensor& blocks, int64_t
           });
         });
       };
-      if (stored_type(type) == kQ4_0) run(std::integral_constant<int64_t, kQ4_0>{});
-      else run(std::integral_constant<int64_t, kQ8_0>{});
+      switch (stored_type(type)) {
+        case kQ4_0: run(std::integral_constant<int64_t, kQ4_0>{}); break;
+        case kQ4_1: run(std::integral_constant<int64_t, kQ4_1>{}); break;
+        case kQ5_0: run(std::integral_constant<int64_t, kQ5_0>{}); break;
+        case kQ5_1: run(std::integral_constant<int64_t, kQ5_1>{}); break;
+        default: run(std::integral_constant<int64_t, kQ8_0>{});
+      }
     }
 #endif
     auto shape = x_in.sizes().vec();
@@ -669,15 +723,12 @@ at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t type, int64_t n, in
   const uint8_t* src = blocks.data_ptr<uint8_t>();
   float* dst = w.data_ptr<float>();
   at::parallel_for(0, n, 16, [&](int64_t first, int64_t last) {
-    uint8_t block[kSuper];  // a packed block put back together: its d, then its payload
+    uint8_t block[kSuper];  // a packed block put back together in the file's layout
     for (int64_t o = first; o < last; ++o)
       for (int64_t b = 0; b < blocks_per_row; ++b) {
         const uint8_t* at = src + o * row_bytes + b * bytes;
         if (is_packed(type)) {
-          const uint8_t *d, *payload;
-          packed_block(src + o * row_bytes, blocks_per_row, bytes, b, d, payload);
-          std::memcpy(block, d, 2);
-          std::memcpy(block + 2, payload, bytes - 2);
+          map_block<true>(const_cast<uint8_t*>(src) + o * row_bytes, blocks_per_row, stored, bytes, b, block);
           at = block;
         }
         dequantize_block(stored, at, dst + o * k + b * per_block);
@@ -686,9 +737,9 @@ at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t type, int64_t n, in
   return w;
 }
 
-// Q4_0 or Q8_0 rows regrouped for the int8 path (the same bytes: see packed_block); `type | 256` names them
+// Rows of 32-weight blocks regrouped for the int8 path (the same bytes: see map_block); `type | 256` names them
 at::Tensor gguf_pack(const at::Tensor& blocks, int64_t type) {
-  TORCH_CHECK(type == kQ4_0 || type == kQ8_0, "only Q4_0 and Q8_0 rows are packed, not type ", type);
+  TORCH_CHECK(packable(type), "only Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 rows are packed, not type ", type);
   TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.is_contiguous(),
               "GGUF blocks must be contiguous uint8 [out, bytes per row]");
   const int64_t bytes = block_bytes(type), row_bytes = blocks.size(1), per_row = row_bytes / bytes;
@@ -698,12 +749,9 @@ at::Tensor gguf_pack(const at::Tensor& blocks, int64_t type) {
   uint8_t* dst = out.data_ptr<uint8_t>();
   at::parallel_for(0, blocks.size(0), 64, [&](int64_t first, int64_t last) {
     for (int64_t o = first; o < last; ++o)
-      for (int64_t b = 0; b < per_row; ++b) {
-        const uint8_t *d, *payload;
-        packed_block(dst + o * row_bytes, per_row, bytes, b, d, payload);
-        std::memcpy(const_cast<uint8_t*>(d), src + o * row_bytes + b * bytes, 2);
-        std::memcpy(const_cast<uint8_t*>(payload), src + o * row_bytes + b * bytes + 2, bytes - 2);
-      }
+      for (int64_t b = 0; b < per_row; ++b)
+        map_block<false>(dst + o * row_bytes, per_row, type, bytes, b,
+                         const_cast<uint8_t*>(src) + o * row_bytes + b * bytes);
   });
   return out;
 }

@@ -18,9 +18,10 @@ up in the LM head's blocks.
 Two arithmetics. By default x stays float and meets the exact weights: greedy tokens equal
 transformers' on the dequantized model. llama.cpp instead quantizes x to 8 bits per 32 values and
 multiplies in integers (AVX512-VNNI's vpdpbusd: 64 products an instruction); where the model
-computes in bf16 or fp16 anyway (MINIVLLM_CPU_GGUF_ACTIVATIONS, minivllm/envs.py), Q4_0 and Q8_0
-layers do too: `layout` regroups each row's blocks four at a time (the same bytes, `kernel_type`
-= the file's type | PACKED), so that one load reads four blocks' codes.
+computes in bf16 or fp16 anyway (MINIVLLM_CPU_GGUF_ACTIVATIONS, minivllm/envs.py), the 32-weight
+formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) do too: `layout` regroups each row's blocks four at a time
+(the same bytes, `kernel_type` = the file's type | PACKED), so that one load reads four blocks'
+codes. The K formats keep float x.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K = 2, 3, 6, 7, 8, 12, 14  # ggml's type 
 BLOCKS = {Q4_0: (32, 18), Q4_1: (32, 20), Q5_0: (32, 22), Q5_1: (32, 24), Q8_0: (32, 34),
           Q4_K: (256, 144), Q6_K: (256, 210)}
 GGUF_MAX_ROWS = 32  # beyond, dequantize once per call and multiply with the float GEMM
-PACKED = 256  # type | PACKED: Q4_0 or Q8_0 rows regrouped for int8 activations (gguf_pack)
+PACKED = 256  # type | PACKED: rows regrouped for int8 activations (gguf_pack)
+PACKABLE = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)  # the 32-weight formats: the int8 path multiplies these
 
 
 def dequantize(blocks: torch.Tensor, ggml_type: int, n: int, k: int) -> torch.Tensor:
@@ -77,9 +79,9 @@ class CpuGgufKernel(LinearKernel):
     types = tuple(BLOCKS)  # the block formats cpu_gguf.cpp multiplies
 
     def layout(self, layer: nn.Module) -> None:
-        """Q4_0 and Q8_0 rows regrouped where x goes in as int8 (the same bytes, in place)."""
+        """32-weight blocks regrouped where x goes in as int8 (the same bytes, in place)."""
         layer.kernel_type = layer.ggml_type
-        if layer.ggml_type in (Q4_0, Q8_0) and int8_activations(layer.compute_dtype):
+        if layer.ggml_type in PACKABLE and int8_activations(layer.compute_dtype):
             layer.weight.data = torch.ops.minivllm_cpu.gguf_pack(layer.weight, layer.ggml_type)
             layer.kernel_type = layer.ggml_type | PACKED
 

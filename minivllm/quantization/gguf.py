@@ -16,9 +16,10 @@ dequantized at load to the compute dtype; `quantization="int8"` re-quantizes it 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -176,21 +177,48 @@ def tensor_types(path: Path) -> dict[str, int]:
             if (name := hf_name(t.name, layer_names(reader))) is not None}
 
 
-def gguf_tensors(path: Path, cfg, blocks: frozenset[str] = frozenset()
+Q4_0, Q5_0, Q8_0 = 2, 6, 8  # ggml's type ids
+# formats whose weights are d (q - offset), one fp16 d per 32 weights: each block is exactly a Q8_0
+# block with the same d and q - offset as int8 (the offset per format)
+EXACT_IN_Q8_0 = {Q4_0: 8, Q5_0: 16, Q8_0: 0}
+
+
+def as_q8_0(raw: np.ndarray, ggml_type: int) -> np.ndarray:
+    """Q4_0 or Q5_0 blocks (uint8 [rows, bytes per row]) rewritten as Q8_0 blocks of exactly the
+    same weights: a fused layer whose shards the file stores in these types (llama.cpp's Q4_K_M:
+    Q5_0 q and k beside a Q8_0 v) is held as one Q8_0 layer instead of dequantized to float."""
+    if ggml_type == Q8_0:
+        return raw
+    per_block = 18 if ggml_type == Q4_0 else 22
+    blocks = raw.reshape(raw.shape[0], -1, per_block)
+    nibbles = blocks[..., per_block - 16:]
+    codes = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1)  # weights 0-15, 16-31
+    if ggml_type == Q5_0:  # the fifth bits: bit j of the 32-bit word after d belongs to weight j
+        fifth = blocks[..., 2:6].copy().view("<u4")
+        codes |= (((fifth >> np.arange(32, dtype=np.uint32)) & 1) << 4).astype(np.uint8)
+    values = (codes.astype(np.int16) - EXACT_IN_Q8_0[ggml_type]).astype(np.int8).view(np.uint8)
+    return np.concatenate([blocks[..., :2], values], axis=-1).reshape(raw.shape[0], -1)
+
+
+def gguf_tensors(path: Path, cfg, blocks: Mapping[str, int] | None = None
                  ) -> Iterator[tuple[str, torch.Tensor]]:
-    """(Hugging Face name, tensor) per tensor in the file, un-permuted: the file's blocks as uint8
-    [rows, bytes per row] for the names in `blocks`, every other tensor dequantized to float32
-    (Gemma's norms with the converter's +1 taken off)."""
+    """(Hugging Face name, tensor) per tensor in the file, un-permuted: blocks as uint8 [rows,
+    bytes per row] for the names in `blocks`, in the ggml type it names (the file's own, or Q8_0 for
+    a type EXACT_IN_Q8_0), every other tensor dequantized to float32 (Gemma's norms with the
+    converter's +1 taken off)."""
     from gguf import GGUFReader, dequantize
 
-    reader = GGUFReader(path)
+    reader, blocks = GGUFReader(path), blocks or {}
     names, shift = layer_names(reader), NORM_SHIFT.get(metadata_str(reader, "general.architecture"))
     for t in reader.tensors:
         name = hf_name(t.name, names)
         if name is None:
             continue
         if name in blocks:  # each row of W is a run of blocks: rows permute like float rows
-            w = torch.from_numpy(t.data.copy()).reshape(int(t.shape[-1]), -1)
+            raw = t.data.reshape(int(t.shape[-1]), -1)
+            if blocks[name] != int(t.tensor_type):
+                raw = as_q8_0(raw, int(t.tensor_type))
+            w = torch.from_numpy(raw.copy())
         else:
             w = torch.from_numpy(dequantize(t.data, t.tensor_type).copy()).float()
             w = w.reshape([int(d) for d in reversed(t.shape)])  # GGUF lists dims innermost first
