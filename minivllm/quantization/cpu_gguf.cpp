@@ -63,7 +63,11 @@ int64_t block_weights(int64_t type) { return is_super(type) ? kSuper : kBlock; }
 constexpr int64_t kPacked = 256, kRun = 4;
 bool is_packed(int64_t type) { return (type & kPacked) != 0; }
 int64_t stored_type(int64_t type) { return type & ~kPacked; }
-bool packable(int64_t type) { return type == kQ4_0 || type == kQ4_1 || type == kQ5_0 || type == kQ5_1 || type == kQ8_0; }
+bool packable(int64_t type) {
+  return type == kQ4_0 || type == kQ4_1 || type == kQ5_0 || type == kQ5_1 || type == kQ8_0 || type == kQ4_K;
+}
+// Q4_K keeps its layout on the int8 path (a super-block's 128 bytes of nibbles are already contiguous)
+bool regrouped(int64_t type) { return is_packed(type) && stored_type(type) != kQ4_K; }
 
 // A block's header fields, in the order the file stores them: d, then m (Q4_1, Q5_1), then the fifth bits (Q5)
 struct Fields {
@@ -572,6 +576,96 @@ void multiply_group_int8(const uint8_t* w, int64_t row_bytes, int64_t blocks, co
   }
   for (int r = 0; r < rows; ++r) store_totals<group>(acc[r], y + r * n + o);
 }
+
+// ---- int8 activations for Q4_K: x quantized per super-block of 256 values (one d_x), the codes of a
+// super-block's 8 sub-blocks multiplied in integers (four vpdpbusd), each sub-block's dot product scaled
+// by its 6-bit integer scale (vpmulld) and summed, then d d_x applied once; the mins term is
+// dmin d_x sum_j min_j (sum of x's values in sub-block j), from per-sub-block sums of x precomputed once.
+// A super-block's nibbles come as four runs of 32 bytes, low nibbles sub-block 2p, high 2p + 1; x is laid
+// out to match: [s0 s2] [s1 s3] [s4 s6] [s5 s7] (32 values each), so that each load pairs with one.
+struct QuantizedSuperX {
+  int64_t supers;
+  std::vector<int8_t> q;      // [row][super][256]
+  std::vector<float> scale;   // [row][super]: d_x
+  std::vector<int32_t> sum;   // [row][super][8]: the sum of sub-block j's values
+};
+
+QuantizedSuperX quantize_x_super(const float* x, int rows, int64_t k) {
+  const int64_t supers = k / kSuper;
+  QuantizedSuperX out{supers, std::vector<int8_t>(rows * supers * kSuper), std::vector<float>(rows * supers),
+                      std::vector<int32_t>(rows * supers * 8)};
+  for (int r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < supers; ++b) {
+      const float* xb = x + r * k + b * kSuper;
+      __m512 amax = _mm512_setzero_ps();
+      for (int j = 0; j < kSuper; j += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(xb + j)));
+      const float top = _mm512_reduce_max_ps(amax), inverse = top > 0 ? 127.0f / top : 0.0f;
+      const int64_t at = r * supers + b;
+      out.scale[at] = top / 127.0f;
+      for (int j = 0; j < 8; ++j) {  // sub-block j goes to [s0 s2] [s1 s3] [s4 s6] [s5 s7]
+        int8_t* q = out.q.data() + at * kSuper + (j / 4) * 128 + (j % 2) * 64 + ((j % 4) / 2) * 32;
+        for (int h = 0; h < 2; ++h)
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * h), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(
+              _mm512_mul_ps(_mm512_loadu_ps(xb + 32 * j + 16 * h), _mm512_set1_ps(inverse)))));
+        int32_t sum = 0;
+        for (int i = 0; i < 32; ++i) sum += q[i];
+        out.sum[at * 8 + j] = sum;
+      }
+    }
+  return out;
+}
+
+template <int rows, int group>
+void multiply_group_q4_k_int8(const uint8_t* w, int64_t row_bytes, const QuantizedSuperX& x, float* y, int64_t n,
+                              int64_t o) {
+  constexpr int64_t bytes = 144;
+  const int64_t ahead = o + 2 * group <= n ? group * row_bytes : 0;
+  const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
+  const auto pair = [](int a, int b) {  // lanes 0-7 take lane a, 8-15 lane b
+    return _mm512_setr_epi32(a, a, a, a, a, a, a, a, b, b, b, b, b, b, b, b);
+  };
+  const __m512i pick02 = pair(0, 2), pick13 = pair(1, 3), pick46 = pair(4, 6), pick57 = pair(5, 7);
+  __m512 acc[rows][group];
+  for (int r = 0; r < rows; ++r)
+    for (int g = 0; g < group; ++g) acc[r][g] = _mm512_setzero_ps();
+  for (int64_t sb = 0; sb < x.supers; ++sb)
+    for (int g = 0; g < group; ++g) {
+      const uint8_t* block = w + (o + g) * row_bytes + sb * bytes;
+      for (int64_t line = 0; line < bytes; line += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(block + ahead + line), _MM_HINT_T0);
+      const float d = half_at(block), dmin = half_at(block + 2);
+      uint32_t packed[3];
+      std::memcpy(packed, block + 4, 12);
+      // the 6-bit scales and mins, four to a word (q4_k_scale_min's layout, four sub-blocks at a time)
+      const uint32_t scales_0123 = packed[0] & 0x3F3F3F3F, mins_0123 = packed[1] & 0x3F3F3F3F;
+      const uint32_t scales_4567 = (packed[2] & 0x0F0F0F0F) | (((packed[0] >> 6) & 0x03030303) << 4);
+      const uint32_t mins_4567 = ((packed[2] >> 4) & 0x0F0F0F0F) | (((packed[1] >> 6) & 0x03030303) << 4);
+      const __m512i scales = _mm512_cvtepu8_epi32(_mm_setr_epi32(scales_0123, scales_4567, 0, 0));
+      const __m256i mins = _mm256_cvtepu8_epi32(_mm_setr_epi32(mins_0123, mins_4567, 0, 0));
+      const __m512i s02 = _mm512_permutexvar_epi32(pick02, scales), s13 = _mm512_permutexvar_epi32(pick13, scales);
+      const __m512i s46 = _mm512_permutexvar_epi32(pick46, scales), s57 = _mm512_permutexvar_epi32(pick57, scales);
+      const __m512i z0 = _mm512_loadu_si512(block + 16), z1 = _mm512_loadu_si512(block + 80);
+      const __m512i lo0 = _mm512_and_si512(z0, low_nibbles), hi0 = _mm512_and_si512(_mm512_srli_epi16(z0, 4), low_nibbles);
+      const __m512i lo1 = _mm512_and_si512(z1, low_nibbles), hi1 = _mm512_and_si512(_mm512_srli_epi16(z1, 4), low_nibbles);
+      const __m512i zero = _mm512_setzero_si512();
+      for (int r = 0; r < rows; ++r) {
+        const int64_t at = r * x.supers + sb;
+        const int8_t* q = x.q.data() + at * kSuper;
+        const __m512i p0 = _mm512_mullo_epi32(_mm512_dpbusd_epi32(zero, lo0, _mm512_loadu_si512(q)), s02);
+        const __m512i p1 = _mm512_mullo_epi32(_mm512_dpbusd_epi32(zero, hi0, _mm512_loadu_si512(q + 64)), s13);
+        const __m512i p2 = _mm512_mullo_epi32(_mm512_dpbusd_epi32(zero, lo1, _mm512_loadu_si512(q + 128)), s46);
+        const __m512i p3 = _mm512_mullo_epi32(_mm512_dpbusd_epi32(zero, hi1, _mm512_loadu_si512(q + 192)), s57);
+        const __m512i dots = _mm512_add_epi32(_mm512_add_epi32(p0, p1), _mm512_add_epi32(p2, p3));
+        const float dx = x.scale[at];
+        acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), _mm512_set1_ps(d * dx), acc[r][g]);
+        const __m256i by_min = _mm256_mullo_epi32(mins, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+                                                            x.sum.data() + at * 8)));
+        acc[r][g] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(_mm512_zextsi256_si512(by_min)),
+                                     _mm512_set1_ps(dmin * dx), acc[r][g]);
+      }
+    }
+  for (int r = 0; r < rows; ++r) store_totals<group>(acc[r], y + r * n + o);
+}
 #else
 constexpr bool kInt8Dot = false;
 #endif
@@ -602,7 +696,7 @@ constexpr bool kInt8Dot = false;
 void check(const at::Tensor& blocks, int64_t type, int64_t n, int64_t k) {
   TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.is_contiguous(),
               "GGUF blocks must be contiguous uint8 [out, bytes per row]");
-  TORCH_CHECK(!is_packed(type) || packable(stored_type(type)), "only 32-weight blocks are packed (type ", type, ")");
+  TORCH_CHECK(!is_packed(type) || packable(stored_type(type)), "no int8 path for type ", type);
   const int64_t per_block = block_weights(stored_type(type));
   TORCH_CHECK(k % per_block == 0 && blocks.size(0) == n &&
               blocks.size(1) == k / per_block * block_bytes(stored_type(type)),
@@ -651,7 +745,25 @@ at::Tensor gguf_linear(const at::Tensor& x_in, const at::Tensor& blocks, int64_t
   if (is_packed(type)) {
     TORCH_CHECK(kInt8Dot, "packed GGUF rows need AVX512-VNNI (gguf_int8_dot() is false here)");
 #if defined(__AVX512BW__) && defined(__AVX512VNNI__)
-    for (int64_t r = 0; r < m; r += kRows) {
+    for (int64_t r = 0; r < m && stored_type(type) == kQ4_K; r += kRows) {
+      const int rows = static_cast<int>(std::min(kRows, m - r));
+      const QuantizedSuperX qx = quantize_x_super(x.data_ptr<float>() + r * k, rows, k);
+      float* yr = y.data_ptr<float>() + r * n;
+      with_rows(rows, [&](auto rows_constant) {
+        constexpr int kRowsOfX = decltype(rows_constant)::value, kGroup = group_for(kRowsOfX);
+        at::parallel_for(0, (n + kGroup - 1) / kGroup, std::max(1, 16 / kGroup), [&](int64_t first, int64_t last) {
+          for (int64_t group = first; group < last; ++group) {
+            const int64_t o = group * kGroup;
+            if (o + kGroup <= n) {
+              multiply_group_q4_k_int8<kRowsOfX, kGroup>(w, row_bytes, qx, yr, n, o);
+            } else {
+              for (int64_t row = o; row < n; ++row) multiply_group_q4_k_int8<kRowsOfX, 1>(w, row_bytes, qx, yr, n, row);
+            }
+          }
+        });
+      });
+    }
+    for (int64_t r = 0; r < m && stored_type(type) != kQ4_K; r += kRows) {
       const int rows = static_cast<int>(std::min(kRows, m - r));
       const QuantizedX qx = quantize_x(stored_type(type), x.data_ptr<float>() + r * k, rows, k);
       float* yr = y.data_ptr<float>() + r * n;
@@ -727,7 +839,7 @@ at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t type, int64_t n, in
     for (int64_t o = first; o < last; ++o)
       for (int64_t b = 0; b < blocks_per_row; ++b) {
         const uint8_t* at = src + o * row_bytes + b * bytes;
-        if (is_packed(type)) {
+        if (regrouped(type)) {
           map_block<true>(const_cast<uint8_t*>(src) + o * row_bytes, blocks_per_row, stored, bytes, b, block);
           at = block;
         }
@@ -739,11 +851,12 @@ at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t type, int64_t n, in
 
 // Rows of 32-weight blocks regrouped for the int8 path (the same bytes: see map_block); `type | 256` names them
 at::Tensor gguf_pack(const at::Tensor& blocks, int64_t type) {
-  TORCH_CHECK(packable(type), "only Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 rows are packed, not type ", type);
+  TORCH_CHECK(packable(type), "only Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q4_K rows are packed, not type ", type);
   TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.is_contiguous(),
               "GGUF blocks must be contiguous uint8 [out, bytes per row]");
   const int64_t bytes = block_bytes(type), row_bytes = blocks.size(1), per_row = row_bytes / bytes;
   TORCH_CHECK(row_bytes % bytes == 0, "a row of ", row_bytes, " bytes is not whole blocks of ", bytes);
+  if (type == kQ4_K) return blocks.clone();  // its layout serves the int8 path as it is
   auto out = at::empty_like(blocks);
   const uint8_t* src = blocks.data_ptr<uint8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();

@@ -41,7 +41,7 @@ BLOCKS = {Q4_0: (32, 18), Q4_1: (32, 20), Q5_0: (32, 22), Q5_1: (32, 24), Q8_0: 
           Q4_K: (256, 144), Q6_K: (256, 210)}
 GGUF_MAX_ROWS = 32  # beyond, dequantize once per call and multiply with the float GEMM
 PACKED = 256  # type | PACKED: rows regrouped for int8 activations (gguf_pack)
-PACKABLE = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)  # the 32-weight formats: the int8 path multiplies these
+PACKABLE = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K)  # the formats the int8 path multiplies
 
 
 def dequantize(blocks: torch.Tensor, ggml_type: int, n: int, k: int) -> torch.Tensor:
