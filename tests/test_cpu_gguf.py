@@ -115,7 +115,7 @@ int8_dot = pytest.mark.skipif(not (extension_built() and torch.ops.minivllm_cpu.
 
 
 def quantized_per_32(x: torch.Tensor, per: int = 32) -> torch.Tensor:
-    """x as the int8 path sees it: per 32 values (Q4_K: 256) d = max |x| / 127, q = round(x / d) (half to
+    """x as the int8 path sees it: per 32 values (Q4_K, Q6_K: 256) d = max |x| / 127, q = round(x / d) (half to
     even)."""
     blocks = x.reshape(x.shape[0], -1, per)
     amax = blocks.abs().amax(-1, keepdim=True)
@@ -126,21 +126,21 @@ def quantized_per_32(x: torch.Tensor, per: int = 32) -> torch.Tensor:
 @int8_dot
 @pytest.mark.parametrize("name,n,k", [(name, n, k) for name in ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]
                                       for n, k in [(103, 608), (19, 64), (8, 96), (40, 32)]]  # 1-3 blocks left over
-                         + [("Q4_K", 103, 768), ("Q4_K", 19, 256)])
+                         + [(name, n, k) for name in SUPER for n, k in [(103, 768), (19, 256)]])
 def test_packed_rows_hold_the_same_weights_and_multiply_int8_x_exactly(name, n, k):
-    """Packing regroups the bytes (dequantized: the same weights; Q4_K keeps its layout); the int8 path equals x
-    quantized per 32 values (Q4_K: per 256) times the exact weights up to fp32 sums, every batch size 1-8, 9
-    (8 + 1) and 33 (dequantize + GEMM, float x)."""
+    """Packing regroups the bytes (dequantized: the same weights; Q4_K, Q6_K keep their layout); the int8 path
+    equals x quantized per 32 values (Q4_K, Q6_K: per 256) times the exact weights up to fp32 sums, every batch
+    size 1-8, 9 (8 + 1) and 33 (dequantize + GEMM, float x)."""
     blocks, weight = quantized(name, n, k, seed=n)
     packed = torch.ops.minivllm_cpu.gguf_pack(blocks, TYPES[name])
     kind = TYPES[name] | cpu_gguf.PACKED
-    moves = k > 32 and name != "Q4_K"  # a row of one block (or a super-block) keeps its order
+    moves = k > 32 and name not in SUPER  # a row of one block keeps its order, as do super-blocks
     assert packed.shape == blocks.shape and torch.equal(packed, blocks) != moves
     assert torch.equal(cpu_gguf.dequantize(packed, kind, n, k), weight)
     for rows in [*range(1, 10), 33]:
         x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
         got = cpu_gguf.gguf_linear(x, packed, kind, n).double()
-        per = 256 if name == "Q4_K" else 32
+        per = 256 if name in SUPER else 32
         want = (x if rows > cpu_gguf.GGUF_MAX_ROWS else quantized_per_32(x, per)).double() @ weight.double().T
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
 

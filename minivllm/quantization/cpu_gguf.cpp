@@ -63,11 +63,8 @@ int64_t block_weights(int64_t type) { return is_super(type) ? kSuper : kBlock; }
 constexpr int64_t kPacked = 256, kRun = 4;
 bool is_packed(int64_t type) { return (type & kPacked) != 0; }
 int64_t stored_type(int64_t type) { return type & ~kPacked; }
-bool packable(int64_t type) {
-  return type == kQ4_0 || type == kQ4_1 || type == kQ5_0 || type == kQ5_1 || type == kQ8_0 || type == kQ4_K;
-}
-// Q4_K keeps its layout on the int8 path (a super-block's 128 bytes of nibbles are already contiguous)
-bool regrouped(int64_t type) { return is_packed(type) && stored_type(type) != kQ4_K; }
+// Q4_K and Q6_K keep their layout on the int8 path (a super-block's codes are already contiguous)
+bool regrouped(int64_t type) { return is_packed(type) && !is_super(stored_type(type)); }
 
 // A block's header fields, in the order the file stores them: d, then m (Q4_1, Q5_1), then the fifth bits (Q5)
 struct Fields {
@@ -583,17 +580,21 @@ void multiply_group_int8(const uint8_t* w, int64_t row_bytes, int64_t blocks, co
 // dmin d_x sum_j min_j (sum of x's values in sub-block j), from per-sub-block sums of x precomputed once.
 // A super-block's nibbles come as four runs of 32 bytes, low nibbles sub-block 2p, high 2p + 1; x is laid
 // out to match: [s0 s2] [s1 s3] [s4 s6] [s5 s7] (32 values each), so that each load pairs with one.
+// Q6_K (w = d scale_i (q - 32), an int8 scale per 16 weights) the same way: x in its own order, each
+// 64 values meeting one vector of 6-bit codes (a run of ql's nibbles with two of qh's bits added), the -32
+// as a per-lane sum of x (`offset`), each lane's dot product times its 16 weights' scale.
 struct QuantizedSuperX {
   int64_t supers;
-  std::vector<int8_t> q;      // [row][super][256]
-  std::vector<float> scale;   // [row][super]: d_x
-  std::vector<int32_t> sum;   // [row][super][8]: the sum of sub-block j's values
+  std::vector<int8_t> q;        // [row][super][256]
+  std::vector<float> scale;     // [row][super]: d_x
+  std::vector<int32_t> sum;     // Q4_K: [row][super][8]: the sum of sub-block j's values
+  std::vector<int32_t> offset;  // Q6_K: [row][super][64]: -32 x the sum of each 4 values
 };
 
-QuantizedSuperX quantize_x_super(const float* x, int rows, int64_t k) {
+QuantizedSuperX quantize_x_super(int64_t type, const float* x, int rows, int64_t k) {
   const int64_t supers = k / kSuper;
   QuantizedSuperX out{supers, std::vector<int8_t>(rows * supers * kSuper), std::vector<float>(rows * supers),
-                      std::vector<int32_t>(rows * supers * 8)};
+                      std::vector<int32_t>(rows * supers * 8), std::vector<int32_t>(rows * supers * 64)};
   for (int r = 0; r < rows; ++r)
     for (int64_t b = 0; b < supers; ++b) {
       const float* xb = x + r * k + b * kSuper;
@@ -602,14 +603,17 @@ QuantizedSuperX quantize_x_super(const float* x, int rows, int64_t k) {
       const float top = _mm512_reduce_max_ps(amax), inverse = top > 0 ? 127.0f / top : 0.0f;
       const int64_t at = r * supers + b;
       out.scale[at] = top / 127.0f;
-      for (int j = 0; j < 8; ++j) {  // sub-block j goes to [s0 s2] [s1 s3] [s4 s6] [s5 s7]
-        int8_t* q = out.q.data() + at * kSuper + (j / 4) * 128 + (j % 2) * 64 + ((j % 4) / 2) * 32;
+      for (int j = 0; j < 8; ++j) {  // Q4_K: sub-block j goes to [s0 s2] [s1 s3] [s4 s6] [s5 s7]
+        int8_t* q = out.q.data() + at * kSuper +
+                    (type == kQ4_K ? (j / 4) * 128 + (j % 2) * 64 + ((j % 4) / 2) * 32 : 32 * j);
         for (int h = 0; h < 2; ++h)
           _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * h), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(
               _mm512_mul_ps(_mm512_loadu_ps(xb + 32 * j + 16 * h), _mm512_set1_ps(inverse)))));
         int32_t sum = 0;
         for (int i = 0; i < 32; ++i) sum += q[i];
         out.sum[at * 8 + j] = sum;
+        for (int lane = 0; lane < 8; ++lane)
+          out.offset[at * 64 + 8 * j + lane] = -32 * (q[4 * lane] + q[4 * lane + 1] + q[4 * lane + 2] + q[4 * lane + 3]);
       }
     }
   return out;
@@ -666,6 +670,55 @@ void multiply_group_q4_k_int8(const uint8_t* w, int64_t row_bytes, const Quantiz
     }
   for (int r = 0; r < rows; ++r) store_totals<group>(acc[r], y + r * n + o);
 }
+
+template <int rows, int group>
+void multiply_group_q6_k_int8(const uint8_t* w, int64_t row_bytes, const QuantizedSuperX& x, float* y, int64_t n,
+                              int64_t o) {
+  constexpr int64_t bytes = 210;
+  const int64_t ahead = o + 2 * group <= n ? group * row_bytes : 0;
+  const __m512i low_nibbles = _mm512_set1_epi8(0x0F), high_pair = _mm512_set1_epi8(0x30);
+  constexpr __mmask64 upper = 0xFFFFFFFF00000000ULL;  // the bytes of weights l + 32 (l + 96)
+  const auto quads = [](int a) {  // lanes 4i-4i+3 take lane a + i
+    return _mm512_setr_epi32(a, a, a, a, a + 1, a + 1, a + 1, a + 1, a + 2, a + 2, a + 2, a + 2, a + 3, a + 3,
+                             a + 3, a + 3);
+  };
+  const __m512i pick[4] = {quads(0), quads(4), quads(8), quads(12)};
+  __m512 acc[rows][group];
+  for (int r = 0; r < rows; ++r)
+    for (int g = 0; g < group; ++g) acc[r][g] = _mm512_setzero_ps();
+  for (int64_t sb = 0; sb < x.supers; ++sb)
+    for (int g = 0; g < group; ++g) {
+      const uint8_t* block = w + (o + g) * row_bytes + sb * bytes;
+      for (int64_t line = 0; line < bytes; line += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(block + ahead + line), _MM_HINT_T0);
+      const float d = half_at(block + 208);
+      const __m512i scales = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 192)));
+      __m512i codes[4];  // weights 0-63, 64-127, 128-191, 192-255
+      for (int h = 0; h < 2; ++h) {
+        const __m512i ql = _mm512_loadu_si512(block + 64 * h);
+        const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+            block + 128 + 32 * h)));
+        const __m512i bits_a = _mm512_mask_blend_epi8(upper, _mm512_slli_epi16(qh, 4), _mm512_slli_epi16(qh, 2));
+        const __m512i bits_b = _mm512_mask_blend_epi8(upper, qh, _mm512_srli_epi16(qh, 2));
+        codes[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, low_nibbles), _mm512_and_si512(bits_a, high_pair));
+        codes[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low_nibbles),
+                                           _mm512_and_si512(bits_b, high_pair));
+      }
+      __m512i scale[4];
+      for (int c = 0; c < 4; ++c) scale[c] = _mm512_permutexvar_epi32(pick[c], scales);
+      for (int r = 0; r < rows; ++r) {
+        const int64_t at = r * x.supers + sb;
+        const int8_t* q = x.q.data() + at * kSuper;
+        const int32_t* offset = x.offset.data() + at * 64;
+        __m512i dots = _mm512_setzero_si512();
+        for (int c = 0; c < 4; ++c)
+          dots = _mm512_add_epi32(dots, _mm512_mullo_epi32(scale[c], _mm512_dpbusd_epi32(
+              _mm512_loadu_si512(offset + 16 * c), codes[c], _mm512_loadu_si512(q + 64 * c))));
+        acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), _mm512_set1_ps(d * x.scale[at]), acc[r][g]);
+      }
+    }
+  for (int r = 0; r < rows; ++r) store_totals<group>(acc[r], y + r * n + o);
+}
 #else
 constexpr bool kInt8Dot = false;
 #endif
@@ -696,7 +749,6 @@ constexpr bool kInt8Dot = false;
 void check(const at::Tensor& blocks, int64_t type, int64_t n, int64_t k) {
   TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.is_contiguous(),
               "GGUF blocks must be contiguous uint8 [out, bytes per row]");
-  TORCH_CHECK(!is_packed(type) || packable(stored_type(type)), "no int8 path for type ", type);
   const int64_t per_block = block_weights(stored_type(type));
   TORCH_CHECK(k % per_block == 0 && blocks.size(0) == n &&
               blocks.size(1) == k / per_block * block_bytes(stored_type(type)),
@@ -745,25 +797,31 @@ at::Tensor gguf_linear(const at::Tensor& x_in, const at::Tensor& blocks, int64_t
   if (is_packed(type)) {
     TORCH_CHECK(kInt8Dot, "packed GGUF rows need AVX512-VNNI (gguf_int8_dot() is false here)");
 #if defined(__AVX512BW__) && defined(__AVX512VNNI__)
-    for (int64_t r = 0; r < m && stored_type(type) == kQ4_K; r += kRows) {
+    const bool super = is_super(stored_type(type));
+    for (int64_t r = 0; r < m && super; r += kRows) {
       const int rows = static_cast<int>(std::min(kRows, m - r));
-      const QuantizedSuperX qx = quantize_x_super(x.data_ptr<float>() + r * k, rows, k);
+      const QuantizedSuperX qx = quantize_x_super(stored_type(type), x.data_ptr<float>() + r * k, rows, k);
       float* yr = y.data_ptr<float>() + r * n;
       with_rows(rows, [&](auto rows_constant) {
         constexpr int kRowsOfX = decltype(rows_constant)::value, kGroup = group_for(kRowsOfX);
+        const auto multiply = [&](auto group_constant, int64_t o) {
+          constexpr int kOutputs = decltype(group_constant)::value;
+          if (stored_type(type) == kQ4_K) multiply_group_q4_k_int8<kRowsOfX, kOutputs>(w, row_bytes, qx, yr, n, o);
+          else multiply_group_q6_k_int8<kRowsOfX, kOutputs>(w, row_bytes, qx, yr, n, o);
+        };
         at::parallel_for(0, (n + kGroup - 1) / kGroup, std::max(1, 16 / kGroup), [&](int64_t first, int64_t last) {
           for (int64_t group = first; group < last; ++group) {
             const int64_t o = group * kGroup;
             if (o + kGroup <= n) {
-              multiply_group_q4_k_int8<kRowsOfX, kGroup>(w, row_bytes, qx, yr, n, o);
+              multiply(std::integral_constant<int, kGroup>{}, o);
             } else {
-              for (int64_t row = o; row < n; ++row) multiply_group_q4_k_int8<kRowsOfX, 1>(w, row_bytes, qx, yr, n, row);
+              for (int64_t row = o; row < n; ++row) multiply(std::integral_constant<int, 1>{}, row);
             }
           }
         });
       });
     }
-    for (int64_t r = 0; r < m && stored_type(type) != kQ4_K; r += kRows) {
+    for (int64_t r = 0; r < m && !super; r += kRows) {
       const int rows = static_cast<int>(std::min(kRows, m - r));
       const QuantizedX qx = quantize_x(stored_type(type), x.data_ptr<float>() + r * k, rows, k);
       float* yr = y.data_ptr<float>() + r * n;
@@ -851,12 +909,12 @@ at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t type, int64_t n, in
 
 // Rows of 32-weight blocks regrouped for the int8 path (the same bytes: see map_block); `type | 256` names them
 at::Tensor gguf_pack(const at::Tensor& blocks, int64_t type) {
-  TORCH_CHECK(packable(type), "only Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q4_K rows are packed, not type ", type);
+  block_bytes(type);  // refuses a type without a kernel
   TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.is_contiguous(),
               "GGUF blocks must be contiguous uint8 [out, bytes per row]");
   const int64_t bytes = block_bytes(type), row_bytes = blocks.size(1), per_row = row_bytes / bytes;
   TORCH_CHECK(row_bytes % bytes == 0, "a row of ", row_bytes, " bytes is not whole blocks of ", bytes);
-  if (type == kQ4_K) return blocks.clone();  // its layout serves the int8 path as it is
+  if (is_super(type)) return blocks.clone();  // their layout serves the int8 path as it is
   auto out = at::empty_like(blocks);
   const uint8_t* src = blocks.data_ptr<uint8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();

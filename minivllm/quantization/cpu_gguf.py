@@ -19,9 +19,9 @@ Two arithmetics. By default x stays float and meets the exact weights: greedy to
 transformers' on the dequantized model. llama.cpp instead quantizes x to 8 bits per 32 values and
 multiplies in integers (AVX512-VNNI's vpdpbusd: 64 products an instruction); where the model
 computes in bf16 or fp16 anyway (MINIVLLM_CPU_GGUF_ACTIVATIONS, minivllm/envs.py), Q8_0, Q4_0,
-Q4_1, Q5_0, Q5_1 and Q4_K layers do too (`kernel_type` = the file's type | PACKED): `layout`
+Q4_1, Q5_0, Q5_1, Q4_K and Q6_K layers do too (`kernel_type` = the file's type | PACKED): `layout`
 regroups each row's 32-weight blocks four at a time (the same bytes), so that one load reads four
-blocks' codes; Q4_K's super-blocks serve as they are (x quantized per 256). Q6_K keeps float x.
+blocks' codes; the K formats' super-blocks serve as they are (x quantized per 256).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ BLOCKS = {Q4_0: (32, 18), Q4_1: (32, 20), Q5_0: (32, 22), Q5_1: (32, 24), Q8_0: 
           Q4_K: (256, 144), Q6_K: (256, 210)}
 GGUF_MAX_ROWS = 32  # beyond, dequantize once per call and multiply with the float GEMM
 PACKED = 256  # type | PACKED: rows regrouped for int8 activations (gguf_pack)
-PACKABLE = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K)  # the formats the int8 path multiplies
+PACKABLE = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K)  # the formats the int8 path multiplies
 
 
 def dequantize(blocks: torch.Tensor, ggml_type: int, n: int, k: int) -> torch.Tensor:
