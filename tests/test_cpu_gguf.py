@@ -89,18 +89,6 @@ def test_every_output_row_is_its_own(name):
         torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
 
 
-@pytest.mark.parametrize("name", ["Q4_0", "Q5_0", "Q8_0"])
-def test_symmetric_blocks_rewritten_as_q8_0_hold_exactly_the_same_weights(name):
-    """Q4_0 and Q5_0 are d (q - 8), d (q - 16): Q8_0 blocks with the same d (quantization/gguf.py's as_q8_0,
-    for a fused layer whose shards mix them)."""
-    from minivllm.quantization.gguf import as_q8_0
-
-    blocks, weight = quantized(name, 24, 160)
-    wide = torch.from_numpy(as_q8_0(blocks.numpy(), TYPES[name]))
-    assert wide.shape == (24, 160 // 32 * 34)
-    assert torch.equal(cpu_gguf.dequantize(wide.contiguous(), cpu_gguf.Q8_0, 24, 160), weight)
-
-
 def test_a_shape_that_disagrees_is_refused():
     blocks, _ = quantized("Q8_0", 8, 64)
     with pytest.raises(RuntimeError, match="do not hold"):
@@ -153,9 +141,8 @@ SIZES = dict(intermediate_size=128, num_hidden_layers=2)  # hidden 64, q 64, k/v
 @pytest.fixture(scope="module")
 def mixed_gguf(tmp_path_factory):
     """A tiny Llama with a tied embedding as a GGUF file of several types: attention Q4_0, MLP Q8_0, layer 1's
-    gate Q4_1 (its fused gate/up differs: dequantized), layer 0's v Q8_0 (q/k/v differs: held as Q8_0),
-    token_embd Q8_0, layer 0's down Q5_0 and layer 1's o Q5_1 (as llama.cpp's Q4_K_M writes rows of no multiple
-    of 256)."""
+    gate Q4_1 (its fused gate/up mixes two types), layer 0's v Q8_0 (q/k/v mixes two), token_embd Q8_0, layer
+    0's down Q5_0 and layer 1's o Q5_1 (as llama.cpp's Q4_K_M writes rows of no multiple of 256)."""
     from tests.conftest import EMBEDDED, build_checkpoint
 
     root = tmp_path_factory.mktemp("gguf-cpu")
@@ -180,28 +167,25 @@ def test_a_gguf_file_keeps_its_blocks_and_matches_transformers(mixed_gguf):
     llm = LLM(str(mixed_gguf), dtype="float32", num_kv_blocks=64)
     model = llm.engine.runner.model
     layer0, layer1 = model.model.layers
-    kept = {"layer 0 q/k/v": layer0.self_attn.qkv_proj, "layer 0 o": layer0.self_attn.o_proj,
-            "layer 0 gate/up": layer0.mlp.gate_up_proj, "layer 0 down": layer0.mlp.down_proj,
-            "layer 1 q/k/v": layer1.self_attn.qkv_proj, "layer 1 o": layer1.self_attn.o_proj,
-            "layer 1 down": layer1.mlp.down_proj, "tied head": model.lm_head}
+    kept = {"layer 0 o": layer0.self_attn.o_proj, "layer 0 gate/up": layer0.mlp.gate_up_proj,
+            "layer 0 down": layer0.mlp.down_proj, "layer 1 q/k/v": layer1.self_attn.qkv_proj,
+            "layer 1 o": layer1.self_attn.o_proj, "layer 1 down": layer1.mlp.down_proj, "tied head": model.lm_head}
     types = {name: layer.ggml_type for name, layer in kept.items()}
-    assert types == {"layer 0 q/k/v": cpu_gguf.Q8_0, "layer 0 o": cpu_gguf.Q4_0, "layer 0 gate/up": cpu_gguf.Q8_0,
-                     "layer 0 down": cpu_gguf.Q5_0, "layer 1 q/k/v": cpu_gguf.Q4_0, "layer 1 o": cpu_gguf.Q5_1,
-                     "layer 1 down": cpu_gguf.Q4_1, "tied head": cpu_gguf.Q8_0}
-    assert all(layer.weight.dtype == torch.uint8 for layer in kept.values())
-    # Q4_1 beside Q8_0 (no common block format): dequantized at load
-    assert layer1.mlp.gate_up_proj.weight.dtype == torch.float32
+    assert types == {"layer 0 o": cpu_gguf.Q4_0, "layer 0 gate/up": cpu_gguf.Q8_0, "layer 0 down": cpu_gguf.Q5_0,
+                     "layer 1 q/k/v": cpu_gguf.Q4_0, "layer 1 o": cpu_gguf.Q5_1, "layer 1 down": cpu_gguf.Q4_1,
+                     "tied head": cpu_gguf.Q8_0}
+    # fused layers whose shards differ: each shard's blocks in its own type, one flat tensor
+    mixed = {"layer 0 q/k/v": layer0.self_attn.qkv_proj, "layer 1 gate/up": layer1.mlp.gate_up_proj}
+    assert {name: layer.quant_method.ggml_types for name, layer in mixed.items()} == {
+        "layer 0 q/k/v": [cpu_gguf.Q4_0, cpu_gguf.Q4_0, cpu_gguf.Q8_0],
+        "layer 1 gate/up": [cpu_gguf.Q4_1, cpu_gguf.Q8_0]}
+    assert all(layer.weight.dtype == torch.uint8 for layer in [*kept.values(), *mixed.values()])
     assert model.model.embed_tokens.weight is model.lm_head.weight  # rows looked up in the head's blocks
 
+    # held: exactly the file's tensors (the norms float32 as in the file), and the rotary tables
     file_bytes = sum(t.n_bytes for t in gguf.GGUFReader(mixed_gguf).tensors)
-    dequantized = 4 * layer1.mlp.gate_up_proj.weight.numel()
-    widened = 34 / 18 * sum(t.n_bytes for t in gguf.GGUFReader(mixed_gguf).tensors  # Q4_0 q, k as Q8_0
-                            if t.name in ("blk.0.attn_q.weight", "blk.0.attn_k.weight"))
-    blocks_in_file = file_bytes - sum(t.n_bytes for t in gguf.GGUFReader(mixed_gguf).tensors
-                                      if t.name in ("blk.0.attn_q.weight", "blk.0.attn_k.weight",
-                                                    "blk.1.ffn_gate.weight", "blk.1.ffn_up.weight"))
     rotary = sum(b.numel() * b.element_size() for b in model.model.rotary_emb.buffers())
-    assert held_bytes(model) - rotary == blocks_in_file + widened + dequantized
+    assert held_bytes(model) - rotary == file_bytes
 
     hf_tok = tf.AutoTokenizer.from_pretrained(mixed_gguf.parent, gguf_file=mixed_gguf.name)
     hf = tf.AutoModelForCausalLM.from_pretrained(mixed_gguf.parent, gguf_file=mixed_gguf.name,
@@ -297,7 +281,7 @@ def test_q4_k_and_q6_k_layers_keep_their_super_blocks_and_match_transformers(tmp
     path, hf = write_k_gguf(tmp_path)
     llm = LLM(str(path), dtype="float32", num_kv_blocks=64)
     layer0, layer1 = llm.engine.runner.model.model.layers
-    assert layer0.self_attn.qkv_proj.weight.dtype == torch.float32  # Q4_K q, k beside a Q6_K v
+    assert layer0.self_attn.qkv_proj.quant_method.ggml_types == [cpu_gguf.Q4_K, cpu_gguf.Q4_K, cpu_gguf.Q6_K]
     assert (layer1.self_attn.qkv_proj.ggml_type, layer0.mlp.gate_up_proj.ggml_type, layer0.self_attn.o_proj.ggml_type,
             layer1.mlp.down_proj.ggml_type) == (cpu_gguf.Q4_K, cpu_gguf.Q4_K, cpu_gguf.Q4_K, cpu_gguf.Q6_K)
 
@@ -308,8 +292,8 @@ def test_q4_k_and_q6_k_layers_keep_their_super_blocks_and_match_transformers(tmp
 
 
 def test_kept_blocks_go_through_the_weight_cache(mixed_gguf, tmp_path):
-    """Data-parallel engines map one copy of the loaded model (model/weight_cache.py): the blocks, the fused
-    layers dequantized beside them and the tied head's blocks lent to the embedding come back as loaded."""
+    """Data-parallel engines map one copy of the loaded model (model/weight_cache.py): the blocks, a fused layer
+    holding shards of two types and the tied head's blocks lent to the embedding come back as loaded."""
     from minivllm.model.loader import load_model, read_model_config
     from minivllm.platforms import choose_platform
 
@@ -324,8 +308,8 @@ def test_kept_blocks_go_through_the_weight_cache(mixed_gguf, tmp_path):
         assert model.model.embed_tokens.weight is model.lm_head.weight
     assert torch.equal(written.model.embed_tokens(ids), mapped.model.embed_tokens(ids))
     assert torch.equal(written.lm_head(hidden), mapped.lm_head(hidden))
-    layer = (written.model.layers[0].self_attn.qkv_proj, mapped.model.layers[0].self_attn.qkv_proj)
-    assert torch.equal(layer[0].quant_method.kernel.plain(layer[0]), layer[1].quant_method.kernel.plain(layer[1]))
+    layer = (written.model.layers[0].self_attn.qkv_proj, mapped.model.layers[0].self_attn.qkv_proj)  # two types
+    assert torch.equal(layer[0](hidden), layer[1](hidden))
 
 
 PORTABLE = """

@@ -53,7 +53,8 @@ def test_kernel_equals_the_dequantized_matmul(name, rows, dtype):
 
 def test_a_gguf_file_keeps_its_blocks_on_the_cuda_platform(tmp_path):
     """A tiny Llama with a tied head: attention Q4_0, the MLP Q8_0, one layer's gate/down Q4_1 (its gate/up
-    fused from two types: dequantized), the head Q8_0; greedy equal to transformers on the dequantized file."""
+    fused from two types: each shard in its own), the head Q8_0; greedy equal to transformers on the dequantized
+    file."""
     pytest.importorskip("accelerate")  # transformers' own GGUF loading needs it
     import transformers as tf
 
@@ -74,7 +75,8 @@ def test_a_gguf_file_keeps_its_blocks_on_the_cuda_platform(tmp_path):
     assert all(isinstance(layer.quant_method.kernel, TritonGgufKernel) for layer in kept.values())
     assert {name: layer.ggml_type for name, layer in kept.items()} == {
         "q/k/v": Q4_0, "down Q4_1": Q4_1, "gate/up Q8_0": Q8_0, "head": Q8_0}
-    assert layers[1].mlp.gate_up_proj.weight.dtype == torch.float32  # Q4_1 and Q8_0 shards: dequantized
+    mixed = layers[1].mlp.gate_up_proj  # Q4_1 and Q8_0 shards
+    assert isinstance(mixed.quant_method.kernel, TritonGgufKernel) and mixed.quant_method.ggml_types == [Q4_1, Q8_0]
 
     hf_tok = tf.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     hf = tf.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()

@@ -70,7 +70,7 @@ def bound_forward(layer: nn.Module) -> Callable:
                                     ops.silu_and_mul.default)
     eps, in_weight = layer.input_layernorm.eps, layer.input_layernorm.weight
     post_weight = layer.post_attention_layernorm.weight
-    qkv, o_proj, gate_up, down = (linear.quant_method.kernel.bind(linear) for linear in
+    qkv, o_proj, gate_up, down = (linear.quant_method.bind(linear) for linear in
                                   (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj))
     heads, dim = attn.num_heads + 2 * attn.num_kv_heads, attn.head_dim
     split = [attn.num_heads, attn.num_kv_heads, attn.num_kv_heads]

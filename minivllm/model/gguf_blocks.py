@@ -5,10 +5,9 @@ layers' attn_v and ffn_down as Q6_K, an embedding as Q8_0 or Q6_K). Where the pl
 a type as stored (`LinearKernels.gguf`: the cpu and cuda platforms, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
 Q4_K and Q6_K; one process), a layer whose checkpoint tensors all have that type swaps its float
 weight for `GgufLinearMethod`'s blocks, before any memory is allocated. A fused layer (q/k/v,
-gate/up) whose shards differ in type stays float, dequantized at load like every tensor of a type
-the kernel lacks, unless every shard's type is a Q8_0 block in all but name (Q4_0, Q5_0: d (q -
-offset)): then the layer holds Q8_0 blocks of exactly the file's weights (as_q8_0). Every layer
-under tensor parallelism or on another platform stays float. A tied LM
+gate/up) whose shards differ in type holds each shard's blocks in its own type
+(`GgufShardsLinearMethod`). A layer with a tensor of a type the kernel lacks is dequantized at load,
+as is every layer under tensor parallelism or on another platform. A tied LM
 head keeps the embedding's blocks (the embedding then looks its rows up there:
 model/embedding.py), an untied one and the embedding table stay float.
 """
@@ -21,7 +20,7 @@ from torch import nn
 from minivllm.model.linear import LinearBase
 from minivllm.model.weights import LAYERS, PACKED
 from minivllm.quantization.base import LinearKernel
-from minivllm.quantization.gguf import EXACT_IN_Q8_0, Q8_0, GgufLinearMethod
+from minivllm.quantization.gguf import GgufLinearMethod, GgufShardsLinearMethod
 
 EMBEDDING = "model.embed_tokens.weight"
 
@@ -35,11 +34,11 @@ def checkpoint_names(layer_name: str) -> list[str]:
 
 
 def keep_gguf_blocks(model: nn.Module, types: dict[str, int], kernel: LinearKernel,
-                     dtype: torch.dtype, tie_word_embeddings: bool) -> dict[str, int]:
-    """Give each decoder linear layer whose tensors share a type `kernel` multiplies (and a tied
-    head, the embedding's) a GgufLinearMethod; the checkpoint names to read as blocks, each with
-    the type to read it in."""
-    kept: dict[str, int] = {}
+                     dtype: torch.dtype, tie_word_embeddings: bool) -> frozenset[str]:
+    """Give each decoder linear layer whose tensors have types `kernel` multiplies (and a tied
+    head, the embedding's) a GgufLinearMethod (GgufShardsLinearMethod where a fused layer's shards
+    differ); the checkpoint names to read as blocks."""
+    kept: set[str] = set()
     layers = [(name, layer) for name, layer in model.named_modules()
               if isinstance(layer, LinearBase) and name.startswith(LAYERS)]
     if tie_word_embeddings:
@@ -47,12 +46,13 @@ def keep_gguf_blocks(model: nn.Module, types: dict[str, int], kernel: LinearKern
     for name, layer in layers:
         parts = [EMBEDDING] if name == "lm_head" else checkpoint_names(name)
         kinds = {types.get(part) for part in parts}
-        if len(kinds) > 1 and kinds <= EXACT_IN_Q8_0.keys():
-            kinds = {Q8_0}  # e.g. Q5_0 q/k beside a Q8_0 v: all held as Q8_0, the same weights
-        if len(kinds) != 1 or (kind := kinds.pop()) not in kernel.types:
+        if not kinds <= set(kernel.types):
             continue
         del layer.weight, layer.layouts["weight"]
-        layer.quant_method = GgufLinearMethod(kernel, kind, dtype)
+        if len(kinds) == 1:
+            layer.quant_method = GgufLinearMethod(kernel, kinds.pop(), dtype)
+        else:  # e.g. Q4_K q/k beside a Q6_K v: each shard in its own type
+            layer.quant_method = GgufShardsLinearMethod(kernel, [types[p] for p in parts], dtype)
         layer.quant_method.create_weights(layer)
-        kept.update(dict.fromkeys(parts, kind))
-    return kept
+        kept.update(parts)
+    return frozenset(kept)

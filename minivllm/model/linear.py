@@ -74,6 +74,9 @@ class LinearBase(nn.Module):
     def weight_loader(self, name: str, loaded: torch.Tensor, shard: int | None,
                       where: str = "") -> None:
         """Copy a checkpoint tensor into parameter `name` (into `shard`'s rows of a fused layer)."""
+        if self.quant_method.load_weight(self, name, loaded, shard, where):
+            self.loaded.add((name, shard))
+            return
         layout = self.layouts[name]
         target, dim, factor = getattr(self, name).data, layout.output_dim, layout.pack_factor
         if shard is not None and dim is not None:

@@ -140,12 +140,11 @@ kernel for them (gguf_blocks.py). `lazy`: the decoder layers stay unallocated un
     family = model_class(cfg.architecture)  # registry.py: the class config.json's name asks for
     family.check_dtype(dtype)
 
-    def meta() -> tuple[torch.nn.Module, dict[str, int]]:
-        """The model on "meta", and the GGUF tensors its layers keep as blocks, each with the type
-        it is held in (gguf_blocks.py)."""
+    def meta() -> tuple[torch.nn.Module, frozenset[str]]:
+        """The model on "meta", and the GGUF tensors its layers keep as blocks (gguf_blocks.py)."""
         with torch.device("meta"):
             model = family(cfg, impl, tp)
-            blocks = {}
+            blocks = frozenset()
             if cfg.gguf and impl.linear.gguf is not None and tp.size == 1 and not cfg.quantization:
                 blocks = keep_gguf_blocks(model, tensor_types(path), impl.linear.gguf, dtype,
                                           cfg.tie_word_embeddings)
@@ -179,9 +178,9 @@ kernel for them (gguf_blocks.py). `lazy`: the decoder layers stay unallocated un
     return model.eval()
 
 
-def checkpoint_tensors(path: Path, cfg: ModelConfig, blocks: dict[str, int] | None = None):
+def checkpoint_tensors(path: Path, cfg: ModelConfig, blocks: frozenset[str] = frozenset()):
     """(where, name, get-the-tensor) for each tensor of the checkpoint, in Hugging Face names
-    (`blocks`: GGUF tensors read as blocks, and of which type)."""
+    (`blocks`: GGUF tensors read as the file's blocks)."""
     if cfg.gguf:
         for name, tensor in gguf_tensors(path, cfg, blocks):
             yield path.name, name, lambda tensor=tensor: tensor

@@ -79,11 +79,21 @@ class LinearMethod:
         shape = (layer.output_size, layer.input_size)
         add_weight(layer, "weight", shape, torch.float32, Layout(output_dim=0, input_dim=1))
 
+    def load_weight(self, layer: nn.Module, name: str, loaded: torch.Tensor, shard: int | None,
+                    where: str) -> bool:
+        """Copy a checkpoint tensor in where the layer's own slicing cannot (gguf.py's shards of
+        different types); False: the layer slices it into place (model/linear.py)."""
+        return False
+
     def process_weights_after_loading(self, layer: nn.Module) -> None:  # all tensors in place
         self.kernel.layout(layer)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return self.kernel.apply(layer, x, bias)
+
+    def bind(self, layer: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+        """x -> x @ W.T + bias for a decode step's few rows (model/cpu_bound_layer.py)."""
+        return self.kernel.bind(layer)
 
     def weight_bytes(self, layer: nn.Module) -> int:
         """Bytes the layer's weights take once processed, bias excluded (chapter 12's table)."""

@@ -16,10 +16,10 @@ dequantized at load to the compute dtype; `quantization="int8"` re-quantizes it 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -177,48 +177,21 @@ def tensor_types(path: Path) -> dict[str, int]:
             if (name := hf_name(t.name, layer_names(reader))) is not None}
 
 
-Q4_0, Q5_0, Q8_0 = 2, 6, 8  # ggml's type ids
-# formats whose weights are d (q - offset), one fp16 d per 32 weights: each block is exactly a Q8_0
-# block with the same d and q - offset as int8 (the offset per format)
-EXACT_IN_Q8_0 = {Q4_0: 8, Q5_0: 16, Q8_0: 0}
-
-
-def as_q8_0(raw: np.ndarray, ggml_type: int) -> np.ndarray:
-    """Q4_0 or Q5_0 blocks (uint8 [rows, bytes per row]) rewritten as Q8_0 blocks of exactly the
-    same weights: a fused layer whose shards the file stores in these types (llama.cpp's Q4_K_M:
-    Q5_0 q and k beside a Q8_0 v) is held as one Q8_0 layer instead of dequantized to float."""
-    if ggml_type == Q8_0:
-        return raw
-    per_block = 18 if ggml_type == Q4_0 else 22
-    blocks = raw.reshape(raw.shape[0], -1, per_block)
-    nibbles = blocks[..., per_block - 16:]
-    codes = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1)  # weights 0-15, 16-31
-    if ggml_type == Q5_0:  # the fifth bits: bit j of the 32-bit word after d belongs to weight j
-        fifth = blocks[..., 2:6].copy().view("<u4")
-        codes |= (((fifth >> np.arange(32, dtype=np.uint32)) & 1) << 4).astype(np.uint8)
-    values = (codes.astype(np.int16) - EXACT_IN_Q8_0[ggml_type]).astype(np.int8).view(np.uint8)
-    return np.concatenate([blocks[..., :2], values], axis=-1).reshape(raw.shape[0], -1)
-
-
-def gguf_tensors(path: Path, cfg, blocks: Mapping[str, int] | None = None
+def gguf_tensors(path: Path, cfg, blocks: frozenset[str] = frozenset()
                  ) -> Iterator[tuple[str, torch.Tensor]]:
-    """(Hugging Face name, tensor) per tensor in the file, un-permuted: blocks as uint8 [rows,
-    bytes per row] for the names in `blocks`, in the ggml type it names (the file's own, or Q8_0 for
-    a type EXACT_IN_Q8_0), every other tensor dequantized to float32 (Gemma's norms with the
-    converter's +1 taken off)."""
+    """(Hugging Face name, tensor) per tensor in the file, un-permuted: the file's blocks as uint8
+    [rows, bytes per row] for the names in `blocks`, every other tensor dequantized to float32
+    (Gemma's norms with the converter's +1 taken off)."""
     from gguf import GGUFReader, dequantize
 
-    reader, blocks = GGUFReader(path), blocks or {}
+    reader = GGUFReader(path)
     names, shift = layer_names(reader), NORM_SHIFT.get(metadata_str(reader, "general.architecture"))
     for t in reader.tensors:
         name = hf_name(t.name, names)
         if name is None:
             continue
         if name in blocks:  # each row of W is a run of blocks: rows permute like float rows
-            raw = t.data.reshape(int(t.shape[-1]), -1)
-            if blocks[name] != int(t.tensor_type):
-                raw = as_q8_0(raw, int(t.tensor_type))
-            w = torch.from_numpy(raw.copy())
+            w = torch.from_numpy(t.data.copy()).reshape(int(t.shape[-1]), -1)
         else:
             w = torch.from_numpy(dequantize(t.data, t.tensor_type).copy()).float()
             w = w.reshape([int(d) for d in reversed(t.shape)])  # GGUF lists dims innermost first
@@ -260,6 +233,81 @@ class GgufLinearMethod(LinearMethod):
     def rows(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
         """A tied embedding's lookup in this (LM head) layer's blocks."""
         return self.kernel.rows(layer, ids)
+
+
+class GgufShardsLinearMethod(LinearMethod):
+    """A fused layer whose shards the file stores in different block types (Q4_K_M's Q4_K q and k
+    beside a Q6_K v): one flat uint8 tensor holds each shard's blocks after the other's, as the file
+    has them, and each shard is multiplied in its own type, one kernel call per shard, the outputs
+    side by side. The kernel sees each shard as a layer of its own (`shards`)."""
+
+    def __init__(self, kernel: LinearKernel, ggml_types: list[int],
+                 compute_dtype: torch.dtype) -> None:
+        super().__init__(kernel)
+        self.ggml_types, self.compute_dtype = ggml_types, compute_dtype
+
+    def shard_shapes(self, layer: nn.Module) -> list[tuple[int, int]]:
+        """(rows, bytes per row) of each shard's blocks."""
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        shapes = []
+        for rows, ggml_type in zip(layer.output_sizes, self.ggml_types):
+            weights, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+            if layer.input_size % weights:
+                raise ValueError(f"a layer of {layer.input_size} inputs is not whole blocks of "
+                                 f"{weights} weights")
+            shapes.append((rows, layer.input_size // weights * nbytes))
+        return shapes
+
+    def create_weights(self, layer: nn.Module) -> None:
+        total = sum(rows * nbytes for rows, nbytes in self.shard_shapes(layer))
+        add_weight(layer, "weight", (total,), torch.uint8, Layout(output_dim=None, input_dim=None))
+        layer.compute_dtype = self.compute_dtype
+        for i, ggml_type in enumerate(self.ggml_types):  # ints: a weight cache restores them
+            setattr(layer, f"kernel_type_{i}", ggml_type)
+
+    def shards(self, layer: nn.Module) -> list[SimpleNamespace]:
+        """Each shard as the kernel reads a layer: its blocks (a view of the flat tensor), types,
+        sizes."""
+        parts, start = [], 0
+        for i, (rows, nbytes) in enumerate(self.shard_shapes(layer)):
+            parts.append(SimpleNamespace(
+                weight=layer.weight[start:start + rows * nbytes].view(rows, nbytes),
+                ggml_type=self.ggml_types[i], kernel_type=getattr(layer, f"kernel_type_{i}"),
+                output_size=rows, input_size=layer.input_size, compute_dtype=layer.compute_dtype,
+                bias=None))
+            start += rows * nbytes
+        return parts
+
+    def load_weight(self, layer: nn.Module, name: str, loaded: torch.Tensor, shard: int | None,
+                    where: str) -> bool:
+        part = self.shards(layer)[shard].weight
+        if tuple(loaded.shape) != tuple(part.shape) or loaded.dtype != torch.uint8:
+            raise ValueError(f"{where} has shape {tuple(loaded.shape)} ({loaded.dtype}), expected "
+                             f"{tuple(part.shape)} blocks")
+        with torch.no_grad():
+            part.copy_(loaded)
+        return True
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """The kernel's layout per shard (it may regroup its bytes), kept in the flat tensor."""
+        for i, part in enumerate(self.shards(layer)):
+            flat = part.weight.view(-1)
+            self.kernel.layout(part)  # may swap part.weight for a regrouped copy
+            if part.weight.data_ptr() != flat.data_ptr():
+                with torch.no_grad():
+                    flat.copy_(part.weight.reshape(-1))
+            setattr(layer, f"kernel_type_{i}", part.kernel_type)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        y = torch.cat([self.kernel.apply(part, x, None) for part in self.shards(layer)], dim=-1)
+        return y if bias is None else y + bias
+
+    def bind(self, layer: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+        calls, bias = [self.kernel.bind(part) for part in self.shards(layer)], layer.bias
+        if bias is not None:
+            return lambda x: self.apply(layer, x, bias)
+        return lambda x: torch.cat([call(x) for call in calls], dim=-1)
 
 
 def gguf_names(state: dict, tied: bool, names: dict[str, str] = NAMES
