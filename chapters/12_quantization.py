@@ -29,9 +29,9 @@
 # | FP8 weights (Hopper) | 8 | per tensor | refused here |
 # | **FP8 KV cache** (K and V, not weights) | 8 | a K and a V scale per layer | `kv_cache_dtype="fp8"` |
 #
-# A GGUF file's blocks are multiplied as stored. On a CPU with bf16, Q8_0 and Q4_0/Q5_0 layers also take
-# llama.cpp's arithmetic: x rounded to 8 bits per 32 values and multiplied in integers
-# (`MINIVLLM_CPU_GGUF_ACTIVATIONS`); in fp32 x stays float and the tokens equal transformers'.
+# A GGUF file's blocks are multiplied as stored. On a CPU with bf16 they also take llama.cpp's arithmetic:
+# x rounded to 8 bits per 32 values and multiplied in integers (`MINIVLLM_CPU_GGUF_ACTIVATIONS`); in fp32
+# x stays float and the tokens equal transformers'.
 #
 # This chapter does the arithmetic first (what fits a T4, computed by the engine's own sizing code), then
 # quantizes the embedded model two ways and its KV cache two ways and measures what it costs, looks inside a
