@@ -53,8 +53,8 @@ VARIABLES: dict[str, EnvVar] = {
         "cpu platform: 0 runs decode steps through the decoder layers' modules instead of each "
         "layer's ops bound into one function (model/cpu_bound_layer.py)"),
     "MINIVLLM_CPU_GGUF_ACTIVATIONS": EnvVar(_choice("auto", "float", "int8"), "auto",
-        "cpu platform, a GGUF file's block layers: 'int8' quantizes x per 32 values (Q4_K, "
-        "Q6_K: 256) and multiplies in integers (llama.cpp's arithmetic; needs "
+        "cpu platform, a GGUF file's block layers: 'int8' quantizes x per 32 values and "
+        "multiplies in integers (llama.cpp's arithmetic; needs "
         "AVX512-VNNI), 'float' multiplies the exact weights by float x; 'auto': int8 when the "
         "model computes in bf16 or fp16"),
     "MINIVLLM_CPU_COMPILE": EnvVar(_flag, False,

@@ -102,10 +102,9 @@ int8_dot = pytest.mark.skipif(not (extension_built() and torch.ops.minivllm_cpu.
                               reason="the int8 path needs AVX512-VNNI")
 
 
-def quantized_per_32(x: torch.Tensor, per: int = 32) -> torch.Tensor:
-    """x as the int8 path sees it: per 32 values (Q4_K, Q6_K: 256) d = max |x| / 127, q = round(x / d) (half to
-    even)."""
-    blocks = x.reshape(x.shape[0], -1, per)
+def quantized_per_32(x: torch.Tensor) -> torch.Tensor:
+    """x as the int8 path sees it: per 32 values d = max |x| / 127, q = round(x / d) (half to even)."""
+    blocks = x.reshape(x.shape[0], -1, 32)
     amax = blocks.abs().amax(-1, keepdim=True)
     inverse = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
     return (torch.round(blocks * inverse) * (amax / 127)).reshape(x.shape)
@@ -117,8 +116,8 @@ def quantized_per_32(x: torch.Tensor, per: int = 32) -> torch.Tensor:
                          + [(name, n, k) for name in SUPER for n, k in [(103, 768), (19, 256)]])
 def test_packed_rows_hold_the_same_weights_and_multiply_int8_x_exactly(name, n, k):
     """Packing regroups the bytes (dequantized: the same weights; Q4_K, Q6_K keep their layout); the int8 path
-    equals x quantized per 32 values (Q4_K, Q6_K: per 256) times the exact weights up to fp32 sums, every batch
-    size 1-8, 9 (8 + 1) and 33 (dequantize + GEMM, float x)."""
+    equals x quantized per 32 values times the exact weights up to fp32 sums, every batch size 1-8, 9 (8 + 1)
+    and 33 (dequantize + GEMM, float x)."""
     blocks, weight = quantized(name, n, k, seed=n)
     packed = torch.ops.minivllm_cpu.gguf_pack(blocks, TYPES[name])
     kind = TYPES[name] | cpu_gguf.PACKED
@@ -128,8 +127,7 @@ def test_packed_rows_hold_the_same_weights_and_multiply_int8_x_exactly(name, n, 
     for rows in [*range(1, 10), 33]:
         x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
         got = cpu_gguf.gguf_linear(x, packed, kind, n).double()
-        per = 256 if name in SUPER else 32
-        want = (x if rows > cpu_gguf.GGUF_MAX_ROWS else quantized_per_32(x, per)).double() @ weight.double().T
+        want = (x if rows > cpu_gguf.GGUF_MAX_ROWS else quantized_per_32(x)).double() @ weight.double().T
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
 
 
@@ -289,6 +287,40 @@ def test_q4_k_and_q6_k_layers_keep_their_super_blocks_and_match_transformers(tmp
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(hf, p, 12) for p in prompts]
+
+
+@int8_dot
+def test_q4_k_and_q6_k_layers_multiply_the_engines_own_activations_as_int8(tmp_path, monkeypatch):
+    """The K formats on the int8 path inside the engine, a fused layer of two types included: every block layer's
+    output, on the activations a prompt really sends it, equals those activations quantized per 32 values times
+    the exact weights. (This fixture's MLP inputs peak at 400x their median, and int8 x is coarse there: its
+    logprobs stray up to ~4 from transformers' where bf16's stray 0.1, a limit of llama.cpp's arithmetic that
+    the default only takes where the model computes in bf16/fp16 anyway.)"""
+    from minivllm import LLM, SamplingParams
+
+    path, _ = write_k_gguf(tmp_path)
+    monkeypatch.setenv("MINIVLLM_CPU_GGUF_ACTIVATIONS", "int8")
+    monkeypatch.setenv("MINIVLLM_CPU_BOUND_LAYERS", "0")  # the modules' forward: hooks see each call
+    llm = LLM(str(path), dtype="float32", num_kv_blocks=64)
+    qkv = llm.engine.runner.model.model.layers[0].self_attn.qkv_proj  # Q4_K q/k beside a Q6_K v
+    assert [qkv.kernel_type_0, qkv.kernel_type_2] == [cpu_gguf.Q4_K | cpu_gguf.PACKED, cpu_gguf.Q6_K | cpu_gguf.PACKED]
+    worst = {}
+
+    def check(name):
+        def hook(module, args, out):
+            x = args[0].float()
+            parts = module.quant_method.shards(module) if hasattr(module.quant_method, "shards") else [module]
+            weight = torch.cat([cpu_gguf.dequantize(p.weight, p.kernel_type, p.output_size, p.input_size)
+                                for p in parts])
+            want = quantized_per_32(x).double() @ weight.double().T
+            worst[name] = ((out.double() - want).abs().max() / want.abs().max()).item()
+        return hook
+
+    for name, module in llm.engine.runner.model.named_modules():
+        if getattr(module, "weight", None) is not None and module.weight.dtype == torch.uint8:
+            module.register_forward_hook(check(name))
+    llm.generate([{"prompt_token_ids": list(range(40, 60))}], SamplingParams(max_tokens=3), use_tqdm=False)
+    assert len(worst) == 8 and max(worst.values()) < 1e-5, worst
 
 
 def test_kept_blocks_go_through_the_weight_cache(mixed_gguf, tmp_path):

@@ -21,7 +21,8 @@ multiplies in integers (AVX512-VNNI's vpdpbusd: 64 products an instruction); whe
 computes in bf16 or fp16 anyway (MINIVLLM_CPU_GGUF_ACTIVATIONS, minivllm/envs.py), Q8_0, Q4_0,
 Q4_1, Q5_0, Q5_1, Q4_K and Q6_K layers do too (`kernel_type` = the file's type | PACKED): `layout`
 regroups each row's 32-weight blocks four at a time (the same bytes), so that one load reads four
-blocks' codes; the K formats' super-blocks serve as they are (x quantized per 256).
+blocks' codes; the K formats' super-blocks serve as they are. x goes in per 32 values everywhere
+(llama.cpp takes 256 for the K formats: a little faster, coarser around a large activation).
 """
 
 from __future__ import annotations
