@@ -52,7 +52,7 @@ int64_t block_bytes(int64_t type) {
               " is not one of Q4_0 (2), Q4_1 (3), Q5_0 (6), Q5_1 (7), Q8_0 (8), Q4_K (12), Q6_K (14)");
 }
 
-bool is_super(int64_t type) { return type == kQ4_K || type == kQ6_K; }
+constexpr bool is_super(int64_t type) { return type == kQ4_K || type == kQ6_K; }
 int64_t block_weights(int64_t type) { return is_super(type) ? kSuper : kBlock; }
 
 // 32-weight blocks regrouped for int8 activations (gguf_pack): each run of four blocks of a row keeps its
@@ -622,71 +622,28 @@ QuantizedSuperX quantize_x_super(int64_t type, const float* x, int rows, int64_t
   return out;
 }
 
-template <int rows, int group>
-void multiply_group_q4_k_int8(const uint8_t* w, int64_t row_bytes, const QuantizedSuperX& x, float* y, int64_t n,
-                              int64_t o) {
-  constexpr int64_t bytes = 144;
+// Output rows [o, o + group) of a Q4_K or Q6_K W for `rows` rows of quantized x: each super-block's codes as four
+// vectors of 64 bytes and their scales as four vectors of lanes, then the same integer dot products for both
+template <int64_t type, int rows, int group>
+void multiply_group_super_int8(const uint8_t* w, int64_t row_bytes, const QuantizedSuperX& x, float* y, int64_t n,
+                               int64_t o) {
+  constexpr int64_t bytes = type == kQ4_K ? 144 : 210;
   const int64_t ahead = o + 2 * group <= n ? group * row_bytes : 0;
-  const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
-  const auto pair = [](int a, int b) {  // lanes 0-7 take lane a, 8-15 lane b
-    return _mm512_setr_epi32(a, a, a, a, a, a, a, a, b, b, b, b, b, b, b, b);
-  };
-  const __m512i pick02 = pair(0, 2), pick13 = pair(1, 3), pick46 = pair(4, 6), pick57 = pair(5, 7);
-  __m512 acc[rows][group];
-  for (int r = 0; r < rows; ++r)
-    for (int g = 0; g < group; ++g) acc[r][g] = _mm512_setzero_ps();
-  for (int64_t sb = 0; sb < x.supers; ++sb)
-    for (int g = 0; g < group; ++g) {
-      const uint8_t* block = w + (o + g) * row_bytes + sb * bytes;
-      for (int64_t line = 0; line < bytes; line += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(block + ahead + line), _MM_HINT_T0);
-      const float d = half_at(block), dmin = half_at(block + 2);
-      uint32_t packed[3];
-      std::memcpy(packed, block + 4, 12);
-      // the 6-bit scales and mins, four to a word (q4_k_scale_min's layout, four sub-blocks at a time)
-      const uint32_t scales_0123 = packed[0] & 0x3F3F3F3F, mins_0123 = packed[1] & 0x3F3F3F3F;
-      const uint32_t scales_4567 = (packed[2] & 0x0F0F0F0F) | (((packed[0] >> 6) & 0x03030303) << 4);
-      const uint32_t mins_4567 = ((packed[2] >> 4) & 0x0F0F0F0F) | (((packed[1] >> 6) & 0x03030303) << 4);
-      const __m512i scales = _mm512_cvtepu8_epi32(_mm_setr_epi32(scales_0123, scales_4567, 0, 0));
-      const __m256 mins = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_setr_epi32(mins_0123, mins_4567, 0, 0)));
-      const __m512i s02 = _mm512_permutexvar_epi32(pick02, scales), s13 = _mm512_permutexvar_epi32(pick13, scales);
-      const __m512i s46 = _mm512_permutexvar_epi32(pick46, scales), s57 = _mm512_permutexvar_epi32(pick57, scales);
-      const __m512i z0 = _mm512_loadu_si512(block + 16), z1 = _mm512_loadu_si512(block + 80);
-      const __m512i lo0 = _mm512_and_si512(z0, low_nibbles), hi0 = _mm512_and_si512(_mm512_srli_epi16(z0, 4), low_nibbles);
-      const __m512i lo1 = _mm512_and_si512(z1, low_nibbles), hi1 = _mm512_and_si512(_mm512_srli_epi16(z1, 4), low_nibbles);
-      const __m512i zero = _mm512_setzero_si512();
-      const __m512i codes[4] = {lo0, hi0, lo1, hi1}, scale[4] = {s02, s13, s46, s57};
-      for (int r = 0; r < rows; ++r) {
-        const int64_t at = r * x.supers + sb;
-        const int8_t* q = x.q.data() + at * kSuper;
-        const float* lanes = x.lanes.data() + at * 64;
-        __m512 sum = _mm512_setzero_ps();  // sum_j d_x,j scale_j (codes . x) over the lanes, then times d
-        for (int c = 0; c < 4; ++c)
-          sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_mullo_epi32(
-                                    _mm512_dpbusd_epi32(zero, codes[c], _mm512_loadu_si512(q + 64 * c)), scale[c])),
-                                _mm512_loadu_ps(lanes + 16 * c), sum);
-        acc[r][g] = _mm512_fmadd_ps(sum, _mm512_set1_ps(d), acc[r][g]);
-        const __m256 by_min = _mm256_mul_ps(mins, _mm256_loadu_ps(x.mins.data() + at * 8));
-        const __m512 by_min_16 = _mm512_castpd_ps(  // lanes 8-15 zero
-            _mm512_insertf64x4(_mm512_setzero_pd(), _mm256_castps_pd(by_min), 0));
-        acc[r][g] = _mm512_fnmadd_ps(by_min_16, _mm512_set1_ps(dmin), acc[r][g]);
-      }
+  const __m512i low_nibbles = _mm512_set1_epi8(0x0F), high_pair = _mm512_set1_epi8(0x30), zero = _mm512_setzero_si512();
+  constexpr __mmask64 upper = 0xFFFFFFFF00000000ULL;  // Q6_K: the bytes of weights l + 32 (l + 96)
+  // which scale each lane of code vector c multiplies by: Q4_K's per sub-block (lanes 0-7 and 8-15: the two
+  // sub-blocks a vector holds), Q6_K's per 16 weights (4 lanes each)
+  const auto pick = [](int c) {
+    if constexpr (type == kQ4_K) {
+      const int a = (c / 2) * 4 + c % 2, b = a + 2;  // [s0 s2] [s1 s3] [s4 s6] [s5 s7]
+      return _mm512_setr_epi32(a, a, a, a, a, a, a, a, b, b, b, b, b, b, b, b);
+    } else {
+      const int a = 4 * c;
+      return _mm512_setr_epi32(a, a, a, a, a + 1, a + 1, a + 1, a + 1, a + 2, a + 2, a + 2, a + 2, a + 3, a + 3,
+                               a + 3, a + 3);
     }
-  for (int r = 0; r < rows; ++r) store_totals<group>(acc[r], y + r * n + o);
-}
-
-template <int rows, int group>
-void multiply_group_q6_k_int8(const uint8_t* w, int64_t row_bytes, const QuantizedSuperX& x, float* y, int64_t n,
-                              int64_t o) {
-  constexpr int64_t bytes = 210;
-  const int64_t ahead = o + 2 * group <= n ? group * row_bytes : 0;
-  const __m512i low_nibbles = _mm512_set1_epi8(0x0F), high_pair = _mm512_set1_epi8(0x30);
-  constexpr __mmask64 upper = 0xFFFFFFFF00000000ULL;  // the bytes of weights l + 32 (l + 96)
-  const auto quads = [](int a) {  // lanes 4i-4i+3 take lane a + i
-    return _mm512_setr_epi32(a, a, a, a, a + 1, a + 1, a + 1, a + 1, a + 2, a + 2, a + 2, a + 2, a + 3, a + 3,
-                             a + 3, a + 3);
   };
-  const __m512i pick[4] = {quads(0), quads(4), quads(8), quads(12)};
+  const __m512i picks[4] = {pick(0), pick(1), pick(2), pick(3)};
   __m512 acc[rows][group];
   for (int r = 0; r < rows; ++r)
     for (int g = 0; g < group; ++g) acc[r][g] = _mm512_setzero_ps();
@@ -695,32 +652,58 @@ void multiply_group_q6_k_int8(const uint8_t* w, int64_t row_bytes, const Quantiz
       const uint8_t* block = w + (o + g) * row_bytes + sb * bytes;
       for (int64_t line = 0; line < bytes; line += 64)
         _mm_prefetch(reinterpret_cast<const char*>(block + ahead + line), _MM_HINT_T0);
-      const float d = half_at(block + 208);
-      const __m512i scales = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 192)));
-      __m512i codes[4];  // weights 0-63, 64-127, 128-191, 192-255
-      for (int h = 0; h < 2; ++h) {
-        const __m512i ql = _mm512_loadu_si512(block + 64 * h);
-        const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(
-            block + 128 + 32 * h)));
-        const __m512i bits_a = _mm512_mask_blend_epi8(upper, _mm512_slli_epi16(qh, 4), _mm512_slli_epi16(qh, 2));
-        const __m512i bits_b = _mm512_mask_blend_epi8(upper, qh, _mm512_srli_epi16(qh, 2));
-        codes[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, low_nibbles), _mm512_and_si512(bits_a, high_pair));
-        codes[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low_nibbles),
-                                           _mm512_and_si512(bits_b, high_pair));
+      __m512i codes[4], scales;
+      __m256 mins = _mm256_setzero_ps();
+      float d, dmin = 0.0f;
+      if constexpr (type == kQ4_K) {
+        d = half_at(block), dmin = half_at(block + 2);
+        uint32_t packed[3];
+        std::memcpy(packed, block + 4, 12);
+        // the 6-bit scales and mins, four to a word (q4_k_scale_min's layout, four sub-blocks at a time)
+        const uint32_t scales_0123 = packed[0] & 0x3F3F3F3F, mins_0123 = packed[1] & 0x3F3F3F3F;
+        const uint32_t scales_4567 = (packed[2] & 0x0F0F0F0F) | (((packed[0] >> 6) & 0x03030303) << 4);
+        const uint32_t mins_4567 = ((packed[2] >> 4) & 0x0F0F0F0F) | (((packed[1] >> 6) & 0x03030303) << 4);
+        scales = _mm512_cvtepu8_epi32(_mm_setr_epi32(scales_0123, scales_4567, 0, 0));
+        mins = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_setr_epi32(mins_0123, mins_4567, 0, 0)));
+        for (int h = 0; h < 2; ++h) {  // low nibbles: sub-blocks 4h and 4h + 2, high: 4h + 1 and 4h + 3
+          const __m512i nibbles = _mm512_loadu_si512(block + 16 + 64 * h);
+          codes[2 * h] = _mm512_and_si512(nibbles, low_nibbles);
+          codes[2 * h + 1] = _mm512_and_si512(_mm512_srli_epi16(nibbles, 4), low_nibbles);
+        }
+      } else {
+        d = half_at(block + 208);
+        scales = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 192)));
+        for (int h = 0; h < 2; ++h) {  // weights 128 h + 0-63, then 128 h + 64-127
+          const __m512i ql = _mm512_loadu_si512(block + 64 * h);
+          const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+              block + 128 + 32 * h)));
+          const __m512i bits_a = _mm512_mask_blend_epi8(upper, _mm512_slli_epi16(qh, 4), _mm512_slli_epi16(qh, 2));
+          const __m512i bits_b = _mm512_mask_blend_epi8(upper, qh, _mm512_srli_epi16(qh, 2));
+          codes[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, low_nibbles), _mm512_and_si512(bits_a, high_pair));
+          codes[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low_nibbles),
+                                             _mm512_and_si512(bits_b, high_pair));
+        }
       }
       __m512i scale[4];
-      for (int c = 0; c < 4; ++c) scale[c] = _mm512_permutexvar_epi32(pick[c], scales);
+      for (int c = 0; c < 4; ++c) scale[c] = _mm512_permutexvar_epi32(picks[c], scales);
       for (int r = 0; r < rows; ++r) {
         const int64_t at = r * x.supers + sb;
         const int8_t* q = x.q.data() + at * kSuper;
-        const int32_t* offset = x.offset.data() + at * 64;
         const float* lanes = x.lanes.data() + at * 64;
-        __m512 sum = _mm512_setzero_ps();
-        for (int c = 0; c < 4; ++c)
-          sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_mullo_epi32(scale[c], _mm512_dpbusd_epi32(
-                                    _mm512_loadu_si512(offset + 16 * c), codes[c], _mm512_loadu_si512(q + 64 * c)))),
+        __m512 sum = _mm512_setzero_ps();  // sum over lanes of d_x scale (codes . x), then times d
+        for (int c = 0; c < 4; ++c) {
+          const __m512i start = type == kQ4_K ? zero : _mm512_loadu_si512(x.offset.data() + at * 64 + 16 * c);
+          sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_mullo_epi32(
+                                    _mm512_dpbusd_epi32(start, codes[c], _mm512_loadu_si512(q + 64 * c)), scale[c])),
                                 _mm512_loadu_ps(lanes + 16 * c), sum);
+        }
         acc[r][g] = _mm512_fmadd_ps(sum, _mm512_set1_ps(d), acc[r][g]);
+        if constexpr (type == kQ4_K) {
+          const __m256 by_min = _mm256_mul_ps(mins, _mm256_loadu_ps(x.mins.data() + at * 8));
+          const __m512 by_min_16 = _mm512_castpd_ps(  // lanes 8-15 zero
+              _mm512_insertf64x4(_mm512_setzero_pd(), _mm256_castps_pd(by_min), 0));
+          acc[r][g] = _mm512_fnmadd_ps(by_min_16, _mm512_set1_ps(dmin), acc[r][g]);
+        }
       }
     }
   for (int r = 0; r < rows; ++r) store_totals<group>(acc[r], y + r * n + o);
@@ -751,6 +734,22 @@ void multiply_group(const uint8_t* w, int64_t row_bytes, int64_t blocks, const f
 constexpr int group_for(int) { return 1; }
 constexpr bool kInt8Dot = false;
 #endif
+
+// f(group size, o) for output rows [o, o + group size) of n: whole groups of kGroup split evenly between the
+// threads (a grain of about 16 output rows); the last group, where n is not a multiple of kGroup, one row at a time
+template <int kGroup, typename F>
+void for_each_group(int64_t n, F&& f) {
+  at::parallel_for(0, (n + kGroup - 1) / kGroup, std::max(1, 16 / kGroup), [&](int64_t first, int64_t last) {
+    for (int64_t group = first; group < last; ++group) {
+      const int64_t o = group * kGroup;
+      if (o + kGroup <= n) {
+        f(std::integral_constant<int, kGroup>{}, o);
+      } else {
+        for (int64_t row = o; row < n; ++row) f(std::integral_constant<int, 1>{}, row);
+      }
+    }
+  });
+}
 
 void check(const at::Tensor& blocks, int64_t type, int64_t n, int64_t k) {
   TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.is_contiguous(),
@@ -800,87 +799,37 @@ at::Tensor gguf_linear(const at::Tensor& x_in, const at::Tensor& blocks, int64_t
   auto y = at::empty({m, n}, x.options());
   const uint8_t* w = blocks.data_ptr<uint8_t>();
   const int64_t row_bytes = blocks.size(1), blocks_per_row = k / block_weights(stored_type(type));
-  if (is_packed(type)) {
-    TORCH_CHECK(kInt8Dot, "packed GGUF rows need AVX512-VNNI (gguf_int8_dot() is false here)");
-#if defined(__AVX512BW__) && defined(__AVX512VNNI__)
-    const bool super = is_super(stored_type(type));
-    for (int64_t r = 0; r < m && super; r += kRows) {
-      const int rows = static_cast<int>(std::min(kRows, m - r));
-      const QuantizedSuperX qx = quantize_x_super(stored_type(type), x.data_ptr<float>() + r * k, rows, k);
-      float* yr = y.data_ptr<float>() + r * n;
-      with_rows(rows, [&](auto rows_constant) {
-        constexpr int kRowsOfX = decltype(rows_constant)::value, kGroup = group_for(kRowsOfX);
-        const auto multiply = [&](auto group_constant, int64_t o) {
-          constexpr int kOutputs = decltype(group_constant)::value;
-          if (stored_type(type) == kQ4_K) multiply_group_q4_k_int8<kRowsOfX, kOutputs>(w, row_bytes, qx, yr, n, o);
-          else multiply_group_q6_k_int8<kRowsOfX, kOutputs>(w, row_bytes, qx, yr, n, o);
-        };
-        at::parallel_for(0, (n + kGroup - 1) / kGroup, std::max(1, 16 / kGroup), [&](int64_t first, int64_t last) {
-          for (int64_t group = first; group < last; ++group) {
-            const int64_t o = group * kGroup;
-            if (o + kGroup <= n) {
-              multiply(std::integral_constant<int, kGroup>{}, o);
-            } else {
-              for (int64_t row = o; row < n; ++row) multiply(std::integral_constant<int, 1>{}, row);
-            }
-          }
-        });
-      });
-    }
-    for (int64_t r = 0; r < m && !super; r += kRows) {
-      const int rows = static_cast<int>(std::min(kRows, m - r));
-      const QuantizedX qx = quantize_x(stored_type(type), x.data_ptr<float>() + r * k, rows, k);
-      float* yr = y.data_ptr<float>() + r * n;
-      const auto run = [&](auto type_constant) {
-        with_rows(rows, [&](auto rows_constant) {
-          constexpr int64_t kType = decltype(type_constant)::value;
-          constexpr int kRowsOfX = decltype(rows_constant)::value, kGroup = group_for(kRowsOfX);
-          at::parallel_for(0, (n + kGroup - 1) / kGroup, std::max(1, 16 / kGroup), [&](int64_t first, int64_t last) {
-            for (int64_t group = first; group < last; ++group) {
-              const int64_t o = group * kGroup;
-              if (o + kGroup <= n) {
-                multiply_group_int8<kType, kRowsOfX, kGroup>(w, row_bytes, blocks_per_row, qx, yr, n, o);
-              } else {
-                for (int64_t row = o; row < n; ++row)
-                  multiply_group_int8<kType, kRowsOfX, 1>(w, row_bytes, blocks_per_row, qx, yr, n, row);
-              }
-            }
-          });
-        });
-      };
-      switch (stored_type(type)) {
-        case kQ4_0: run(std::integral_constant<int64_t, kQ4_0>{}); break;
-        case kQ4_1: run(std::integral_constant<int64_t, kQ4_1>{}); break;
-        case kQ5_0: run(std::integral_constant<int64_t, kQ5_0>{}); break;
-        case kQ5_1: run(std::integral_constant<int64_t, kQ5_1>{}); break;
-        default: run(std::integral_constant<int64_t, kQ8_0>{});
-      }
-    }
-#endif
-    auto shape = x_in.sizes().vec();
-    shape.back() = n;
-    return y.to(x_in.scalar_type()).view(shape);
-  }
+  TORCH_CHECK(!is_packed(type) || kInt8Dot, "packed GGUF rows need AVX512-VNNI (gguf_int8_dot() is false here)");
   for (int64_t r = 0; r < m; r += kRows) {
     const int rows = static_cast<int>(std::min(kRows, m - r));
     const float* xr = x.data_ptr<float>() + r * k;
     float* yr = y.data_ptr<float>() + r * n;
-    with_type(type, [&](auto type_constant) {
+    with_type(stored_type(type), [&](auto type_constant) {
+      constexpr int64_t kType = decltype(type_constant)::value;
+#if defined(__AVX512BW__) && defined(__AVX512VNNI__)
+      if (is_packed(type)) {  // x as int8, once for every output row
+        const auto qx = [&] {
+          if constexpr (is_super(kType)) return quantize_x_super(kType, xr, rows, k);
+          else return quantize_x(kType, xr, rows, k);
+        }();
+        with_rows(rows, [&](auto rows_constant) {
+          constexpr int kRowsOfX = decltype(rows_constant)::value;
+          for_each_group<group_for(kRowsOfX)>(n, [&](auto group_constant, int64_t o) {
+            constexpr int kOutputs = decltype(group_constant)::value;
+            if constexpr (is_super(kType))
+              multiply_group_super_int8<kType, kRowsOfX, kOutputs>(w, row_bytes, qx, yr, n, o);
+            else
+              multiply_group_int8<kType, kRowsOfX, kOutputs>(w, row_bytes, blocks_per_row, qx, yr, n, o);
+          });
+        });
+        return;
+      }
+#endif
       with_rows(rows, [&](auto rows_constant) {
-        constexpr int64_t kType = decltype(type_constant)::value;
-        constexpr int kRowsOfX = decltype(rows_constant)::value, kGroup = group_for(kRowsOfX);
-        // whole groups split evenly between the threads (a grain of about 16 output rows); the last group, where
-        // N is not a multiple of kGroup, goes one output row at a time
-        at::parallel_for(0, (n + kGroup - 1) / kGroup, std::max(1, 16 / kGroup), [&](int64_t first, int64_t last) {
-          for (int64_t group = first; group < last; ++group) {
-            const int64_t o = group * kGroup;
-            if (o + kGroup <= n) {
-              multiply_group<kType, kRowsOfX, kGroup>(w, row_bytes, blocks_per_row, xr, k, yr, n, o);
-            } else {
-              for (int64_t row = o; row < n; ++row)
-                multiply_group<kType, kRowsOfX, 1>(w, row_bytes, blocks_per_row, xr, k, yr, n, row);
-            }
-          }
+        constexpr int kRowsOfX = decltype(rows_constant)::value;
+        for_each_group<group_for(kRowsOfX)>(n, [&](auto group_constant, int64_t o) {
+          multiply_group<kType, kRowsOfX, decltype(group_constant)::value>(w, row_bytes, blocks_per_row, xr, k, yr,
+                                                                            n, o);
         });
       });
     });
@@ -915,10 +864,9 @@ at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t type, int64_t n, in
 
 // Rows of 32-weight blocks regrouped for the int8 path (the same bytes: see map_block); `type | 256` names them
 at::Tensor gguf_pack(const at::Tensor& blocks, int64_t type) {
-  block_bytes(type);  // refuses a type without a kernel
   TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.is_contiguous(),
               "GGUF blocks must be contiguous uint8 [out, bytes per row]");
-  const int64_t bytes = block_bytes(type), row_bytes = blocks.size(1), per_row = row_bytes / bytes;
+  const int64_t bytes = block_bytes(type), row_bytes = blocks.size(1), per_row = row_bytes / bytes;  // refuses others
   TORCH_CHECK(row_bytes % bytes == 0, "a row of ", row_bytes, " bytes is not whole blocks of ", bytes);
   if (is_super(type)) return blocks.clone();  // their layout serves the int8 path as it is
   auto out = at::empty_like(blocks);

@@ -41,8 +41,7 @@ Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K = 2, 3, 6, 7, 8, 12, 14  # ggml's type 
 BLOCKS = {Q4_0: (32, 18), Q4_1: (32, 20), Q5_0: (32, 22), Q5_1: (32, 24), Q8_0: (32, 34),
           Q4_K: (256, 144), Q6_K: (256, 210)}
 GGUF_MAX_ROWS = 32  # beyond, dequantize once per call and multiply with the float GEMM
-PACKED = 256  # type | PACKED: rows regrouped for int8 activations (gguf_pack)
-PACKABLE = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K)  # the formats the int8 path multiplies
+PACKED = 256  # type | PACKED: x goes in as int8 (every type; rows regrouped by gguf_pack)
 
 
 def dequantize(blocks: torch.Tensor, ggml_type: int, n: int, k: int) -> torch.Tensor:
@@ -66,7 +65,7 @@ def register_fake() -> None:
 
 
 def int8_activations(dtype: torch.dtype) -> bool:
-    """Whether Q4_0/Q8_0 layers of a model computing in `dtype` take llama.cpp's int8 path."""
+    """Whether the block layers of a model computing in `dtype` take llama.cpp's int8 path."""
     wanted = envs.MINIVLLM_CPU_GGUF_ACTIVATIONS
     if wanted == "auto":
         wanted = "float" if dtype == torch.float32 else "int8"
@@ -80,9 +79,9 @@ class CpuGgufKernel(LinearKernel):
     types = tuple(BLOCKS)  # the block formats cpu_gguf.cpp multiplies
 
     def layout(self, layer: nn.Module) -> None:
-        """32-weight blocks regrouped where x goes in as int8 (the same bytes, in place)."""
+        """Rows regrouped where x goes in as int8 (the same bytes, in place)."""
         layer.kernel_type = layer.ggml_type
-        if layer.ggml_type in PACKABLE and int8_activations(layer.compute_dtype):
+        if int8_activations(layer.compute_dtype):
             layer.weight.data = torch.ops.minivllm_cpu.gguf_pack(layer.weight, layer.ggml_type)
             layer.kernel_type = layer.ggml_type | PACKED
 

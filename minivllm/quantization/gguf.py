@@ -208,6 +208,16 @@ def gguf_tensors(path: Path, cfg, blocks: frozenset[str] = frozenset()
         yield name, w
 
 
+def row_bytes(ggml_type: int, inputs: int) -> int:
+    """Bytes of one weight row of `inputs` values in blocks of `ggml_type`."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    weights, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]  # per block
+    if inputs % weights:
+        raise ValueError(f"a layer of {inputs} inputs is not whole blocks of {weights} weights")
+    return inputs // weights * nbytes
+
+
 class GgufLinearMethod(LinearMethod):
     """A layer held as the file's blocks of one ggml type (`ggml_type`): uint8 [N, bytes per row],
     the rows of a fused layer's shards stacked as for float weights. The kernel is the platform's
@@ -219,13 +229,7 @@ class GgufLinearMethod(LinearMethod):
         self.ggml_type, self.compute_dtype = ggml_type, compute_dtype
 
     def create_weights(self, layer: nn.Module) -> None:
-        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
-        weights, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType(self.ggml_type)]  # per block
-        if layer.input_size % weights:
-            raise ValueError(f"a layer of {layer.input_size} inputs is not whole blocks of "
-                             f"{weights} weights")
-        shape = (layer.output_size, layer.input_size // weights * nbytes)
+        shape = (layer.output_size, row_bytes(self.ggml_type, layer.input_size))
         add_weight(layer, "weight", shape, torch.uint8, Layout(output_dim=0, input_dim=1))
         layer.ggml_type, layer.compute_dtype = self.ggml_type, self.compute_dtype
         layer.kernel_type = self.ggml_type  # the kernel may regroup the blocks (cpu_gguf.py)
@@ -245,22 +249,12 @@ class GgufShardsLinearMethod(LinearMethod):
                  compute_dtype: torch.dtype) -> None:
         super().__init__(kernel)
         self.ggml_types, self.compute_dtype = ggml_types, compute_dtype
-
-    def shard_shapes(self, layer: nn.Module) -> list[tuple[int, int]]:
-        """(rows, bytes per row) of each shard's blocks."""
-        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
-        shapes = []
-        for rows, ggml_type in zip(layer.output_sizes, self.ggml_types):
-            weights, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
-            if layer.input_size % weights:
-                raise ValueError(f"a layer of {layer.input_size} inputs is not whole blocks of "
-                                 f"{weights} weights")
-            shapes.append((rows, layer.input_size // weights * nbytes))
-        return shapes
+        self.shapes: list[tuple[int, int]] = []  # (rows, bytes per row) per shard: create_weights
 
     def create_weights(self, layer: nn.Module) -> None:
-        total = sum(rows * nbytes for rows, nbytes in self.shard_shapes(layer))
+        self.shapes = [(rows, row_bytes(ggml_type, layer.input_size))
+                       for rows, ggml_type in zip(layer.output_sizes, self.ggml_types)]
+        total = sum(rows * nbytes for rows, nbytes in self.shapes)
         add_weight(layer, "weight", (total,), torch.uint8, Layout(output_dim=None, input_dim=None))
         layer.compute_dtype = self.compute_dtype
         for i, ggml_type in enumerate(self.ggml_types):  # ints: a weight cache restores them
@@ -270,7 +264,7 @@ class GgufShardsLinearMethod(LinearMethod):
         """Each shard as the kernel reads a layer: its blocks (a view of the flat tensor), types,
         sizes."""
         parts, start = [], 0
-        for i, (rows, nbytes) in enumerate(self.shard_shapes(layer)):
+        for i, (rows, nbytes) in enumerate(self.shapes):
             parts.append(SimpleNamespace(
                 weight=layer.weight[start:start + rows * nbytes].view(rows, nbytes),
                 ggml_type=self.ggml_types[i], kernel_type=getattr(layer, f"kernel_type_{i}"),
