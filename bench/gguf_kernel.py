@@ -35,8 +35,8 @@ SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # q/k/v, o, gate/up
 LAYERS = 30
 TYPES = {"Q4_0": cpu_gguf.Q4_0, "Q4_1": cpu_gguf.Q4_1, "Q5_0": cpu_gguf.Q5_0, "Q5_1": cpu_gguf.Q5_1,
          "Q8_0": cpu_gguf.Q8_0, "Q4_K": cpu_gguf.Q4_K, "Q6_K": cpu_gguf.Q6_K}
-# the same blocks regrouped for int8 activations (llama.cpp's arithmetic; cpu_gguf.py): x quantized per call
-INT8 = {f"{name}-int8": TYPES[name] for name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K")}
+# every type with x quantized to int8 per call (llama.cpp's arithmetic; cpu_gguf.py), its rows packed for it
+INT8 = {f"{name}-int8": ggml_type for name, ggml_type in TYPES.items()}
 
 
 def read_bandwidth(clock) -> float:

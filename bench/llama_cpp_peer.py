@@ -12,7 +12,7 @@ Rows, each in its own subprocess, engines alternating within each round:
 - `minivllm <dtype>`: the safetensors checkpoint at float32 / bfloat16.
 - `minivllm gguf <fmt>`: the same GGUF file llama.cpp ran (Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q6_K layers kept as
   the file's blocks on the cpu platform, minivllm/model/gguf_blocks.py; float files dequantized at load).
-- `minivllm gguf-int8 <fmt>`: the same, its Q8_0/Q4_0 layers multiplying x quantized to int8 as llama.cpp does
+- `minivllm gguf-int8 <fmt>` (block formats): the same, its layers multiplying x quantized to int8 as llama.cpp does
   (MINIVLLM_CPU_GGUF_ACTIVATIONS=int8; dtype "auto" is fp32 on a CPU without native bf16, where the default
   keeps x float).
 Each reports ms per output token after the first (a 128-token prompt, 128 outputs, ignore EOS), time to
@@ -51,7 +51,6 @@ CONVERTER_TYPES = {"f32": "f32", "bf16": "bf16", "q8_0": "q8_0"}
 # tensors Q6_K, and rows whose length is not a multiple of 256 in llama.cpp's fallback types)
 QUANTIZED_FROM_F32 = {"q4_0": 2, "q4_1": 3, "q4_k_m": 15}
 HF_DTYPES = {"f32": "float32", "bf16": "bfloat16"}
-INT8_FORMATS = ("q8_0", "q4_0", "q4_k_m")  # files with Q8_0 / Q4_0 layers (cpu_gguf.py's int8 path)
 
 
 def prompt_ids() -> list[int]:
@@ -215,7 +214,7 @@ def main() -> None:
     for fmt in formats:
         rows[f"llama.cpp {fmt}"] = ("llama.cpp", dict(path=str(files[fmt]), threads=args.threads))
         rows[f"minivllm gguf {fmt}"] = ("minivllm", dict(path=str(files[fmt]), dtype="auto"))
-        if fmt in INT8_FORMATS:  # x as int8, as llama.cpp multiplies (fp32 elsewhere; the default in bf16)
+        if fmt not in HF_DTYPES:  # block layers: x as int8, as llama.cpp multiplies (the default in bf16)
             rows[f"minivllm gguf-int8 {fmt}"] = ("minivllm", dict(
                 path=str(files[fmt]), dtype="auto", env={"MINIVLLM_CPU_GGUF_ACTIVATIONS": "int8"}))
         if fmt in HF_DTYPES:
