@@ -18,7 +18,7 @@ from minivllm.quantization.cpu_unquantized import (
 from minivllm.quantization.unquantized import plain_weight
 
 DTYPES = [d for d in (torch.float32, torch.bfloat16) if tiled_applies(d)] if extension_built() else []
-pytestmark = pytest.mark.skipif(not DTYPES, reason="no AVX-512 (or no compiler): the tiled kernel is not used")
+pytestmark = pytest.mark.skipif(not DTYPES, reason="no AVX-512 or AVX2 (or no compiler): the tiled kernel is not used")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -3,7 +3,7 @@
 // read once, written once and read again. Here each work item, one (request, KV head, tile of query rows), walks its
 // block table and reads each key and value once, in place. The query heads that share a KV head (GQA) are extra rows of
 // the same item, so a key loaded for one serves them all. Keys are scored and values summed a chunk of 16 positions at
-// a time, the vector code's shape. Scores, softmax and sums are fp32, whatever the cache holds. Before attending, the
+// a time, the vector code's shape (one AVX-512 vector, or two AVX2 ones). Scores, softmax and sums are fp32, whatever the cache holds. Before attending, the
 // op stores this step's keys and values in their slots (`store`): one op call a layer.
 #include <torch/library.h>
 #include <ATen/ATen.h>
@@ -12,8 +12,9 @@
 #include <vector>
 
 #include "../platforms/cpu_vector_math.h"  // with <algorithm>, <cmath>, <cstring>
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
+#define MINIVLLM_VECTOR_ATTENTION 1  // the fp32 vector code below exists: AVX-512, or AVX2 at half the width
 #endif
 
 namespace {
@@ -130,6 +131,30 @@ inline __m512 dot_chunk(const float* q, const float* const* keys, int64_t n) {
   }
   return sum_lanes(acc);
 }
+
+inline void score_chunk(const float* q, const float* const* keys, int64_t n, float* scores) {
+  _mm512_storeu_ps(scores, dot_chunk(q, keys, n));
+}
+#elif defined(MINIVLLM_VECTOR_ATTENTION)
+// AVX2: 8 lanes, so the chunk's 16 keys are scored as two halves of 8, each with one tree of horizontal adds
+inline __m256 sum_lanes(const __m256* v) {  // lane j: the sum of v[j]'s 8 lanes
+  __m256 pairs[4];
+  for (int i = 0; i < 4; ++i) pairs[i] = _mm256_hadd_ps(v[2 * i], v[2 * i + 1]);
+  const __m256 low = _mm256_hadd_ps(pairs[0], pairs[1]), high = _mm256_hadd_ps(pairs[2], pairs[3]);
+  return _mm256_add_ps(_mm256_permute2f128_ps(low, high, 0x20), _mm256_permute2f128_ps(low, high, 0x31));
+}
+
+inline void score_chunk(const float* q, const float* const* keys, int64_t n, float* scores) {
+  for (int half = 0; half < kChunk; half += 8) {
+    __m256 acc[8];
+    for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < n; d += 8) {
+      const __m256 qd = _mm256_loadu_ps(q + d);
+      for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(keys[half + j] + d), acc[j]);
+    }
+    _mm256_storeu_ps(scores + half, sum_lanes(acc));
+  }
+}
 #endif
 
 #ifdef __AVX512BF16__
@@ -180,18 +205,32 @@ inline void add_values(float* acc, const float* p, const c10::BFloat16* const* v
     _mm512_storeu_ps(acc + d + 16, _mm512_add_ps(odd[0], odd[1]));
   }
 }
-constexpr bool kVector = true;  // the vector code above exists
+constexpr bool kBf16Values = true;  // bf16 values summed in place, as 16 even and 16 odd per 32
+#elif defined(MINIVLLM_VECTOR_ATTENTION)
+inline void add_values(float* acc, const float* p, const float* const* values, int64_t dim) {
+  for (int64_t d = 0; d < dim; d += 8) {
+    __m256 part[4] = {_mm256_loadu_ps(acc + d), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int j = 0; j < kChunk; ++j)
+      part[j % 4] = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(values[j] + d), part[j % 4]);
+    _mm256_storeu_ps(acc + d, _mm256_add_ps(_mm256_add_ps(part[0], part[1]), _mm256_add_ps(part[2], part[3])));
+  }
+}
+constexpr bool kBf16Values = false;  // AVX2: bf16 values are widened per chunk
+#endif
+#ifdef MINIVLLM_VECTOR_ATTENTION
+constexpr bool kVector = true;
 #else
 constexpr bool kVector = false;
+constexpr bool kBf16Values = false;
 #endif
 
 // Which rows the vector code reads straight from the cache: fp32 ones, bf16 keys where vdpbf16ps exists, bf16
-// values (the split needs plain AVX-512), when head_dim is whole vectors (16 fp32, 32 bf16). Other rows (fp16, an
+// values (the split needs AVX-512; with AVX2 they are widened), when head_dim is whole vectors (16 fp32, 32 bf16). Other rows (fp16, an
 // odd head_dim) are widened to fp32 per chunk, then summed by the fp32 vector code or, without AVX-512, plain loops.
 template <typename T>
 constexpr bool kScoresInPlace = kVector && (std::is_same_v<T, float> || (std::is_same_v<T, c10::BFloat16> && kBf16Dot));
 template <typename T>
-constexpr bool kValuesInPlace = kVector && (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>);
+constexpr bool kValuesInPlace = kVector && (std::is_same_v<T, float> || (std::is_same_v<T, c10::BFloat16> && kBf16Values));
 
 // The largest of n scores: GCC leaves a max loop scalar, one dependent vmaxss after another (it may not reorder
 // float max without -ffast-math), which was 8% of a bf16 decode call.
@@ -202,6 +241,12 @@ inline float max_of(const float* s, int64_t n) {
   __m512 m = _mm512_set1_ps(-INFINITY);
   for (; t + 16 <= n; t += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(s + t));
   mx = _mm512_reduce_max_ps(m);
+#elif defined(MINIVLLM_VECTOR_ATTENTION)
+  __m256 m = _mm256_set1_ps(-INFINITY);
+  for (; t + 8 <= n; t += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(s + t));
+  float lanes[8];
+  _mm256_storeu_ps(lanes, m);
+  for (float lane : lanes) mx = std::max(mx, lane);
 #endif
   for (; t < n; ++t) mx = std::max(mx, s[t]);
   return mx;
@@ -316,18 +361,20 @@ void attend(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
           // a prompt's early queries see none of these keys; a window's row none before its start
           if (t0 >= visible[r] || t0 + kChunk <= lowest[r]) continue;
           float* s = scores.data() + r * width + t0;
-#ifdef __AVX512F__
+#ifdef MINIVLLM_VECTOR_ATTENTION
           if constexpr (kScoresInPlace<scalar_t>) {
             if (scores_in_place) {
+#ifdef __AVX512BF16__
               if constexpr (is_bf16)  // the raw bf16 query, scaled after
                 _mm512_storeu_ps(s, _mm512_mul_ps(_mm512_set1_ps(fscale), dot_chunk(q_rows[r], rows, head_dim)));
               else
-                _mm512_storeu_ps(s, dot_chunk(qf.data() + r * head_dim, rows, head_dim));
+#endif
+                score_chunk(qf.data() + r * head_dim, rows, head_dim, s);
               continue;
             }
           }
           if (vector) {
-            _mm512_storeu_ps(s, dot_chunk(qf.data() + r * head_dim, rows_f, head_dim));
+            score_chunk(qf.data() + r * head_dim, rows_f, head_dim, s);
             continue;
           }
 #endif
@@ -359,7 +406,7 @@ void attend(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
           if (t0 >= visible[r] || t0 + kChunk <= lowest[r]) continue;
           const float* p = scores.data() + r * width + t0;
           float* a = acc.data() + r * head_dim;
-#ifdef __AVX512F__
+#ifdef MINIVLLM_VECTOR_ATTENTION
           if constexpr (kValuesInPlace<scalar_t>) {
             if (values_in_place) {
               add_values(a, p, rows, head_dim);

@@ -6,7 +6,8 @@ What it replaces, and the switch (read here, once per platform) that keeps the r
   MINIVLLM_CPU_ATTENTION=reference keeps the torch reference, and with it the readable layer ops;
 * norm, rotary, SwiGLU: model/cpu_layer_ops.py (one fused op per chain); MINIVLLM_CPU_LAYER_OPS=0;
 * float matmuls: quantization/cpu_unquantized.py, each weight held once: tiled where the CPU has
-  AVX-512 (MINIVLLM_CPU_SMALL_LINEAR=0 rules that out), else oneDNN's layout where fast, else plain;
+  AVX-512 or AVX2 (MINIVLLM_CPU_SMALL_LINEAR=0 rules that out), else oneDNN's layout where fast,
+  else plain;
 * int8 and int4 matmuls: torch's packed-weight kernels (quantization/cpu_quantized.py);
 * GGUF files: Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q6_K layers kept as the file's blocks, multiplied
   as stored (quantization/cpu_gguf.py; one process; without the C++ build: dequantized at load);
@@ -59,9 +60,12 @@ def extension_built() -> bool:
 
 
 def tiled_applies(dtype: torch.dtype) -> bool:
-    """The tiled kernel needs AVX-512 (bf16 uses AVX512-BF16 where the CPU has it, two fused
-    multiply-adds per pair where it does not: either way half of fp32's bytes are read)."""
-    return "avx512f" in cpu_flags() and dtype in (torch.float32, torch.bfloat16)
+    """The tiled kernel needs AVX-512, or AVX2 with FMA (bf16 uses AVX512-BF16 where the CPU has
+    it, two fused multiply-adds per pair where it does not: either way half of fp32's bytes are
+    read)."""
+    flags = cpu_flags()
+    vector = "avx512f" in flags or {"avx2", "fma"} <= flags
+    return vector and dtype in (torch.float32, torch.bfloat16)
 
 
 def onednn_applies(dtype: torch.dtype) -> bool:

@@ -5,8 +5,9 @@
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
+#define MINIVLLM_TILED 1
 #endif
 
 #include <algorithm>
@@ -16,7 +17,7 @@
 namespace {
 
 constexpr int64_t kTile = 64;   // output rows per tile: four 16-lane vectors
-constexpr int64_t kRows = 4;    // rows of x per pass over a tile: 4 x 4 accumulators stay in registers
+constexpr int64_t kRows = 4;    // rows of x per pass over a tile
 
 // W [N, K] -> [ceil(N / 64), K / pack, 64, pack], zero-padded; pack = 2 for bf16 (one pair per 32-bit lane,
 // what vdpbf16ps multiplies), 1 for fp32.
@@ -32,20 +33,52 @@ at::Tensor pack_small_linear(const at::Tensor& weight) {
   return padded.view({tiles, kTile, k_padded / pack, pack}).transpose(1, 2).contiguous();
 }
 
+#ifdef MINIVLLM_TILED
+// Sixteen fp32 lanes: one AVX-512 register, or two AVX2 ones. The tile loop below is written once over these;
+// only what a lane op compiles to differs between the two instruction sets.
 #ifdef __AVX512F__
+constexpr bool kPrefetch = true;  // see tile_rows
+struct Lanes16 {
+  __m512 v;
+};
+inline Lanes16 splat(float x) { return {_mm512_set1_ps(x)}; }
+inline Lanes16 load_lanes(const float* p) { return {_mm512_loadu_ps(p)}; }
+inline void store_lanes(float* p, Lanes16 a) { _mm512_storeu_ps(p, a.v); }
+inline Lanes16 fma(Lanes16 a, Lanes16 b, Lanes16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+// 16 bf16 pairs (64 bytes) -> their even and odd elements as fp32: a bf16 is the top half of an fp32, so the even
+// one widens with a shift and the odd one with a mask
+inline void widen_pairs(const char* p, Lanes16& even, Lanes16& odd) {
+  const __m512i both = _mm512_loadu_si512(p);
+  even.v = _mm512_castsi512_ps(_mm512_slli_epi32(both, 16));
+  odd.v = _mm512_castsi512_ps(_mm512_and_si512(both, _mm512_set1_epi32(0xFFFF0000)));
+}
+#else
+constexpr bool kPrefetch = false;  // see tile_rows
+struct Lanes16 {
+  __m256 lo, hi;
+};
+inline Lanes16 splat(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
+inline Lanes16 load_lanes(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+inline void store_lanes(float* p, Lanes16 a) {
+  _mm256_storeu_ps(p, a.lo);
+  _mm256_storeu_ps(p + 8, a.hi);
+}
+inline Lanes16 fma(Lanes16 a, Lanes16 b, Lanes16 c) {
+  return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+}
+inline void widen_pairs(const char* p, Lanes16& even, Lanes16& odd) {
+  const __m256i mask = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32));
+  even = {_mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16))};
+  odd = {_mm256_castsi256_ps(_mm256_and_si256(lo, mask)), _mm256_castsi256_ps(_mm256_and_si256(hi, mask))};
+}
+#endif
+
 inline float bf16_to_float(uint32_t bits) {  // bits: a bf16 already in the top half
   float f;
   std::memcpy(&f, &bits, 4);
   return f;
-}
-
-// fp32 -> bf16 bits in the low half of each lane, rounded to nearest even as torch rounds (NaN stays NaN)
-inline __m512i round_to_bf16(__m512 value) {
-  const __m512i bits = _mm512_castps_si512(value);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  const __m512i bias = _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF));
-  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, bias), 16);
-  return _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(value, value, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
 }
 
 // One tile of 64 outputs for ROWS rows of x. bf16: x is read as 32-bit pairs, each broadcast to 16 lanes and
@@ -54,15 +87,18 @@ inline __m512i round_to_bf16(__m512 value) {
 template <int ROWS, bool BF16, bool F32_OUT = !BF16>
 inline void tile_rows(const void* x, int64_t x_stride, const void* tile, int64_t steps, const float* bias,
                       void* out, int64_t out_stride, int64_t cols) {
-  __m512 acc[ROWS][4];
+  Lanes16 acc[ROWS][4];
   for (int r = 0; r < ROWS; ++r)
-    for (int v = 0; v < 4; ++v) acc[r][v] = bias ? _mm512_loadu_ps(bias + 16 * v) : _mm512_setzero_ps();
+    for (int v = 0; v < 4; ++v) acc[r][v] = bias ? load_lanes(bias + 16 * v) : splat(0.0f);
   const char* w = static_cast<const char*>(tile);
   for (int64_t s = 0; s < steps; ++s, w += 256) {  // one step: 64 outputs x (a bf16 pair or one fp32) = 256 bytes
-    // into L1 a few steps ahead, and the whole step 16 steps ahead into L2: a core keeps more misses in flight
-    // through L2 than through its few L1 slots (batch-1 bf16 layers ~4% faster, fp32 ~1.5%)
-    _mm_prefetch(w + 1024, _MM_HINT_T0);
-    for (int line = 0; line < 256; line += 64) _mm_prefetch(w + 4096 + line, _MM_HINT_T1);
+    // AVX-512 CPUs: into L1 a few steps ahead, and the whole step 16 steps ahead into L2, a core keeps more misses
+    // in flight through L2 than through its few L1 slots (batch-1 bf16 layers ~4% faster, fp32 ~1.5%). On the
+    // AVX2 Zen 3 measured, the same hints cost a quarter of the speed: its own prefetchers do better alone.
+    if constexpr (kPrefetch) {
+      _mm_prefetch(w + 1024, _MM_HINT_T0);
+      for (int line = 0; line < 256; line += 64) _mm_prefetch(w + 4096 + line, _MM_HINT_T1);
+    }
     for (int r = 0; r < ROWS; ++r) {
       if constexpr (BF16) {
         uint32_t pair;
@@ -70,53 +106,54 @@ inline void tile_rows(const void* x, int64_t x_stride, const void* tile, int64_t
 #ifdef __AVX512BF16__
         const __m512bh xb = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
         for (int v = 0; v < 4; ++v)
-          acc[r][v] = _mm512_dpbf16_ps(acc[r][v], (__m512bh)_mm512_loadu_si512(w + 64 * v), xb);
+          acc[r][v].v = _mm512_dpbf16_ps(acc[r][v].v, (__m512bh)_mm512_loadu_si512(w + 64 * v), xb);
 #else
-        // no vdpbf16ps: a bf16 is the top half of an fp32, so each 32-bit lane's pair widens with one shift
-        // (the even input) and one mask (the odd), and two fused multiply-adds do what vdpbf16ps does in one
-        const __m512 x_even = _mm512_set1_ps(bf16_to_float(pair << 16));
-        const __m512 x_odd = _mm512_set1_ps(bf16_to_float(pair & 0xFFFF0000u));
+        // no vdpbf16ps: each pair widens to two fp32 and two fused multiply-adds do what vdpbf16ps does in one
+        const Lanes16 x_even = splat(bf16_to_float(pair << 16)), x_odd = splat(bf16_to_float(pair & 0xFFFF0000u));
         for (int v = 0; v < 4; ++v) {
-          const __m512i both = _mm512_loadu_si512(w + 64 * v);
-          const __m512 even = _mm512_castsi512_ps(_mm512_slli_epi32(both, 16));
-          const __m512 odd = _mm512_castsi512_ps(_mm512_and_si512(both, _mm512_set1_epi32(0xFFFF0000)));
-          acc[r][v] = _mm512_fmadd_ps(odd, x_odd, _mm512_fmadd_ps(even, x_even, acc[r][v]));
+          Lanes16 even, odd;
+          widen_pairs(w + 64 * v, even, odd);
+          acc[r][v] = fma(odd, x_odd, fma(even, x_even, acc[r][v]));
         }
 #endif
       } else {
-        const __m512 xb = _mm512_set1_ps(static_cast<const float*>(x)[r * x_stride + s]);
+        const Lanes16 xb = splat(static_cast<const float*>(x)[r * x_stride + s]);
         for (int v = 0; v < 4; ++v)
-          acc[r][v] = _mm512_fmadd_ps(_mm512_loadu_ps(reinterpret_cast<const float*>(w) + 16 * v), xb, acc[r][v]);
+          acc[r][v] = fma(load_lanes(reinterpret_cast<const float*>(w) + 16 * v), xb, acc[r][v]);
       }
     }
   }
-  // the tile's last columns may lie past N (the weight was padded to whole tiles): masked stores skip them
-  for (int r = 0; r < ROWS; ++r)
-    for (int v = 0; v < 4; ++v) {
-      const int64_t left = std::clamp<int64_t>(cols - 16 * v, 0, 16);
-      const __mmask16 mask = static_cast<__mmask16>((1u << left) - 1u);
-      if constexpr (!F32_OUT) {
-        uint16_t* o = static_cast<uint16_t*>(out) + r * out_stride + 16 * v;
-#ifdef __AVX512BF16__
-        _mm256_mask_storeu_epi16(o, mask, (__m256i)_mm512_cvtneps_pbh(acc[r][v]));  // nearest even, as torch
-#else
-        _mm512_mask_cvtepi32_storeu_epi16(o, mask, round_to_bf16(acc[r][v]));
-#endif
-      } else {
-        _mm512_mask_storeu_ps(static_cast<float*>(out) + r * out_stride + 16 * v, mask, acc[r][v]);
-      }
+  // the tile's last columns may lie past N (the weight was padded to whole tiles): only `cols` are written, bf16
+  // rounded to nearest even as torch rounds
+  for (int r = 0; r < ROWS; ++r) {
+    float sums[kTile];
+    for (int v = 0; v < 4; ++v) store_lanes(sums + 16 * v, acc[r][v]);
+    if constexpr (F32_OUT) {
+      std::memcpy(static_cast<float*>(out) + r * out_stride, sums, cols * sizeof(float));
+    } else {
+      at::BFloat16* o = static_cast<at::BFloat16*>(out) + r * out_stride;
+      for (int64_t c = 0; c < cols; ++c) o[c] = static_cast<at::BFloat16>(sums[c]);
     }
+  }
 }
 
 template <bool BF16, bool F32_OUT = !BF16>
 void tile_any_rows(int rows, const void* x, int64_t x_stride, const void* tile, int64_t steps, const float* bias,
                    void* out, int64_t out_stride, int64_t cols) {
+#ifdef __AVX512F__  // 32 registers: 4 rows' accumulators for the whole tile
   switch (rows) {
     case 1: return tile_rows<1, BF16, F32_OUT>(x, x_stride, tile, steps, bias, out, out_stride, cols);
     case 2: return tile_rows<2, BF16, F32_OUT>(x, x_stride, tile, steps, bias, out, out_stride, cols);
     case 3: return tile_rows<3, BF16, F32_OUT>(x, x_stride, tile, steps, bias, out, out_stride, cols);
     default: return tile_rows<4, BF16, F32_OUT>(x, x_stride, tile, steps, bias, out, out_stride, cols);
   }
+#else  // 16 registers hold one row's 8 accumulators: a pass per row, the tile read again from L2 (passes over a
+       // quarter of the tile for two or four rows at once, measured on Zen 3, were 1.3-1.6x slower)
+  const int64_t x_bytes = BF16 ? 2 : 4, out_bytes = F32_OUT ? 4 : 2;
+  for (int r = 0; r < rows; ++r)
+    tile_rows<1, BF16, F32_OUT>(static_cast<const char*>(x) + r * x_stride * x_bytes, x_stride, tile, steps, bias,
+                                static_cast<char*>(out) + r * out_stride * out_bytes, out_stride, cols);
+#endif
 }
 
 // Threads split the weight's bytes evenly. Whole tiles do when their count divides among the threads; else (a
@@ -126,15 +163,15 @@ int64_t slices_per_tile(int64_t tiles, int64_t steps, int64_t threads) {
   if (threads <= 1 || tiles % threads == 0 || tiles >= 8 * threads) return 1;  // even, or imbalance < 1/8
   return std::max<int64_t>(1, std::min(threads / std::gcd(tiles, threads), steps / 32));
 }
-#endif
+#endif  // MINIVLLM_TILED
 
 }  // namespace
 
 // x [M, K] (any M; meant for a few rows), packed as pack_small_linear left it, bias [N] or None -> [M, N].
 at::Tensor small_linear(const at::Tensor& x_in, const at::Tensor& packed, const std::optional<at::Tensor>& bias_in,
                         int64_t n) {
-#ifndef __AVX512F__
-  TORCH_CHECK(false, "small_linear needs AVX-512");
+#ifndef MINIVLLM_TILED
+  TORCH_CHECK(false, "small_linear needs AVX-512 or AVX2 with FMA");
 #endif
   const bool bf16 = packed.scalar_type() == at::kBFloat16;
   TORCH_CHECK(x_in.scalar_type() == packed.scalar_type(), "x and the weight must share a dtype");
@@ -150,7 +187,7 @@ at::Tensor small_linear(const at::Tensor& x_in, const at::Tensor& packed, const 
   if (bias_in.has_value() && bias_in->defined())
     bias = at::constant_pad_nd(bias_in->to(at::kFloat), {0, tiles * kTile - n}).contiguous();
   auto y = at::empty({m, n}, x.options());
-#ifdef __AVX512F__
+#ifdef MINIVLLM_TILED
   const char* w = static_cast<const char*>(packed.data_ptr());
   const int64_t tile_bytes = packed.stride(0) * packed.element_size(), steps = k_padded / pack;
   const char* xs = static_cast<const char*>(x.data_ptr());
