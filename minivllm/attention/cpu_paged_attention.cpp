@@ -3,8 +3,9 @@
 // read once, written once and read again. Here each work item, one (request, KV head, tile of query rows), walks its
 // block table and reads each key and value once, in place. The query heads that share a KV head (GQA) are extra rows of
 // the same item, so a key loaded for one serves them all. Keys are scored and values summed a chunk of 16 positions at
-// a time, the vector code's shape (one AVX-512 vector, or two AVX2 ones). Scores, softmax and sums are fp32, whatever the cache holds. Before attending, the
-// op stores this step's keys and values in their slots (`store`): one op call a layer.
+// a time, the vector code's shape (one AVX-512 vector, or two AVX2 ones). Scores, softmax and sums are fp32, whatever
+// the cache holds. Before attending, the op stores this step's keys and values in their slots (`store`): one op call
+// a layer.
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
