@@ -351,9 +351,9 @@ import sys
 import torch
 from torch.utils.cpp_extension import load
 
-source, build, data = sys.argv[1:]
+source, build, data, *without = sys.argv[1:]
 load(name="minivllm_gguf_portable", sources=[source], build_directory=build, is_python_module=False,
-     extra_cflags=["-O3", "-march=native", "-mno-avx512f", "-fopenmp"], extra_ldflags=["-fopenmp"])
+     extra_cflags=["-O3", "-march=native", *without, "-fopenmp"], extra_ldflags=["-fopenmp"])
 cases = torch.load(data)
 out = [(torch.ops.minivllm_cpu.gguf_linear(x, blocks, t, n), torch.ops.minivllm_cpu.gguf_dequantize(blocks, t, n, k))
        for x, blocks, t, n, k in cases]
@@ -361,9 +361,11 @@ torch.save(out, data)
 """
 
 
-def test_the_loops_without_avx512_compute_the_same(tmp_path):
-    """cpu_gguf.cpp built without AVX-512 (its plain loops, for CPUs that lack it) alone, in a subprocess:
-    the same numbers as the gguf package's dequantization followed by a matmul, for every format and batch."""
+@pytest.mark.parametrize("without", [["-mno-avx512f"], ["-mno-avx512f", "-mno-avx2"]], ids=["avx2", "plain"])
+def test_the_loops_without_avx512_compute_the_same(tmp_path, without):
+    """cpu_gguf.cpp built without AVX-512 (its AVX2 vectors, or without AVX2 its plain loops: for CPUs that lack
+    them) alone, in a subprocess: the same numbers as the gguf package's dequantization followed by a matmul, for
+    every format and batch."""
     import shutil
     import subprocess
     import sys
@@ -382,8 +384,8 @@ def test_the_loops_without_avx512_compute_the_same(tmp_path):
             wants.append((x.double() @ weight.double().T, weight))
     torch.save(cases, tmp_path / "cases.pt")
     (tmp_path / "build").mkdir()
-    subprocess.run([sys.executable, "-c", PORTABLE, str(source), str(tmp_path / "build"), str(tmp_path / "cases.pt")],
-                   check=True, timeout=600)
+    subprocess.run([sys.executable, "-c", PORTABLE, str(source), str(tmp_path / "build"), str(tmp_path / "cases.pt"),
+                    *without], check=True, timeout=600)
     for (got, dequantized), (want, weight) in zip(torch.load(tmp_path / "cases.pt"), wants, strict=True):
         assert torch.equal(dequantized, weight)
         torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
