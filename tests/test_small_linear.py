@@ -9,10 +9,11 @@ import torch.nn.functional as F
 from minivllm import LLM
 from minivllm.platforms.cpu import extension_built, tiled_applies
 from minivllm.quantization.cpu_unquantized import (
-    TILED,
     TILED_MAX_ROWS,
+    TiledKernel,
     pack_tiles,
     tiled_linear,
+    tiles_matmul,
     unpack_tiles,
 )
 from minivllm.quantization.unquantized import plain_weight
@@ -66,6 +67,18 @@ def test_tiles_cut_into_runs_when_threads_do_not_divide_them(dtype, threads):
                 assert ((runs.float() - whole.float()).abs() <= whole.float().abs() * 2**-7 + 1e-6).all()
 
 
+@pytest.mark.parametrize("out_features, in_features", [(960, 576), (7, 5), (100, 33)])
+def test_the_batched_gemm_over_the_tiles_equals_f_linear(out_features, in_features):
+    """fp32 tiles read in place by MKL's batched GEMM (AVX2 CPUs take it past 8 rows): padding rows cut
+    off, the bias added, leading dimensions kept."""
+    gen = torch.Generator().manual_seed(out_features)
+    w, b = torch.randn(out_features, in_features, generator=gen), torch.randn(out_features, generator=gen)
+    x = torch.randn(3, 7, in_features, generator=gen)
+    for bias in (None, b):
+        got = tiles_matmul(x, pack_tiles(w), bias, out_features)
+        torch.testing.assert_close(got, F.linear(x, w, bias), atol=1e-5 * in_features ** 0.5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_leading_dims_and_a_non_contiguous_input(dtype):
     w = torch.randn(96, 40).to(dtype)
@@ -80,9 +93,11 @@ def test_the_engine_holds_each_weight_once_tiled(dtype):
     the embedding, which looks its rows up there."""
     model = LLM(dtype=str(dtype).removeprefix("torch."), num_kv_blocks=64).engine.runner.model
     layer = model.model.layers[0].mlp.down_proj
-    assert layer.quant_method.kernel is TILED and layer.weight.dim() == 4
+    assert isinstance(layer.quant_method.kernel, TiledKernel) and layer.weight.dim() == 4
     w = plain_weight(layer)
-    for rows in (1, 8, 40, TILED_MAX_ROWS + 1):  # decode and prompt rows (the last unpacked per call)
+    # decode rows (the kernel), more rows (fp32 with AVX2 only: the batched GEMM over the tiles) and prompt
+    # rows (unpacked per call)
+    for rows in (1, 8, 9, 40, TILED_MAX_ROWS + 1):
         x = torch.randn(rows, w.shape[1]).to(dtype)
         torch.testing.assert_close(layer(x).float(), F.linear(x, w).float(), atol=0.05, rtol=0.02)
     head, embedding = model.lm_head, model.model.embed_tokens

@@ -11,8 +11,9 @@ and at 1024-2048 rows it measured 1.05-1.1x oneDNN's speed where the tiles reach
 (bench/RESULTS.md has the numbers). Needs AVX-512 or AVX2 with FMA (the same loop over 16 lanes
 held in two registers); bf16 pairs multiply with AVX512-BF16's vdpbf16ps where the CPU has it, else
 as two fp32 fused multiply-adds (a bf16 widens by a shift). With AVX2's 16 registers a pass takes
-one row of x, not four: on a Zen 3 that made batch 1 1.5x faster than oneDNN's fp32 (a 135M
-Llama's step 45 -> 29 ms) and batches of 4-8 0.75-0.9x its speed (32 requests served: 0.93x).
+one row of x, not four, up to 8 rows; more fp32 rows are MKL's batched GEMM over the tiles where
+they lie (`tiles_matmul`). On a Zen 3 batch 1 ran 1.5x faster than with oneDNN's fp32 layout (a
+135M Llama's step 45 -> 29 ms), and 32 requests served 1.09x faster.
 
 `ONEDNN`, elsewhere: oneDNN's blocked layout, reordered once (a plain `F.linear` on CPU re-blocks a
 bf16 weight on every call: about 1.5x slower). An LM head tied to the embedding keeps the plain
@@ -35,6 +36,7 @@ from minivllm.quantization.unquantized import FloatKernel
 
 TILE = 64  # output rows per tile (cpu_unquantized.cpp's kTile)
 TILED_MAX_ROWS = 512  # beyond, unpack and F.linear: measured crossover between 256 and 1024 rows
+AVX2_KERNEL_ROWS = 8  # AVX2 only: beyond, fp32 tiles go to one batched GEMM in place (tiles_matmul)
 
 
 def pack_tiles(weight: torch.Tensor) -> torch.Tensor:
@@ -55,6 +57,16 @@ def tiled_linear(x: torch.Tensor, tiled: torch.Tensor, bias: torch.Tensor | None
     return torch.ops.minivllm_cpu.small_linear.default(x, tiled, bias, n)
 
 
+def tiles_matmul(x: torch.Tensor, tiled: torch.Tensor, bias: torch.Tensor | None,
+                 n: int) -> torch.Tensor:
+    """x @ W.T + b for fp32 tiles, as MKL's batched GEMM over the tiles in place: tile t
+    [K, 64, 1] is W's rows 64 t .. 64 t + 63 transposed, so no weight is copied."""
+    rows = x.reshape(-1, x.shape[-1])
+    y = torch.matmul(rows, tiled.squeeze(-1)).transpose(0, 1).reshape(rows.shape[0], -1)[:, :n]
+    y = y if bias is None else y + bias
+    return y.reshape(*x.shape[:-1], n)
+
+
 def register_fake() -> None:
     """tiled_linear's output shape for torch.compile (model/compiled.py); call after building."""
     torch.library.register_fake("minivllm_cpu::small_linear")(
@@ -62,19 +74,30 @@ def register_fake() -> None:
 
 
 class TiledKernel(FloatKernel):
+    def __init__(self, kernel_rows: int = TILED_MAX_ROWS) -> None:
+        """`kernel_rows`: the most rows of x the C++ kernel takes; more, up to TILED_MAX_ROWS, go
+        through tiles_matmul (fp32) or an unpacked copy (bf16). With AVX2's 16 registers the kernel
+        takes one row per pass, and MKL's GEMM over the tiles beat it from 16 rows (on a Zen 3,
+        a 135M Llama's 120 matmuls at 16 rows: 54 against 74 ms)."""
+        self.kernel_rows = kernel_rows
+
     def layout(self, layer: nn.Module) -> None:
         layer.weight = nn.Parameter(pack_tiles(layer.weight), requires_grad=False)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if x.numel() > TILED_MAX_ROWS * x.shape[-1]:  # a prompt's rows: a plain copy for this call
-            return F.linear(x, self.plain(layer), bias)
-        return tiled_linear(x, layer.weight, bias, layer.output_size)
+        rows = x.numel() // x.shape[-1]
+        if rows <= self.kernel_rows:
+            return tiled_linear(x, layer.weight, bias, layer.output_size)
+        if rows <= TILED_MAX_ROWS and layer.weight.dtype == torch.float32:
+            return tiles_matmul(x, layer.weight, bias, layer.output_size)
+        return F.linear(x, self.plain(layer), bias)  # a prompt's rows: a plain copy for this call
 
     def bind(self, layer: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
-        """The op itself over the tiles; a prompt's rows (x [T, K]) as `apply` takes them."""
+        """The op itself over the tiles; more rows (x [T, K]) as `apply` takes them."""
         op, tiled, bias, n = (torch.ops.minivllm_cpu.small_linear.default, layer.weight, layer.bias,
                               layer.output_size)
-        return lambda x: (op(x, tiled, bias, n) if x.shape[0] <= TILED_MAX_ROWS
+        most = self.kernel_rows
+        return lambda x: (op(x, tiled, bias, n) if x.shape[0] <= most
                           else self.apply(layer, x, bias))
 
     def plain(self, layer: nn.Module) -> torch.Tensor:
@@ -112,7 +135,7 @@ class OneDnnKernel(FloatKernel):
         return layer.weight.to_dense() if layer.weight.is_mkldnn else layer.weight
 
 
-TILED, ONEDNN = TiledKernel(), OneDnnKernel()
+TILED, TILED_AVX2, ONEDNN = TiledKernel(), TiledKernel(AVX2_KERNEL_ROWS), OneDnnKernel()
 
 
 # packed_linear as one opaque op for torch.compile (model/compiled.py): inductor's own lowering of
