@@ -75,8 +75,9 @@ def register_fake() -> None:
 
 class TiledKernel(FloatKernel):
     def __init__(self, kernel_rows: int = TILED_MAX_ROWS) -> None:
-        """`kernel_rows`: the most rows of x the C++ kernel takes; more, up to TILED_MAX_ROWS, go
-        through tiles_matmul (fp32) or an unpacked copy (bf16). With AVX2's 16 registers the kernel
+        """`kernel_rows`: the most fp32 rows of x the C++ kernel takes; more, up to TILED_MAX_ROWS,
+        go through tiles_matmul (bf16 rows, which MKL has no fast GEMM for without native bf16, stay
+        with the kernel up to TILED_MAX_ROWS). With AVX2's 16 registers the kernel
         takes one row per pass, and MKL's GEMM over the tiles beat it from 16 rows (on a Zen 3,
         a 135M Llama's 120 matmuls at 16 rows: 54 against 74 ms)."""
         self.kernel_rows = kernel_rows
@@ -84,11 +85,15 @@ class TiledKernel(FloatKernel):
     def layout(self, layer: nn.Module) -> None:
         layer.weight = nn.Parameter(pack_tiles(layer.weight), requires_grad=False)
 
+    def most_rows(self, layer: nn.Module) -> int:
+        """The most rows of x the C++ kernel takes for `layer`."""
+        return self.kernel_rows if layer.weight.dtype == torch.float32 else TILED_MAX_ROWS
+
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
-        if rows <= self.kernel_rows:
+        if rows <= self.most_rows(layer):
             return tiled_linear(x, layer.weight, bias, layer.output_size)
-        if rows <= TILED_MAX_ROWS and layer.weight.dtype == torch.float32:
+        if rows <= TILED_MAX_ROWS:  # fp32 rows past an AVX2 kernel's few
             return tiles_matmul(x, layer.weight, bias, layer.output_size)
         return F.linear(x, self.plain(layer), bias)  # a prompt's rows: a plain copy for this call
 
@@ -96,7 +101,7 @@ class TiledKernel(FloatKernel):
         """The op itself over the tiles; more rows (x [T, K]) as `apply` takes them."""
         op, tiled, bias, n = (torch.ops.minivllm_cpu.small_linear.default, layer.weight, layer.bias,
                               layer.output_size)
-        most = self.kernel_rows
+        most = self.most_rows(layer)
         return lambda x: (op(x, tiled, bias, n) if x.shape[0] <= most
                           else self.apply(layer, x, bias))
 
