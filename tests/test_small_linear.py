@@ -45,8 +45,8 @@ def test_equals_f_linear(dtype, out_features, in_features, rows):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("threads", [2, 3])
 def test_tiles_cut_into_runs_when_threads_do_not_divide_them(dtype, threads):
-    """9 tiles (576 outputs) on 2 or 3 threads, 15 on 2: each tile's steps cut into runs, the runs' fp32 sums
-    added after; one thread (whole tiles) as the yardstick, with a bias."""
+    """9 tiles (576 outputs) on 2 threads: each tile's steps cut into runs, the runs' fp32 sums added after (15
+    tiles on 2, or 9 on 3, split closely enough as whole tiles); one thread as the yardstick, with a bias."""
     gen = torch.Generator().manual_seed(threads)
     before = torch.get_num_threads()
     for out_features, in_features in ((576, 576), (960, 576), (576, 1536)):

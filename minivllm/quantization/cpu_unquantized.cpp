@@ -156,11 +156,14 @@ void tile_any_rows(int rows, const void* x, int64_t x_stride, const void* tile, 
 #endif
 }
 
-// Threads split the weight's bytes evenly. Whole tiles do when their count divides among the threads; else (a
-// 576-output layer is 9 tiles: 5 and 4 on two threads, one thread idle for a ninth of the call) each tile's steps
-// are cut into `slices` runs, each run an item of the split, and each run's fp32 partial sums are added after.
+// Threads split the weight's bytes evenly. Whole tiles do when their count divides among the threads closely enough;
+// else (a 576-output layer is 9 tiles: 5 and 4 on two threads, one thread idle for a ninth of the call) each tile's
+// steps are cut into `slices` runs, each run an item of the split, and each run's fp32 partial sums are added after.
+// Those cost a buffer and a pass of their own: at 15 tiles on two threads (8 and 7, 7% idle) whole tiles measured
+// 10-15% faster on a Zen 3.
 int64_t slices_per_tile(int64_t tiles, int64_t steps, int64_t threads) {
-  if (threads <= 1 || tiles % threads == 0 || tiles >= 8 * threads) return 1;  // even, or imbalance < 1/8
+  const int64_t busiest = (tiles + threads - 1) / threads;  // tiles on the busiest thread
+  if (threads <= 1 || 10 * busiest * threads <= 11 * tiles) return 1;  // even, or imbalance <= 1/10
   return std::max<int64_t>(1, std::min(threads / std::gcd(tiles, threads), steps / 32));
 }
 #endif  // MINIVLLM_TILED
