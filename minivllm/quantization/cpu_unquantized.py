@@ -61,8 +61,9 @@ def tiles_matmul(x: torch.Tensor, tiled: torch.Tensor, bias: torch.Tensor | None
                  n: int) -> torch.Tensor:
     """x @ W.T + b for fp32 tiles, as MKL's batched GEMM over the tiles in place: tile t
     [K, 64, 1] is W's rows 64 t .. 64 t + 63 transposed, so no weight is copied."""
-    rows = x.reshape(-1, x.shape[-1])
-    y = torch.matmul(rows, tiled.squeeze(-1)).transpose(0, 1).reshape(rows.shape[0], -1)[:, :n]
+    rows, tiles = x.reshape(-1, x.shape[-1]), tiled.squeeze(-1)  # x's rows shared by every tile:
+    batch = rows.expand(tiles.shape[0], *rows.shape)  # expanded, not copied (torch.matmul copies)
+    y = torch.bmm(batch, tiles).transpose(0, 1).reshape(rows.shape[0], -1)[:, :n]
     y = y if bias is None else y + bias
     return y.reshape(*x.shape[:-1], n)
 
