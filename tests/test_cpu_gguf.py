@@ -361,11 +361,14 @@ torch.save(out, data)
 """
 
 
-@pytest.mark.parametrize("without", [["-mno-avx512f"], ["-mno-avx512f", "-mno-avx2"]], ids=["avx2", "plain"])
-def test_the_loops_without_avx512_compute_the_same(tmp_path, without):
-    """cpu_gguf.cpp built without AVX-512 (its AVX2 vectors, or without AVX2 its plain loops: for CPUs that lack
-    them) alone, in a subprocess: the same numbers as the gguf package's dequantization followed by a matmul, for
-    every format and batch."""
+PORTABLE_BUILDS = {"avx2": ["-mno-avx512f"], "plain": ["-mno-avx512f", "-mno-avx2"]}
+
+
+@pytest.fixture(scope="module")
+def portable_results(tmp_path_factory):
+    """Every format and batch through cpu_gguf.cpp built without AVX-512 (its AVX2 vectors) and without AVX2 too
+    (its plain loops), each build alone in a subprocess, both at once (a compile keeps one core ~25 s):
+    ({build: [(output, dequantized)]}, [(x @ W.T in float64, W)])."""
     import shutil
     import subprocess
     import sys
@@ -382,10 +385,25 @@ def test_the_loops_without_avx512_compute_the_same(tmp_path, without):
             x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
             cases.append((x, blocks, TYPES[name], n, k))
             wants.append((x.double() @ weight.double().T, weight))
-    torch.save(cases, tmp_path / "cases.pt")
-    (tmp_path / "build").mkdir()
-    subprocess.run([sys.executable, "-c", PORTABLE, str(source), str(tmp_path / "build"), str(tmp_path / "cases.pt"),
-                    *without], check=True, timeout=600)
-    for (got, dequantized), (want, weight) in zip(torch.load(tmp_path / "cases.pt"), wants, strict=True):
+    running = {}
+    for build, without in PORTABLE_BUILDS.items():
+        folder = tmp_path_factory.mktemp(build)
+        torch.save(cases, folder / "cases.pt")
+        (folder / "build").mkdir()
+        running[build] = folder, subprocess.Popen(
+            [sys.executable, "-c", PORTABLE, str(source), str(folder / "build"), str(folder / "cases.pt"), *without])
+    outputs = {}
+    for build, (folder, process) in running.items():
+        assert process.wait(timeout=600) == 0, f"the {build} build failed"
+        outputs[build] = torch.load(folder / "cases.pt")
+    return outputs, wants
+
+
+@pytest.mark.parametrize("build", PORTABLE_BUILDS)
+def test_the_loops_without_avx512_compute_the_same(portable_results, build):
+    """For CPUs that lack AVX-512 (or AVX2 too): the same numbers as the gguf package's dequantization followed
+    by a matmul."""
+    outputs, wants = portable_results
+    for (got, dequantized), (want, weight) in zip(outputs[build], wants, strict=True):
         assert torch.equal(dequantized, weight)
         torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4 * want.abs().max().item())

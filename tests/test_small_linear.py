@@ -76,6 +76,7 @@ def test_the_batched_gemm_over_the_tiles_equals_f_linear(out_features, in_featur
     x = torch.randn(3, 7, in_features, generator=gen)
     for bias in (None, b):
         got = tiles_matmul(x, pack_tiles(w), bias, out_features)
+        assert got.is_contiguous()  # what follows (norms, an all-reduce) reads it as rows
         torch.testing.assert_close(got, F.linear(x, w, bias), atol=1e-5 * in_features ** 0.5, rtol=1e-5)
 
 

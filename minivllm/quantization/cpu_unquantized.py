@@ -64,8 +64,8 @@ def tiles_matmul(x: torch.Tensor, tiled: torch.Tensor, bias: torch.Tensor | None
     rows, tiles = x.reshape(-1, x.shape[-1]), tiled.squeeze(-1)  # x's rows shared by every tile:
     batch = rows.expand(tiles.shape[0], *rows.shape)  # expanded, not copied (torch.matmul copies)
     y = torch.bmm(batch, tiles).transpose(0, 1).reshape(rows.shape[0], -1)[:, :n]
-    y = y if bias is None else y + bias
-    return y.reshape(*x.shape[:-1], n)
+    y = y.contiguous() if bias is None else y + bias  # contiguous, as every other path's output
+    return y.view(*x.shape[:-1], n)
 
 
 def register_fake() -> None:
