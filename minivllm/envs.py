@@ -55,7 +55,7 @@ VARIABLES: dict[str, EnvVar] = {
     "MINIVLLM_CPU_GGUF_ACTIVATIONS": EnvVar(_choice("auto", "float", "int8"), "auto",
         "cpu platform, a GGUF file's block layers: 'int8' quantizes x per 32 values and "
         "multiplies in integers (llama.cpp's arithmetic; needs "
-        "AVX512-VNNI), 'float' multiplies the exact weights by float x; 'auto': int8 when the "
+        "AVX2 or AVX512-VNNI), 'float' multiplies the exact weights by float x; 'auto': int8 when the "
         "model computes in bf16 or fp16"),
     "MINIVLLM_CPU_COMPILE": EnvVar(_flag, False,
         "cpu platform: 1 compiles the layers around attention with torch.compile (opt-in)"),

@@ -101,7 +101,7 @@ def test_a_shape_that_disagrees_is_refused():
 
 # --- int8 activations: llama.cpp's arithmetic (packed Q4_0 / Q8_0 rows) ---------------------------------------
 int8_dot = pytest.mark.skipif(not (extension_built() and torch.ops.minivllm_cpu.gguf_int8_dot()),
-                              reason="the int8 path needs AVX512-VNNI")
+                              reason="the int8 path needs AVX2 or AVX512-VNNI")
 
 
 def quantized_per_32(x: torch.Tensor) -> torch.Tensor:
@@ -354,9 +354,15 @@ from torch.utils.cpp_extension import load
 source, build, data, *without = sys.argv[1:]
 load(name="minivllm_gguf_portable", sources=[source], build_directory=build, is_python_module=False,
      extra_cflags=["-O3", "-march=native", *without, "-fopenmp"], extra_ldflags=["-fopenmp"])
-cases = torch.load(data)
-out = [(torch.ops.minivllm_cpu.gguf_linear(x, blocks, t, n), torch.ops.minivllm_cpu.gguf_dequantize(blocks, t, n, k))
-       for x, blocks, t, n, k in cases]
+ops = torch.ops.minivllm_cpu
+out = []
+for x, blocks, t, n, k in torch.load(data):
+    if t & 256:  # x as int8: rows packed first, where this build has an integer dot product (AVX2 or VNNI)
+        if not ops.gguf_int8_dot():
+            out.append(None)
+            continue
+        blocks = ops.gguf_pack(blocks, t & 255)
+    out.append((ops.gguf_linear(x, blocks, t, n), ops.gguf_dequantize(blocks, t, n, k)))
 torch.save(out, data)
 """
 
@@ -381,10 +387,10 @@ def portable_results(tmp_path_factory):
     for name in TYPES:
         n, k = 11, 512 if name in SUPER else 96
         blocks, weight = quantized(name, n, k)
-        for rows in (1, 5, 9):
+        for rows, packed in [(1, False), (5, False), (9, False), (1, True), (8, True)]:
             x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
-            cases.append((x, blocks, TYPES[name], n, k))
-            wants.append((x.double() @ weight.double().T, weight))
+            cases.append((x, blocks, TYPES[name] | (cpu_gguf.PACKED if packed else 0), n, k))
+            wants.append(((quantized_per_32(x) if packed else x).double() @ weight.double().T, weight))
     running = {}
     for build, without in PORTABLE_BUILDS.items():
         folder = tmp_path_factory.mktemp(build)
@@ -402,8 +408,12 @@ def portable_results(tmp_path_factory):
 @pytest.mark.parametrize("build", PORTABLE_BUILDS)
 def test_the_loops_without_avx512_compute_the_same(portable_results, build):
     """For CPUs that lack AVX-512 (or AVX2 too): the same numbers as the gguf package's dequantization followed
-    by a matmul."""
+    by a matmul; with AVX2, x quantized to int8 (packed rows: 1-3 blocks left over, 1 and 8 rows of x) too."""
     outputs, wants = portable_results
-    for (got, dequantized), (want, weight) in zip(outputs[build], wants, strict=True):
+    assert (None in outputs[build]) == (build == "plain")  # the int8 path needs AVX2
+    for output, (want, weight) in zip(outputs[build], wants, strict=True):
+        if output is None:
+            continue
+        got, dequantized = output
         assert torch.equal(dequantized, weight)
         torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4 * want.abs().max().item())

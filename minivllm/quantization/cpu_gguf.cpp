@@ -29,8 +29,10 @@
 #endif
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 namespace {
 
@@ -149,6 +151,17 @@ inline void q4_k_scale_min(const uint8_t* packed, int j, int& scale, int& min) {
   }
 }
 
+// The same for all eight sub-blocks at once, four to a word: words = {scales 0-3, scales 4-7, mins 0-3, mins 4-7},
+// each a byte (little-endian: sub-block 4w + i in byte i)
+inline void q4_k_scales_mins(const uint8_t* packed, uint32_t* words) {
+  uint32_t p[3];
+  std::memcpy(p, packed, 12);
+  words[0] = p[0] & 0x3F3F3F3F;
+  words[1] = (p[2] & 0x0F0F0F0F) | (((p[0] >> 6) & 0x03030303) << 4);
+  words[2] = p[1] & 0x3F3F3F3F;
+  words[3] = ((p[2] >> 4) & 0x0F0F0F0F) | (((p[1] >> 6) & 0x03030303) << 4);
+}
+
 // The super-block layouts, whose 256 weights super_block_weights writes as floats exactly as llama.cpp does:
 //   Q4_K: w = d scale_j q - dmin min_j for sub-block j of 32; the nibbles come in runs of 32 bytes, each run
 //         holding two sub-blocks: low nibbles the first 32 weights, high nibbles the next 32.
@@ -259,6 +272,137 @@ inline void dequantize_block(int64_t type, const uint8_t* block, float* out) {
                     : type == kQ4_1 || type == kQ5_1 ? half_at(block + 2) : 0.0f;
   for (int j = 0; j < kBlock; ++j) out[j] = d * values[j] + add;
 }
+
+// ---- int8 activations (llama.cpp's arithmetic): x quantized, for AVX512-VNNI's vpdpbusd or AVX2's vpmaddubsw ----
+#if defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define MINIVLLM_INT8_DOT 1
+constexpr bool kVnni = true;
+#elif defined(__AVX2__) && defined(__FMA__)
+#define MINIVLLM_INT8_DOT 1
+#define MINIVLLM_INT8_AVX2 1
+constexpr bool kVnni = false;
+#endif
+#ifdef __AVX2__
+inline float sum_lanes(__m256 v) {  // the 8 lanes' total
+  const __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 pair = _mm_add_ps(half, _mm_movehl_ps(half, half));
+  return _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)));
+}
+#endif
+#ifdef MINIVLLM_INT8_DOT
+constexpr bool kInt8Dot = true;
+
+// 32 values of x as Q8_0 (q = x / d rounded half to even, d = max |x| / 127) into q[0, 32); returns d
+inline float quantize_block(const float* x, int8_t* q) {
+  float top = 0.0f;
+  for (int i = 0; i < kBlock; ++i) top = std::max(top, std::fabs(x[i]));
+  const float inverse = top > 0 ? 127.0f / top : 0.0f;
+  for (int i = 0; i < kBlock; ++i) q[i] = static_cast<int8_t>(std::nearbyint(x[i] * inverse));
+  return top / 127.0f;
+}
+
+// x's rows for the 32-weight formats' packed runs, laid out per run in the order the weights' bytes come in, so
+// that the weights need no shuffle:
+//   Q4/Q5: a run's 64 bytes of nibbles give the four blocks' weights 0-15 (low nibbles) and 16-31 (high), so
+//         x's run is 64 bytes of each block's values 0-15 then 64 of values 16-31. Lane l of 16 (4 values of
+//         each half: what one 32-bit lane of either instruction sums) belongs to block l / 4.
+//   Q8_0: block i's 32 values at 32 i. vpdpbusd's first operand is unsigned, so for VNNI x goes in as q + 128
+//         (and each lane subtracts 128 x its four weights); AVX2 keeps q signed (its weights go in as |w|, q
+//         takes their signs).
+// Q4_0's -8 (Q5_0's -16) is a per-lane sum of x (`offset`); Q4_1's (Q5_1's) m multiplies d_x times it (`sum`).
+struct QuantizedX {
+  int64_t runs;
+  std::vector<int8_t> q;         // [row][run][128]
+  std::vector<float> scale;      // [row][run][32]: lane l's d_x (Q4/Q5: block l / 4; Q8_0: block l / 8)
+  std::vector<int32_t> offset;   // [row][run][16]: -8 (Q4_0) or -16 (Q5_0) x the sum of the lane's 8 values
+  std::vector<float> sum;        // [row][run][16]: d_x x the sum of the lane's 8 values (Q4_1, Q5_1's m)
+  const int8_t* q_at(int r, int64_t run) const { return q.data() + (r * runs + run) * 128; }
+  const float* scale_at(int r, int64_t run) const { return scale.data() + (r * runs + run) * 32; }
+  const int32_t* offset_at(int r, int64_t run) const { return offset.data() + (r * runs + run) * 16; }
+  const float* sum_at(int r, int64_t run) const { return sum.data() + (r * runs + run) * 16; }
+};
+
+QuantizedX quantize_x(int64_t type, const float* x, int rows, int64_t k) {
+  const int64_t blocks = k / kBlock, runs = (blocks + kRun - 1) / kRun;
+  const bool biased = type == kQ8_0 && kVnni;
+  QuantizedX out{runs, std::vector<int8_t>(rows * runs * 128, biased ? -128 : 0),
+                 std::vector<float>(rows * runs * 32, 0.0f), std::vector<int32_t>(rows * runs * 16, 0),
+                 std::vector<float>(rows * runs * 16, 0.0f)};
+  const int32_t minus = type == kQ4_0 ? -8 : type == kQ5_0 ? -16 : 0;
+  int8_t values[kBlock];
+  for (int r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const float d = quantize_block(x + r * k + b * kBlock, values);
+      const int64_t run = b / kRun, i = b % kRun, at = r * runs + run;
+      int8_t* q = out.q.data() + at * 128;
+      float* scale = out.scale.data() + at * 32;
+      if (type == kQ8_0) {
+        for (int j = 0; j < kBlock; ++j) q[32 * i + j] = static_cast<int8_t>(biased ? values[j] ^ 0x80 : values[j]);
+        for (int lane = 0; lane < 8; ++lane) scale[8 * i + lane] = d;
+        continue;
+      }
+      std::memcpy(q + 16 * i, values, 16);
+      std::memcpy(q + 64 + 16 * i, values + 16, 16);
+      for (int lane = 0; lane < 4; ++lane) {
+        int32_t sum = 0;
+        for (int j = 0; j < 4; ++j) sum += q[16 * i + 4 * lane + j] + q[64 + 16 * i + 4 * lane + j];
+        out.offset[at * 16 + 4 * i + lane] = minus * sum;
+        out.sum[at * 16 + 4 * i + lane] = d * static_cast<float>(sum);
+        scale[4 * i + lane] = d;
+      }
+    }
+  return out;
+}
+
+// x's rows for Q4_K and Q6_K, quantized per 32 values as for the other formats (llama.cpp takes one d_x per 256:
+// a little faster, but a large activation then coarsens 256 values, not 32). Sub-block j of 32 values sits at
+// 32 j, except for VNNI's Q4_K, whose 64-byte loads hold two runs of nibbles: [s0 s2] [s1 s3] [s4 s6] [s5 s7].
+//   Q4_K's mins term is dmin sum_j min_j (d_x,j x the sum of sub-block j's values): `mins`.
+//   Q6_K's -32 is a sum of x: per 32-bit lane of 4 values for VNNI (`offset`), per 16 values (one weight scale)
+//         for AVX2 (`sums`).
+struct QuantizedSuperX {
+  int64_t supers;
+  std::vector<int8_t> q;        // [row][super][256]
+  std::vector<float> lanes;     // [row][super][64]: the d_x of each 32-bit lane of the codes (VNNI)
+  std::vector<float> scale;     // [row][super][8]: d_x of sub-block j
+  std::vector<float> mins;      // [row][super][8]: d_x,j x the sum of sub-block j's values (Q4_K)
+  std::vector<int32_t> offset;  // [row][super][64]: -32 x the sum of each lane's 4 values (Q6_K, VNNI)
+  std::vector<int16_t> sums;    // [row][super][16]: the sum of each 16 values (Q6_K, AVX2)
+};
+
+QuantizedSuperX quantize_x_super(int64_t type, const float* x, int rows, int64_t k) {
+  const int64_t supers = k / kSuper;
+  QuantizedSuperX out{supers, std::vector<int8_t>(rows * supers * kSuper), std::vector<float>(rows * supers * 64),
+                      std::vector<float>(rows * supers * 8), std::vector<float>(rows * supers * 8),
+                      std::vector<int32_t>(rows * supers * 64), std::vector<int16_t>(rows * supers * 16)};
+  for (int r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < supers; ++b) {
+      const int64_t at = r * supers + b;
+      for (int j = 0; j < 8; ++j) {
+        const int64_t place = type == kQ4_K && kVnni ? (j / 4) * 128 + (j % 2) * 64 + ((j % 4) / 2) * 32 : 32 * j;
+        int8_t* q = out.q.data() + at * kSuper + place;
+        const float d = quantize_block(x + r * k + b * kSuper + 32 * j, q);
+        int32_t sum = 0;
+        for (int i = 0; i < 32; ++i) sum += q[i];
+        out.scale[at * 8 + j] = d;
+        out.mins[at * 8 + j] = d * static_cast<float>(sum);
+        for (int half = 0; half < 2; ++half) {
+          int16_t part = 0;
+          for (int i = 0; i < 16; ++i) part = static_cast<int16_t>(part + q[16 * half + i]);
+          out.sums[at * 16 + 2 * j + half] = part;
+        }
+        for (int lane = 0; lane < 8; ++lane) {  // place / 4: the first of this sub-block's 8 lanes
+          out.lanes[at * 64 + place / 4 + lane] = d;
+          out.offset[at * 64 + place / 4 + lane] =
+              -32 * (q[4 * lane] + q[4 * lane + 1] + q[4 * lane + 2] + q[4 * lane + 3]);
+        }
+      }
+    }
+  return out;
+}
+#else
+constexpr bool kInt8Dot = false;
+#endif
 
 #ifdef __AVX512F__
 // A 32-weight block as the two vectors of its weights, exactly the dequantized floats (d q, d (q - 8) and d q are
@@ -428,69 +572,11 @@ void multiply_group(const uint8_t* w, int64_t row_bytes, int64_t blocks, const f
 constexpr int group_for(int rows) { return rows <= 2 ? 8 : rows <= 4 ? 4 : 2; }
 
 #if defined(__AVX512BW__) && defined(__AVX512VNNI__)
-constexpr bool kInt8Dot = true;
-
-// ---- int8 activations: llama.cpp's arithmetic for the 32-weight formats (packed rows) ----
-// x's rows are quantized as Q8_0 (per 32 values d = max |x| / 127, q = round(x / d)) and each run of four
-// blocks is multiplied in integers: vpdpbusd adds four u8 x s8 products per 32-bit lane, 64 per
-// instruction, where the float path unpacks, converts and multiplies 16 weights at a time. One int-to-float
-// conversion and one fused multiply-add per 16 lanes apply d_w d_x. x is laid out per run in the order the
-// weights' bytes come in (QuantizedX), so that the weights need no shuffle:
-//   Q4/Q5: a run's 64 bytes of nibbles give the four blocks' weights 0-15 (low nibbles) and 16-31 (high), so
-//         x's run is 64 bytes of each block's values 0-15 then 64 of values 16-31. The codes (0..15, Q5: the
-//         fifth bit added where its bit is set, 0..31) are the unsigned operand; Q4_0's -8 (Q5_0's -16) is a
-//         per-lane sum of x, precomputed (`offset`), and Q4_1's (Q5_1's) m multiplies the same sum (`sum`).
-//   Q8_0: the weights are signed, and vpdpbusd's first operand is unsigned: x goes in as q + 128 and each
-//         lane subtracts 128 x its four weights (one vpdpbusd of the weights by 128, shared by every row).
-struct QuantizedX {
-  int64_t runs;
-  std::vector<int8_t> q;         // [row][run][128]: signed (Q8_0: q + 128 as unsigned bytes)
-  std::vector<float> scale;      // [row][run][32]: lane l's d_x (Q4/Q5: block l / 4; Q8_0: block l / 8)
-  std::vector<int32_t> offset;   // [row][run][16]: -8 (Q4_0) or -16 (Q5_0) x the sum of the lane's 8 values
-  std::vector<float> sum;        // [row][run][16]: d_x x the sum of the lane's 8 values (Q4_1, Q5_1's m)
-  const int8_t* q_at(int r, int64_t run) const { return q.data() + (r * runs + run) * 128; }
-  const float* scale_at(int r, int64_t run) const { return scale.data() + (r * runs + run) * 32; }
-  const int32_t* offset_at(int r, int64_t run) const { return offset.data() + (r * runs + run) * 16; }
-  const float* sum_at(int r, int64_t run) const { return sum.data() + (r * runs + run) * 16; }
-};
-
-QuantizedX quantize_x(int64_t type, const float* x, int rows, int64_t k) {
-  const int64_t blocks = k / kBlock, runs = (blocks + kRun - 1) / kRun;
-  QuantizedX out{runs, std::vector<int8_t>(rows * runs * 128, type == kQ8_0 ? -128 : 0),
-                 std::vector<float>(rows * runs * 32, 0.0f), std::vector<int32_t>(rows * runs * 16, 0),
-                 std::vector<float>(rows * runs * 16, 0.0f)};
-  const int32_t minus = type == kQ4_0 ? -8 : type == kQ5_0 ? -16 : 0;
-  for (int r = 0; r < rows; ++r)
-    for (int64_t b = 0; b < blocks; ++b) {
-      const float* xb = x + r * k + b * kBlock;
-      const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
-      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-      const float d = amax / 127.0f, inverse = amax > 0 ? 127.0f / amax : 0.0f;
-      const __m128i q0 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v0, _mm512_set1_ps(inverse))));
-      const __m128i q1 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v1, _mm512_set1_ps(inverse))));
-      const int64_t run = b / kRun, i = b % kRun, at = r * runs + run;
-      int8_t* q = out.q.data() + at * 128;
-      float* scale = out.scale.data() + at * 32;
-      if (type == kQ8_0) {
-        const __m128i bias = _mm_set1_epi8(static_cast<char>(0x80));  // q + 128 as an unsigned byte
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 32 * i), _mm_xor_si128(q0, bias));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 32 * i + 16), _mm_xor_si128(q1, bias));
-        for (int lane = 0; lane < 8; ++lane) scale[8 * i + lane] = d;
-        continue;
-      }
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * i), q0);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 64 + 16 * i), q1);
-      for (int lane = 0; lane < 4; ++lane) {
-        int32_t sum = 0;
-        for (int j = 0; j < 4; ++j) sum += q[16 * i + 4 * lane + j] + q[64 + 16 * i + 4 * lane + j];
-        out.offset[at * 16 + 4 * i + lane] = minus * sum;
-        out.sum[at * 16 + 4 * i + lane] = d * static_cast<float>(sum);
-        scale[4 * i + lane] = d;
-      }
-    }
-  return out;
-}
-
+// ---- int8 activations with AVX512-VNNI: each run of four blocks is multiplied in integers (vpdpbusd adds four
+// u8 x s8 products per 32-bit lane, 64 per instruction, where the float path unpacks, converts and multiplies 16
+// weights at a time); one int-to-float conversion and one fused multiply-add per 16 lanes apply d_w d_x. The
+// codes (0..15, Q5: the fifth bit added where its bit is set, 0..31) are the unsigned operand, x the signed one;
+// Q8_0's weights are the signed operand, and one vpdpbusd of them by 128 per run takes x's bias back.
 inline __m512i load_bytes(const uint8_t* p, int64_t count) {  // the first `count` bytes (at most 64), zeros beyond
   if (count >= 64) return _mm512_loadu_si512(p);
   return count > 0 ? _mm512_maskz_loadu_epi8((~0ULL) >> (64 - count), p) : _mm512_setzero_si512();
@@ -584,45 +670,6 @@ void multiply_group_int8(const uint8_t* w, int64_t row_bytes, int64_t blocks, co
 //         term is dmin sum_j min_j (d_x,j x the sum of sub-block j's values), `mins`.
 //   Q6_K: w = d scale_i (q - 32), an int8 scale per 16 weights; x in its own order, each 64 values meeting
 //         one vector of 6-bit codes (ql's nibbles with two qh bits added), the -32 as a per-lane sum of x.
-struct QuantizedSuperX {
-  int64_t supers;
-  std::vector<int8_t> q;        // [row][super][256]
-  std::vector<float> lanes;     // [row][super][64]: the d_x of each lane of the four vectors of codes
-  std::vector<float> mins;      // Q4_K: [row][super][8]: d_x,j x the sum of sub-block j's values
-  std::vector<int32_t> offset;  // Q6_K: [row][super][64]: -32 x the sum of each lane's 4 values
-};
-
-QuantizedSuperX quantize_x_super(int64_t type, const float* x, int rows, int64_t k) {
-  const int64_t supers = k / kSuper;
-  QuantizedSuperX out{supers, std::vector<int8_t>(rows * supers * kSuper), std::vector<float>(rows * supers * 64),
-                      std::vector<float>(rows * supers * 8), std::vector<int32_t>(rows * supers * 64)};
-  for (int r = 0; r < rows; ++r)
-    for (int64_t b = 0; b < supers; ++b) {
-      const int64_t at = r * supers + b;
-      for (int j = 0; j < 8; ++j) {  // Q4_K: sub-block j goes to [s0 s2] [s1 s3] [s4 s6] [s5 s7]
-        const float* xj = x + r * k + b * kSuper + 32 * j;
-        const __m512 v0 = _mm512_loadu_ps(xj), v1 = _mm512_loadu_ps(xj + 16);
-        const float top = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-        const float d = top / 127.0f, inverse = top > 0 ? 127.0f / top : 0.0f;
-        const int64_t place = type == kQ4_K ? (j / 4) * 128 + (j % 2) * 64 + ((j % 4) / 2) * 32 : 32 * j;
-        int8_t* q = out.q.data() + at * kSuper + place;
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(
-            _mm512_mul_ps(v0, _mm512_set1_ps(inverse)))));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(
-            _mm512_mul_ps(v1, _mm512_set1_ps(inverse)))));
-        int32_t sum = 0;
-        for (int i = 0; i < 32; ++i) sum += q[i];
-        out.mins[at * 8 + j] = d * static_cast<float>(sum);
-        for (int lane = 0; lane < 8; ++lane) {  // place / 4: the first of this sub-block's 8 lanes
-          out.lanes[at * 64 + place / 4 + lane] = d;
-          out.offset[at * 64 + place / 4 + lane] =
-              -32 * (q[4 * lane] + q[4 * lane + 1] + q[4 * lane + 2] + q[4 * lane + 3]);
-        }
-      }
-    }
-  return out;
-}
-
 // Output rows [o, o + group) of a Q4_K or Q6_K W for `rows` rows of quantized x: each super-block's codes as four
 // vectors of 64 bytes and their scales as four vectors of lanes, then the same integer dot products for both
 template <int64_t type, int rows, int group>
@@ -658,14 +705,10 @@ void multiply_group_super_int8(const uint8_t* w, int64_t row_bytes, const Quanti
       float d, dmin = 0.0f;
       if constexpr (type == kQ4_K) {
         d = half_at(block), dmin = half_at(block + 2);
-        uint32_t packed[3];
-        std::memcpy(packed, block + 4, 12);
-        // the 6-bit scales and mins, four to a word (q4_k_scale_min's layout, four sub-blocks at a time)
-        const uint32_t scales_0123 = packed[0] & 0x3F3F3F3F, mins_0123 = packed[1] & 0x3F3F3F3F;
-        const uint32_t scales_4567 = (packed[2] & 0x0F0F0F0F) | (((packed[0] >> 6) & 0x03030303) << 4);
-        const uint32_t mins_4567 = ((packed[2] >> 4) & 0x0F0F0F0F) | (((packed[1] >> 6) & 0x03030303) << 4);
-        scales = _mm512_cvtepu8_epi32(_mm_setr_epi32(scales_0123, scales_4567, 0, 0));
-        mins = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_setr_epi32(mins_0123, mins_4567, 0, 0)));
+        uint32_t words[4];  // scales 0-3, 4-7, mins 0-3, 4-7
+        q4_k_scales_mins(block + 4, words);
+        scales = _mm512_cvtepu8_epi32(_mm_setr_epi32(words[0], words[1], 0, 0));
+        mins = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_setr_epi32(words[2], words[3], 0, 0)));
         for (int h = 0; h < 2; ++h) {  // low nibbles: sub-blocks 4h and 4h + 2, high: 4h + 1 and 4h + 3
           const __m512i nibbles = _mm512_loadu_si512(block + 16 + 64 * h);
           codes[2 * h] = _mm512_and_si512(nibbles, low_nibbles);
@@ -709,8 +752,6 @@ void multiply_group_super_int8(const uint8_t* w, int64_t row_bytes, const Quanti
     }
   for (int r = 0; r < rows; ++r) store_totals<group>(acc[r], y + r * n + o);
 }
-#else
-constexpr bool kInt8Dot = false;
 #endif
 #else
 #if defined(__AVX2__) && defined(__FMA__)
@@ -806,12 +847,6 @@ __attribute__((always_inline)) inline void add_super_block(const uint8_t* block,
   }
 }
 
-inline float sum_lanes(__m256 v) {
-  const __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 pair = _mm_add_ps(half, _mm_movehl_ps(half, half));
-  return _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)));
-}
-
 // Output rows [o, o + group) of W for `rows` rows of x: each block's weights as vectors of 8 (32-weight formats
 // above; a super-block's 256 through the plain loops of super_block_weights, which the compiler vectorises),
 // multiplied into rows x chains accumulators: several chains per row at small batches, so that a block's fused
@@ -873,7 +908,183 @@ void multiply_group(const uint8_t* w, int64_t row_bytes, int64_t blocks, const f
 #endif
 
 constexpr int group_for(int) { return 1; }
-constexpr bool kInt8Dot = false;
+#endif
+
+#ifdef MINIVLLM_INT8_AVX2
+// ---- int8 activations with AVX2 (no VNNI): vpmaddubsw multiplies u8 x s8 pairs into 16-bit sums and vpmaddwd
+// adds pairs of those into 32-bit lanes (by ones, or by a K format's integer scales): two instructions per 32
+// products. No 16-bit sum saturates: codes are at most 63 and |q| at most 127 (2 x 63 x 127 < 32767), and Q8_0
+// goes in as |w| (at most 128) against q with w's sign.
+
+// byte j of the result is 0xFF where bit j of `bits` is set (a Q5 run's fifth bits, 32 bytes' worth)
+inline __m256i bits_to_bytes(uint32_t bits) {
+  const __m256i spread = _mm256_shuffle_epi8(  // byte j <- byte j / 8 of bits
+      _mm256_set1_epi32(static_cast<int>(bits)),
+      _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+  const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));  // byte j: bit j % 8
+  return _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+}
+
+inline __m256i load_256(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// `count` (1-4) fp16 values as floats in lanes 0-3, zeros after them (a row's last run may hold fewer blocks)
+inline __m256 halves_avx2(const uint8_t* p, int64_t count) {
+  uint64_t bits = 0;
+  std::memcpy(&bits, p, 2 * count);
+  return _mm256_castps128_ps256(_mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<int64_t>(bits))));
+}
+
+// 32-bit lanes: the sums of 4 products of u8 `codes` by s8 `q`, each pair of 16-bit sums times `by`
+inline __m256i dot_u8_s8(__m256i codes, __m256i q, __m256i by) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(codes, q), by);
+}
+
+// Output rows [o, o + group) of a packed W for `rows` rows of quantized x: per run of four blocks, the nibbles of
+// blocks 0-1 and 2-3 as two vectors each of low and high codes, each pair's 16-bit products added before the
+// widening (a lane's 8 products, 4 per half), then d_w d_x per lane in floats
+template <int64_t type, int rows, int group>
+void multiply_group_int8(const uint8_t* w, int64_t row_bytes, int64_t blocks, const QuantizedX& x, float* y,
+                         int64_t n, int64_t o) {
+  constexpr int64_t bytes = type == kQ4_0 ? 18 : type == kQ4_1 ? 20 : type == kQ5_0 ? 22 : type == kQ5_1 ? 24 : 34;
+  constexpr bool has_m = type == kQ4_1 || type == kQ5_1, has_fifth = type == kQ5_0 || type == kQ5_1;
+  constexpr int64_t header = nibbles_at(type == kQ8_0 ? kQ4_0 : type);  // d (m) (fifth bits): bytes per block
+  constexpr int chains = rows == 1 ? 2 : 1;
+  const __m256i nibble = _mm256_set1_epi8(0x0F), sixteen = _mm256_set1_epi8(16), ones = _mm256_set1_epi16(1);
+  const __m256i blocks_01 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), blocks_23 = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
+  for (int64_t row = o; row < o + group; ++row) {
+    __m256 acc[rows][chains];
+    for (int r = 0; r < rows; ++r)
+      for (int c = 0; c < chains; ++c) acc[r][c] = _mm256_setzero_ps();
+    for (int64_t run = 0; run < x.runs; ++run) {
+      const int64_t count = std::min(kRun, blocks - kRun * run);
+      const uint8_t* base = w + row * row_bytes + kRun * run * bytes;
+      const __m256 d_w = halves_avx2(base, count);
+      const uint8_t* payload = base + header * count;
+      if constexpr (type == kQ8_0) {
+        for (int i = 0; i < count; ++i) {
+          const __m256i weights = load_256(payload + 32 * i), size = _mm256_abs_epi8(weights);
+          const __m256 d_i = _mm256_permutevar8x32_ps(d_w, _mm256_set1_epi32(i));
+          for (int r = 0; r < rows; ++r) {
+            const __m256i q = _mm256_sign_epi8(load_256(x.q_at(r, run) + 32 * i), weights);
+            __m256& sum = acc[r][i % chains];
+            sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8_s8(size, q, ones)),
+                                  _mm256_mul_ps(d_i, _mm256_loadu_ps(x.scale_at(r, run) + 8 * i)), sum);
+          }
+        }
+      } else {
+        __m256i low[2], high[2];  // blocks 0-1, 2-3: weights 0-15 of each, then 16-31
+        uint32_t words[kRun] = {};  // Q5: each block's fifth bits
+        if constexpr (has_fifth) std::memcpy(words, base + (has_m ? 4 : 2) * count, 4 * count);
+        for (int h = 0; h < 2; ++h) {
+          const __m256i nibbles = count >= 2 * h + 2 ? load_256(payload + 32 * h)  // a short run: only its blocks
+                                  : count > 2 * h ? _mm256_zextsi128_si256(_mm_loadu_si128(
+                                                        reinterpret_cast<const __m128i*>(payload + 32 * h)))
+                                                  : _mm256_setzero_si256();
+          low[h] = _mm256_and_si256(nibbles, nibble);
+          high[h] = _mm256_and_si256(_mm256_srli_epi16(nibbles, 4), nibble);
+          if constexpr (has_fifth) {  // bit j of block i's word: +16 on weight j of block i
+            const uint32_t* pair = words + 2 * h;
+            const uint32_t low_bits = (pair[0] & 0xFFFF) | (pair[1] << 16);
+            const uint32_t high_bits = (pair[0] >> 16) | (pair[1] & 0xFFFF0000u);
+            low[h] = _mm256_or_si256(low[h], _mm256_and_si256(bits_to_bytes(low_bits), sixteen));
+            high[h] = _mm256_or_si256(high[h], _mm256_and_si256(bits_to_bytes(high_bits), sixteen));
+          }
+        }
+        const __m256 d_lanes[2] = {_mm256_permutevar8x32_ps(d_w, blocks_01), _mm256_permutevar8x32_ps(d_w, blocks_23)};
+        __m256 m_lanes[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+        if constexpr (has_m) {
+          const __m256 m = halves_avx2(base + 2 * count, count);
+          m_lanes[0] = _mm256_permutevar8x32_ps(m, blocks_01);
+          m_lanes[1] = _mm256_permutevar8x32_ps(m, blocks_23);
+        }
+        for (int r = 0; r < rows; ++r) {
+          const int8_t* q = x.q_at(r, run);
+          for (int h = 0; h < 2; ++h) {
+            const __m256i products = _mm256_add_epi16(_mm256_maddubs_epi16(low[h], load_256(q + 32 * h)),
+                                                      _mm256_maddubs_epi16(high[h], load_256(q + 64 + 32 * h)));
+            __m256i dot = _mm256_madd_epi16(products, ones);
+            if constexpr (!has_m) dot = _mm256_add_epi32(dot, load_256(x.offset_at(r, run) + 8 * h));
+            __m256& sum = acc[r][h % chains];
+            sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
+                                  _mm256_mul_ps(d_lanes[h], _mm256_loadu_ps(x.scale_at(r, run) + 8 * h)), sum);
+            if constexpr (has_m) sum = _mm256_fmadd_ps(m_lanes[h], _mm256_loadu_ps(x.sum_at(r, run) + 8 * h), sum);
+          }
+        }
+      }
+    }
+    for (int r = 0; r < rows; ++r) {
+      __m256 total = acc[r][0];
+      for (int c = 1; c < chains; ++c) total = _mm256_add_ps(total, acc[r][c]);
+      y[r * n + row] = sum_lanes(total);
+    }
+  }
+}
+
+// Output rows [o, o + group) of a Q4_K or Q6_K W for `rows` rows of quantized x: 32 codes at a time (one
+// sub-block of Q4_K, two scales of Q6_K) against x's sub-block, their integer scale applied by vpmaddwd, then
+// d_x per sub-block in floats; two chains per row (low and high nibbles, or a Q6_K half's even and odd parts)
+template <int64_t type, int rows, int group>
+void multiply_group_super_int8(const uint8_t* w, int64_t row_bytes, const QuantizedSuperX& x, float* y, int64_t n,
+                               int64_t o) {
+  constexpr int64_t bytes = type == kQ4_K ? 144 : 210;
+  const __m256i nibble = _mm256_set1_epi8(0x0F), pair = _mm256_set1_epi8(3);
+  for (int64_t row = o; row < o + group; ++row) {
+    __m256 acc[rows];
+    for (int r = 0; r < rows; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t sb = 0; sb < x.supers; ++sb) {
+      const uint8_t* block = w + row * row_bytes + sb * bytes;
+      uint32_t scales_mins[4] = {};  // Q4_K: the 8 scales, then the 8 mins, a byte each
+      if constexpr (type == kQ4_K) q4_k_scales_mins(block + 4, scales_mins);
+      const auto* q4_k_scales = reinterpret_cast<const uint8_t*>(scales_mins);
+      for (int r = 0; r < rows; ++r) {
+        const int64_t at = r * x.supers + sb;
+        const int8_t* q = x.q.data() + at * kSuper;
+        const float* scale = x.scale.data() + at * 8;
+        __m256 sums[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+        if constexpr (type == kQ4_K) {
+          for (int p = 0; p < 4; ++p) {  // low nibbles: sub-block 2p, high: 2p + 1
+            const __m256i nibbles = load_256(block + 16 + 32 * p);
+            const __m256i codes[2] = {_mm256_and_si256(nibbles, nibble),
+                                      _mm256_and_si256(_mm256_srli_epi16(nibbles, 4), nibble)};
+            for (int h = 0; h < 2; ++h) {
+              const int j = 2 * p + h;
+              const __m256i dot = dot_u8_s8(codes[h], load_256(q + 32 * j), _mm256_set1_epi16(q4_k_scales[j]));
+              sums[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(scale[j]), sums[h]);
+            }
+          }
+          const __m256 mins = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+              reinterpret_cast<const __m128i*>(q4_k_scales + 8))));
+          const __m256 by_min = _mm256_mul_ps(mins, _mm256_loadu_ps(x.mins.data() + at * 8));
+          acc[r] = _mm256_fmadd_ps(_mm256_add_ps(sums[0], sums[1]), _mm256_set1_ps(half_at(block)), acc[r]);
+          acc[r] = _mm256_fnmadd_ps(by_min, _mm256_set1_ps(half_at(block + 2)), acc[r]);
+        } else {  // Q6_K: w = d scale_i (q - 32), the layout as in add_super_block
+          const int8_t* scales = reinterpret_cast<const int8_t*>(block + 192);
+          for (int h = 0; h < 2; ++h) {
+            const __m256i high_bits = load_256(block + 128 + 32 * h);
+            for (int part = 0; part < 4; ++part) {
+              const __m256i low = load_256(block + 64 * h + 32 * (part % 2));
+              const __m256i low4 = _mm256_and_si256(part / 2 ? _mm256_srli_epi16(low, 4) : low, nibble);
+              const __m256i high2 = _mm256_and_si256(_mm256_srli_epi16(high_bits, 2 * part), pair);
+              const __m256i codes = _mm256_or_si256(low4, _mm256_slli_epi16(high2, 4));
+              const int v = 4 * h + part;  // weights 32 v .. 32 v + 31: scales 2 v, 2 v + 1
+              const __m256i by = _mm256_setr_m128i(_mm_set1_epi16(scales[2 * v]), _mm_set1_epi16(scales[2 * v + 1]));
+              const __m256i dot = dot_u8_s8(codes, load_256(q + 32 * v), by);
+              sums[part % 2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(scale[v]), sums[part % 2]);
+            }
+          }
+          // the -32: sum_i scale_i (the sum of its 16 values), in lanes per sub-block, times d_x
+          const __m256i by_scale = _mm256_madd_epi16(
+              _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales))),
+              load_256(x.sums.data() + at * 16));
+          const __m256 minus = _mm256_mul_ps(_mm256_cvtepi32_ps(by_scale), _mm256_loadu_ps(scale));
+          const __m256 total = _mm256_fnmadd_ps(minus, _mm256_set1_ps(32.0f), _mm256_add_ps(sums[0], sums[1]));
+          acc[r] = _mm256_fmadd_ps(total, _mm256_set1_ps(half_at(block + 208)), acc[r]);
+        }
+      }
+    }
+    for (int r = 0; r < rows; ++r) y[r * n + row] = sum_lanes(acc[r]);
+  }
+}
 #endif
 
 // f(group size, o) for output rows [o, o + group size) of n: whole groups of kGroup split evenly between the
@@ -940,14 +1151,14 @@ at::Tensor gguf_linear(const at::Tensor& x_in, const at::Tensor& blocks, int64_t
   auto y = at::empty({m, n}, x.options());
   const uint8_t* w = blocks.data_ptr<uint8_t>();
   const int64_t row_bytes = blocks.size(1), blocks_per_row = k / block_weights(stored_type(type));
-  TORCH_CHECK(!is_packed(type) || kInt8Dot, "packed GGUF rows need AVX512-VNNI (gguf_int8_dot() is false here)");
+  TORCH_CHECK(!is_packed(type) || kInt8Dot, "packed GGUF rows need AVX2 or AVX512-VNNI (gguf_int8_dot() is false here)");
   for (int64_t r = 0; r < m; r += kRows) {
     const int rows = static_cast<int>(std::min(kRows, m - r));
     const float* xr = x.data_ptr<float>() + r * k;
     float* yr = y.data_ptr<float>() + r * n;
     with_type(stored_type(type), [&](auto type_constant) {
       constexpr int64_t kType = decltype(type_constant)::value;
-#if defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#ifdef MINIVLLM_INT8_DOT
       if (is_packed(type)) {  // x as int8, once for every output row
         const auto qx = [&] {
           if constexpr (is_super(kType)) return quantize_x_super(kType, xr, rows, k);

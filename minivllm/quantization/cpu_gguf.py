@@ -17,7 +17,8 @@ up in the LM head's blocks.
 
 Two arithmetics. By default x stays float and meets the exact weights: greedy tokens equal
 transformers' on the dequantized model. llama.cpp instead quantizes x to 8 bits per 32 values and
-multiplies in integers (AVX512-VNNI's vpdpbusd: 64 products an instruction); where the model
+multiplies in integers (AVX512-VNNI's vpdpbusd: 64 products an instruction; AVX2's vpmaddubsw and
+vpmaddwd: 32 products in two); where the model
 computes in bf16 or fp16 anyway (MINIVLLM_CPU_GGUF_ACTIVATIONS, minivllm/envs.py), Q8_0, Q4_0,
 Q4_1, Q5_0, Q5_1, Q4_K and Q6_K layers do too (`kernel_type` = the file's type | PACKED): `layout`
 regroups each row's 32-weight blocks four at a time (the same bytes), so that one load reads four
