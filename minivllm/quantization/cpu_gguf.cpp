@@ -930,7 +930,8 @@ inline __m256i load_256(const void* p) { return _mm256_loadu_si256(reinterpret_c
 // `count` (1-4) fp16 values as floats in lanes 0-3, zeros after them (a row's last run may hold fewer blocks)
 inline __m256 halves_avx2(const uint8_t* p, int64_t count) {
   uint64_t bits = 0;
-  std::memcpy(&bits, p, 2 * count);
+  if (count == kRun) std::memcpy(&bits, p, 8);  // a whole run: one load (a memcpy of variable size is a call)
+  else std::memcpy(&bits, p, 2 * count);
   return _mm256_castps128_ps256(_mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<int64_t>(bits))));
 }
 
@@ -974,7 +975,10 @@ void multiply_group_int8(const uint8_t* w, int64_t row_bytes, int64_t blocks, co
       } else {
         __m256i low[2], high[2];  // blocks 0-1, 2-3: weights 0-15 of each, then 16-31
         uint32_t words[kRun] = {};  // Q5: each block's fifth bits
-        if constexpr (has_fifth) std::memcpy(words, base + (has_m ? 4 : 2) * count, 4 * count);
+        if constexpr (has_fifth) {
+          if (count == kRun) std::memcpy(words, base + (has_m ? 4 : 2) * kRun, 4 * kRun);
+          else std::memcpy(words, base + (has_m ? 4 : 2) * count, 4 * count);
+        }
         for (int h = 0; h < 2; ++h) {
           const __m256i nibbles = count >= 2 * h + 2 ? load_256(payload + 32 * h)  // a short run: only its blocks
                                   : count > 2 * h ? _mm256_zextsi128_si256(_mm_loadu_si128(
