@@ -47,7 +47,7 @@ lint: $(STAMP)
 # --durations: the slowest tests, so the time CI takes can be read from its log.
 test: $(STAMP) $(JUPYTER_CONFIG) lint
 	HF_HUB_OFFLINE=1 $(PYTHON) -m pytest tests $(wildcard chapters/*.ipynb) --nbval-lax --nbval-current-env \
-		-p no:cacheprovider --durations=25; \
+		-p no:cacheprovider --durations=40; \
 	rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests were collected"; exit 1; fi; [ $$rc -eq 0 ] || exit $$rc; \
 	$(MAKE) --no-print-directory chapters-learner
 

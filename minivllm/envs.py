@@ -54,9 +54,9 @@ VARIABLES: dict[str, EnvVar] = {
         "layer's ops bound into one function (model/cpu_bound_layer.py)"),
     "MINIVLLM_CPU_GGUF_ACTIVATIONS": EnvVar(_choice("auto", "float", "int8"), "auto",
         "cpu platform, a GGUF file's block layers: 'int8' quantizes x per 32 values and "
-        "multiplies in integers (llama.cpp's arithmetic; needs "
-        "AVX2 or AVX512-VNNI), 'float' multiplies the exact weights by float x; 'auto': int8 when the "
-        "model computes in bf16 or fp16"),
+        "multiplies in integers (llama.cpp's arithmetic; needs AVX2 or "
+        "AVX512-VNNI), 'float' multiplies the exact weights by float x; 'auto': int8 when "
+        "the model computes in bf16 or fp16"),
     "MINIVLLM_CPU_COMPILE": EnvVar(_flag, False,
         "cpu platform: 1 compiles the layers around attention with torch.compile (opt-in)"),
     # --- dtypes and threads ---
