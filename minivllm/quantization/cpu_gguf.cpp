@@ -19,7 +19,8 @@
 // (super_block_vectors: Q4_K through a table per sub-block as above, its 16 scales and mins decoded and scaled as
 // one vector) and each vector multiplied at once by every row of x, in the same groups of output rows. With AVX2
 // only, blocks become vectors of 8 weights (multiply_group's AVX2 version); with neither, every format is
-// dequantized block by block into floats and multiplied by plain loops.
+// dequantized block by block into floats and multiplied by plain loops. Where x goes in as int8 (llama.cpp's
+// arithmetic, cpu_gguf.py), AVX512-VNNI's vpdpbusd or AVX2's vpmaddubsw multiply codes and x in integers.
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -183,13 +184,9 @@ template <int64_t type, typename Use>
 inline void super_block_vectors(const uint8_t* block, Use&& use) {
   alignas(64) float sub[16];  // the sub-blocks' float scales (and Q4_K's mins), broadcast from memory below
   if constexpr (type == kQ4_K) {
-    // q4_k_scale_min for all eight sub-blocks at once, on 32-bit words of 4 bytes each
-    uint32_t packed[3];
-    std::memcpy(packed, block + 4, 12);
-    const uint32_t low6 = 0x3F3F3F3F, low4 = 0x0F0F0F0F, top2 = 0x03030303;
-    const __m128i scale_min = _mm_setr_epi32(packed[0] & low6, (packed[2] & low4) | (((packed[0] >> 6) & top2) << 4),
-                                             packed[1] & low6,
-                                             ((packed[2] >> 4) & low4) | (((packed[1] >> 6) & top2) << 4));
+    uint32_t words[4];  // scales 0-3, 4-7, mins 0-3, 4-7
+    q4_k_scales_mins(block + 4, words);
+    const __m128i scale_min = _mm_loadu_si128(reinterpret_cast<const __m128i*>(words));
     const __m512 d_dmin = _mm512_insertf32x8(_mm512_set1_ps(half_at(block)), _mm256_set1_ps(half_at(block + 2)), 1);
     _mm512_store_ps(sub, _mm512_mul_ps(d_dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(scale_min))));
     const __m512 nibble = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -287,6 +284,20 @@ inline float sum_lanes(__m256 v) {  // the 8 lanes' total
   const __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   const __m128 pair = _mm_add_ps(half, _mm_movehl_ps(half, half));
   return _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)));
+}
+
+inline __m256i load_256(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// A Q6_K super-block's 6-bit codes of weights 32 v .. 32 v + 31 (v = 4 half + part; the layout:
+// super_block_weights): ql[l]'s (part 0, 2) or ql[l + 32]'s (1, 3) low or high nibble, and bits 2 part, 2 part + 1
+// of qh[l] above them (0..63: no carry crosses a byte)
+inline __m256i q6_k_codes(const uint8_t* block, int v) {
+  const int half = v / 4, part = v % 4;
+  const __m256i nibble = _mm256_set1_epi8(0x0F), pair = _mm256_set1_epi8(3);
+  const __m256i low = load_256(block + 64 * half + 32 * (part % 2));
+  const __m256i low4 = _mm256_and_si256(part / 2 ? _mm256_srli_epi16(low, 4) : low, nibble);
+  const __m256i high2 = _mm256_and_si256(_mm256_srli_epi16(load_256(block + 128 + 32 * half), 2 * part), pair);
+  return _mm256_or_si256(low4, _mm256_slli_epi16(high2, 4));
 }
 #endif
 #ifdef MINIVLLM_INT8_DOT
@@ -826,16 +837,11 @@ __attribute__((always_inline)) inline void add_super_block(const uint8_t* block,
       }
     }
   } else {  // Q6_K
-    const uint8_t *ql = block, *qh = block + 128;
     const int8_t* scales = reinterpret_cast<const int8_t*>(block + 192);
     const float d = half_at(block + 208);
-    for (int half = 0; half < 2; ++half, ql += 64, qh += 32, scales += 8) {
-      const __m256i high_bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh));
-      for (int part = 0; part < 4; ++part) {  // weights 32 part + l: ql[l] (part 0, 2) or ql[l + 32] (1, 3)
-        const __m256i low = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32 * (part % 2)));
-        const __m256i low4 = _mm256_and_si256(part / 2 ? _mm256_srli_epi16(low, 4) : low, nibble);
-        const __m256i high2 = _mm256_and_si256(_mm256_srli_epi16(high_bits, 2 * part), _mm256_set1_epi8(3));
-        const __m256i codes = _mm256_or_si256(low4, _mm256_slli_epi16(high2, 4));  // 0..63, no carry across bytes
+    for (int half = 0; half < 2; ++half, scales += 8) {
+      for (int part = 0; part < 4; ++part) {
+        const __m256i codes = q6_k_codes(block, 4 * half + part);
         __m256 sc[2], off[2];
         for (int i = 0; i < 2; ++i) {
           sc[i] = _mm256_set1_ps(d * scales[2 * part + i]);
@@ -925,8 +931,6 @@ inline __m256i bits_to_bytes(uint32_t bits) {
   return _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
 }
 
-inline __m256i load_256(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
-
 // `count` (1-4) fp16 values as floats in lanes 0-3, zeros after them (a row's last run may hold fewer blocks)
 inline __m256 halves_avx2(const uint8_t* p, int64_t count) {
   uint64_t bits = 0;
@@ -1001,9 +1005,10 @@ void multiply_group_int8(const uint8_t* w, int64_t row_bytes, int64_t blocks, co
           m_lanes[0] = _mm256_permutevar8x32_ps(m, blocks_01);
           m_lanes[1] = _mm256_permutevar8x32_ps(m, blocks_23);
         }
+        const int halves = count > 2 ? 2 : 1;  // a row's last run of 1-2 blocks has nothing in its second half
         for (int r = 0; r < rows; ++r) {
           const int8_t* q = x.q_at(r, run);
-          for (int h = 0; h < 2; ++h) {
+          for (int h = 0; h < halves; ++h) {
             const __m256i products = _mm256_add_epi16(_mm256_maddubs_epi16(low[h], load_256(q + 32 * h)),
                                                       _mm256_maddubs_epi16(high[h], load_256(q + 64 + 32 * h)));
             __m256i dot = _mm256_madd_epi16(products, ones);
@@ -1031,7 +1036,7 @@ template <int64_t type, int rows, int group>
 void multiply_group_super_int8(const uint8_t* w, int64_t row_bytes, const QuantizedSuperX& x, float* y, int64_t n,
                                int64_t o) {
   constexpr int64_t bytes = type == kQ4_K ? 144 : 210;
-  const __m256i nibble = _mm256_set1_epi8(0x0F), pair = _mm256_set1_epi8(3);
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
   for (int64_t row = o; row < o + group; ++row) {
     __m256 acc[rows];
     for (int r = 0; r < rows; ++r) acc[r] = _mm256_setzero_ps();
@@ -1063,18 +1068,10 @@ void multiply_group_super_int8(const uint8_t* w, int64_t row_bytes, const Quanti
           acc[r] = _mm256_fnmadd_ps(by_min, _mm256_set1_ps(half_at(block + 2)), acc[r]);
         } else {  // Q6_K: w = d scale_i (q - 32), the layout as in add_super_block
           const int8_t* scales = reinterpret_cast<const int8_t*>(block + 192);
-          for (int h = 0; h < 2; ++h) {
-            const __m256i high_bits = load_256(block + 128 + 32 * h);
-            for (int part = 0; part < 4; ++part) {
-              const __m256i low = load_256(block + 64 * h + 32 * (part % 2));
-              const __m256i low4 = _mm256_and_si256(part / 2 ? _mm256_srli_epi16(low, 4) : low, nibble);
-              const __m256i high2 = _mm256_and_si256(_mm256_srli_epi16(high_bits, 2 * part), pair);
-              const __m256i codes = _mm256_or_si256(low4, _mm256_slli_epi16(high2, 4));
-              const int v = 4 * h + part;  // weights 32 v .. 32 v + 31: scales 2 v, 2 v + 1
-              const __m256i by = _mm256_setr_m128i(_mm_set1_epi16(scales[2 * v]), _mm_set1_epi16(scales[2 * v + 1]));
-              const __m256i dot = dot_u8_s8(codes, load_256(q + 32 * v), by);
-              sums[part % 2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(scale[v]), sums[part % 2]);
-            }
+          for (int v = 0; v < 8; ++v) {  // weights 32 v .. 32 v + 31: scales 2 v, 2 v + 1
+            const __m256i by = _mm256_setr_m128i(_mm_set1_epi16(scales[2 * v]), _mm_set1_epi16(scales[2 * v + 1]));
+            const __m256i dot = dot_u8_s8(q6_k_codes(block, v), load_256(q + 32 * v), by);
+            sums[v % 2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(scale[v]), sums[v % 2]);
           }
           // the -32: sum_i scale_i (the sum of its 16 values), in lanes per sub-block, times d_x
           const __m256i by_scale = _mm256_madd_epi16(
