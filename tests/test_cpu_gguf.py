@@ -378,18 +378,20 @@ def host_build(build: str) -> bool:
     return build == "avx2" and "avx512f" not in flags and {"avx2", "fma"} <= flags
 
 
-@pytest.fixture(scope="module")
-def portable_results(tmp_path_factory):
+@pytest.fixture(scope="module", autouse=True)
+def portable_builds(tmp_path_factory):
     """Every format and batch through cpu_gguf.cpp built without AVX-512 (its AVX2 vectors) and without AVX2 too
-    (its plain loops), each build alone in a subprocess, both at once (a compile keeps one core ~25 s):
-    ({build: [(output, dequantized)]}, [(x @ W.T in float64, W)])."""
+    (its plain loops), each build alone in a subprocess, all at once, started before this module's first test
+    (a compile keeps one core ~25 s: the tests above run beside it): ({build: (folder, process)}, [(x @ W.T in
+    float64, W)]), or None without a compiler."""
     import shutil
     import subprocess
     import sys
     from pathlib import Path
 
     if shutil.which("c++") is None:
-        pytest.skip("no C++ compiler")
+        yield None
+        return
     source = Path(cpu_gguf.__file__).with_suffix(".cpp")
     cases, wants = [], []
     for name in TYPES:
@@ -408,6 +410,19 @@ def portable_results(tmp_path_factory):
         (folder / "build").mkdir()
         running[build] = folder, subprocess.Popen(
             [sys.executable, "-c", PORTABLE, str(source), str(folder / "build"), str(folder / "cases.pt"), *without])
+    yield running, wants
+    for _, process in running.values():  # a test that never waited (deselected, or failed before)
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture(scope="module")
+def portable_results(portable_builds):
+    """({build: [(output, dequantized)]}, [(x @ W.T in float64, W)]) once the builds have run."""
+    if portable_builds is None:
+        pytest.skip("no C++ compiler")
+    running, wants = portable_builds
     outputs = {}
     for build, (folder, process) in running.items():
         assert process.wait(timeout=600) == 0, f"the {build} build failed"

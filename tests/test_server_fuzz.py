@@ -60,7 +60,7 @@ schema = schemathesis.pytest.from_fixture("api_schema")
 
 
 @schema.parametrize()
-@settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=[
+@settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=[
     HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.function_scoped_fixture])
 def test_fuzz_openapi(case):
     case.call_and_validate(checks=CHECKS, timeout=20, headers=AUTH)
