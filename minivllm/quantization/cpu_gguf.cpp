@@ -42,7 +42,7 @@ constexpr int64_t kBlock = 32;                       // weights per block of Q8_
 constexpr int64_t kSuper = 256;                      // weights per super-block of Q4_K, Q6_K
 constexpr int64_t kRows = 8;                         // rows of x multiplied per pass over the weights
 
-int64_t block_bytes(int64_t type) {
+constexpr int64_t block_bytes(int64_t type) {  // constexpr: the kernels' block sizes
   switch (type) {
     case kQ4_0: return 18;
     case kQ4_1: return 20;
@@ -70,6 +70,9 @@ int64_t stored_type(int64_t type) { return type & ~kPacked; }
 // Q4_K and Q6_K keep their layout on the int8 path (a super-block's codes are already contiguous)
 bool regrouped(int64_t type) { return is_packed(type) && !is_super(stored_type(type)); }
 
+constexpr bool is_q5(int64_t type) { return type == kQ5_0 || type == kQ5_1; }  // a fifth bit per weight
+constexpr bool has_min(int64_t type) { return type == kQ4_1 || type == kQ5_1; }  // w = d q + m
+
 // A block's header fields, in the order the file stores them: d, then m (Q4_1, Q5_1), then the fifth bits (Q5)
 struct Fields {
   int count = 0;
@@ -78,8 +81,8 @@ struct Fields {
 constexpr Fields header_fields(int64_t type) {
   Fields f;
   f.size[f.count++] = 2;
-  if (type == kQ4_1 || type == kQ5_1) f.size[f.count++] = 2;
-  if (type == kQ5_0 || type == kQ5_1) f.size[f.count++] = 4;
+  if (has_min(type)) f.size[f.count++] = 2;
+  if (is_q5(type)) f.size[f.count++] = 4;
   return f;
 }
 
@@ -111,7 +114,6 @@ inline float half_at(const uint8_t* p) {
 #endif
 }
 
-bool is_q5(int64_t type) { return type == kQ5_0 || type == kQ5_1; }
 
 // where a 32-weight block's nibbles start: after d (Q4_0), d and m (Q4_1), and a Q5's 4 bytes of fifth bits
 constexpr int64_t nibbles_at(int64_t type) {
@@ -266,7 +268,7 @@ inline void dequantize_block(int64_t type, const uint8_t* block, float* out) {
   const float d = half_at(block);
   const float add = type == kQ4_0   ? -8.0f * d  // d q - 8 d = d (q - 8), exactly
                     : type == kQ5_0 ? -16.0f * d
-                    : type == kQ4_1 || type == kQ5_1 ? half_at(block + 2) : 0.0f;
+                    : has_min(type) ? half_at(block + 2) : 0.0f;
   for (int j = 0; j < kBlock; ++j) out[j] = d * values[j] + add;
 }
 
@@ -435,7 +437,7 @@ inline void block_vectors(const uint8_t* block, const float* scales, __m512& low
       low = _mm512_mul_ps(d, low);
       high = _mm512_mul_ps(d, high);
     }
-  } else if constexpr (type == kQ5_0 || type == kQ5_1) {  // codes 0..31: two tables, of q < 16 and q >= 16
+  } else if constexpr (is_q5(type)) {  // codes 0..31: two tables, of q < 16 and q >= 16
     const __m512 nibble = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512 upper = _mm512_add_ps(nibble, _mm512_set1_ps(16));
     __m512 below, above;
@@ -516,8 +518,7 @@ inline void store_totals(const __m512* acc, float* out) {
 template <int64_t type, int rows, int group>
 void multiply_group(const uint8_t* w, int64_t row_bytes, int64_t blocks, const float* x, int64_t k, float* y,
                     int64_t n, int64_t o) {
-  constexpr int64_t bytes = type == kQ4_0 ? 18 : type == kQ4_1 ? 20 : type == kQ5_0 ? 22 : type == kQ5_1 ? 24
-                           : type == kQ8_0 ? 34 : type == kQ4_K ? 144 : 210;
+  constexpr int64_t bytes = block_bytes(type);
   // each block read also prefetches the same block of the next group's rows (one group's work ahead: at batch 1
   // the hardware prefetcher alone left the loop waiting on memory), or of these rows again in the last group
   const int64_t ahead = o + 2 * group <= n ? group * row_bytes : 0;
@@ -602,8 +603,8 @@ inline __m128 load_halves(const uint8_t* p, int64_t count) {  // `count` (1-4) f
 template <int64_t type, int rows, int group>
 void multiply_group_int8(const uint8_t* w, int64_t row_bytes, int64_t blocks, const QuantizedX& x, float* y,
                          int64_t n, int64_t o) {
-  constexpr int64_t bytes = type == kQ4_0 ? 18 : type == kQ4_1 ? 20 : type == kQ5_0 ? 22 : type == kQ5_1 ? 24 : 34;
-  constexpr bool has_m = type == kQ4_1 || type == kQ5_1, has_fifth = type == kQ5_0 || type == kQ5_1;
+  constexpr int64_t bytes = block_bytes(type);
+  constexpr bool has_m = has_min(type), has_fifth = is_q5(type);
   constexpr int64_t header = nibbles_at(type == kQ8_0 ? kQ4_0 : type);  // d (m) (fifth bits): bytes per block
   const int64_t ahead = o + 2 * group <= n ? group * row_bytes : 0;
   const __m512i low_nibbles = _mm512_set1_epi8(0x0F), bias = _mm512_set1_epi8(static_cast<char>(0x80));
@@ -686,7 +687,7 @@ void multiply_group_int8(const uint8_t* w, int64_t row_bytes, int64_t blocks, co
 template <int64_t type, int rows, int group>
 void multiply_group_super_int8(const uint8_t* w, int64_t row_bytes, const QuantizedSuperX& x, float* y, int64_t n,
                                int64_t o) {
-  constexpr int64_t bytes = type == kQ4_K ? 144 : 210;
+  constexpr int64_t bytes = block_bytes(type);
   const int64_t ahead = o + 2 * group <= n ? group * row_bytes : 0;
   const __m512i low_nibbles = _mm512_set1_epi8(0x0F), high_pair = _mm512_set1_epi8(0x30), zero = _mm512_setzero_si512();
   constexpr __mmask64 upper = 0xFFFFFFFF00000000ULL;  // Q6_K: the bytes of weights l + 32 (l + 96)
@@ -783,19 +784,19 @@ __attribute__((always_inline)) inline void block_vectors_avx2(const uint8_t* blo
     const __m128i low = _mm_and_si128(packed, _mm_set1_epi8(0x0F));
     const __m128i high = _mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(0x0F));
     const __m128i halves[2] = {low, high};  // weights 0-15, 16-31
-    const __m256 m = type == kQ4_1 || type == kQ5_1 ? _mm256_set1_ps(half_at(block + 2))
+    const __m256 m = has_min(type) ? _mm256_set1_ps(half_at(block + 2))
                      : _mm256_set1_ps(type == kQ4_0 ? -8.0f : -16.0f);
     const uint32_t fifth = is_q5(type) ? fifth_bits(type, block) : 0;
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     for (int v = 0; v < 4; ++v) {
       const __m128i bytes = v % 2 ? _mm_srli_si128(halves[v / 2], 8) : halves[v / 2];
       __m256i code = _mm256_cvtepu8_epi32(bytes);
-      if constexpr (type == kQ5_0 || type == kQ5_1) {  // bit 8 v + lane of `fifth` is weight 8 v + lane's
+      if constexpr (is_q5(type)) {  // bit 8 v + lane of `fifth` is weight 8 v + lane's
         const __m256i bits = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(fifth >> (8 * v))), lane);
         code = _mm256_or_si256(code, _mm256_slli_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(1)), 4));
       }
       const __m256 q = _mm256_cvtepi32_ps(code);
-      out[v] = type == kQ4_1 || type == kQ5_1 ? _mm256_fmadd_ps(d, q, m) : _mm256_mul_ps(d, _mm256_add_ps(q, m));
+      out[v] = has_min(type) ? _mm256_fmadd_ps(d, q, m) : _mm256_mul_ps(d, _mm256_add_ps(q, m));
     }
   }
 }
@@ -861,8 +862,7 @@ __attribute__((always_inline)) inline void add_super_block(const uint8_t* block,
 template <int64_t type, int rows, int group>
 void multiply_group(const uint8_t* w, int64_t row_bytes, int64_t blocks, const float* x, int64_t k, float* y,
                     int64_t n, int64_t o) {
-  constexpr int64_t bytes = type == kQ4_0 ? 18 : type == kQ4_1 ? 20 : type == kQ5_0 ? 22 : type == kQ5_1 ? 24
-                           : type == kQ8_0 ? 34 : type == kQ4_K ? 144 : 210;
+  constexpr int64_t bytes = block_bytes(type);
   constexpr int chains = rows == 1 ? 4 : rows <= 4 ? 2 : 1;
   for (int64_t row = o; row < o + group; ++row) {
     __m256 acc[rows][chains];
@@ -950,8 +950,8 @@ inline __m256i dot_u8_s8(__m256i codes, __m256i q, __m256i by) {
 template <int64_t type, int rows, int group>
 void multiply_group_int8(const uint8_t* w, int64_t row_bytes, int64_t blocks, const QuantizedX& x, float* y,
                          int64_t n, int64_t o) {
-  constexpr int64_t bytes = type == kQ4_0 ? 18 : type == kQ4_1 ? 20 : type == kQ5_0 ? 22 : type == kQ5_1 ? 24 : 34;
-  constexpr bool has_m = type == kQ4_1 || type == kQ5_1, has_fifth = type == kQ5_0 || type == kQ5_1;
+  constexpr int64_t bytes = block_bytes(type);
+  constexpr bool has_m = has_min(type), has_fifth = is_q5(type);
   constexpr int64_t header = nibbles_at(type == kQ8_0 ? kQ4_0 : type);  // d (m) (fifth bits): bytes per block
   constexpr int chains = rows == 1 ? 2 : 1;
   const __m256i nibble = _mm256_set1_epi8(0x0F), sixteen = _mm256_set1_epi8(16), ones = _mm256_set1_epi16(1);
@@ -1035,7 +1035,7 @@ void multiply_group_int8(const uint8_t* w, int64_t row_bytes, int64_t blocks, co
 template <int64_t type, int rows, int group>
 void multiply_group_super_int8(const uint8_t* w, int64_t row_bytes, const QuantizedSuperX& x, float* y, int64_t n,
                                int64_t o) {
-  constexpr int64_t bytes = type == kQ4_K ? 144 : 210;
+  constexpr int64_t bytes = block_bytes(type);
   const __m256i nibble = _mm256_set1_epi8(0x0F);
   for (int64_t row = o; row < o + group; ++row) {
     __m256 acc[rows];
