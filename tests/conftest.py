@@ -43,7 +43,10 @@ class CompetingJob:
 
 
 def pytest_configure(config):
+    from head_start import HeadStart
+
     config.pluginmanager.register(CompetingJob(), "competing-cpu-job")
+    config.pluginmanager.register(HeadStart(), "head-start")
 
 TINY = dict(vocab_size=251, hidden_size=64, intermediate_size=136, num_hidden_layers=3, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.2, bos_token_id=None,

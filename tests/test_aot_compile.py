@@ -4,7 +4,8 @@ without spilling registers and within the target's shared memory per block: chec
 The variants come from the launchers' own choice functions (bench/kernel_report.py enumerates them), so a
 new constexpr or launch option is compiled as soon as a launcher can pick it. conftest.py sets
 TRITON_INTERPRET=1, under which kernels cannot be compiled, so the compiles run in one subprocess without
-it (both cores, Triton's on-disk cache shared with the engine), and each target's test reads its JSON.
+it (both cores, Triton's on-disk cache shared with the engine), started beside the suite (tests/head_start.py),
+and each target's test reads its JSON.
 """
 
 import json
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from head_start import head_start_result
 
 ROOT = Path(__file__).resolve().parent.parent
 REPORT = ROOT / "bench" / "kernel_report.py"
@@ -32,17 +34,25 @@ def _toolchain_missing() -> str | None:
     return None if path and os.path.exists(path) else f"triton's bundled ptxas is missing ({path})"
 
 
-@pytest.fixture(scope="module")
-def records() -> list[dict]:
+def head_start(folder: Path) -> list[dict] | str:
+    """Runs beside the suite (tests/head_start.py): every variant's record, or why none can be compiled here."""
     reason = _toolchain_missing()
     if reason:
-        pytest.skip(reason)
+        return reason
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])  # this checkout's minivllm
     run = subprocess.run([sys.executable, str(REPORT), "--json"], capture_output=True, text=True, env=env,
                          timeout=1800, cwd=ROOT)  # about 730 compiles: over 10 min on 2 busy cores
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return json.loads(run.stdout)
+
+
+@pytest.fixture(scope="module")
+def records(request) -> list[dict]:
+    got = head_start_result(request)
+    if isinstance(got, str):
+        pytest.skip(got)
+    return got
 
 
 @pytest.mark.parametrize("arch", ARCHES)

@@ -6,7 +6,8 @@ first use, the embedded models), the first build must write only into the cache 
 beside the installed sources (a system site-packages is read-only), and the fast paths must come from that
 build, not fall back to the readable torch code. The venv sees the machine's packages (torch, transformers,
 fastapi...) through --system-site-packages, so nothing is downloaded; `minivllm.__file__` proves that the
-copy imported is the installed one, not the repository's editable install.
+copy imported is the installed one, not the repository's editable install. The build, the install and the
+first run start beside the rest of the suite (tests/head_start.py); the checks run at the end.
 """
 
 import json
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from head_start import head_start_result
 
 ROOT = Path(__file__).resolve().parent.parent
 NATIVE_SOURCES = sorted(str(p.relative_to(ROOT)) for ext in ("*.cpp", "*.h") for p in (ROOT / "minivllm").rglob(ext))
@@ -76,10 +78,11 @@ def test_a_machine_without_a_compiler_hears_what_to_install_in_one_line(monkeypa
     assert "no C++ compiler" in reason and "apt install g++" in reason and "\n" not in reason
 
 
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory):
-    """(venv's python, environment, an outside working directory, the wheel, the installed package)."""
-    tmp = tmp_path_factory.mktemp("install")
+def head_start(tmp: Path) -> dict:
+    """Runs beside the suite (tests/head_start.py): the wheel built, installed into a fresh venv, and the first
+    `LLM()` run from an outside directory, which compiles the C++ kernels into an empty cache. Returns the
+    venv's python, its environment, the outside directory, the wheel, the installed package, its files before
+    that first run, and the run itself."""
     src = tmp / "src"  # a copy of what the build reads, so that building leaves nothing in the checkout
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
@@ -100,12 +103,19 @@ def installed(tmp_path_factory):
     elsewhere.mkdir()
     package = Path(subprocess.run([str(python), "-c", "import minivllm; print(minivllm.__file__)"], cwd=elsewhere,
                                   env=env, check=True, capture_output=True, text=True).stdout.strip()).parent
-    return python, env, elsewhere, wheel, package
+    before = _files(package)
+    run = subprocess.run([str(python), "-c", SCRIPT], cwd=elsewhere, env=env, capture_output=True, text=True,
+                         timeout=900)
+    return dict(python=python, env=env, elsewhere=elsewhere, wheel=wheel, package=package, before=before, run=run)
+
+
+@pytest.fixture(scope="module")
+def installed(request) -> dict:
+    return head_start_result(request)
 
 
 def test_the_wheel_carries_the_native_sources_and_the_embedded_models(installed):
-    _, _, _, wheel, _ = installed
-    names = set(zipfile.ZipFile(wheel).namelist())
+    names = set(zipfile.ZipFile(installed["wheel"]).namelist())
     assert NATIVE_SOURCES and set(NATIVE_SOURCES) <= names, set(NATIVE_SOURCES) - names
     assert len(MODEL_FILES) >= 8 and set(MODEL_FILES) <= names, set(MODEL_FILES) - names
     from minivllm.platforms.cpu_extension import HEADERS, SOURCES  # every file the build reads is shipped
@@ -114,10 +124,7 @@ def test_the_wheel_carries_the_native_sources_and_the_embedded_models(installed)
 
 
 def test_the_installed_wheel_runs_serves_and_grades_from_anywhere(installed):
-    python, env, elsewhere, _, package = installed
-    before = _files(package)
-    run = subprocess.run([str(python), "-c", SCRIPT], cwd=elsewhere, env=env, capture_output=True, text=True,
-                         timeout=900)
+    python, env, elsewhere, package, run = (installed[k] for k in ("python", "env", "elsewhere", "package", "run"))
     assert run.returncode == 0, run.stderr[-4000:]
     got = json.loads(run.stdout.strip().splitlines()[-1])
     assert Path(got["file"]).is_relative_to(python.parent.parent), got["file"]  # the installed copy
@@ -125,7 +132,7 @@ def test_the_installed_wheel_runs_serves_and_grades_from_anywhere(installed):
     assert got["version"] == got["dist_version"] == version
     assert got["text"].strip(), "the embedded model generated nothing"
     assert got["checker_passed"], got["checker"]
-    assert _files(package) == before, "the first build wrote beside the installed sources"
+    assert _files(package) == installed["before"], "the first build wrote beside the installed sources"
     if got["missing"] is not None:  # no compiler here: one line says what to install, and the engine still runs
         assert run.stderr.count(got["missing"]) == 1, run.stderr[-4000:]
         pytest.skip(f"no toolchain for the C++ fast paths: {got['missing']}")
