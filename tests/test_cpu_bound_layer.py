@@ -1,6 +1,7 @@
 """The cpu platform's bound decoder layers (model/cpu_bound_layer.py): the same kernels in the same order as the
-module path, so every logprob is bitwise equal with them on and off; an fp8 cache takes the module path; lazy
-loading fills a layer before it is bound."""
+module path, so every logprob is bitwise equal with them on and off, whether a layer runs as one C++ op
+(model/cpu_decoder_layer.cpp: tiled float weights, GGUF blocks) or as flat Python (other formats); an fp8 cache
+takes the module path; lazy loading fills a layer before it is bound."""
 
 import pytest
 import torch
@@ -29,10 +30,14 @@ def layers(llm) -> list:
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])  # plain; q/k/v bias; q/k norms
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_bound_layers_equal_the_module_path_bitwise(checkpoints, monkeypatch, kind, dtype):
+    from minivllm.platforms.cpu import tiled_applies
+
+    tiled = tiled_applies(getattr(torch, dtype))
     path, model = checkpoints[kind]
     tokens, logprobs, llm = run(path, monkeypatch, True, dtype=dtype)
     bound = [layer.forward for layer in layers(llm)]
     assert all(isinstance(f, BoundLayer) and f.run is not None for f in bound)  # decode steps ran bound
+    assert all(f.native is not None for f in bound) == tiled  # as one C++ op where the weights are tiled
     plain_tokens, plain_logprobs, plain = run(path, monkeypatch, False, dtype=dtype)
     assert not any("forward" in layer.__dict__ for layer in layers(plain))
     assert tokens == plain_tokens and logprobs == plain_logprobs
@@ -103,3 +108,11 @@ def test_the_platform_table_names_the_bound_layers(monkeypatch):
     monkeypatch.setenv("MINIVLLM_CPU_BOUND_LAYERS", "0")
     table = CpuPlatform("cpu", torch.float32).op_table()
     assert table["decoder_layer"] == "minivllm.model.llama.DecoderLayer.forward" and table["compile"] == "none"
+
+
+def test_int8_weights_bind_as_python_and_equal_the_module_path(checkpoints, monkeypatch):
+    """A format whose matmul has no C++ part (torch's int8 kernel) keeps the flat Python function."""
+    path, _ = checkpoints["llama"]
+    tokens, logprobs, llm = run(path, monkeypatch, True, dtype="float32", quantization="int8")
+    assert all(f.run is not None and f.native is None for f in (layer.forward for layer in layers(llm)))
+    assert (tokens, logprobs) == run(path, monkeypatch, False, dtype="float32", quantization="int8")[:2]

@@ -239,6 +239,25 @@ def test_int8_activations_pack_q4_0_and_q8_0_and_stay_near_transformers(mixed_gg
     assert worst["float"] < 1e-4 and 1e-3 < worst["int8"] < 1.5 * worst["bf16"], worst
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])  # bf16: x as int8 where the CPU multiplies so
+def test_the_cpp_decoder_layer_serves_the_blocks_bitwise_as_the_module_path(mixed_gguf, monkeypatch, dtype):
+    """Decode steps of a GGUF file run as one C++ op per layer (model/cpu_decoder_layer.cpp), fused layers whose
+    shards differ in type included: every logprob equals the module path's (bound layers off)."""
+    from minivllm import LLM, SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=6, logprobs=3, ignore_eos=True)
+    prompts = [{"prompt_token_ids": p} for p in ([1, 5, 9, 300, 4], list(range(40, 80)), [7] * 3)]
+    runs = {}
+    for bound in ("1", "0"):
+        monkeypatch.setenv("MINIVLLM_CPU_BOUND_LAYERS", bound)
+        llm = LLM(str(mixed_gguf), dtype=dtype, num_kv_blocks=64)
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        runs[bound] = [(o.outputs[0].token_ids, [sorted(s.items()) for s in o.outputs[0].logprobs]) for o in outs]
+        if bound == "1":
+            assert all(layer.forward.native is not None for layer in llm.engine.runner.model.model.layers)
+    assert runs["1"] == runs["0"]
+
+
 def test_the_reference_platform_dequantizes_a_gguf_file(mixed_gguf, monkeypatch):
     from minivllm import LLM
 

@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "../platforms/cpu_ops.h"
 #include "../platforms/cpu_vector_math.h"  // with <algorithm>, <cmath>, <cstring>
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
@@ -465,6 +466,8 @@ void store(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Te
 
 }  // namespace
 
+namespace minivllm_cpu {
+
 // Stores k and v [T', kv_heads, dim] at slot_mapping [T'] (int64 or int32; T' may be 0: nothing to store), then
 // attends. q [T, heads, dim] and k, v with their last dim contiguous; caches [blocks, block_size, kv_heads, dim]
 // contiguous; block_tables [B, width], seq_lens [B], query_start_loc [B + 1]: int32. Returns [T, heads, dim].
@@ -494,11 +497,13 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   return out;
 }
 
+}  // namespace minivllm_cpu
+
 // a dispatcher op (torch.ops.minivllm_cpu.paged_attention): the profiler sees it, like any aten op. The caches are
 // written in place, and the schema says so (a!, b!) so that torch.compile's functionalization knows.
 TORCH_LIBRARY(minivllm_cpu, m) {
   m.def("paged_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, "
         "Tensor slot_mapping, Tensor block_tables, Tensor seq_lens, Tensor query_start_loc, float scale, "
         "int sliding_window=-1) -> Tensor");
-  m.impl("paged_attention", c10::DispatchKey::CPU, TORCH_FN(paged_attention));
+  m.impl("paged_attention", c10::DispatchKey::CPU, TORCH_FN(minivllm_cpu::paged_attention));
 }

@@ -4,18 +4,19 @@ Why: at batch 1 a decode step is a few hundred small calls, and on a CPU their P
 much as the work of some of them. A 135M Llama's fp32 step measured 38 ms, of which ~4 ms went to
 nine module calls per layer, ~25 attribute lookups and three frames per matmul before any kernel
 ran. Here each layer's weights, sizes and ops are looked up once, when the layer first runs (after
-lazy loading's pre-hook has filled it), into one flat function that calls the platform's ops
-directly: the same kernels in the same order on the same tensors, so a step's results are bitwise
-those of the module path (tests/test_cpu_bound_layer.py), and that step is ~10% shorter.
+lazy loading's pre-hook has filled it). Where every matmul's kernel can be called from C++ (the
+tiled float kernel, GGUF's blocks: `LinearKernel.native`), a decode step's layer is then one op,
+model/cpu_decoder_layer.cpp, which calls the same kernels with nothing between them; otherwise
+(int8, int4, oneDNN's layout) it is one flat Python function calling the platform's ops directly.
+Either way: the same kernels in the same order on the same tensors, so a step's results are
+bitwise those of the module path (tests/test_cpu_bound_layer.py).
 
 What it binds: a dense decoder layer (llama.py's `DecoderLayer` and the families built from it)
 whose norms, rotary and SwiGLU are the cpu platform's fused ops (cpu_layer_ops.py) and whose
-attention is the C++ kernel (attention/cpu_attention.py), on one process (no all-reduce). Each
-matmul is its kernel's `bind` (the tiled float and GGUF kernels call their op directly; any other
-kernel runs its usual `apply`). A cache of another dtype than the activations (fp8), which the C++
-attention does not read, sends a step to the layer's own `forward`; a layer with experts, or under
-tensor parallelism, keeps it for good. The cpu platform (platforms/cpu.py) binds the layers
-unless MINIVLLM_CPU_BOUND_LAYERS=0.
+attention is the C++ kernel (attention/cpu_attention.py), on one process (no all-reduce). A cache
+of another dtype than the activations (fp8), which the C++ attention does not read, sends a step to
+the layer's own `forward`; a layer with experts, or under tensor parallelism, keeps it for good.
+The cpu platform (platforms/cpu.py) binds the layers unless MINIVLLM_CPU_BOUND_LAYERS=0.
 """
 
 from __future__ import annotations
@@ -50,19 +51,52 @@ class BoundLayer:
     """One layer's forward: bound on its first call; the module path for a cache it cannot read."""
 
     def __init__(self, layer: nn.Module) -> None:
-        self.layer, self.run = layer, None
+        self.layer, self.run, self.native = layer, None, None
         layer.forward = self
 
     def __call__(self, x, residual, positions, rotary, kv_cache, meta):
         if kv_cache.dtype != x.dtype:
             return DecoderLayer.forward(self.layer, x, residual, positions, rotary, kv_cache, meta)
         if self.run is None:  # first use: lazy loading has filled the layer by now
-            self.run = bound_forward(self.layer)
+            python = python_forward(self.layer)
+            self.native = native_forward(self.layer, python)
+            self.run = python if self.native is None else self.native
         return self.run(x, residual, positions, rotary.cos_sin, kv_cache, meta)
 
 
-def bound_forward(layer: nn.Module) -> Callable:
-    """`layer`'s forward, its tensors and ops looked up here, once."""
+def native_forward(layer: nn.Module, python: Callable) -> Callable | None:
+    """`layer`'s forward as one C++ op (model/cpu_decoder_layer.cpp) where each of its matmuls has
+    a native part (the tiled float and GGUF kernels), `python` for more rows than a part takes;
+    None where a matmul has none (int8, int4, oneDNN's layout)."""
+    attn, mlp = layer.self_attn, layer.mlp
+    linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+    natives = [linear.quant_method.native(linear) for linear in linears]
+    if any(parts is None for parts in natives):
+        return None
+    parts = [part for native in natives for part in native]
+    most = min(part.most_rows for part in parts)
+    q_norm, k_norm = (attn.q_norm.weight, attn.k_norm.weight) if attn.qk_norm else (None, None)
+    constants = ([part.weight for part in parts], [linear.bias for linear in linears],
+                 [len(native) for native in natives], [part.layout for part in parts],
+                 [part.kernel_type for part in parts], [part.outputs for part in parts],
+                 layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
+                 layer.input_layernorm.eps, q_norm, k_norm,
+                 attn.q_norm.eps if attn.qk_norm else 0.0,
+                 attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.scale,
+                 -1 if attn.sliding_window is None else attn.sliding_window)
+    op = torch.ops.minivllm_cpu.decoder_layer.default
+
+    def forward(x, residual, positions, cos_sin, kv_cache, meta):
+        if x.shape[0] > most:  # a prompt's rows: the kernels' `apply` takes them
+            return python(x, residual, positions, cos_sin, kv_cache, meta)
+        return op(x, residual, positions, cos_sin, kv_cache[0], kv_cache[1], meta.slot_mapping,
+                  meta.block_tables, meta.seq_lens, meta.query_start_loc, *constants)
+
+    return forward
+
+
+def python_forward(layer: nn.Module) -> Callable:
+    """`layer`'s forward as one flat Python function over its ops and each matmul's `bind`."""
     attn, mlp = layer.self_attn, layer.mlp
     ops = torch.ops.minivllm_cpu
     norm, add_norm = ops.rms_norm.default, ops.add_rms_norm.default

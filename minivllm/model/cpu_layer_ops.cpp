@@ -10,6 +10,7 @@
 #include <ATen/Parallel.h>
 #include <type_traits>
 
+#include "../platforms/cpu_ops.h"
 #include "../platforms/cpu_vector_math.h"  // with <algorithm>, <cmath>, <cstring>
 
 // The dtypes a model runs in on CPU.
@@ -17,6 +18,7 @@
   AT_DISPATCH_SWITCH(TYPE, NAME, AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__)                             \
                      AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__) AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__))
 
+namespace minivllm_cpu {
 namespace {
 
 constexpr int64_t kGrain = 16384;  // elements per thread below which a loop stays on the calling thread
@@ -54,7 +56,6 @@ inline float round_to(float v) {
   return load(&tmp);
 }
 
-using minivllm_cpu::exp_approx;  // ../cpu_vector_math.h
 
 // ---- RMSNorm: out = w * round(v / sqrt(mean(v^2) + eps)), v = x, or round(x + residual) written back as the new
 // residual (layer_ops.py's rms_norm: the add in the model's dtype, the norm in fp32, the weight product in the model's
@@ -105,6 +106,8 @@ void rms_norm_impl(const at::Tensor& x, const at::Tensor& weight, double eps, co
   });
 }
 
+}  // namespace
+
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   at::Tensor out = at::empty(x.sizes(), x.options());
   rms_norm_impl(x, weight, eps, nullptr, out, nullptr);
@@ -117,6 +120,8 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
   rms_norm_impl(x, weight, eps, &residual, out, &residual_out);
   return {out, residual_out};
 }
+
+namespace {
 
 // ---- Rotary embedding (NeoX / rotate_half style), in place. layer_ops.py's rotary computes q * cos + rotate_half(q) *
 // sin in the model's dtype with cos and sin cast to it: each product rounded, then their sum.
@@ -132,6 +137,8 @@ void rotate_heads(scalar_t* base, int64_t heads, int64_t stride_h, int64_t half,
     }
   }
 }
+
+}  // namespace
 
 // positions [T]; q [T, heads, dim], k [T, kv_heads, dim] (strided views of the qkv output are fine);
 // cos_sin [max_positions, 2, dim] fp32, cos then sin for each position.
@@ -170,6 +177,8 @@ void rotary_embedding(const at::Tensor& positions, at::Tensor q, at::Tensor k, c
   });
 }
 
+namespace {
+
 // ---- SwiGLU: gate_up [T, 2I] (gate first) -> silu(gate) * up [T, I], silu rounded to the model's dtype first,
 // as `F.silu(gate) * up` does; silu(g) = g / (1 + e^-g), torch's formula.
 template <typename scalar_t>
@@ -180,6 +189,8 @@ void silu_mul_row(const scalar_t* gate, const scalar_t* up, scalar_t* out, int64
     store(out + i, round_to<scalar_t>(g / (1.0f + exp_approx(-g))) * load(up + i));
   }
 }
+
+}  // namespace
 
 at::Tensor silu_and_mul(const at::Tensor& gate_up) {
   TORCH_CHECK(gate_up.dim() == 2 && gate_up.stride(1) == 1 && gate_up.size(1) % 2 == 0,
@@ -196,15 +207,15 @@ at::Tensor silu_and_mul(const at::Tensor& gate_up) {
   return out;
 }
 
-}  // namespace
+}  // namespace minivllm_cpu
 
 TORCH_LIBRARY_FRAGMENT(minivllm_cpu, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
   m.def("rotary_embedding(Tensor positions, Tensor(a!) q, Tensor(b!) k, Tensor cos_sin) -> ()");
   m.def("silu_and_mul(Tensor gate_up) -> Tensor");
-  m.impl("rms_norm", c10::DispatchKey::CPU, TORCH_FN(rms_norm));
-  m.impl("add_rms_norm", c10::DispatchKey::CPU, TORCH_FN(add_rms_norm));
-  m.impl("rotary_embedding", c10::DispatchKey::CPU, TORCH_FN(rotary_embedding));
-  m.impl("silu_and_mul", c10::DispatchKey::CPU, TORCH_FN(silu_and_mul));
+  m.impl("rms_norm", c10::DispatchKey::CPU, TORCH_FN(minivllm_cpu::rms_norm));
+  m.impl("add_rms_norm", c10::DispatchKey::CPU, TORCH_FN(minivllm_cpu::add_rms_norm));
+  m.impl("rotary_embedding", c10::DispatchKey::CPU, TORCH_FN(minivllm_cpu::rotary_embedding));
+  m.impl("silu_and_mul", c10::DispatchKey::CPU, TORCH_FN(minivllm_cpu::silu_and_mul));
 }

@@ -12,7 +12,8 @@ What it replaces, and the switch (read here, once per platform) that keeps the r
 * GGUF files: Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q6_K layers kept as the file's blocks, multiplied
   as stored (quantization/cpu_gguf.py; one process; without the C++ build: dequantized at load);
 * a decode step's decoder layers: their ops bound into one function each (model/cpu_bound_layer.py),
-  where the fused ops and the C++ attention serve them; MINIVLLM_CPU_BOUND_LAYERS=0;
+  where the fused ops and the C++ attention serve them; one C++ op each where their matmuls are the
+  tiled or GGUF kernels (model/cpu_decoder_layer.cpp); MINIVLLM_CPU_BOUND_LAYERS=0;
 * torch.compile of the layers around attention (model/compiled.py): opt-in, MINIVLLM_CPU_COMPILE=1
   (it takes the place of the bound layers).
 

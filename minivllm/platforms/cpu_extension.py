@@ -9,7 +9,8 @@ start at once do not both write it: cpp_extension holds a lock file in the build
 one compiles, and the other waits, then loads what it built. Each source registers
 its ops under torch.ops.minivllm_cpu: the paged-attention kernel (attention/cpu_attention.py), the
 fused layer ops (model/cpu_layer_ops.py), the tiled linear kernel (quantization/cpu_unquantized.py),
-GGUF's block formats multiplied as stored (quantization/cpu_gguf.py).
+GGUF's block formats multiplied as stored (quantization/cpu_gguf.py), and a decode step's decoder
+layer calling them all (model/cpu_decoder_layer.cpp, for model/cpu_bound_layer.py).
 Only the cpu platform (platforms/cpu.py) builds it, once per process.
 """
 
@@ -28,8 +29,10 @@ from minivllm.platforms.cpu_hardware import cpu_flags
 
 PACKAGE = Path(__file__).parent.parent
 SOURCES = (PACKAGE / "attention/cpu_paged_attention.cpp", PACKAGE / "model/cpu_layer_ops.cpp",
-           PACKAGE / "quantization/cpu_unquantized.cpp", PACKAGE / "quantization/cpu_gguf.cpp")
-HEADERS = (Path(__file__).parent / "cpu_vector_math.h",)  # what they share (the vectorisable exp)
+           PACKAGE / "quantization/cpu_unquantized.cpp", PACKAGE / "quantization/cpu_gguf.cpp",
+           PACKAGE / "model/cpu_decoder_layer.cpp")
+# what they share: the vectorisable exp; each source's entry points (the decoder layer calls them)
+HEADERS = (Path(__file__).parent / "cpu_vector_math.h", Path(__file__).parent / "cpu_ops.h")
 
 
 def _fingerprint() -> str:

@@ -41,6 +41,23 @@ def add_weight(layer: nn.Module, name: str, shape: tuple[int, ...], dtype: torch
     layer.layouts[name] = layout
 
 
+TILES, GGUF_BLOCKS = 0, 1  # NativePart.layout: model/cpu_decoder_layer.cpp's kTiled and kGguf
+
+
+class NativePart(NamedTuple):
+    """A decode step's matmul as C++ code calls it (the cpu platform's decoder layer,
+    model/cpu_decoder_layer.cpp): which kernel reads the weight (`layout`: TILES or GGUF_BLOCKS),
+    the weight as held, GGUF's `kernel_type` (0 for tiles), its outputs, and the most rows of x that
+    kernel takes (more go through `apply`). A fused layer whose shards differ in format has one part
+    per shard, their outputs side by side."""
+
+    layout: int
+    weight: torch.Tensor
+    kernel_type: int
+    outputs: int
+    most_rows: int
+
+
 class LinearKernel:
     """How one format family's weights are laid out and multiplied: `layout` once after loading
     (it may swap in another layout of the same values, never add a copy), `apply` per call."""
@@ -56,6 +73,10 @@ class LinearKernel:
         for a hot loop that looks them up once (model/cpu_bound_layer.py). A kernel whose op can
         be called directly returns that call; by default, `apply`."""
         return lambda x: self.apply(layer, x, layer.bias)
+
+    def native(self, layer: nn.Module) -> list[NativePart] | None:
+        """The layer's matmul as C++ code can call it, or None (by default: only Python can)."""
+        return None
 
 
 class LinearKernels(NamedTuple):
@@ -94,6 +115,10 @@ class LinearMethod:
     def bind(self, layer: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
         """x -> x @ W.T + bias for a decode step's few rows (model/cpu_bound_layer.py)."""
         return self.kernel.bind(layer)
+
+    def native(self, layer: nn.Module) -> list[NativePart] | None:
+        """The layer's matmul as C++ code can call it (model/cpu_decoder_layer.cpp), or None."""
+        return self.kernel.native(layer)
 
     def weight_bytes(self, layer: nn.Module) -> int:
         """Bytes the layer's weights take once processed, bias excluded (chapter 12's table)."""

@@ -29,6 +29,8 @@
 #include <immintrin.h>
 #endif
 
+#include "../platforms/cpu_ops.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -1144,6 +1146,8 @@ void with_rows(int rows, F&& f) {
 
 }  // namespace
 
+namespace minivllm_cpu {
+
 // x [..., K] (fp32/bf16/fp16; meant for a few rows) @ W.T, W [N, K] as GGUF `type` blocks -> [..., N] in x's dtype
 at::Tensor gguf_linear(const at::Tensor& x_in, const at::Tensor& blocks, int64_t type, int64_t n) {
   const int64_t k = x_in.size(-1), m = x_in.numel() / std::max<int64_t>(k, 1);
@@ -1191,6 +1195,8 @@ at::Tensor gguf_linear(const at::Tensor& x_in, const at::Tensor& blocks, int64_t
   shape.back() = n;
   return y.to(x_in.scalar_type()).view(shape);
 }
+
+}  // namespace minivllm_cpu
 
 // W [N, K] in float from its blocks: the prompt's path (one copy per call, then a GEMM) and the reference's
 at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t type, int64_t n, int64_t k) {
@@ -1242,6 +1248,6 @@ TORCH_LIBRARY_FRAGMENT(minivllm_cpu, m) {
   m.def("gguf_pack(Tensor blocks, int type) -> Tensor");
   m.def("gguf_int8_dot() -> bool", &gguf_int8_dot);
   m.impl("gguf_pack", c10::DispatchKey::CPU, TORCH_FN(gguf_pack));
-  m.impl("gguf_linear", c10::DispatchKey::CPU, TORCH_FN(gguf_linear));
+  m.impl("gguf_linear", c10::DispatchKey::CPU, TORCH_FN(minivllm_cpu::gguf_linear));
   m.impl("gguf_dequantize", c10::DispatchKey::CPU, TORCH_FN(gguf_dequantize));
 }

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minivllm import envs
-from minivllm.quantization.base import LinearKernel
+from minivllm.quantization.base import GGUF_BLOCKS, LinearKernel, NativePart
 
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K = 2, 3, 6, 7, 8, 12, 14  # ggml's type ids (GGUFReader's)
 # (weights, bytes) per block: Q4_K and Q6_K group 256 weights into a super-block (cpu_gguf.cpp)
@@ -98,6 +98,10 @@ class CpuGgufKernel(LinearKernel):
             return lambda x: self.apply(layer, x, bias)
         return lambda x: (op(x, blocks, ggml_type, n) if x.shape[0] <= GGUF_MAX_ROWS
                           else self.apply(layer, x, None))
+
+    def native(self, layer: nn.Module) -> list[NativePart]:
+        return [NativePart(GGUF_BLOCKS, layer.weight, layer.kernel_type, layer.output_size,
+                           GGUF_MAX_ROWS)]
 
     def plain(self, layer: nn.Module) -> torch.Tensor:
         """W [N, K] in float (fp32), exactly as llama.cpp dequantizes it."""

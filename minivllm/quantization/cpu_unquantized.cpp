@@ -10,6 +10,8 @@
 #define MINIVLLM_TILED 1
 #endif
 
+#include "../platforms/cpu_ops.h"
+
 #include <algorithm>
 #include <cstring>
 #include <numeric>
@@ -170,6 +172,8 @@ int64_t slices_per_tile(int64_t tiles, int64_t steps, int64_t threads) {
 
 }  // namespace
 
+namespace minivllm_cpu {
+
 // x [M, K] (any M; meant for a few rows), packed as pack_small_linear left it, bias [N] or None -> [M, N].
 at::Tensor small_linear(const at::Tensor& x_in, const at::Tensor& packed, const std::optional<at::Tensor>& bias_in,
                         int64_t n) {
@@ -251,9 +255,11 @@ at::Tensor small_linear(const at::Tensor& x_in, const at::Tensor& packed, const 
   return y.view(shape);
 }
 
+}  // namespace minivllm_cpu
+
 TORCH_LIBRARY_FRAGMENT(minivllm_cpu, m) {
   m.def("pack_small_linear(Tensor weight) -> Tensor");
   m.def("small_linear(Tensor x, Tensor packed, Tensor? bias, int n) -> Tensor");
   m.impl("pack_small_linear", c10::DispatchKey::CPU, TORCH_FN(pack_small_linear));
-  m.impl("small_linear", c10::DispatchKey::CPU, TORCH_FN(small_linear));
+  m.impl("small_linear", c10::DispatchKey::CPU, TORCH_FN(minivllm_cpu::small_linear));
 }

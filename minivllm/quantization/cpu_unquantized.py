@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minivllm.quantization.base import TILES, NativePart
 from minivllm.quantization.unquantized import FloatKernel
 
 TILE = 64  # output rows per tile (cpu_unquantized.cpp's kTile)
@@ -105,6 +106,9 @@ class TiledKernel(FloatKernel):
         most = self.most_rows(layer)
         return lambda x: (op(x, tiled, bias, n) if x.shape[0] <= most
                           else self.apply(layer, x, bias))
+
+    def native(self, layer: nn.Module) -> list[NativePart]:
+        return [NativePart(TILES, layer.weight, 0, layer.output_size, self.most_rows(layer))]
 
     def plain(self, layer: nn.Module) -> torch.Tensor:
         return unpack_tiles(layer.weight, layer.output_size, layer.input_size)

@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from minivllm.quantization.base import Layout, LinearKernel, LinearMethod, add_weight
+from minivllm.quantization.base import Layout, LinearKernel, LinearMethod, NativePart, add_weight
 
 # general.architecture values we map (Mistral and Mixtral files say llama)
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma3")
@@ -302,6 +302,11 @@ class GgufShardsLinearMethod(LinearMethod):
         if bias is not None:
             return lambda x: self.apply(layer, x, bias)
         return lambda x: torch.cat([call(x) for call in calls], dim=-1)
+
+    def native(self, layer: nn.Module) -> list[NativePart] | None:
+        """Each shard's part, in order (C++ concatenates their outputs as `bind` does)."""
+        parts = [self.kernel.native(part) for part in self.shards(layer)]
+        return None if None in parts else [p for shard in parts for p in shard]
 
 
 def gguf_names(state: dict, tied: bool, names: dict[str, str] = NAMES
