@@ -4,7 +4,7 @@ Building and installing a wheel and compiling its C++ kernels from an empty cach
 Triton kernels for three GPUs (test_aot_compile.py), keeps a subprocess busy for a minute or more. pytest runs
 in one process, and most tests keep one of the two cores busy, so that work can run beside the suite on the
 other. A module opts in by defining `head_start(folder: Path)`: the plugin calls it in one background thread at
-the lowest priority, one module after another, as soon as collection ends, and the module's fixtures take the
+idle priority, one module after another, as soon as collection ends, and the module's fixtures take the
 result with `head_start_result` (which waits for it, and re-raises what it raised). Its tests are moved to just
 before the chapters, so the work has most of the suite's time to finish. Deselected modules start nothing.
 """
@@ -22,13 +22,19 @@ import pytest
 
 
 def _lowest_priority() -> None:
-    """Nice 19 for the background thread and every process it starts (Linux keeps a niceness per thread, and
-    children inherit it): at normal priority, a compile beside a test that runs torch on two OpenMP threads
-    makes each parallel region wait for a descheduled thread, and a 5 s fixture took 106 s."""
+    """The background thread and every process it starts (Linux schedules threads, and children inherit the
+    policy) run as SCHED_IDLE: only on a core nothing else wants, and preempted at once when a test's thread
+    wakes. At normal priority, a compile beside a test that runs torch on two OpenMP threads made each parallel
+    region wait for a descheduled thread, and a 5 s fixture took 106 s; nice 19 still let the background hold a
+    core for a scheduler tick whenever a test's second thread woke."""
+    tid = threading.get_native_id()
     try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    except (AttributeError, OSError):  # not Linux: the work runs at normal priority
-        pass
+        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):  # not Linux: the lowest niceness where there is one
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, 19)
+        except (AttributeError, OSError):
+            pass
 
 
 class HeadStart:
