@@ -1152,7 +1152,9 @@ namespace minivllm_cpu {
 at::Tensor gguf_linear(const at::Tensor& x_in, const at::Tensor& blocks, int64_t type, int64_t n) {
   const int64_t k = x_in.size(-1), m = x_in.numel() / std::max<int64_t>(k, 1);
   check(blocks, type, n, k);
-  const at::Tensor x = x_in.reshape({m, k}).to(at::kFloat).contiguous();
+  // a decode step's x is already [M, K] fp32 and contiguous: no reshape, cast or copy (each an op dispatch)
+  const bool flat = x_in.dim() == 2 && x_in.scalar_type() == at::kFloat && x_in.is_contiguous();
+  const at::Tensor x = flat ? x_in : x_in.reshape({m, k}).to(at::kFloat).contiguous();
   auto y = at::empty({m, n}, x.options());
   const uint8_t* w = blocks.data_ptr<uint8_t>();
   const int64_t row_bytes = blocks.size(1), blocks_per_row = k / block_weights(stored_type(type));
@@ -1191,6 +1193,7 @@ at::Tensor gguf_linear(const at::Tensor& x_in, const at::Tensor& blocks, int64_t
       });
     });
   }
+  if (flat) return y;
   auto shape = x_in.sizes().vec();
   shape.back() = n;
   return y.to(x_in.scalar_type()).view(shape);
