@@ -438,7 +438,8 @@ assert results["triton"] == results["torch"], "the kernels change where attentio
 # * `reference`: plain torch everywhere, the code the chapters print, and the oracle;
 # * `cpu`: C++ ops compiled at first use: attention reading the paged cache in place, fused norm,
 #   rotary and SwiGLU, float weights held once in a tiled layout that decode steps stream, and each
-#   decoder layer's ops bound into one function for decode steps (the `decoder_layer` row);
+#   decoder layer's ops bound into one function for decode steps (the `decoder_layer` row), a C++ op
+#   that calls the kernels directly where its matmuls are the tiled or GGUF ones;
 # * `cuda`: this chapter's Triton kernels, and CUDA graphs on a real GPU.
 #
 # The table below is read from the platform objects themselves (`Platform.op_table()`), and each

@@ -51,7 +51,8 @@ VARIABLES: dict[str, EnvVar] = {
         "cpu platform: 0 serves every linear call with oneDNN, none with the small-batch kernel"),
     "MINIVLLM_CPU_BOUND_LAYERS": EnvVar(_flag, True,
         "cpu platform: 0 runs decode steps through the decoder layers' modules instead of each "
-        "layer's ops bound into one function (model/cpu_bound_layer.py)"),
+        "layer's ops bound into one function (model/cpu_bound_layer.py), or one C++ op where "
+        "its matmuls are the tiled or GGUF kernels (model/cpu_decoder_layer.cpp)"),
     "MINIVLLM_CPU_GGUF_ACTIVATIONS": EnvVar(_choice("auto", "float", "int8"), "auto",
         "cpu platform, a GGUF file's block layers: 'int8' quantizes x per 32 values and "
         "multiplies in integers (llama.cpp's arithmetic; needs AVX2 or "

@@ -766,6 +766,9 @@ void multiply_group_super_int8(const uint8_t* w, int64_t row_bytes, const Quanti
     }
   for (int r = 0; r < rows; ++r) store_totals<group>(acc[r], y + r * n + o);
 }
+
+// Output rows per pass of the int8 kernels: as the float ones
+constexpr int int8_group_for(int rows) { return group_for(rows); }
 #endif
 #else
 #if defined(__AVX2__) && defined(__FMA__)
@@ -946,89 +949,108 @@ inline __m256i dot_u8_s8(__m256i codes, __m256i q, __m256i by) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(codes, q), by);
 }
 
-// Output rows [o, o + group) of a packed W for `rows` rows of quantized x: per run of four blocks, the nibbles of
-// blocks 0-1 and 2-3 as two vectors each of low and high codes, each pair's 16-bit products added before the
-// widening (a lane's 8 products, 4 per half), then d_w d_x per lane in floats
+// Output rows [o, o + group) of a packed W for `rows` rows of quantized x, the group's rows side by side so that each
+// load of x (its codes, scales and sums) serves all of them: per run of four blocks, the nibbles of blocks 0-1 and
+// 2-3 as two vectors each of low and high codes, each pair's 16-bit products added before the widening (a lane's 8
+// products, 4 per half), then d_w d_x per lane in floats
 template <int64_t type, int rows, int group>
 void multiply_group_int8(const uint8_t* w, int64_t row_bytes, int64_t blocks, const QuantizedX& x, float* y,
                          int64_t n, int64_t o) {
   constexpr int64_t bytes = block_bytes(type);
   constexpr bool has_m = has_min(type), has_fifth = is_q5(type);
   constexpr int64_t header = nibbles_at(type == kQ8_0 ? kQ4_0 : type);  // d (m) (fifth bits): bytes per block
-  constexpr int chains = rows == 1 ? 2 : 1;
+  constexpr int chains = rows * group == 1 ? 2 : 1;  // one output alone: two chains, so its FMAs overlap
   const __m256i nibble = _mm256_set1_epi8(0x0F), sixteen = _mm256_set1_epi8(16), ones = _mm256_set1_epi16(1);
   const __m256i blocks_01 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), blocks_23 = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
-  for (int64_t row = o; row < o + group; ++row) {
-    __m256 acc[rows][chains];
+  __m256 acc[group][rows][chains];
+  for (int g = 0; g < group; ++g)
     for (int r = 0; r < rows; ++r)
-      for (int c = 0; c < chains; ++c) acc[r][c] = _mm256_setzero_ps();
-    for (int64_t run = 0; run < x.runs; ++run) {
-      const int64_t count = std::min(kRun, blocks - kRun * run);
-      const uint8_t* base = w + row * row_bytes + kRun * run * bytes;
-      const __m256 d_w = halves_avx2(base, count);
-      const uint8_t* payload = base + header * count;
-      if constexpr (type == kQ8_0) {
-        for (int i = 0; i < count; ++i) {
-          const __m256i weights = load_256(payload + 32 * i), size = _mm256_abs_epi8(weights);
-          const __m256 d_i = _mm256_permutevar8x32_ps(d_w, _mm256_set1_epi32(i));
-          for (int r = 0; r < rows; ++r) {
-            const __m256i q = _mm256_sign_epi8(load_256(x.q_at(r, run) + 32 * i), weights);
-            __m256& sum = acc[r][i % chains];
-            sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8_s8(size, q, ones)),
-                                  _mm256_mul_ps(d_i, _mm256_loadu_ps(x.scale_at(r, run) + 8 * i)), sum);
+      for (int c = 0; c < chains; ++c) acc[g][r][c] = _mm256_setzero_ps();
+  for (int64_t run = 0; run < x.runs; ++run) {
+    const int64_t count = std::min(kRun, blocks - kRun * run);
+    const uint8_t* base[group];
+    __m256 d_w[group];
+    for (int g = 0; g < group; ++g) {
+      base[g] = w + (o + g) * row_bytes + kRun * run * bytes;
+      d_w[g] = halves_avx2(base[g], count);
+    }
+    if constexpr (type == kQ8_0) {
+      for (int i = 0; i < count; ++i) {
+        __m256i weights[group], size[group];
+        __m256 d_i[group];
+        for (int g = 0; g < group; ++g) {
+          weights[g] = load_256(base[g] + header * count + 32 * i);
+          size[g] = _mm256_abs_epi8(weights[g]);
+          d_i[g] = _mm256_permutevar8x32_ps(d_w[g], _mm256_set1_epi32(i));
+        }
+        for (int r = 0; r < rows; ++r) {
+          const __m256i q = load_256(x.q_at(r, run) + 32 * i);
+          const __m256 scale = _mm256_loadu_ps(x.scale_at(r, run) + 8 * i);
+          for (int g = 0; g < group; ++g) {
+            __m256& sum = acc[g][r][i % chains];
+            sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8_s8(size[g], _mm256_sign_epi8(q, weights[g]), ones)),
+                                  _mm256_mul_ps(d_i[g], scale), sum);
           }
         }
-      } else {
-        __m256i low[2], high[2];  // blocks 0-1, 2-3: weights 0-15 of each, then 16-31
-        uint32_t words[kRun] = {};  // Q5: each block's fifth bits
+      }
+    } else {
+      uint32_t words[group][kRun] = {};  // Q5: each block's fifth bits
+      __m256 m_w[group];
+      for (int g = 0; g < group; ++g) {
         if constexpr (has_fifth) {
-          if (count == kRun) std::memcpy(words, base + (has_m ? 4 : 2) * kRun, 4 * kRun);
-          else std::memcpy(words, base + (has_m ? 4 : 2) * count, 4 * count);
+          if (count == kRun) std::memcpy(words[g], base[g] + (has_m ? 4 : 2) * kRun, 4 * kRun);
+          else std::memcpy(words[g], base[g] + (has_m ? 4 : 2) * count, 4 * count);
         }
-        for (int h = 0; h < 2; ++h) {
+        if constexpr (has_m) m_w[g] = halves_avx2(base[g] + 2 * count, count);
+      }
+      const int halves = count > 2 ? 2 : 1;  // a row's last run of 1-2 blocks has nothing in its second half
+      for (int h = 0; h < halves; ++h) {  // blocks 0-1, then 2-3: weights 0-15 of each (low), then 16-31 (high)
+        __m256i low[group], high[group];
+        __m256 d_lanes[group], m_lanes[group];
+        for (int g = 0; g < group; ++g) {
+          const uint8_t* payload = base[g] + header * count;
           const __m256i nibbles = count >= 2 * h + 2 ? load_256(payload + 32 * h)  // a short run: only its blocks
-                                  : count > 2 * h ? _mm256_zextsi128_si256(_mm_loadu_si128(
-                                                        reinterpret_cast<const __m128i*>(payload + 32 * h)))
-                                                  : _mm256_setzero_si256();
-          low[h] = _mm256_and_si256(nibbles, nibble);
-          high[h] = _mm256_and_si256(_mm256_srli_epi16(nibbles, 4), nibble);
+                                  : _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(
+                                        payload + 32 * h)));
+          low[g] = _mm256_and_si256(nibbles, nibble);
+          high[g] = _mm256_and_si256(_mm256_srli_epi16(nibbles, 4), nibble);
           if constexpr (has_fifth) {  // bit j of block i's word: +16 on weight j of block i
-            const uint32_t* pair = words + 2 * h;
+            const uint32_t* pair = words[g] + 2 * h;
             const uint32_t low_bits = (pair[0] & 0xFFFF) | (pair[1] << 16);
             const uint32_t high_bits = (pair[0] >> 16) | (pair[1] & 0xFFFF0000u);
-            low[h] = _mm256_or_si256(low[h], _mm256_and_si256(bits_to_bytes(low_bits), sixteen));
-            high[h] = _mm256_or_si256(high[h], _mm256_and_si256(bits_to_bytes(high_bits), sixteen));
+            low[g] = _mm256_or_si256(low[g], _mm256_and_si256(bits_to_bytes(low_bits), sixteen));
+            high[g] = _mm256_or_si256(high[g], _mm256_and_si256(bits_to_bytes(high_bits), sixteen));
           }
+          d_lanes[g] = _mm256_permutevar8x32_ps(d_w[g], h == 0 ? blocks_01 : blocks_23);
+          if constexpr (has_m) m_lanes[g] = _mm256_permutevar8x32_ps(m_w[g], h == 0 ? blocks_01 : blocks_23);
         }
-        const __m256 d_lanes[2] = {_mm256_permutevar8x32_ps(d_w, blocks_01), _mm256_permutevar8x32_ps(d_w, blocks_23)};
-        __m256 m_lanes[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-        if constexpr (has_m) {
-          const __m256 m = halves_avx2(base + 2 * count, count);
-          m_lanes[0] = _mm256_permutevar8x32_ps(m, blocks_01);
-          m_lanes[1] = _mm256_permutevar8x32_ps(m, blocks_23);
-        }
-        const int halves = count > 2 ? 2 : 1;  // a row's last run of 1-2 blocks has nothing in its second half
         for (int r = 0; r < rows; ++r) {
           const int8_t* q = x.q_at(r, run);
-          for (int h = 0; h < halves; ++h) {
-            const __m256i products = _mm256_add_epi16(_mm256_maddubs_epi16(low[h], load_256(q + 32 * h)),
-                                                      _mm256_maddubs_epi16(high[h], load_256(q + 64 + 32 * h)));
+          const __m256i q_low = load_256(q + 32 * h), q_high = load_256(q + 64 + 32 * h);
+          const __m256 scale = _mm256_loadu_ps(x.scale_at(r, run) + 8 * h);
+          __m256i offset = _mm256_setzero_si256();
+          __m256 sums = _mm256_setzero_ps();
+          if constexpr (has_m) sums = _mm256_loadu_ps(x.sum_at(r, run) + 8 * h);
+          else offset = load_256(x.offset_at(r, run) + 8 * h);
+          for (int g = 0; g < group; ++g) {
+            const __m256i products = _mm256_add_epi16(_mm256_maddubs_epi16(low[g], q_low),
+                                                      _mm256_maddubs_epi16(high[g], q_high));
             __m256i dot = _mm256_madd_epi16(products, ones);
-            if constexpr (!has_m) dot = _mm256_add_epi32(dot, load_256(x.offset_at(r, run) + 8 * h));
-            __m256& sum = acc[r][h % chains];
-            sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
-                                  _mm256_mul_ps(d_lanes[h], _mm256_loadu_ps(x.scale_at(r, run) + 8 * h)), sum);
-            if constexpr (has_m) sum = _mm256_fmadd_ps(m_lanes[h], _mm256_loadu_ps(x.sum_at(r, run) + 8 * h), sum);
+            if constexpr (!has_m) dot = _mm256_add_epi32(dot, offset);
+            __m256& sum = acc[g][r][h % chains];
+            sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d_lanes[g], scale), sum);
+            if constexpr (has_m) sum = _mm256_fmadd_ps(m_lanes[g], sums, sum);
           }
         }
       }
     }
-    for (int r = 0; r < rows; ++r) {
-      __m256 total = acc[r][0];
-      for (int c = 1; c < chains; ++c) total = _mm256_add_ps(total, acc[r][c]);
-      y[r * n + row] = sum_lanes(total);
-    }
   }
+  for (int g = 0; g < group; ++g)
+    for (int r = 0; r < rows; ++r) {
+      __m256 total = acc[g][r][0];
+      for (int c = 1; c < chains; ++c) total = _mm256_add_ps(total, acc[g][r][c]);
+      y[r * n + o + g] = sum_lanes(total);
+    }
 }
 
 // Output rows [o, o + group) of a Q4_K or Q6_K W for `rows` rows of quantized x: 32 codes at a time (one
@@ -1088,6 +1110,10 @@ void multiply_group_super_int8(const uint8_t* w, int64_t row_bytes, const Quanti
     for (int r = 0; r < rows; ++r) y[r * n + row] = sum_lanes(acc[r]);
   }
 }
+
+// Output rows per pass of the 32-weight formats' int8 kernel: two at batch 1-2, sharing x's loads (more rows of x
+// would need more accumulators than AVX2's 16 registers hold); the K formats' kernel takes one
+constexpr int int8_group_for(int rows) { return rows <= 2 ? 2 : 1; }
 #endif
 
 // f(group size, o) for output rows [o, o + group size) of n: whole groups of kGroup split evenly between the
@@ -1173,7 +1199,8 @@ at::Tensor gguf_linear(const at::Tensor& x_in, const at::Tensor& blocks, int64_t
         }();
         with_rows(rows, [&](auto rows_constant) {
           constexpr int kRowsOfX = decltype(rows_constant)::value;
-          for_each_group<group_for(kRowsOfX)>(n, [&](auto group_constant, int64_t o) {
+          constexpr int kGroup = is_super(kType) ? group_for(kRowsOfX) : int8_group_for(kRowsOfX);
+          for_each_group<kGroup>(n, [&](auto group_constant, int64_t o) {
             constexpr int kOutputs = decltype(group_constant)::value;
             if constexpr (is_super(kType))
               multiply_group_super_int8<kType, kRowsOfX, kOutputs>(w, row_bytes, qx, yr, n, o);
