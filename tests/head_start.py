@@ -1,7 +1,8 @@
 """Slow subprocess work a few test modules need starts when collection ends, and those modules run last.
 
-Building and installing a wheel and compiling its C++ kernels from an empty cache (test_install.py), or ~730
-Triton kernels for three GPUs (test_aot_compile.py), keeps a subprocess busy for a minute or more. pytest runs
+Building and installing a wheel and compiling its C++ kernels from an empty cache (test_install.py), ~730 Triton
+kernels for three GPUs (test_aot_compile.py), or the GPU bench scripts at toy sizes (test_bench_scripts.py) keeps
+a subprocess busy for a minute or more. pytest runs
 in one process, and most tests keep one of the two cores busy, so that work can run beside the suite on the
 other. A module opts in by defining `head_start(folder: Path)`: the plugin calls it in one background thread at
 idle priority, one module after another, as soon as collection ends, and the module's fixtures take the
@@ -38,6 +39,8 @@ def _lowest_priority() -> None:
 
 
 class HeadStart:
+    """The plugin (conftest.py registers it as "head-start"): the opted-in modules' work, started and kept."""
+
     def __init__(self) -> None:
         self.pool: ThreadPoolExecutor | None = None
         self.started: dict[str, Future] = {}

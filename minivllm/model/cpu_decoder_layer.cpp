@@ -48,10 +48,12 @@ std::tuple<at::Tensor, at::Tensor> decoder_layer(
     const at::Tensor& cos_sin, at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& slot_mapping,
     const at::Tensor& block_tables, const at::Tensor& seq_lens, const at::Tensor& query_start_loc,
     at::TensorList weights, const c10::List<std::optional<at::Tensor>>& biases, at::IntArrayRef parts,
-    at::IntArrayRef layouts, at::IntArrayRef types, at::IntArrayRef outputs, const at::Tensor& input_norm, const at::Tensor& post_norm,
-    double eps, const std::optional<at::Tensor>& q_norm, const std::optional<at::Tensor>& k_norm, double qk_eps,
-    int64_t heads, int64_t kv_heads, int64_t head_dim, double scale, int64_t sliding_window) {
-  TORCH_CHECK(biases.size() == 4 && parts.size() == 4, "decoder_layer: four linear layers (qkv, o, gate_up, down)");
+    at::IntArrayRef layouts, at::IntArrayRef types, at::IntArrayRef outputs, const at::Tensor& input_norm,
+    const at::Tensor& post_norm, double eps, const std::optional<at::Tensor>& q_norm,
+    const std::optional<at::Tensor>& k_norm, double qk_eps, int64_t heads, int64_t kv_heads, int64_t head_dim,
+    double scale, int64_t sliding_window) {
+  TORCH_CHECK(biases.size() == 4 && parts.size() == 4,
+              "decoder_layer: four linear layers (qkv, o, gate_up, down)");
   const int64_t count = parts[0] + parts[1] + parts[2] + parts[3];
   TORCH_CHECK(static_cast<int64_t>(weights.size()) == count && static_cast<int64_t>(layouts.size()) == count &&
                   static_cast<int64_t>(types.size()) == count && static_cast<int64_t>(outputs.size()) == count,
@@ -89,8 +91,7 @@ TORCH_LIBRARY_FRAGMENT(minivllm_cpu, m) {
   m.def("decoder_layer(Tensor x, Tensor? residual, Tensor positions, Tensor cos_sin, Tensor(a!) k_cache, "
         "Tensor(b!) v_cache, Tensor slot_mapping, Tensor block_tables, Tensor seq_lens, Tensor query_start_loc, "
         "Tensor[] weights, Tensor?[] biases, int[] parts, int[] layouts, int[] types, int[] outputs, "
-        "Tensor input_norm, "
-        "Tensor post_norm, float eps, Tensor? q_norm, Tensor? k_norm, float qk_eps, int heads, int kv_heads, "
-        "int head_dim, float scale, int sliding_window) -> (Tensor, Tensor)");
+        "Tensor input_norm, Tensor post_norm, float eps, Tensor? q_norm, Tensor? k_norm, float qk_eps, int heads, "
+        "int kv_heads, int head_dim, float scale, int sliding_window) -> (Tensor, Tensor)");
   m.impl("decoder_layer", c10::DispatchKey::CPU, TORCH_FN(minivllm_cpu::decoder_layer));
 }
