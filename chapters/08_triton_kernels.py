@@ -200,101 +200,59 @@ assert err < 2e-5
 # %% [markdown]
 # ## The kernel's walk, drawn from its own run
 #
-# Now the kernel inside the engine: a real generation with the Triton backend, and at one decode step we
-# keep what the engine passed to the kernel for layer 0: its query, its *own* KV cache and block tables.
-# Then we run the same kernel on those inputs once more, in Triton's interpreter, with 2 split-K slices
-# and 16-position tiles, logging two things as the kernel's Python body executes: every block-table
-# load (which physical blocks a tile reads) and every float `maximum` (the last one in a tile is `m_new`,
-# the running max). The interpreter runs the program instances one by one and says which is running
-# (`grid_idx`), so each record belongs to a (request, kv head, split). Nothing in the figure is recomputed
-# outside the kernel. On a GPU the compiled kernel cannot be logged, so the same drawing comes from the
-# interpreter on CPU copies, and the compiled kernel is timed with and without the split.
+# Now the kernel on the engine's own data: a real generation with the Triton backend, stopped after one
+# decode step, whose layer-0 KV cache, block tables and context lengths we read from the engine (its
+# scheduler's KV manager holds the tables, its runner the cache). With a query for every head we run the
+# decode kernel on them once more, in Triton's interpreter, with 2 split-K slices and 16-position tiles.
+# `minivllm/kernels/program_log.py` logs two things as the kernel's Python body executes: every load
+# (the block-table loads say which physical blocks a tile reads) and every float `maximum` (the last one
+# in a tile is `m_new`, the running max). The interpreter runs the program instances one by one and says
+# which is running (`grid_idx`), so each record belongs to a (request, kv head, split). Nothing in the
+# figure is recomputed outside the kernel. On a GPU the compiled kernel cannot be logged, so the log comes
+# from the interpreter on CPU copies (in a child Python: the interpreter is chosen as triton is imported),
+# and the compiled kernel runs on the same inputs, is compared, and is timed with and without the split.
 
 # %%
-import contextlib
-from unittest import mock
+from minivllm.kernels.program_log import run_logged
 
-import numpy as np
-from triton.runtime import interpreter as triton_interpreter
-
-from minivllm.attention import triton_backend
-
-
-@contextlib.contextmanager
-def engine_decode_calls(calls):
-    """Keep the arguments (and output) of every decode-kernel launch the engine makes."""
-    def recording(*args, **kwargs):
-        out = paged_decode_attention(*args, **kwargs)
-        calls.append((args, kwargs, out))
-        return out
-    with mock.patch.object(triton_backend, "paged_decode_attention", recording):
-        yield
-
-
-@contextlib.contextmanager
-def record_programs(walk):
-    """Log, per program instance, each tile's block-table load and its last float maximum (m_new)."""
-    builder = triton_interpreter.interpreter_builder
-    load, maxnum = builder.create_masked_load, builder.create_maxnumf
-
-    def recording_load(ptrs, mask, other, *rest):
-        out = load(ptrs, mask, other, *rest)
-        if out.data.dtype == np.int32 and out.data.size > 1:  # a tile's table entries (seq_len is one int)
-            blocks = tuple(dict.fromkeys(out.data[mask.data].tolist()))
-            walk.setdefault(builder.grid_idx, []).append(widgets.TileRead(blocks, ()))
-        return out
-
-    def recording_max(lhs, rhs):
-        out = maxnum(lhs, rhs)
-        if builder.grid_idx in walk and out.data.dtype == np.float32:
-            walk[builder.grid_idx][-1] = walk[builder.grid_idx][-1]._replace(running_max=tuple(out.data.tolist()))
-        return out
-
-    builder.create_masked_load, builder.create_maxnumf = recording_load, recording_max
-    try:
-        yield
-    finally:
-        del builder.create_masked_load, builder.create_maxnumf
-
-
-@contextlib.contextmanager
-def interpreted_decode_kernels():
-    """On a GPU, the decode kernels swapped for their interpreted twins (CPU tensors), then restored."""
-    if interpreted():
-        yield
-        return
-    jitted = paged_decode._paged_decode_kernel, paged_decode._split_reduce_kernel
-    with mock.patch.multiple(paged_decode, **{k.fn.__name__: triton_interpreter.InterpretedFunction(k.fn)
-                                              for k in jitted}):
-        yield
-
-
-# enforce_eager: on a GPU a decode step replays a CUDA graph, which launches the recorded kernels
-# without calling back into Python, so there would be no launch to watch
-walk_llm = LLM(attention_backend="triton", dtype="float32", block_size=8, num_kv_blocks=32, trace_steps=0,
-               enforce_eager=True)
+print(inspect.getsource(run_logged))
+walk_llm = LLM(attention_backend="triton", dtype="float32", block_size=8, num_kv_blocks=32, trace_steps=0)
 walk_engine = walk_llm.engine
 story = ("Once upon a time there was a little dog named Max who liked to run in the park with his friends "
          "every morning, before the sun came up over the hills behind the old town.")
 for i, prompt in enumerate([story, "Hello there, how are you today?"]):
     walk_engine.add_request(f"r{i}", prompt, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
 walk_engine.step()  # prefill
-calls = []
-with engine_decode_calls(calls):
-    walk_engine.step()  # a decode step: one launch per layer
-args, kwargs, engine_out = calls[0]  # layer 0
-q, k_cache, v_cache, block_tables, seq_lens, scale = args[:6]
-cpu_args = [a.cpu() if isinstance(a, torch.Tensor) else a for a in args]
-walk = {}
-with interpreted_decode_kernels(), record_programs(walk):
-    again = paged_decode_attention(*cpu_args, num_splits=2, block_n=16)
+walk_engine.step()  # one decode step
+running = walk_engine.scheduler.running
+tables = [list(walk_engine.scheduler.kv.block_tables[s.request_id]) for s in running]
+block_tables = torch.tensor([t + [0] * (max(map(len, tables)) - len(t)) for t in tables], dtype=torch.int32)
+seq_lens = torch.tensor([s.num_computed_tokens for s in running], dtype=torch.int32)  # tokens in the cache
+k_cache, v_cache = (c.cpu() for c in walk_engine.runner.kv_cache[0])  # layer 0
+heads, head_dim = walk_engine.config.model_config.num_heads, k_cache.shape[3]
+q = torch.randn(len(running), heads, head_dim, generator=torch.Generator().manual_seed(0))
+scale = head_dim**-0.5
+log = run_logged(paged_decode_attention, q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits=2,
+                 block_n=16)
+walk = widgets.decode_walk(log)
 print("the engine's block tables:", block_tables.tolist(), " context lengths:", seq_lens.tolist())
-print(f"2 slices vs the engine's own launch: max |difference| {(again - engine_out.cpu()).abs().max():.1e}")
-assert torch.allclose(again, engine_out.cpu(), atol=1e-5)
+meta = AttentionMetadata(
+    slot_mapping=torch.empty(0, dtype=torch.int64), block_tables=block_tables, seq_lens=seq_lens,
+    query_start_loc=torch.arange(len(running) + 1, dtype=torch.int32), max_query_len=1,
+    max_seq_len=int(seq_lens.max()), query_lens_cpu=[1] * len(running), seq_lens_cpu=seq_lens.tolist())
+want = paged_decode_ref(q, k_cache, v_cache, meta, scale)
+print(f"interpreted, 2 slices vs the reference: max |difference| {(log.result - want).abs().max():.1e}")
+assert torch.allclose(log.result, want, atol=1e-5)
+args = tuple(a.to(DEVICE) if isinstance(a, torch.Tensor) else a
+             for a in (q, k_cache, v_cache, block_tables, seq_lens, scale))
+if GPU:
+    compiled = paged_decode_attention(*args, num_splits=2, block_n=16).cpu()
+    print(f"compiled on the GPU vs interpreted: max |difference| {(compiled - log.result).abs().max():.1e}")
+    assert torch.allclose(compiled, log.result, atol=1e-5)
 read = {b: sorted({blk for s in range(2) for t in walk.get((b, 0, s), []) for blk in t.blocks})
-        for b in range(len(seq_lens))}
+        for b in range(len(running))}
 assert all(read[b] == block_tables[b, : -(-int(n) // 8)].tolist() for b, n in enumerate(seq_lens)), read
-widgets.show(widgets.kernel_walk_figure(walk, group=q.shape[1] // k_cache.shape[2]))
+widgets.show(widgets.kernel_walk_figure(walk, group=heads // k_cache.shape[2]))
 
 # %% [markdown]
 # Read it request by request. Each coloured band is one tile of 16 positions, two 8-token KV blocks of the

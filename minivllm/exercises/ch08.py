@@ -10,9 +10,8 @@ must equal the kernel's output.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
-from unittest import mock
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -23,51 +22,25 @@ from minivllm.exercises.common import PROMPTS
 from minivllm.exercises.report import ExerciseFailure, Report, run_checks
 from minivllm.sampling_params import SamplingParams
 
+if TYPE_CHECKING:  # importing minivllm.kernels imports triton: the checker does so when it runs
+    from minivllm.kernels.program_log import ProgramLog
+
 BLOCK_N = 16  # the tile the checker launches the kernel with: 4 blocks of 4 positions
 
 
-@contextlib.contextmanager
-def interpreted_decode_kernel():
-    """The decode kernel as Triton's interpreter runs it: as it is under TRITON_INTERPRET=1, else
-    (a GPU machine) its interpreted twin for the length of the block."""
-    from triton.runtime.interpreter import InterpretedFunction
-
-    from minivllm.kernels import paged_decode
-
-    kernel = paged_decode._paged_decode_kernel
-    if isinstance(kernel, InterpretedFunction):
-        yield
-        return
-    with mock.patch.object(paged_decode, "_paged_decode_kernel", InterpretedFunction(kernel.fn)):
-        yield
-
-
-@contextlib.contextmanager
-def kernel_k_reads(k_cache: torch.Tensor, reads: dict):
-    """Log, per request, (position, block, slot) of every K row the kernel loads from `k_cache`:
-    the element offsets of its pointers, mapped back through the cache's strides."""
-    from triton.runtime.interpreter import interpreter_builder as builder
-
-    load, base = builder.create_masked_load, k_cache.data_ptr()
-    size, item = k_cache.numel() * k_cache.element_size(), k_cache.element_size()
+def kernel_k_reads(log: ProgramLog, k_cache: torch.Tensor) -> dict[int, dict[int, tuple]]:
+    """Per request, position -> (block, slot) of every K row the logged decode launch loaded: the
+    element offsets of its pointers into the cache, mapped back through the cache's strides."""
+    reads: dict[int, dict[int, tuple]] = {}
     tiles: dict[tuple, int] = {}
-
-    def recording_load(ptrs, mask, other, *rest):
-        addr = ptrs.data
-        if addr.ndim == 2 and base <= addr.min() and addr.max() < base + size:
-            b, tile = builder.grid_idx[0], tiles.get(builder.grid_idx, 0)
-            tiles[builder.grid_idx] = tile + 1
-            for r in np.flatnonzero(mask.data[:, 0]):
-                offset = (int(addr[r, 0]) - base) // item
-                reads.setdefault(b, {})[tile * BLOCK_N + int(r)] = (
-                    offset // k_cache.stride(0), offset % k_cache.stride(0) // k_cache.stride(1))
-        return load(ptrs, mask, other, *rest)
-
-    builder.create_masked_load = recording_load
-    try:
-        yield
-    finally:
-        del builder.create_masked_load
+    for load in log.loads("k_cache"):
+        tile = tiles.get(load.program, 0)
+        tiles[load.program] = tile + 1
+        for r in np.flatnonzero(load.mask[:, 0]):
+            offset = int(load.offsets[r, 0])
+            reads.setdefault(load.program[0], {})[tile * BLOCK_N + int(r)] = (
+                offset // k_cache.stride(0), offset % k_cache.stride(0) // k_cache.stride(1))
+    return reads
 
 
 def _engine_state() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list]:
@@ -111,14 +84,14 @@ def check_block_and_slot(block_and_slot: Callable) -> Report:
 
     def kernel_reads():
         from minivllm.kernels import paged_decode_attention
+        from minivllm.kernels.program_log import run_logged
 
         k_cache, v_cache, block_tables, seq_lens, rids = _engine_state()
         heads, dim = 4 * k_cache.shape[2], k_cache.shape[3]
         q = torch.randn(len(rids), heads, dim, generator=torch.Generator().manual_seed(0))
-        reads: dict = {}
-        with interpreted_decode_kernel(), kernel_k_reads(k_cache, reads):
-            out = paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, dim**-0.5,
-                                         num_splits=1, block_n=BLOCK_N)
+        log = run_logged(paged_decode_attention, q, k_cache.cpu(), v_cache.cpu(), block_tables,
+                         seq_lens, dim**-0.5, num_splits=1, block_n=BLOCK_N)
+        out, reads = log.result, kernel_k_reads(log, k_cache)
         for b, rid in enumerate(rids):
             positions = torch.arange(int(seq_lens[b]))
             blocks, slots = (torch.as_tensor(t).tolist()

@@ -23,7 +23,7 @@ from minivllm.widgets.experts import (
 from minivllm.widgets.figures import figure_png, show
 from minivllm.widgets.graphs import graph_batch_html
 from minivllm.widgets.journey import step_html
-from minivllm.widgets.kernel_walk import TileRead, kernel_walk_figure
+from minivllm.widgets.kernel_walk import TileRead, decode_walk, kernel_walk_figure
 from minivllm.widgets.kv_groups import group_tables, group_tables_figure
 from minivllm.widgets.memory import ForkRow, fork_html, fork_rows, swap_totals
 from minivllm.widgets.speculation import SpecRound, spec_rounds, speculation_html
@@ -58,7 +58,7 @@ def __getattr__(name: str):
 __all__ = ["Arrival", "BlockCell", "BlockTableViewer", "DetokStep", "DetokenizerStepper", "ForkRow",
            "JourneyStepper", "MoeTraffic", "Occupancy", "Recording", "SpecRound",
            "SpeculationStepper", "TileRead", "Timeline", "block_table_figure", "block_table_html",
-           "detok_html", "detok_steps", "expert_bytes_read", "expert_load_figure",
+           "decode_walk", "detok_html", "detok_steps", "expert_bytes_read", "expert_load_figure",
            "experts_touched", "figure_png", "fork_html", "fork_rows", "graph_batch_html",
            "group_tables", "group_tables_figure", "host_share", "imbalance", "kernel_walk_figure",
            "kv_occupancy", "moe_traffic", "new_steps", "pieces_html", "pool_cells",

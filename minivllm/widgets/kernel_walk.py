@@ -2,9 +2,9 @@
 (request, kv head, split), the KV blocks each tile read through the block table and the
 online-softmax running maximum after it.
 
-The recording is chapter 08's (Triton's interpreter executes the kernel's Python body, so the table
-loads and the max it computes can be logged as they happen); this module only draws it, so a figure
-never shows a number the kernel did not produce.
+The recording is `minivllm/kernels/program_log.py`'s (Triton's interpreter executes the kernel's
+Python body, so the table loads and the max it computes are logged as they happen); this module only
+reads that log and draws it, so a figure never shows a number the kernel did not produce.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
+
+    from minivllm.kernels.program_log import ProgramLog
 
 SPLIT_COLORS = ("#9ecae1", "#fdae6b", "#a1d99b", "#bcbddc", "#fc9272", "#d9d9d9")
 
@@ -28,6 +30,23 @@ class TileRead(NamedTuple):
 
 
 Program = tuple[int, int, int]  # (request, kv head, split): the kernel's program ids
+
+
+def decode_walk(log: ProgramLog, table: str = "block_tables") -> dict[Program, list[TileRead]]:
+    """The decode kernel's walk from its logged launch: each load from the block table starts a tile
+    (its kept entries, in order, are the blocks it reads); the last float maximum before the next
+    tile is that tile's running max."""
+    from minivllm.kernels.program_log import Load, Maximum
+
+    walk: dict[Program, list[TileRead]] = {}
+    for event in log.events:
+        if isinstance(event, Load) and event.tensor == table and event.values is not None:
+            blocks = tuple(dict.fromkeys(event.values[event.mask].tolist()))
+            walk.setdefault(event.program, []).append(TileRead(blocks, ()))
+        elif isinstance(event, Maximum) and event.program in walk:
+            tile = walk[event.program][-1]
+            walk[event.program][-1] = tile._replace(running_max=tuple(event.values.tolist()))
+    return walk
 
 
 def kernel_walk_figure(walk: Mapping[Program, Sequence[TileRead]], kv_head: int = 0,
