@@ -1,7 +1,8 @@
 """The CPU fast path (attention/cpu_attention.py) against the torch reference it replaces on CPU.
 
 Random caches whose requests own shuffled physical blocks; contexts that cross block boundaries; GQA ratios
-1, 2, 4 and odd head counts; decode-only batches and mixes of prompts, chunks, drafts and decodes.
+1, 2, 4 and odd head counts; decode-only batches and mixes of prompts, chunks, drafts and decodes; batches of
+many requests, whose work items cover several KV heads each.
 """
 
 import logging
@@ -52,6 +53,8 @@ BATCHES = {
     "decode": ([1] * 6, [1, 15, 16, 17, 33, 100]),
     "many-decodes": ([1] * 40, [3 + 7 * i for i in range(40)]),  # enough for the reference's length groups
     "mixed": ([12, 1, 3, 1, 40], [12, 17, 20, 64, 57]),  # a prompt, decodes, 3 drafts, a chunk after a prefix
+    # many requests of a few rows each: the kernel's work items then take several KV heads at once
+    "many-drafts": ([3, 1, 2] * 6, [5 + 11 * i for i in range(18)]),
 }
 
 
