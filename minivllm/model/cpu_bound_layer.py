@@ -64,6 +64,15 @@ class BoundLayer:
         return self.run(x, residual, positions, rotary.cos_sin, kv_cache, meta)
 
 
+def attention_constants(attn: nn.Module) -> tuple:
+    """What both forwards read of a layer's attention once: the q/k norms' weights and eps (None
+    without them: Qwen3 has them, Llama not), the scale and the sliding window (-1: none)."""
+    q_norm, k_norm = (attn.q_norm.weight, attn.k_norm.weight) if attn.qk_norm else (None, None)
+    qk_eps = attn.q_norm.eps if attn.qk_norm else None
+    window = -1 if attn.sliding_window is None else attn.sliding_window
+    return q_norm, k_norm, qk_eps, attn.scale, window
+
+
 def native_forward(layer: nn.Module, python: Callable) -> Callable | None:
     """`layer`'s forward as one C++ op (model/cpu_decoder_layer.cpp) where each of its matmuls has
     a native part (the tiled float and GGUF kernels), `python` for more rows than a part takes;
@@ -75,15 +84,13 @@ def native_forward(layer: nn.Module, python: Callable) -> Callable | None:
         return None
     parts = [part for native in natives for part in native]
     most = min(part.most_rows for part in parts)
-    q_norm, k_norm = (attn.q_norm.weight, attn.k_norm.weight) if attn.qk_norm else (None, None)
+    q_norm, k_norm, qk_eps, scale, window = attention_constants(attn)
     constants = ([part.weight for part in parts], [linear.bias for linear in linears],
                  [len(native) for native in natives], [part.layout for part in parts],
                  [part.kernel_type for part in parts], [part.outputs for part in parts],
                  layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
-                 layer.input_layernorm.eps, q_norm, k_norm,
-                 attn.q_norm.eps if attn.qk_norm else 0.0,
-                 attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.scale,
-                 -1 if attn.sliding_window is None else attn.sliding_window)
+                 layer.input_layernorm.eps, q_norm, k_norm, 0.0 if qk_eps is None else qk_eps,
+                 attn.num_heads, attn.num_kv_heads, attn.head_dim, scale, window)
     op = torch.ops.minivllm_cpu.decoder_layer.default
 
     def forward(x, residual, positions, cos_sin, kv_cache, meta):
@@ -108,9 +115,7 @@ def python_forward(layer: nn.Module) -> Callable:
                                   (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj))
     heads, dim = attn.num_heads + 2 * attn.num_kv_heads, attn.head_dim
     split = [attn.num_heads, attn.num_kv_heads, attn.num_kv_heads]
-    q_norm, k_norm = (attn.q_norm.weight, attn.k_norm.weight) if attn.qk_norm else (None, None)
-    qk_eps = attn.q_norm.eps if attn.qk_norm else None
-    scale, window = attn.scale, -1 if attn.sliding_window is None else attn.sliding_window
+    q_norm, k_norm, qk_eps, scale, window = attention_constants(attn)
 
     def forward(x, residual, positions, cos_sin, kv_cache, meta):
         if residual is None:  # the first layer: nothing to add yet
