@@ -227,12 +227,15 @@ constexpr bool kBf16Values = false;
 #endif
 
 // Which rows the vector code reads straight from the cache: fp32 ones, bf16 keys where vdpbf16ps exists, bf16
-// values (the split needs AVX-512; with AVX2 they are widened), when head_dim is whole vectors (16 fp32, 32 bf16). Other rows (fp16, an
-// odd head_dim) are widened to fp32 per chunk, then summed by the fp32 vector code or, without AVX-512, plain loops.
+// values (the split needs AVX-512; with AVX2 they are widened), when head_dim is whole vectors (16 fp32, 32
+// bf16). Other rows (fp16, an odd head_dim) are widened to fp32 per chunk, then summed by the fp32 vector code
+// or, without AVX-512, plain loops.
 template <typename T>
-constexpr bool kScoresInPlace = kVector && (std::is_same_v<T, float> || (std::is_same_v<T, c10::BFloat16> && kBf16Dot));
+constexpr bool kIsBf16 = std::is_same_v<T, c10::BFloat16>;
 template <typename T>
-constexpr bool kValuesInPlace = kVector && (std::is_same_v<T, float> || (std::is_same_v<T, c10::BFloat16> && kBf16Values));
+constexpr bool kScoresInPlace = kVector && (std::is_same_v<T, float> || (kIsBf16<T> && kBf16Dot));
+template <typename T>
+constexpr bool kValuesInPlace = kVector && (std::is_same_v<T, float> || (kIsBf16<T> && kBf16Values));
 
 // The largest of n scores: GCC leaves a max loop scalar, one dependent vmaxss after another (it may not reorder
 // float max without -ffast-math), which was 8% of a bf16 decode call.

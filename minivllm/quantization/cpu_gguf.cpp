@@ -2,7 +2,8 @@
 // output row is a run of 32-weight blocks: Q8_0 = fp16 d + 32 int8 (w = d q), Q4_0 = fp16 d + 16 bytes of
 // nibbles (w = d (q - 8)), Q4_1 = fp16 d + fp16 m + 16 bytes (w = d q + m); a byte's low nibble is weight j,
 // its high nibble weight j + 16. Q5_0 and Q5_1 (what llama.cpp's Q4_K_M uses for rows whose length is not a
-// multiple of 256) add a fifth bit per weight, bit j of a 32-bit word after d (and m): w = d (q - 16), d q + m. A decode step reads each block once and turns it into two vectors of 16
+// multiple of 256) add a fifth bit per weight, bit j of a 32-bit word after d (and m): w = d (q - 16), d q + m.
+// A decode step reads each block once and turns it into two vectors of 16
 // weights, exactly the dequantized floats (x stays fp32, so the result differs from dequantize + matmul only in
 // the order of the fp32 sums). A Q4 block does it with a lookup: its 16 bytes widen once to 32-bit lanes and
 // index a 16-float table of d (q - 8) (or d q + m) built for the block, low nibbles as they are (vpermps reads
@@ -961,7 +962,8 @@ void multiply_group_int8(const uint8_t* w, int64_t row_bytes, int64_t blocks, co
   constexpr int64_t header = nibbles_at(type == kQ8_0 ? kQ4_0 : type);  // d (m) (fifth bits): bytes per block
   constexpr int chains = rows * group == 1 ? 2 : 1;  // one output alone: two chains, so its FMAs overlap
   const __m256i nibble = _mm256_set1_epi8(0x0F), sixteen = _mm256_set1_epi8(16), ones = _mm256_set1_epi16(1);
-  const __m256i blocks_01 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), blocks_23 = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
+  const __m256i blocks_01 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+  const __m256i blocks_23 = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
   __m256 acc[group][rows][chains];
   for (int g = 0; g < group; ++g)
     for (int r = 0; r < rows; ++r)
@@ -1184,7 +1186,8 @@ at::Tensor gguf_linear(const at::Tensor& x_in, const at::Tensor& blocks, int64_t
   auto y = at::empty({m, n}, x.options());
   const uint8_t* w = blocks.data_ptr<uint8_t>();
   const int64_t row_bytes = blocks.size(1), blocks_per_row = k / block_weights(stored_type(type));
-  TORCH_CHECK(!is_packed(type) || kInt8Dot, "packed GGUF rows need AVX2 or AVX512-VNNI (gguf_int8_dot() is false here)");
+  TORCH_CHECK(!is_packed(type) || kInt8Dot,
+              "packed GGUF rows need AVX2 or AVX512-VNNI (gguf_int8_dot() is false here)");
   for (int64_t r = 0; r < m; r += kRows) {
     const int rows = static_cast<int>(std::min(kRows, m - r));
     const float* xr = x.data_ptr<float>() + r * k;
