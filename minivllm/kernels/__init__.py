@@ -3,8 +3,10 @@ three fused elementwise kernels the cuda platform (minivllm/platforms/cuda.py) a
 (with the residual add), rotary embedding and SwiGLU's silu(gate) * up.
 
 Each module holds one kernel and its launcher, readable on its own; fp8.py holds the conversions
-the three KV kernels share for an fp8 cache (kv_cache_dtype="fp8"). On CPU they run only through
-Triton's interpreter, chosen as kernels are defined: set TRITON_INTERPRET=1 before importing triton.
+the three KV kernels share for an fp8 cache (kv_cache_dtype="fp8"); program_log.py runs one launch
+in Triton's interpreter and logs what each program instance reads (chapter 08's kernel walk). On
+CPU they run only through Triton's interpreter, chosen as kernels are defined: set
+TRITON_INTERPRET=1 before importing triton.
 """
 
 from minivllm.kernels.activation import silu_and_mul
