@@ -109,6 +109,12 @@ def read(name: str) -> Any:
         raise ValueError(f"environment variable {name}={text!r}: {err}") from None
 
 
+def child_environment(**overrides: str) -> dict[str, str]:
+    """This process's environment with `overrides` set, for a child process: the one place that
+    copies it (kernels/program_log.py starts a Python with TRITON_INTERPRET=1 this way)."""
+    return {**os.environ, **overrides}
+
+
 def __getattr__(name: str) -> Any:
     if name in VARIABLES:
         return read(name)

@@ -32,6 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from minivllm import envs
+
 Program = tuple[int, int, int]  # the kernel's program ids (tl.program_id(0), (1), (2))
 
 
@@ -132,7 +134,7 @@ def _run_in_child(launcher: Callable, args: tuple, kwargs: dict) -> ProgramLog:
         with open(request, "wb") as f:
             pickle.dump((launcher.__module__, launcher.__qualname__, args, kwargs), f)
         done = subprocess.run([sys.executable, "-m", __name__, request, answer],
-                              env={**os.environ, "TRITON_INTERPRET": "1"},
+                              env=envs.child_environment(TRITON_INTERPRET="1"),
                               capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"the interpreted launch failed in its child process:\n"
