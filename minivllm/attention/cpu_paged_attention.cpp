@@ -285,7 +285,7 @@ void attend(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
   scalar_t* out_ptr = out.data_ptr<scalar_t>();
   const int32_t *tables = block_tables.data_ptr<int32_t>(), *lens = seq_lens.data_ptr<int32_t>();
   const int32_t* starts = query_start_loc.data_ptr<int32_t>();
-  constexpr bool is_bf16 = std::is_same_v<scalar_t, c10::BFloat16>;
+  constexpr bool is_bf16 = kIsBf16<scalar_t>;
   const bool whole_vectors = head_dim % (is_bf16 ? 32 : 16) == 0;
   [[maybe_unused]] const bool vector = kVector && head_dim % 16 == 0;  // rows widened to fp32 take the vector code
   const bool scores_in_place = kScoresInPlace<scalar_t> && whole_vectors;

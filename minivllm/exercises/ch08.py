@@ -89,8 +89,8 @@ def check_block_and_slot(block_and_slot: Callable) -> Report:
         k_cache, v_cache, block_tables, seq_lens, rids = _engine_state()
         heads, dim = 4 * k_cache.shape[2], k_cache.shape[3]
         q = torch.randn(len(rids), heads, dim, generator=torch.Generator().manual_seed(0))
-        log = run_logged(paged_decode_attention, q, k_cache.cpu(), v_cache.cpu(), block_tables,
-                         seq_lens, dim**-0.5, num_splits=1, block_n=BLOCK_N)
+        log = run_logged(paged_decode_attention, q, k_cache, v_cache, block_tables, seq_lens,
+                         dim**-0.5, num_splits=1, block_n=BLOCK_N)
         out, reads = log.result, kernel_k_reads(log, k_cache)
         for b, rid in enumerate(rids):
             positions = torch.arange(int(seq_lens[b]))
