@@ -940,8 +940,15 @@ inline __m256i bits_to_bytes(uint32_t bits) {
 // `count` (1-4) fp16 values as floats in lanes 0-3, zeros after them (a row's last run may hold fewer blocks)
 inline __m256 halves_avx2(const uint8_t* p, int64_t count) {
   uint64_t bits = 0;
-  if (count == kRun) std::memcpy(&bits, p, 8);  // a whole run: one load (a memcpy of variable size is a call)
-  else std::memcpy(&bits, p, 2 * count);
+  if (count == kRun) {
+    std::memcpy(&bits, p, 8);  // a whole run: one load
+  } else {
+    for (int64_t i = 0; i < count; ++i) {  // fixed-size copies: a memcpy of variable size is a call, and the
+      uint16_t half;                       // call spills every accumulator of the group around it
+      std::memcpy(&half, p + 2 * i, 2);
+      bits |= static_cast<uint64_t>(half) << (16 * i);
+    }
+  }
   return _mm256_castps128_ps256(_mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<int64_t>(bits))));
 }
 
@@ -1000,8 +1007,7 @@ void multiply_group_int8(const uint8_t* w, int64_t row_bytes, int64_t blocks, co
       __m256 m_w[group];
       for (int g = 0; g < group; ++g) {
         if constexpr (has_fifth) {
-          if (count == kRun) std::memcpy(words[g], base[g] + (has_m ? 4 : 2) * kRun, 4 * kRun);
-          else std::memcpy(words[g], base[g] + (has_m ? 4 : 2) * count, 4 * count);
+          for (int64_t i = 0; i < count; ++i) std::memcpy(words[g] + i, base[g] + (has_m ? 4 : 2) * count + 4 * i, 4);
         }
         if constexpr (has_m) m_w[g] = halves_avx2(base[g] + 2 * count, count);
       }
