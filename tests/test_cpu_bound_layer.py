@@ -1,13 +1,14 @@
 """The cpu platform's bound decoder layers (model/cpu_bound_layer.py): the same kernels in the same order as the
 module path, so every logprob is bitwise equal with them on and off, whether a layer runs as one C++ op
-(model/cpu_decoder_layer.cpp: tiled float weights, GGUF blocks) or as flat Python (other formats); an fp8 cache
-takes the module path; lazy loading fills a layer before it is bound."""
+(model/cpu_decoder_layer.cpp: tiled float weights, GGUF blocks) or as flat Python (other formats), and whether the
+whole stack then runs as one op (BoundStack) or not; an fp8 cache takes the module path; lazy loading fills a layer
+before it is bound; a hook on a layer is called at every step."""
 
 import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.model.cpu_bound_layer import BoundLayer
+from minivllm.model.cpu_bound_layer import BoundLayer, BoundStack
 from tests.conftest import hf_greedy
 
 PROMPTS = [list(range(3, 43)), [5, 6, 7], [42] * 9]  # the first: more rows than GGUF's block kernel takes
@@ -38,6 +39,8 @@ def test_bound_layers_equal_the_module_path_bitwise(checkpoints, monkeypatch, ki
     bound = [layer.forward for layer in layers(llm)]
     assert all(isinstance(f, BoundLayer) and f.run is not None for f in bound)  # decode steps ran bound
     assert all(f.native is not None for f in bound) == tiled  # as one C++ op where the weights are tiled
+    stack = llm.engine.runner.model.forward
+    assert isinstance(stack, BoundStack) and (stack.constants is not None) == tiled  # and the stack as one
     plain_tokens, plain_logprobs, plain = run(path, monkeypatch, False, dtype=dtype)
     assert not any("forward" in layer.__dict__ for layer in layers(plain))
     assert tokens == plain_tokens and logprobs == plain_logprobs
@@ -95,7 +98,24 @@ def test_gguf_blocks_bind(tmp_path, monkeypatch):
     tokens, logprobs, llm = run(tmp_path / "t.gguf", monkeypatch, True, prompts, dtype="float32")
     assert layers(llm)[1].self_attn.qkv_proj.weight.dtype == torch.uint8
     assert all(layer.forward.run is not None for layer in layers(llm))
+    assert llm.engine.runner.model.forward.constants is not None  # decode steps ran the stack as one op
     assert (tokens, logprobs) == run(tmp_path / "t.gguf", monkeypatch, False, prompts, dtype="float32")[:2]
+
+
+def test_a_hook_on_a_layer_sees_every_step(checkpoints, monkeypatch):
+    """The stack op would skip a layer's hooks (the chapters' and a learner's probes): with one registered, the
+    model's own forward runs, and the hook sees every step."""
+    path, _ = checkpoints["llama"]
+    monkeypatch.setenv("MINIVLLM_CPU_BOUND_LAYERS", "1")
+    llm = LLM(str(path), block_size=16, num_kv_blocks=64, dtype="float32")
+    seen = []
+    handle = layers(llm)[1].register_forward_hook(lambda module, args, out: seen.append(args[0].shape[0]))
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    hooked = llm.generate([{"prompt_token_ids": [5, 6, 7]}], params, use_tqdm=False)[0].outputs[0].token_ids
+    assert seen == [3] + [1] * 5  # the prompt's step, then five decode steps
+    handle.remove()
+    plain = llm.generate([{"prompt_token_ids": [5, 6, 7]}], params, use_tqdm=False)[0].outputs[0].token_ids
+    assert len(seen) == 6 and plain == hooked
 
 
 def test_the_platform_table_names_the_bound_layers(monkeypatch):

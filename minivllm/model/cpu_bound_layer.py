@@ -11,6 +11,11 @@ model/cpu_decoder_layer.cpp, which calls the same kernels with nothing between t
 Either way: the same kernels in the same order on the same tensors, so a step's results are
 bitwise those of the module path (tests/test_cpu_bound_layer.py).
 
+Once every layer is one op, the stack is too (`BoundStack`, the model's own forward otherwise):
+calling 30 layers from Python, each with 27 arguments to convert, cost about a millisecond of a
+135M model's 11 ms decode step. It runs where the layers share one step's metadata (no groups of
+sliding-window tables) and no hook watches a layer (lazy loading's is gone after the first step).
+
 What it binds: a dense decoder layer (llama.py's `DecoderLayer` and the families built from it)
 whose norms, rotary and SwiGLU are the cpu platform's fused ops (cpu_layer_ops.py) and whose
 attention is the C++ kernel (attention/cpu_attention.py), on one process (no all-reduce). A cache
@@ -28,7 +33,7 @@ from torch import nn
 
 from minivllm.attention.cpu_attention import CpuAttentionBackend
 from minivllm.model import cpu_layer_ops
-from minivllm.model.llama import MLP, DecoderLayer
+from minivllm.model.llama import MLP, DecoderLayer, LlamaForCausalLM
 
 
 def can_bind(layer: nn.Module) -> bool:
@@ -42,9 +47,14 @@ def can_bind(layer: nn.Module) -> bool:
 
 def bind_decoder_layers(model: nn.Module) -> list[BoundLayer]:
     """Give every layer that `can_bind` its bound forward (an instance attribute shadowing the
-    method); returns them (empty: the model keeps its module path)."""
+    method), and a model that runs Llama's forward its `BoundStack` where every layer binds;
+    returns the bound layers (empty: the model keeps its module path)."""
     layers = [layer for layer in model.model.layers if can_bind(layer)]
-    return [BoundLayer(layer) for layer in layers]
+    bound = [BoundLayer(layer) for layer in layers]
+    llama_forward = type(model).forward is LlamaForCausalLM.forward
+    if bound and len(bound) == len(model.model.layers) and llama_forward:
+        BoundStack(model, bound)
+    return bound
 
 
 class BoundLayer:
@@ -73,24 +83,33 @@ def attention_constants(attn: nn.Module) -> tuple:
     return q_norm, k_norm, qk_eps, attn.scale, window
 
 
-def native_forward(layer: nn.Module, python: Callable) -> Callable | None:
-    """`layer`'s forward as one C++ op (model/cpu_decoder_layer.cpp) where each of its matmuls has
-    a native part (the tiled float and GGUF kernels), `python` for more rows than a part takes;
-    None where a matmul has none (int8, int4, oneDNN's layout)."""
+def native_constants(layer: nn.Module) -> tuple[int, tuple] | None:
+    """(the most rows its matmuls take, the constant arguments of decoder_layer) where each of
+    `layer`'s matmuls has a native part (the tiled float and GGUF kernels); None where one has
+    none (int8, int4, oneDNN's layout)."""
     attn, mlp = layer.self_attn, layer.mlp
     linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
     natives = [linear.quant_method.native(linear) for linear in linears]
     if any(parts is None for parts in natives):
         return None
     parts = [part for native in natives for part in native]
-    most = min(part.most_rows for part in parts)
     q_norm, k_norm, qk_eps, scale, window = attention_constants(attn)
-    constants = ([part.weight for part in parts], [linear.bias for linear in linears],
-                 [len(native) for native in natives], [part.layout for part in parts],
-                 [part.kernel_type for part in parts], [part.outputs for part in parts],
-                 layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
-                 layer.input_layernorm.eps, q_norm, k_norm, 0.0 if qk_eps is None else qk_eps,
-                 attn.num_heads, attn.num_kv_heads, attn.head_dim, scale, window)
+    return min(part.most_rows for part in parts), (
+        [part.weight for part in parts], [linear.bias for linear in linears],
+        [len(native) for native in natives], [part.layout for part in parts],
+        [part.kernel_type for part in parts], [part.outputs for part in parts],
+        layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
+        layer.input_layernorm.eps, q_norm, k_norm, 0.0 if qk_eps is None else qk_eps,
+        attn.num_heads, attn.num_kv_heads, attn.head_dim, scale, window)
+
+
+def native_forward(layer: nn.Module, python: Callable) -> Callable | None:
+    """`layer`'s forward as one C++ op (model/cpu_decoder_layer.cpp), `python` for more rows than
+    its matmuls take; None where `native_constants` has none."""
+    native = native_constants(layer)
+    if native is None:
+        return None
+    most, constants = native
     op = torch.ops.minivllm_cpu.decoder_layer.default
 
     def forward(x, residual, positions, cos_sin, kv_cache, meta):
@@ -99,7 +118,54 @@ def native_forward(layer: nn.Module, python: Callable) -> Callable | None:
         return op(x, residual, positions, cos_sin, kv_cache[0], kv_cache[1], meta.slot_mapping,
                   meta.block_tables, meta.seq_lens, meta.query_start_loc, *constants)
 
+    forward.most, forward.constants = most, constants
     return forward
+
+
+class BoundStack:
+    """A Llama-forward model's forward with its layers as one op (decoder_layers), once every layer
+    has bound as one; the model's own forward for a step the op cannot take."""
+
+    def __init__(self, model: nn.Module, layers: list[BoundLayer]) -> None:
+        self.model, self.layers, self.constants, self.most = model, layers, None, 0
+        model.forward = self
+
+    def __call__(self, input_ids, positions, kv_caches, meta):
+        inner = self.model.model
+        if self.constants is None:
+            self.bind()
+        if not self.takes(input_ids, kv_caches, meta):
+            return LlamaForCausalLM.forward(self.model, input_ids, positions, kv_caches, meta)
+        x = inner.embed_tokens(input_ids)
+        x, residual = torch.ops.minivllm_cpu.decoder_layers.default(
+            x, positions, inner.rotary_emb.cos_sin, kv_caches, meta.slot_mapping, meta.block_tables,
+            meta.seq_lens, meta.query_start_loc, *self.constants)
+        return inner.norm(x, residual)[0]
+
+    def bind(self) -> None:
+        """The layers' constants as decoder_layers takes them, once every layer runs as one op
+        (each binds on its first call: until then the model's forward runs)."""
+        natives = [bound.native for bound in self.layers]
+        if any(native is None for native in natives):
+            return
+        each = [native.constants for native in natives]
+        self.most = min(native.most for native in natives)
+        flat = [[item for c in each for item in c[field]] for field in range(6)]
+        norms = [w for c in each for w in (c[6], c[7])]
+        qk_norms = [w for c in each for w in (c[9], c[10])]
+        floats = [float(v) for c in each for v in (c[8], c[11], c[15])]
+        ints = [int(v) for c in each for v in (c[12], c[13], c[14], c[16])]
+        self.constants = (*flat, norms, qk_norms, floats, ints)
+
+    def takes(self, input_ids: torch.Tensor, kv_caches: torch.Tensor, meta) -> bool:
+        """Whether decoder_layers can run this step: bound, few enough rows, one set of tables,
+        the cache in the activations' dtype, and no hook to call on a layer."""
+        return (self.constants is not None and input_ids.shape[0] <= self.most
+                and meta.layer_places is None and kv_caches.dtype == self.constants[6][0].dtype
+                and not any(layer._forward_hooks or layer._forward_pre_hooks
+                            for layer in self.model.model.layers)
+                and not (nn.modules.module._global_forward_hooks
+                         or nn.modules.module._global_forward_pre_hooks))
 
 
 def python_forward(layer: nn.Module) -> Callable:
