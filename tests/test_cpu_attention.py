@@ -2,7 +2,8 @@
 
 Random caches whose requests own shuffled physical blocks; contexts that cross block boundaries; GQA ratios
 1, 2, 4 and odd head counts; decode-only batches and mixes of prompts, chunks, drafts and decodes; batches of
-many requests, whose work items cover several KV heads each.
+many requests, whose work items cover several KV heads each; decodes of one or two requests, whose contexts are
+attended in parts.
 """
 
 import logging
@@ -67,6 +68,26 @@ def test_kernel_matches_reference(kernel, dtype, heads, kv_heads, head_dim, batc
     want = paged_attention_ref(q.float(), k_cache.float(), v_cache.float(), meta, 0.3)
     got = kernel(q, k_cache, v_cache, meta, 0.3)
     assert got.dtype == dtype and got.shape == q.shape
+    torch.testing.assert_close(got.float(), want, **TOL[dtype])
+
+
+@pytest.mark.parametrize("threads", [2, 3, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (8, 2, 64), (5, 1, 24), (32, 1, 64)])
+@pytest.mark.parametrize("lens", [[300], [70, 129], [64], [1000]])
+@pytest.mark.parametrize("block_size", [12, 16])
+def test_a_decode_of_few_requests_splits_its_contexts(kernel, threads, dtype, heads, kv_heads, head_dim, lens,
+                                                       block_size):
+    """Fewer KV heads than two a thread: each context is attended in parts, then merged (32 heads on one KV head:
+    more query rows than an item takes, so not split)."""
+    q, k_cache, v_cache, meta = make_batch([1] * len(lens), lens, block_size, heads, kv_heads, head_dim, dtype)
+    want = paged_attention_ref(q.float(), k_cache.float(), v_cache.float(), meta, 0.3)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = kernel(q, k_cache, v_cache, meta, 0.3)
+    finally:
+        torch.set_num_threads(before)
     torch.testing.assert_close(got.float(), want, **TOL[dtype])
 
 

@@ -9,6 +9,7 @@
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <cstdint>
 #include <type_traits>
 #include <vector>
 
@@ -24,6 +25,7 @@ namespace {
 constexpr int64_t kRowsPerTile = 16;  // query rows per work item: bounds the scores buffer for long prompts
 constexpr int64_t kChunk = 16;        // keys scored (and values summed) together: one AVX-512 vector of scores
 constexpr int64_t kAhead = 48;        // prefetch distance, in keys (measured: 16 too short, 64 no better)
+constexpr int64_t kMinPart = 64;      // the fewest keys a decode step's part of a context gets (WorkItem)
 
 using minivllm_cpu::exp_approx;  // ../cpu_vector_math.h: e^x for the softmax weights, vectorisable
 
@@ -269,7 +271,24 @@ inline float plain_dot(const float* a, const float* b, int64_t n) {
 // its items take several KV heads: a token's keys of those heads lie side by side in the cache, and one item reads
 // the whole run, where one item per KV head read a quarter of each run, the rest left to other items (measured on a
 // batch-64 decode from cache rows scattered past the L3: ~1.5x less time).
-struct WorkItem { int64_t seq, kv_head, heads, first_row; };
+// One work item: a request's query rows of `heads` KV heads from first_row, over its keys [key_begin, key_end). A
+// decode step of few requests splits each KV head's context into parts (`part` >= 0: where its unnormalised result
+// waits for the merge), so that every thread has work: at batch 1, a 135M Llama's 3 KV heads on 2 threads left one
+// thread idle a third of the time.
+// A query row's output: its sums `acc` times `inv` (1 / the softmax's sum) in the cache's dtype. acc's element d sits
+// at its place, or (split pairs) among the 16 even or 16 odd ones of its 32.
+template <typename scalar_t>
+inline void write_row(scalar_t* dst, const float* acc, float inv, int64_t head_dim, bool split_pairs) {
+  for (int64_t d = 0; d < head_dim; ++d) {
+    const int64_t from = split_pairs ? (d & ~int64_t{31}) + (d & 1) * 16 + (d & 31) / 2 : d;
+    dst[d] = static_cast<scalar_t>(acc[from] * inv);
+  }
+}
+
+struct WorkItem { int64_t seq, kv_head, heads, first_row, key_begin, key_end, part; };
+
+// A part's result for one query row: the running max and sum of its softmax, and its unnormalised output.
+struct Partial { float max, sum; };
 
 template <typename scalar_t>
 void attend(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -294,21 +313,36 @@ void attend(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
   const bool split_pairs = values_in_place && is_bf16;
 
   std::vector<WorkItem> items;
-  const bool many = num_seqs >= 4 * at::get_num_threads();  // enough requests to keep every thread busy
+  const int64_t threads = at::get_num_threads();
+  const bool many = num_seqs >= 4 * threads;  // enough requests to keep every thread busy
+  // a decode step (one query a request, the whole context) with fewer KV heads than 2 a thread: each head's keys in
+  // parts of at least kMinPart, about 4 items a thread
+  bool decode = window <= 0 && group <= kRowsPerTile && num_seqs * num_kv_heads < 2 * threads;
+  for (int64_t s = 0; s < num_seqs && decode; ++s) decode = starts[s + 1] - starts[s] == 1;
+  int64_t parts_made = 0;
   for (int64_t s = 0; s < num_seqs; ++s) {
     const int64_t rows = (starts[s + 1] - starts[s]) * group;
     const int64_t heads = many ? std::clamp<int64_t>(kRowsPerTile / rows, 1, num_kv_heads) : 1;
+    const int64_t chunks = (lens[s] + kChunk - 1) / kChunk;
+    const int64_t parts = decode ? std::clamp<int64_t>(std::min(4 * threads / (num_seqs * num_kv_heads),
+                                                                chunks * kChunk / kMinPart), 1, chunks) : 1;
     for (int64_t h = 0; h < num_kv_heads; h += heads)
       for (int64_t r = 0; r < rows; r += kRowsPerTile)
-        items.push_back({s, h, std::min(heads, num_kv_heads - h), r});
+        for (int64_t p = 0; p < parts; ++p)  // part p: chunks [p chunks / parts, (p + 1) chunks / parts)
+          items.push_back({s, h, std::min(heads, num_kv_heads - h), r, p * chunks / parts * kChunk,
+                           p + 1 == parts ? INT64_MAX : (p + 1) * chunks / parts * kChunk,
+                           parts > 1 ? parts_made++ : -1});
   }
+  // the parts' results: per part, group rows (decode: one query, one KV head an item) of Partial and head_dim sums
+  std::vector<Partial> partials(parts_made * group);
+  std::vector<float> partial_acc(parts_made * group * head_dim);
   const float fscale = static_cast<float>(scale);
   const int64_t num_items = static_cast<int64_t>(items.size());
 
 #pragma omp parallel num_threads(at::get_num_threads())
   {
     // this thread's: query rows, output rows, scores [rows, padded context], softmax denominators
-    std::vector<float> qf, acc, scores, sums;
+    std::vector<float> qf, acc, scores, sums, maxes;
     std::vector<float> widened(kChunk * num_kv_heads * head_dim);  // a chunk's rows in fp32, where not in place
     std::vector<const scalar_t*> q_rows;  // per row: the query as it is
     std::vector<int64_t> row_query, row_head, row_kv;  // per row: its query, its head, its KV head in the item
@@ -350,9 +384,11 @@ void attend(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
         lowest[r] = window > 0 ? std::max<int64_t>(0, visible[r] - window) : 0;  // keys > position - window
         min_lowest = std::min(min_lowest, lowest[r]);
       }
-      // chunks before every row's window are skipped whole; the scores buffer keeps absolute positions
-      const int64_t first_chunk = min_lowest / kChunk * kChunk;
+      // chunks before every row's window (or this part) are skipped whole; the scores buffer keeps absolute positions
+      const int64_t first_chunk = std::max(min_lowest / kChunk * kChunk, w.key_begin);
       const int64_t width = (max_visible + kChunk - 1) / kChunk * kChunk;  // scores rows padded to whole chunks
+      const int64_t span = std::min(width, w.key_end);  // this part's end, a whole chunk (the last part's: width)
+      const int64_t last = std::min(max_visible, span);  // its last key + 1
       scores.resize(num_rows * width);
       // The chunk's rows as the summing code takes them, per KV head of the item: in the cache, or widened to fp32
       // here (each token's run of heads at once).
@@ -371,17 +407,17 @@ void attend(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
       // stalled on the core's few slots for outstanding misses. The score pass runs on into the values.
       for (int64_t r = 0; r <= num_rows; ++r) slice_at[r] = r * kChunk / num_rows;  // divided once, not per chunk
       auto prefetch_slice = [&](const PagedRows<scalar_t>& cache, int64_t t, int64_t r) {
-        cache.prefetch(t + slice_at[r], std::min(t + slice_at[r + 1], max_visible));
+        cache.prefetch(t + slice_at[r], std::min(t + slice_at[r + 1], last));
       };
 
       // scores: each chunk of keys is loaded once for all the rows that see it
-      keys.prefetch(first_chunk, std::min(first_chunk + kAhead, max_visible));
-      for (int64_t t0 = first_chunk; t0 < max_visible; t0 += kChunk) {
+      keys.prefetch(first_chunk, std::min(first_chunk + kAhead, last));
+      for (int64_t t0 = first_chunk; t0 < last; t0 += kChunk) {
         const int64_t ahead = t0 + kAhead;
         load_chunk(keys, t0, scores_in_place);
         for (int64_t r = 0; r < num_rows; ++r) {
-          if (ahead < width) prefetch_slice(keys, ahead, r);
-          else prefetch_slice(values, ahead - width, r);
+          if (ahead < span) prefetch_slice(keys, ahead, r);
+          else prefetch_slice(values, first_chunk + ahead - span, r);
           // a prompt's early queries see none of these keys; a window's row none before its start
           if (t0 >= visible[r] || t0 + kChunk <= lowest[r]) continue;
           float* s = scores.data() + r * width + t0;
@@ -410,9 +446,10 @@ void attend(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
       // softmax weights, unnormalised: e^(s - max), over the keys each row sees, 0 after them to the chunk's end;
       // the sum divides at the end
       sums.resize(num_rows);
+      maxes.resize(num_rows);
       for (int64_t r = 0; r < num_rows; ++r) {
         float* s = scores.data() + r * width;
-        const int64_t n = visible[r], lo = lowest[r];
+        const int64_t n = std::min(visible[r], last), lo = std::max(lowest[r], first_chunk);  // (a part: in it)
         const float mx = max_of(s + lo, n - lo);
         float sum = 0.0f;
         std::fill(s + lo / kChunk * kChunk, s + lo, 0.0f);  // the window's first chunk, before its start
@@ -423,9 +460,10 @@ void attend(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
         }
         std::fill(s + n, s + std::min(width, (n + kChunk - 1) / kChunk * kChunk), 0.0f);
         sums[r] = sum;
+        maxes[r] = mx;
       }
       // weighted sum of values: again each chunk is loaded once for all its rows
-      for (int64_t t0 = first_chunk; t0 < max_visible; t0 += kChunk) {
+      for (int64_t t0 = first_chunk; t0 < last; t0 += kChunk) {
         load_chunk(values, t0, values_in_place);
         for (int64_t r = 0; r < num_rows; ++r) {
           prefetch_slice(values, t0 + kAhead, r);
@@ -451,16 +489,38 @@ void attend(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
           }
         }
       }
-      for (int64_t r = 0; r < num_rows; ++r) {
-        scalar_t* dst = out_ptr + ((first_token + row_query[r]) * num_heads + row_head[r]) * head_dim;
-        const float inv = 1.0f / sums[r];
-        const float* a = acc.data() + r * head_dim;
-        for (int64_t d = 0; d < head_dim; ++d) {
-          // element d sits at its place, or (split pairs) among the 16 even or 16 odd ones of its 32
-          const int64_t from = split_pairs ? (d & ~int64_t{31}) + (d & 1) * 16 + (d & 31) / 2 : d;
-          dst[d] = static_cast<scalar_t>(a[from] * inv);
-        }
+      if (w.part >= 0) {  // a part: its rows wait for the merge, unnormalised (num_rows == group)
+        for (int64_t r = 0; r < num_rows; ++r) partials[w.part * group + r] = {maxes[r], sums[r]};
+        std::copy(acc.begin(), acc.begin() + num_rows * head_dim, partial_acc.begin() + w.part * group * head_dim);
+        continue;
       }
+      for (int64_t r = 0; r < num_rows; ++r)
+        write_row(out_ptr + ((first_token + row_query[r]) * num_heads + row_head[r]) * head_dim,
+                  acc.data() + r * head_dim, 1.0f / sums[r], head_dim, split_pairs);
+    }
+  }
+  // each query row of a split context: its parts' sums rescaled to the largest max, added, normalised
+  std::vector<float> merged(head_dim);
+  for (int64_t i = 0; i < num_items; ++i) {
+    const WorkItem& w = items[i];
+    if (w.part < 0 || (i > 0 && items[i - 1].part >= 0 && items[i - 1].seq == w.seq &&
+                       items[i - 1].kv_head == w.kv_head))
+      continue;  // not split, or not its first part
+    int64_t parts = 1;
+    while (i + parts < num_items && items[i + parts].seq == w.seq && items[i + parts].kv_head == w.kv_head) ++parts;
+    for (int64_t r = 0; r < group; ++r) {
+      float top = -INFINITY, total = 0.0f;
+      for (int64_t p = 0; p < parts; ++p) top = std::max(top, partials[(w.part + p) * group + r].max);
+      std::fill(merged.begin(), merged.end(), 0.0f);
+      for (int64_t p = 0; p < parts; ++p) {
+        const Partial& part = partials[(w.part + p) * group + r];
+        const float weight = std::exp(part.max - top);
+        total += weight * part.sum;
+        const float* a = partial_acc.data() + ((w.part + p) * group + r) * head_dim;
+        for (int64_t d = 0; d < head_dim; ++d) merged[d] += weight * a[d];
+      }
+      write_row(out_ptr + (starts[w.seq] * num_heads + w.kv_head * group + r) * head_dim, merged.data(),
+                1.0f / total, head_dim, split_pairs);
     }
   }
 }
