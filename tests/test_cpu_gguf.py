@@ -133,6 +133,42 @@ def test_packed_rows_hold_the_same_weights_and_multiply_int8_x_exactly(name, n, 
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
 
 
+interleaves = pytest.mark.skipif(not (extension_built() and torch.ops.minivllm_cpu.gguf_interleaves()),
+                                 reason="Q4_0 rows interleave for AVX2's int8 kernel only")
+
+
+@interleaves
+@pytest.mark.parametrize("n,k", [(8, 32), (16, 96), (104, 608), (192, 576)])
+def test_interleaved_q4_0_rows_hold_the_same_weights_and_multiply_int8_x_exactly(n, k):
+    """Q4_0 rows interleaved 8 at a time: the same weights (dequantized whole, and row by row as a tied embedding
+    looks them up), and the same products as the regrouped rows' int8 path, every batch size 1-9 and 33."""
+    from types import SimpleNamespace
+
+    blocks, weight = quantized("Q4_0", n, k, seed=n)
+    kind = cpu_gguf.Q4_0 | cpu_gguf.PACKED | cpu_gguf.INTERLEAVED
+    interleaved = torch.ops.minivllm_cpu.gguf_pack(blocks, kind)
+    assert interleaved.shape == blocks.shape and not torch.equal(interleaved, blocks)
+    assert torch.equal(cpu_gguf.dequantize(interleaved, kind, n, k), weight)
+    layer = SimpleNamespace(weight=interleaved, kernel_type=kind, input_size=k, compute_dtype=torch.float32)
+    ids = torch.tensor([[n - 1, 0], [3, 3]])
+    assert torch.equal(cpu_gguf.CPU_GGUF.rows(layer, ids), weight[ids])
+    for rows in [*range(1, 10), 33]:
+        x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+        got = cpu_gguf.gguf_linear(x, interleaved, kind, n).double()
+        want = (x if rows > cpu_gguf.GGUF_MAX_ROWS else quantized_per_32(x)).double() @ weight.double().T
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+
+
+@interleaves
+def test_only_q4_0_rows_in_eights_interleave():
+    blocks, _ = quantized("Q4_0", 12, 64)
+    with pytest.raises(RuntimeError, match="8 at a time"):
+        torch.ops.minivllm_cpu.gguf_pack(blocks, cpu_gguf.Q4_0 | cpu_gguf.PACKED | cpu_gguf.INTERLEAVED)
+    blocks, _ = quantized("Q8_0", 16, 64)
+    with pytest.raises(RuntimeError, match="8 at a time"):
+        torch.ops.minivllm_cpu.gguf_pack(blocks, cpu_gguf.Q8_0 | cpu_gguf.PACKED | cpu_gguf.INTERLEAVED)
+
+
 # --- a GGUF file loaded on the cpu platform keeps its blocks --------------------------------------------------
 
 SIZES = dict(intermediate_size=128, num_hidden_layers=2)  # hidden 64, q 64, k/v 32: whole blocks of 32
@@ -219,9 +255,10 @@ def test_int8_activations_pack_q4_0_and_q8_0_and_stay_near_transformers(mixed_gg
     llm = LLM(str(mixed_gguf), dtype="float32", num_kv_blocks=64)
     layer0, layer1 = llm.engine.runner.model.model.layers
     kinds = (cpu_gguf.Q4_0, cpu_gguf.Q8_0, cpu_gguf.Q4_1, cpu_gguf.Q5_0, cpu_gguf.Q5_1)
+    interleaved = cpu_gguf.INTERLEAVED if torch.ops.minivllm_cpu.gguf_interleaves() else 0  # Q4_0's 64 rows
     assert (layer0.self_attn.o_proj.kernel_type, layer0.mlp.gate_up_proj.kernel_type, layer1.mlp.down_proj.kernel_type,
             layer0.mlp.down_proj.kernel_type, layer1.self_attn.o_proj.kernel_type) == tuple(
-                kind | cpu_gguf.PACKED for kind in kinds)
+                kind | cpu_gguf.PACKED | (interleaved if kind == cpu_gguf.Q4_0 else 0) for kind in kinds)
     assert held_bytes(llm.engine.runner.model) == held_bytes(exact.engine.runner.model)
     ids = torch.tensor([0, 7, 1833])
     torch.testing.assert_close(llm.engine.runner.model.model.embed_tokens(ids),
@@ -377,10 +414,10 @@ ops = torch.ops.minivllm_cpu
 out = []
 for x, blocks, t, n, k in torch.load(data):
     if t & 256:  # x as int8: rows packed first, where this build has an integer dot product (AVX2 or VNNI)
-        if not ops.gguf_int8_dot():
+        if not ops.gguf_int8_dot() or (t & 512 and not ops.gguf_interleaves()):
             out.append(None)
             continue
-        blocks = ops.gguf_pack(blocks, t & 255)
+        blocks = ops.gguf_pack(blocks, t)
     out.append((ops.gguf_linear(x, blocks, t, n), ops.gguf_dequantize(blocks, t, n, k)))
 torch.save(out, data)
 """
@@ -420,6 +457,11 @@ def portable_builds(tmp_path_factory):
             x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
             cases.append((x, blocks, TYPES[name] | (cpu_gguf.PACKED if packed else 0), n, k))
             wants.append(((quantized_per_32(x) if packed else x).double() @ weight.double().T, weight))
+    blocks, weight = quantized("Q4_0", 16, 96)  # AVX2's interleaved Q4_0 rows
+    for rows in (1, 3):
+        x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows))
+        cases.append((x, blocks, cpu_gguf.Q4_0 | cpu_gguf.PACKED | cpu_gguf.INTERLEAVED, 16, 96))
+        wants.append((quantized_per_32(x).double() @ weight.double().T, weight))
     running = {}
     for build, without in PORTABLE_BUILDS.items():
         if host_build(build):

@@ -69,9 +69,31 @@ int64_t block_weights(int64_t type) { return is_super(type) ? kSuper : kBlock; }
 // 1-3 blocks that are left, alike. `type | kPacked` names such rows.
 constexpr int64_t kPacked = 256, kRun = 4;
 bool is_packed(int64_t type) { return (type & kPacked) != 0; }
-int64_t stored_type(int64_t type) { return type & ~kPacked; }
+// Q4_0 rows interleaved eight at a time for AVX2's int8 kernel (multiply_interleaved): `type | kPacked |
+// kInterleaved` names such rows
+constexpr int64_t kInterleaved = 512, kLanes = 8;
+bool is_interleaved(int64_t type) { return (type & kInterleaved) != 0; }
+int64_t stored_type(int64_t type) { return type & (kPacked - 1); }
 // Q4_K and Q6_K keep their layout on the int8 path (a super-block's codes are already contiguous)
-bool regrouped(int64_t type) { return is_packed(type) && !is_super(stored_type(type)); }
+bool regrouped(int64_t type) { return is_packed(type) && !is_super(stored_type(type)) && !is_interleaved(type); }
+
+// Interleaved Q4_0: output rows 8 g .. 8 g + 7 keep, per block b, their eight fp16 d side by side (16 bytes), then
+// their nibbles four bytes at a time: byte 4 m + i of row l's 16 at 32 m + 4 l + i. So one 32-byte load holds
+// weights 4m .. 4m + 3 (low nibbles) and 16 + 4m .. (high) of all eight rows, a row per 32-bit lane, and the block's
+// dot products come out as one vector, a row per lane: no sum across lanes. The same bytes, in another order.
+inline int64_t interleaved_block(int64_t row, int64_t b, int64_t blocks) {  // where row's block b starts its group's
+  return ((row / kLanes) * blocks + b) * kLanes * block_bytes(kQ4_0);
+}
+template <bool unpack>
+inline void map_interleaved(uint8_t* rows, int64_t blocks, int64_t row, int64_t b, uint8_t* block) {
+  uint8_t* at = rows + interleaved_block(row, b, blocks);
+  const int64_t l = row % kLanes;
+  unpack ? std::memcpy(block, at + 2 * l, 2) : std::memcpy(at + 2 * l, block, 2);
+  for (int64_t m = 0; m < 4; ++m) {
+    uint8_t* four = at + 2 * kLanes + 32 * m + 4 * l;
+    unpack ? std::memcpy(block + 2 + 4 * m, four, 4) : std::memcpy(four, block + 2 + 4 * m, 4);
+  }
+}
 
 constexpr bool is_q5(int64_t type) { return type == kQ5_0 || type == kQ5_1; }  // a fifth bit per weight
 constexpr bool has_min(int64_t type) { return type == kQ4_1 || type == kQ5_1; }  // w = d q + m
@@ -418,6 +440,9 @@ QuantizedSuperX quantize_x_super(int64_t type, const float* x, int rows, int64_t
 }
 #else
 constexpr bool kInt8Dot = false;
+#endif
+#ifndef MINIVLLM_INT8_AVX2
+constexpr bool kInterleaves = false;  // VNNI's and the plain loops read the regrouped layout
 #endif
 
 #ifdef __AVX512F__
@@ -1128,6 +1153,66 @@ void multiply_group_super_int8(const uint8_t* w, int64_t row_bytes, const Quanti
   }
 }
 
+// x's rows per 32 values for multiply_interleaved: q in order, d_x, and the sum of q (Q4_0's -8)
+struct BlocksOfX {
+  int64_t blocks;
+  std::vector<int8_t> q;     // [row][block][32]
+  std::vector<float> d;      // [row][block]
+  std::vector<int32_t> sum;  // [row][block]
+};
+
+BlocksOfX quantize_blocks(const float* x, int rows, int64_t k) {
+  const int64_t blocks = k / kBlock;
+  BlocksOfX out{blocks, std::vector<int8_t>(rows * k), std::vector<float>(rows * blocks),
+                std::vector<int32_t>(rows * blocks)};
+  for (int64_t i = 0; i < rows * blocks; ++i) {
+    int8_t* q = out.q.data() + i * kBlock;
+    out.d[i] = quantize_block(x + i * kBlock, q);  // row r's block b is x's values (r k + 32 b) on: i = r blocks + b
+    int32_t sum = 0;
+    for (int j = 0; j < kBlock; ++j) sum += q[j];
+    out.sum[i] = sum;
+  }
+  return out;
+}
+
+// Output rows [8 g, 8 g + 8) of interleaved Q4_0 rows for `rows` rows of x: per block, four 32-byte loads hold the
+// eight rows' codes; each meets four of x's values broadcast to every lane (vpmaddubsw), the 16-bit sums of all
+// four added before one widening (at most 8 x 2 x 15 x 127 = 30480: no overflow), so a lane holds its row's whole
+// integer dot product; then -8 sum(q_x), and d_w d_x as one vector of the rows' scales.
+void multiply_interleaved(const uint8_t* w, const BlocksOfX& x, int rows, float* y, int64_t n, int64_t g) {
+  constexpr int64_t bytes = kLanes * block_bytes(kQ4_0);  // a block of the group's eight rows
+  const int64_t blocks = x.blocks;
+  const uint8_t* group = w + g * blocks * bytes;
+  const int64_t ahead = (g + 2) * kLanes <= n ? blocks * bytes : 0;  // the next group's same block, as above
+  const __m256i nibble = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  for (int r = 0; r < rows; ++r) {
+    const int8_t* q = x.q.data() + r * blocks * kBlock;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < blocks; ++b, q += kBlock) {
+      const uint8_t* block = group + b * bytes;
+      if (r == 0)
+        for (int64_t line = 0; line < bytes; line += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(block + ahead + line), _MM_HINT_T0);
+      __m256i sums = _mm256_setzero_si256();
+      for (int m = 0; m < 4; ++m) {
+        const __m256i codes = load_256(block + 2 * kLanes + 32 * m);
+        int32_t low, high;  // x's values 4m .. 4m + 3 and 16 + 4m ..: what the low and high nibbles multiply
+        std::memcpy(&low, q + 4 * m, 4);
+        std::memcpy(&high, q + 16 + 4 * m, 4);
+        sums = _mm256_add_epi16(sums, _mm256_maddubs_epi16(_mm256_and_si256(codes, nibble), _mm256_set1_epi32(low)));
+        sums = _mm256_add_epi16(sums, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(codes, 4), nibble),
+                                                           _mm256_set1_epi32(high)));
+      }
+      const int64_t at = r * blocks + b;
+      const __m256i dot = _mm256_sub_epi32(_mm256_madd_epi16(sums, ones), _mm256_set1_epi32(8 * x.sum[at]));
+      const __m256 d_w = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
+      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d_w, _mm256_set1_ps(x.d[at])), acc);
+    }
+    _mm256_storeu_ps(y + r * n + g * kLanes, acc);
+  }
+}
+constexpr bool kInterleaves = true;
+
 // Output rows per pass of the 32-weight formats' int8 kernel: two at batch 1-2, sharing x's loads (more rows of x
 // would need more accumulators than AVX2's 16 registers hold); the K formats' kernel takes one
 constexpr int int8_group_for(int rows) { return rows <= 2 ? 2 : 1; }
@@ -1203,6 +1288,25 @@ at::Tensor gguf_linear(const at::Tensor& x_in, const at::Tensor& blocks, int64_t
   const int64_t row_bytes = blocks.size(1), blocks_per_row = k / block_weights(stored_type(type));
   TORCH_CHECK(!is_packed(type) || kInt8Dot,
               "packed GGUF rows need AVX2 or AVX512-VNNI (gguf_int8_dot() is false here)");
+  TORCH_CHECK(!is_interleaved(type) || (kInterleaves && stored_type(type) == kQ4_0 && n % kLanes == 0),
+              "interleaved GGUF rows are Q4_0, 8 at a time, for AVX2's int8 kernel (gguf_interleaves())");
+#ifdef MINIVLLM_INT8_AVX2
+  if (is_interleaved(type)) {
+    for (int64_t r = 0; r < m; r += kRows) {
+      const int rows = static_cast<int>(std::min(kRows, m - r));
+      const BlocksOfX qx = quantize_blocks(x.data_ptr<float>() + r * k, rows, k);
+      float* yr = y.data_ptr<float>() + r * n;
+      at::parallel_for(0, n / kLanes, 2, [&](int64_t first, int64_t last) {
+        for (int64_t g = first; g < last; ++g) multiply_interleaved(w, qx, rows, yr, n, g);
+      });
+    }
+    return flat ? y : y.to(x_in.scalar_type()).view([&] {
+      auto shape = x_in.sizes().vec();
+      shape.back() = n;
+      return shape;
+    }());
+  }
+#endif
   for (int64_t r = 0; r < m; r += kRows) {
     const int rows = static_cast<int>(std::min(kRows, m - r));
     const float* xr = x.data_ptr<float>() + r * k;
@@ -1259,7 +1363,10 @@ at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t type, int64_t n, in
     for (int64_t o = first; o < last; ++o)
       for (int64_t b = 0; b < blocks_per_row; ++b) {
         const uint8_t* at = src + o * row_bytes + b * bytes;
-        if (regrouped(type)) {
+        if (is_interleaved(type)) {
+          map_interleaved<true>(const_cast<uint8_t*>(src), blocks_per_row, o, b, block);
+          at = block;
+        } else if (regrouped(type)) {
           map_block<true>(const_cast<uint8_t*>(src) + o * row_bytes, blocks_per_row, stored, bytes, b, block);
           at = block;
         }
@@ -1269,16 +1376,28 @@ at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t type, int64_t n, in
   return w;
 }
 
-// Rows of 32-weight blocks regrouped for the int8 path (the same bytes: see map_block); `type | 256` names them
-at::Tensor gguf_pack(const at::Tensor& blocks, int64_t type) {
+// Rows of 32-weight blocks regrouped for the int8 path (the same bytes: see map_block); `type | 256` names them.
+// `type | 512` asks for Q4_0 rows interleaved 8 at a time instead (map_interleaved), where gguf_interleaves().
+at::Tensor gguf_pack(const at::Tensor& blocks, int64_t type_in) {
   TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.is_contiguous(),
               "GGUF blocks must be contiguous uint8 [out, bytes per row]");
+  const int64_t type = stored_type(type_in);
   const int64_t bytes = block_bytes(type), row_bytes = blocks.size(1), per_row = row_bytes / bytes;  // refuses others
   TORCH_CHECK(row_bytes % bytes == 0, "a row of ", row_bytes, " bytes is not whole blocks of ", bytes);
-  if (is_super(type)) return blocks.clone();  // their layout serves the int8 path as it is
   auto out = at::empty_like(blocks);
   const uint8_t* src = blocks.data_ptr<uint8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();
+  if (is_interleaved(type_in)) {
+    TORCH_CHECK(kInterleaves && type == kQ4_0 && blocks.size(0) % kLanes == 0,
+                "only Q4_0 rows, 8 at a time, interleave, where AVX2's int8 kernel is built (gguf_interleaves())");
+    at::parallel_for(0, blocks.size(0), 64, [&](int64_t first, int64_t last) {
+      for (int64_t o = first; o < last; ++o)
+        for (int64_t b = 0; b < per_row; ++b)
+          map_interleaved<false>(dst, per_row, o, b, const_cast<uint8_t*>(src) + o * row_bytes + b * bytes);
+    });
+    return out;
+  }
+  if (is_super(type)) return blocks.clone();  // their layout serves the int8 path as it is
   at::parallel_for(0, blocks.size(0), 64, [&](int64_t first, int64_t last) {
     for (int64_t o = first; o < last; ++o)
       for (int64_t b = 0; b < per_row; ++b)
@@ -1289,12 +1408,14 @@ at::Tensor gguf_pack(const at::Tensor& blocks, int64_t type) {
 }
 
 bool gguf_int8_dot() { return kInt8Dot; }
+bool gguf_interleaves() { return kInterleaves; }
 
 TORCH_LIBRARY_FRAGMENT(minivllm_cpu, m) {
   m.def("gguf_linear(Tensor x, Tensor blocks, int type, int n) -> Tensor");
   m.def("gguf_dequantize(Tensor blocks, int type, int n, int k) -> Tensor");
   m.def("gguf_pack(Tensor blocks, int type) -> Tensor");
   m.def("gguf_int8_dot() -> bool", &gguf_int8_dot);
+  m.def("gguf_interleaves() -> bool", &gguf_interleaves);
   m.impl("gguf_pack", c10::DispatchKey::CPU, TORCH_FN(gguf_pack));
   m.impl("gguf_linear", c10::DispatchKey::CPU, TORCH_FN(minivllm_cpu::gguf_linear));
   m.impl("gguf_dequantize", c10::DispatchKey::CPU, TORCH_FN(gguf_dequantize));
