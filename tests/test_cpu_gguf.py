@@ -134,18 +134,20 @@ def test_packed_rows_hold_the_same_weights_and_multiply_int8_x_exactly(name, n, 
 
 
 interleaves = pytest.mark.skipif(not (extension_built() and torch.ops.minivllm_cpu.gguf_interleaves()),
-                                 reason="Q4_0 rows interleave for AVX2's int8 kernel only")
+                                 reason="Q4_0 and Q5_0 rows interleave for AVX2's int8 kernel only")
 
 
 @interleaves
+@pytest.mark.parametrize("name", ["Q4_0", "Q5_0"])
 @pytest.mark.parametrize("n,k", [(8, 32), (16, 96), (104, 608), (192, 576)])
-def test_interleaved_q4_0_rows_hold_the_same_weights_and_multiply_int8_x_exactly(n, k):
-    """Q4_0 rows interleaved 8 at a time: the same weights (dequantized whole, and row by row as a tied embedding
-    looks them up), and the same products as the regrouped rows' int8 path, every batch size 1-9 and 33."""
+def test_interleaved_rows_hold_the_same_weights_and_multiply_int8_x_exactly(name, n, k):
+    """Q4_0 and Q5_0 rows interleaved 8 at a time: the same weights (dequantized whole, and row by row as a tied
+    embedding looks them up), and x quantized per 32 values times them up to fp32 sums, every batch size 1-9 and
+    33 (Q5_0's codes reach 31: its 16-bit sums must widen before they overflow)."""
     from types import SimpleNamespace
 
-    blocks, weight = quantized("Q4_0", n, k, seed=n)
-    kind = cpu_gguf.Q4_0 | cpu_gguf.PACKED | cpu_gguf.INTERLEAVED
+    blocks, weight = quantized(name, n, k, seed=n)
+    kind = TYPES[name] | cpu_gguf.PACKED | cpu_gguf.INTERLEAVED
     interleaved = torch.ops.minivllm_cpu.gguf_pack(blocks, kind)
     assert interleaved.shape == blocks.shape and not torch.equal(interleaved, blocks)
     assert torch.equal(cpu_gguf.dequantize(interleaved, kind, n, k), weight)
@@ -160,7 +162,7 @@ def test_interleaved_q4_0_rows_hold_the_same_weights_and_multiply_int8_x_exactly
 
 
 @interleaves
-def test_only_q4_0_rows_in_eights_interleave():
+def test_only_q4_0_and_q5_0_rows_in_eights_interleave():
     blocks, _ = quantized("Q4_0", 12, 64)
     with pytest.raises(RuntimeError, match="8 at a time"):
         torch.ops.minivllm_cpu.gguf_pack(blocks, cpu_gguf.Q4_0 | cpu_gguf.PACKED | cpu_gguf.INTERLEAVED)
@@ -255,10 +257,11 @@ def test_int8_activations_pack_q4_0_and_q8_0_and_stay_near_transformers(mixed_gg
     llm = LLM(str(mixed_gguf), dtype="float32", num_kv_blocks=64)
     layer0, layer1 = llm.engine.runner.model.model.layers
     kinds = (cpu_gguf.Q4_0, cpu_gguf.Q8_0, cpu_gguf.Q4_1, cpu_gguf.Q5_0, cpu_gguf.Q5_1)
-    interleaved = cpu_gguf.INTERLEAVED if torch.ops.minivllm_cpu.gguf_interleaves() else 0  # Q4_0's 64 rows
+    interleaved = cpu_gguf.INTERLEAVED if torch.ops.minivllm_cpu.gguf_interleaves() else 0  # 64 rows: 8 eights
     assert (layer0.self_attn.o_proj.kernel_type, layer0.mlp.gate_up_proj.kernel_type, layer1.mlp.down_proj.kernel_type,
             layer0.mlp.down_proj.kernel_type, layer1.self_attn.o_proj.kernel_type) == tuple(
-                kind | cpu_gguf.PACKED | (interleaved if kind == cpu_gguf.Q4_0 else 0) for kind in kinds)
+                kind | cpu_gguf.PACKED | (interleaved if kind in (cpu_gguf.Q4_0, cpu_gguf.Q5_0) else 0)
+                for kind in kinds)
     assert held_bytes(llm.engine.runner.model) == held_bytes(exact.engine.runner.model)
     ids = torch.tensor([0, 7, 1833])
     torch.testing.assert_close(llm.engine.runner.model.model.embed_tokens(ids),
@@ -457,11 +460,12 @@ def portable_builds(tmp_path_factory):
             x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
             cases.append((x, blocks, TYPES[name] | (cpu_gguf.PACKED if packed else 0), n, k))
             wants.append(((quantized_per_32(x) if packed else x).double() @ weight.double().T, weight))
-    blocks, weight = quantized("Q4_0", 16, 96)  # AVX2's interleaved Q4_0 rows
-    for rows in (1, 3):
-        x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows))
-        cases.append((x, blocks, cpu_gguf.Q4_0 | cpu_gguf.PACKED | cpu_gguf.INTERLEAVED, 16, 96))
-        wants.append((quantized_per_32(x).double() @ weight.double().T, weight))
+    for name in ("Q4_0", "Q5_0"):  # AVX2's interleaved rows
+        blocks, weight = quantized(name, 16, 96)
+        for rows in (1, 3):
+            x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows))
+            cases.append((x, blocks, TYPES[name] | cpu_gguf.PACKED | cpu_gguf.INTERLEAVED, 16, 96))
+            wants.append((quantized_per_32(x).double() @ weight.double().T, weight))
     running = {}
     for build, without in PORTABLE_BUILDS.items():
         if host_build(build):

@@ -69,7 +69,7 @@ int64_t block_weights(int64_t type) { return is_super(type) ? kSuper : kBlock; }
 // 1-3 blocks that are left, alike. `type | kPacked` names such rows.
 constexpr int64_t kPacked = 256, kRun = 4;
 bool is_packed(int64_t type) { return (type & kPacked) != 0; }
-// Q4_0 rows interleaved eight at a time for AVX2's int8 kernel (multiply_interleaved): `type | kPacked |
+// Q4_0 and Q5_0 rows interleaved eight at a time for AVX2's int8 kernel (multiply_interleaved): `type | kPacked |
 // kInterleaved` names such rows
 constexpr int64_t kInterleaved = 512, kLanes = 8;
 bool is_interleaved(int64_t type) { return (type & kInterleaved) != 0; }
@@ -77,23 +77,6 @@ int64_t stored_type(int64_t type) { return type & (kPacked - 1); }
 // Q4_K and Q6_K keep their layout on the int8 path (a super-block's codes are already contiguous)
 bool regrouped(int64_t type) { return is_packed(type) && !is_super(stored_type(type)) && !is_interleaved(type); }
 
-// Interleaved Q4_0: output rows 8 g .. 8 g + 7 keep, per block b, their eight fp16 d side by side (16 bytes), then
-// their nibbles four bytes at a time: byte 4 m + i of row l's 16 at 32 m + 4 l + i. So one 32-byte load holds
-// weights 4m .. 4m + 3 (low nibbles) and 16 + 4m .. (high) of all eight rows, a row per 32-bit lane, and the block's
-// dot products come out as one vector, a row per lane: no sum across lanes. The same bytes, in another order.
-inline int64_t interleaved_block(int64_t row, int64_t b, int64_t blocks) {  // where row's block b starts its group's
-  return ((row / kLanes) * blocks + b) * kLanes * block_bytes(kQ4_0);
-}
-template <bool unpack>
-inline void map_interleaved(uint8_t* rows, int64_t blocks, int64_t row, int64_t b, uint8_t* block) {
-  uint8_t* at = rows + interleaved_block(row, b, blocks);
-  const int64_t l = row % kLanes;
-  unpack ? std::memcpy(block, at + 2 * l, 2) : std::memcpy(at + 2 * l, block, 2);
-  for (int64_t m = 0; m < 4; ++m) {
-    uint8_t* four = at + 2 * kLanes + 32 * m + 4 * l;
-    unpack ? std::memcpy(block + 2 + 4 * m, four, 4) : std::memcpy(four, block + 2 + 4 * m, 4);
-  }
-}
 
 constexpr bool is_q5(int64_t type) { return type == kQ5_0 || type == kQ5_1; }  // a fifth bit per weight
 constexpr bool has_min(int64_t type) { return type == kQ4_1 || type == kQ5_1; }  // w = d q + m
@@ -150,6 +133,28 @@ inline uint32_t fifth_bits(int64_t type, const uint8_t* block) {
   uint32_t bits;
   std::memcpy(&bits, block + nibbles_at(type) - 4, 4);
   return bits;
+}
+
+// Interleaved Q4_0 (Q5_0): output rows 8 g .. 8 g + 7 keep, per block b, their eight fp16 d side by side (16 bytes),
+// (Q5_0: then their eight 32-bit words of fifth bits, 32 bytes,) then their nibbles four bytes at a time: byte
+// 4 m + i of row l's 16 at 32 m + 4 l + i. So one 32-byte load holds weights 4m .. 4m + 3 (low nibbles) and
+// 16 + 4m .. (high) of all eight rows, a row per 32-bit lane, and the block's dot products come out as one vector, a
+// row per lane: no sum across lanes. The same bytes, in another order.
+constexpr bool interleaves(int64_t type) { return type == kQ4_0 || type == kQ5_0; }
+inline int64_t interleaved_block(int64_t type, int64_t row, int64_t b, int64_t blocks) {  // row's group's block b
+  return ((row / kLanes) * blocks + b) * kLanes * block_bytes(type);
+}
+template <bool unpack>
+inline void map_interleaved(int64_t type, uint8_t* rows, int64_t blocks, int64_t row, int64_t b, uint8_t* block) {
+  uint8_t* at = rows + interleaved_block(type, row, b, blocks);
+  const int64_t l = row % kLanes, header = nibbles_at(type);  // d (and the fifth bits) of one row
+  auto copy = [](uint8_t* to, uint8_t* from, int64_t size) { std::memcpy(to, from, size); };
+  unpack ? copy(block, at + 2 * l, 2) : copy(at + 2 * l, block, 2);
+  if (type == kQ5_0) unpack ? copy(block + 2, at + 16 + 4 * l, 4) : copy(at + 16 + 4 * l, block + 2, 4);
+  for (int64_t m = 0; m < 4; ++m) {
+    uint8_t* four = at + kLanes * header + 32 * m + 4 * l;
+    unpack ? copy(block + header + 4 * m, four, 4) : copy(four, block + header + 4 * m, 4);
+  }
 }
 
 // the block's 32 weights before d and m: q (Q8_0, signed) or the codes (Q4: 0..15, Q5: 0..31), in order
@@ -1175,12 +1180,16 @@ BlocksOfX quantize_blocks(const float* x, int rows, int64_t k) {
   return out;
 }
 
-// Output rows [8 g, 8 g + 8) of interleaved Q4_0 rows for `rows` rows of x: per block, four 32-byte loads hold the
-// eight rows' codes; each meets four of x's values broadcast to every lane (vpmaddubsw), the 16-bit sums of all
-// four added before one widening (at most 8 x 2 x 15 x 127 = 30480: no overflow), so a lane holds its row's whole
-// integer dot product; then -8 sum(q_x), and d_w d_x as one vector of the rows' scales.
+// Output rows [8 g, 8 g + 8) of interleaved Q4_0 (Q5_0) rows for `rows` rows of x: per block, four 32-byte loads hold
+// the eight rows' codes; each meets four of x's values broadcast to every lane (vpmaddubsw), the 16-bit sums of all
+// four added before one widening (Q4_0: at most 8 x 2 x 15 x 127 = 30480, no overflow; Q5_0's codes reach 31, so
+// each load's sums widen on their own), so a lane holds its row's whole integer dot product; then -8 (-16) sum(q_x),
+// and d_w d_x as one vector of the rows' scales. A Q5_0 load's fifth bits: bits 4m .. 4m + 3 (16 + 4m ..) of each
+// lane's word, its byte m / 2 (2 + m / 2) copied to the lane's four bytes and compared with one bit per byte.
+template <int64_t type>
 void multiply_interleaved(const uint8_t* w, const BlocksOfX& x, int rows, float* y, int64_t n, int64_t g) {
-  constexpr int64_t bytes = kLanes * block_bytes(kQ4_0);  // a block of the group's eight rows
+  constexpr int64_t bytes = kLanes * block_bytes(type), codes_at = kLanes * nibbles_at(type);
+  constexpr int32_t offset = type == kQ4_0 ? 8 : 16;
   const int64_t blocks = x.blocks;
   const uint8_t* group = w + g * blocks * bytes;
   const int64_t ahead = (g + 2) * kLanes <= n ? blocks * bytes : 0;  // the next group's same block, as above
@@ -1193,18 +1202,35 @@ void multiply_interleaved(const uint8_t* w, const BlocksOfX& x, int rows, float*
       if (r == 0)
         for (int64_t line = 0; line < bytes; line += 64)
           _mm_prefetch(reinterpret_cast<const char*>(block + ahead + line), _MM_HINT_T0);
-      __m256i sums = _mm256_setzero_si256();
+      __m256i sums = _mm256_setzero_si256(), wide = _mm256_setzero_si256();
+      [[maybe_unused]] const __m256i fifth = load_256(block + 16);  // Q5_0: the eight rows' words
       for (int m = 0; m < 4; ++m) {
-        const __m256i codes = load_256(block + 2 * kLanes + 32 * m);
+        const __m256i both = load_256(block + codes_at + 32 * m);
+        __m256i low_codes = _mm256_and_si256(both, nibble), high_codes = _mm256_and_si256(_mm256_srli_epi16(both, 4),
+                                                                                          nibble);
+        if constexpr (type == kQ5_0) {
+          const __m256i bit = _mm256_set1_epi32(static_cast<int32_t>(0x08040201u << (4 * (m % 2))));
+          const auto spread = [&](int byte) {  // 16 where the byte's bit is set, per byte of each lane
+            const __m256i lane = _mm256_setr_epi32(0, 0x04040404, 0x08080808, 0x0C0C0C0C, 0, 0x04040404,
+                                                   0x08080808, 0x0C0C0C0C);  // a lane's first byte, in its half
+            const __m256i copies = _mm256_shuffle_epi8(fifth, _mm256_add_epi32(lane, _mm256_set1_epi32(
+                                                                                    byte * 0x01010101)));
+            return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(copies, bit), bit), _mm256_set1_epi8(16));
+          };
+          low_codes = _mm256_or_si256(low_codes, spread(m / 2));
+          high_codes = _mm256_or_si256(high_codes, spread(2 + m / 2));
+        }
         int32_t low, high;  // x's values 4m .. 4m + 3 and 16 + 4m ..: what the low and high nibbles multiply
         std::memcpy(&low, q + 4 * m, 4);
         std::memcpy(&high, q + 16 + 4 * m, 4);
-        sums = _mm256_add_epi16(sums, _mm256_maddubs_epi16(_mm256_and_si256(codes, nibble), _mm256_set1_epi32(low)));
-        sums = _mm256_add_epi16(sums, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(codes, 4), nibble),
-                                                           _mm256_set1_epi32(high)));
+        const __m256i pair = _mm256_add_epi16(_mm256_maddubs_epi16(low_codes, _mm256_set1_epi32(low)),
+                                              _mm256_maddubs_epi16(high_codes, _mm256_set1_epi32(high)));
+        if constexpr (type == kQ4_0) sums = _mm256_add_epi16(sums, pair);
+        else wide = _mm256_add_epi32(wide, _mm256_madd_epi16(pair, ones));
       }
       const int64_t at = r * blocks + b;
-      const __m256i dot = _mm256_sub_epi32(_mm256_madd_epi16(sums, ones), _mm256_set1_epi32(8 * x.sum[at]));
+      const __m256i whole = type == kQ4_0 ? _mm256_madd_epi16(sums, ones) : wide;
+      const __m256i dot = _mm256_sub_epi32(whole, _mm256_set1_epi32(offset * x.sum[at]));
       const __m256 d_w = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
       acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d_w, _mm256_set1_ps(x.d[at])), acc);
     }
@@ -1288,8 +1314,8 @@ at::Tensor gguf_linear(const at::Tensor& x_in, const at::Tensor& blocks, int64_t
   const int64_t row_bytes = blocks.size(1), blocks_per_row = k / block_weights(stored_type(type));
   TORCH_CHECK(!is_packed(type) || kInt8Dot,
               "packed GGUF rows need AVX2 or AVX512-VNNI (gguf_int8_dot() is false here)");
-  TORCH_CHECK(!is_interleaved(type) || (kInterleaves && stored_type(type) == kQ4_0 && n % kLanes == 0),
-              "interleaved GGUF rows are Q4_0, 8 at a time, for AVX2's int8 kernel (gguf_interleaves())");
+  TORCH_CHECK(!is_interleaved(type) || (kInterleaves && interleaves(stored_type(type)) && n % kLanes == 0),
+              "interleaved GGUF rows are Q4_0 or Q5_0, 8 at a time, for AVX2's int8 kernel (gguf_interleaves())");
 #ifdef MINIVLLM_INT8_AVX2
   if (is_interleaved(type)) {
     for (int64_t r = 0; r < m; r += kRows) {
@@ -1297,7 +1323,9 @@ at::Tensor gguf_linear(const at::Tensor& x_in, const at::Tensor& blocks, int64_t
       const BlocksOfX qx = quantize_blocks(x.data_ptr<float>() + r * k, rows, k);
       float* yr = y.data_ptr<float>() + r * n;
       at::parallel_for(0, n / kLanes, 2, [&](int64_t first, int64_t last) {
-        for (int64_t g = first; g < last; ++g) multiply_interleaved(w, qx, rows, yr, n, g);
+        for (int64_t g = first; g < last; ++g)
+          stored_type(type) == kQ4_0 ? multiply_interleaved<kQ4_0>(w, qx, rows, yr, n, g)
+                                     : multiply_interleaved<kQ5_0>(w, qx, rows, yr, n, g);
       });
     }
     return flat ? y : y.to(x_in.scalar_type()).view([&] {
@@ -1364,7 +1392,7 @@ at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t type, int64_t n, in
       for (int64_t b = 0; b < blocks_per_row; ++b) {
         const uint8_t* at = src + o * row_bytes + b * bytes;
         if (is_interleaved(type)) {
-          map_interleaved<true>(const_cast<uint8_t*>(src), blocks_per_row, o, b, block);
+          map_interleaved<true>(stored, const_cast<uint8_t*>(src), blocks_per_row, o, b, block);
           at = block;
         } else if (regrouped(type)) {
           map_block<true>(const_cast<uint8_t*>(src) + o * row_bytes, blocks_per_row, stored, bytes, b, block);
@@ -1377,7 +1405,8 @@ at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t type, int64_t n, in
 }
 
 // Rows of 32-weight blocks regrouped for the int8 path (the same bytes: see map_block); `type | 256` names them.
-// `type | 512` asks for Q4_0 rows interleaved 8 at a time instead (map_interleaved), where gguf_interleaves().
+// `type | 512` asks for Q4_0 or Q5_0 rows interleaved 8 at a time instead (map_interleaved), where
+// gguf_interleaves().
 at::Tensor gguf_pack(const at::Tensor& blocks, int64_t type_in) {
   TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.is_contiguous(),
               "GGUF blocks must be contiguous uint8 [out, bytes per row]");
@@ -1388,12 +1417,13 @@ at::Tensor gguf_pack(const at::Tensor& blocks, int64_t type_in) {
   const uint8_t* src = blocks.data_ptr<uint8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();
   if (is_interleaved(type_in)) {
-    TORCH_CHECK(kInterleaves && type == kQ4_0 && blocks.size(0) % kLanes == 0,
-                "only Q4_0 rows, 8 at a time, interleave, where AVX2's int8 kernel is built (gguf_interleaves())");
+    TORCH_CHECK(kInterleaves && interleaves(type) && blocks.size(0) % kLanes == 0,
+                "only Q4_0 and Q5_0 rows, 8 at a time, interleave, where AVX2's int8 kernel is built "
+                "(gguf_interleaves())");
     at::parallel_for(0, blocks.size(0), 64, [&](int64_t first, int64_t last) {
       for (int64_t o = first; o < last; ++o)
         for (int64_t b = 0; b < per_row; ++b)
-          map_interleaved<false>(dst, per_row, o, b, const_cast<uint8_t*>(src) + o * row_bytes + b * bytes);
+          map_interleaved<false>(type, dst, per_row, o, b, const_cast<uint8_t*>(src) + o * row_bytes + b * bytes);
     });
     return out;
   }

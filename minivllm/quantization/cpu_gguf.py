@@ -43,9 +43,9 @@ BLOCKS = {Q4_0: (32, 18), Q4_1: (32, 20), Q5_0: (32, 22), Q5_1: (32, 24), Q8_0: 
           Q4_K: (256, 144), Q6_K: (256, 210)}
 GGUF_MAX_ROWS = 32  # beyond, dequantize once per call and multiply with the float GEMM
 PACKED = 256  # type | PACKED: x goes in as int8 (every type; rows regrouped by gguf_pack)
-# type | PACKED | INTERLEAVED: Q4_0 rows interleaved 8 at a time (gguf_pack) where AVX2 multiplies
-# int8 x: a block's eight dot products come out as one vector, a row per lane, with no sum across
-# lanes (a 1536 x 576 matmul at batch 1, 2 threads of a Zen 3: 39 us regrouped, 25 interleaved)
+# type | PACKED | INTERLEAVED: Q4_0 / Q5_0 rows interleaved 8 at a time (gguf_pack) where AVX2
+# multiplies int8 x: a block's eight dot products come out as one vector, a row per lane, with no
+# sum across lanes (Q4_0, 1536 x 576 at batch 1, 2 threads of a Zen 3: 39 us regrouped, 25 here)
 INTERLEAVED = 512
 
 
@@ -84,12 +84,12 @@ class CpuGgufKernel(LinearKernel):
     types = tuple(BLOCKS)  # the block formats cpu_gguf.cpp multiplies
 
     def layout(self, layer: nn.Module) -> None:
-        """Rows regrouped (Q4_0's interleaved, where it can) where x goes in as int8 (the same
-        bytes, in place)."""
+        """Rows regrouped (Q4_0's and Q5_0's interleaved, where they can) where x goes in as int8
+        (the same bytes, in place)."""
         layer.kernel_type = layer.ggml_type
         if int8_activations(layer.compute_dtype):
             packed = layer.ggml_type | PACKED
-            if (layer.ggml_type == Q4_0 and layer.weight.shape[0] % 8 == 0
+            if (layer.ggml_type in (Q4_0, Q5_0) and layer.weight.shape[0] % 8 == 0
                     and torch.ops.minivllm_cpu.gguf_interleaves()):
                 packed |= INTERLEAVED
             layer.weight.data = torch.ops.minivllm_cpu.gguf_pack(layer.weight, packed)
