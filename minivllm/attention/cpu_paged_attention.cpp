@@ -266,15 +266,6 @@ inline float plain_dot(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
-// One work item: a request's rows of `heads` consecutive KV heads from `kv_head`, from row `first_row` of one KV
-// head's (query, head of the group) pairs, query-major. A decode row set is small (a group of heads per query), so
-// its items take several KV heads: a token's keys of those heads lie side by side in the cache, and one item reads
-// the whole run, where one item per KV head read a quarter of each run, the rest left to other items (measured on a
-// batch-64 decode from cache rows scattered past the L3: ~1.5x less time).
-// One work item: a request's query rows of `heads` KV heads from first_row, over its keys [key_begin, key_end). A
-// decode step of few requests splits each KV head's context into parts (`part` >= 0: where its unnormalised result
-// waits for the merge), so that every thread has work: at batch 1, a 135M Llama's 3 KV heads on 2 threads left one
-// thread idle a third of the time.
 // A query row's output: its sums `acc` times `inv` (1 / the softmax's sum) in the cache's dtype. acc's element d sits
 // at its place, or (split pairs) among the 16 even or 16 odd ones of its 32.
 template <typename scalar_t>
@@ -285,10 +276,20 @@ inline void write_row(scalar_t* dst, const float* acc, float inv, int64_t head_d
   }
 }
 
+// One work item: a request's rows of `heads` consecutive KV heads from `kv_head`, from row `first_row` of one KV
+// head's (query, head of the group) pairs, query-major, over its keys [key_begin, key_end). A decode row set is
+// small (a group of heads per query), so its items take several KV heads: a token's keys of those heads lie side by
+// side in the cache, and one item reads the whole run, where one item per KV head read a quarter of each run, the
+// rest left to other items (measured on a batch-64 decode from cache rows scattered past the L3: ~1.5x less time).
+// A decode step of few requests instead splits each KV head's context into parts (`part` >= 0: where its
+// unnormalised result waits for the merge), so that every thread has work: at batch 1, a 135M Llama's 3 KV heads on
+// 2 threads left one thread idle a third of the time.
 struct WorkItem { int64_t seq, kv_head, heads, first_row, key_begin, key_end, part; };
 
-// A part's result for one query row: the running max and sum of its softmax, and its unnormalised output.
+// A part's softmax for one query row, its running max and sum (its unnormalised output waits beside it)
 struct Partial { float max, sum; };
+// The items [first, first + count) of one split context: one KV head of one request
+struct Split { int64_t first, count; };
 
 template <typename scalar_t>
 void attend(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -320,6 +321,7 @@ void attend(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
   bool decode = window <= 0 && group <= kRowsPerTile && num_seqs * num_kv_heads < 2 * threads;
   for (int64_t s = 0; s < num_seqs && decode; ++s) decode = starts[s + 1] - starts[s] == 1;
   int64_t parts_made = 0;
+  std::vector<Split> splits;
   for (int64_t s = 0; s < num_seqs; ++s) {
     const int64_t rows = (starts[s + 1] - starts[s]) * group;
     const int64_t heads = many ? std::clamp<int64_t>(kRowsPerTile / rows, 1, num_kv_heads) : 1;
@@ -327,11 +329,13 @@ void attend(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
     const int64_t parts = decode ? std::clamp<int64_t>(std::min(4 * threads / (num_seqs * num_kv_heads),
                                                                 chunks * kChunk / kMinPart), 1, chunks) : 1;
     for (int64_t h = 0; h < num_kv_heads; h += heads)
-      for (int64_t r = 0; r < rows; r += kRowsPerTile)
+      for (int64_t r = 0; r < rows; r += kRowsPerTile) {
+        if (parts > 1) splits.push_back({static_cast<int64_t>(items.size()), parts});
         for (int64_t p = 0; p < parts; ++p)  // part p: chunks [p chunks / parts, (p + 1) chunks / parts)
           items.push_back({s, h, std::min(heads, num_kv_heads - h), r, p * chunks / parts * kChunk,
                            p + 1 == parts ? INT64_MAX : (p + 1) * chunks / parts * kChunk,
                            parts > 1 ? parts_made++ : -1});
+      }
   }
   // the parts' results: per part, group rows (decode: one query, one KV head an item) of Partial and head_dim sums
   std::vector<Partial> partials(parts_made * group);
@@ -501,13 +505,9 @@ void attend(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
   }
   // each query row of a split context: its parts' sums rescaled to the largest max, added, normalised
   std::vector<float> merged(head_dim);
-  for (int64_t i = 0; i < num_items; ++i) {
-    const WorkItem& w = items[i];
-    if (w.part < 0 || (i > 0 && items[i - 1].part >= 0 && items[i - 1].seq == w.seq &&
-                       items[i - 1].kv_head == w.kv_head))
-      continue;  // not split, or not its first part
-    int64_t parts = 1;
-    while (i + parts < num_items && items[i + parts].seq == w.seq && items[i + parts].kv_head == w.kv_head) ++parts;
+  for (const Split& split : splits) {
+    const WorkItem& w = items[split.first];
+    const int64_t parts = split.count;
     for (int64_t r = 0; r < group; ++r) {
       float top = -INFINITY, total = 0.0f;
       for (int64_t p = 0; p < parts; ++p) top = std::max(top, partials[(w.part + p) * group + r].max);

@@ -27,6 +27,7 @@ The cpu platform (platforms/cpu.py) binds the layers unless MINIVLLM_CPU_BOUND_L
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -83,7 +84,29 @@ def attention_constants(attn: nn.Module) -> tuple:
     return q_norm, k_norm, qk_eps, attn.scale, window
 
 
-def native_constants(layer: nn.Module) -> tuple[int, tuple] | None:
+class LayerConstants(NamedTuple):
+    """A layer's constant arguments of decoder_layer, in its order (model/cpu_decoder_layer.cpp)."""
+
+    weights: list[torch.Tensor]  # per part of the four matmuls (qkv, o, gate_up, down)
+    biases: list[torch.Tensor | None]  # per matmul
+    parts: list[int]  # per matmul: how many parts
+    layouts: list[int]  # per part, and its GGUF type and outputs
+    types: list[int]
+    outputs: list[int]
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    eps: float
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    qk_eps: float
+    heads: int
+    kv_heads: int
+    head_dim: int
+    scale: float
+    window: int
+
+
+def native_constants(layer: nn.Module) -> tuple[int, LayerConstants] | None:
     """(the most rows its matmuls take, the constant arguments of decoder_layer) where each of
     `layer`'s matmuls has a native part (the tiled float and GGUF kernels); None where one has
     none (int8, int4, oneDNN's layout)."""
@@ -94,7 +117,7 @@ def native_constants(layer: nn.Module) -> tuple[int, tuple] | None:
         return None
     parts = [part for native in natives for part in native]
     q_norm, k_norm, qk_eps, scale, window = attention_constants(attn)
-    return min(part.most_rows for part in parts), (
+    return min(part.most_rows for part in parts), LayerConstants(
         [part.weight for part in parts], [linear.bias for linear in linears],
         [len(native) for native in natives], [part.layout for part in parts],
         [part.kernel_type for part in parts], [part.outputs for part in parts],
@@ -127,7 +150,8 @@ class BoundStack:
     has bound as one; the model's own forward for a step the op cannot take."""
 
     def __init__(self, model: nn.Module, layers: list[BoundLayer]) -> None:
-        self.model, self.layers, self.constants, self.most = model, layers, None, 0
+        self.model, self.layers, self.constants = model, layers, None
+        self.most, self.dtype = 0, None  # bind() sets them with the constants
         model.forward = self
 
     def __call__(self, input_ids, positions, kv_caches, meta):
@@ -148,20 +172,22 @@ class BoundStack:
         natives = [bound.native for bound in self.layers]
         if any(native is None for native in natives):
             return
-        each = [native.constants for native in natives]
+        each: list[LayerConstants] = [native.constants for native in natives]
         self.most = min(native.most for native in natives)
-        flat = [[item for c in each for item in c[field]] for field in range(6)]
-        norms = [w for c in each for w in (c[6], c[7])]
-        qk_norms = [w for c in each for w in (c[9], c[10])]
-        floats = [float(v) for c in each for v in (c[8], c[11], c[15])]
-        ints = [int(v) for c in each for v in (c[12], c[13], c[14], c[16])]
+        self.dtype = each[0].input_norm.dtype  # the activations'
+        lists = ("weights", "biases", "parts", "layouts", "types", "outputs")
+        flat = [[item for c in each for item in getattr(c, field)] for field in lists]
+        norms = [w for c in each for w in (c.input_norm, c.post_norm)]
+        qk_norms = [w for c in each for w in (c.q_norm, c.k_norm)]
+        floats = [float(v) for c in each for v in (c.eps, c.qk_eps, c.scale)]
+        ints = [int(v) for c in each for v in (c.heads, c.kv_heads, c.head_dim, c.window)]
         self.constants = (*flat, norms, qk_norms, floats, ints)
 
     def takes(self, input_ids: torch.Tensor, kv_caches: torch.Tensor, meta) -> bool:
         """Whether decoder_layers can run this step: bound, few enough rows, one set of tables,
         the cache in the activations' dtype, and no hook to call on a layer."""
         return (self.constants is not None and input_ids.shape[0] <= self.most
-                and meta.layer_places is None and kv_caches.dtype == self.constants[6][0].dtype
+                and meta.layer_places is None and kv_caches.dtype == self.dtype
                 and not any(layer._forward_hooks or layer._forward_pre_hooks
                             for layer in self.model.model.layers)
                 and not (nn.modules.module._global_forward_hooks

@@ -77,7 +77,6 @@ int64_t stored_type(int64_t type) { return type & (kPacked - 1); }
 // Q4_K and Q6_K keep their layout on the int8 path (a super-block's codes are already contiguous)
 bool regrouped(int64_t type) { return is_packed(type) && !is_super(stored_type(type)) && !is_interleaved(type); }
 
-
 constexpr bool is_q5(int64_t type) { return type == kQ5_0 || type == kQ5_1; }  // a fifth bit per weight
 constexpr bool has_min(int64_t type) { return type == kQ4_1 || type == kQ5_1; }  // w = d q + m
 
@@ -148,12 +147,12 @@ template <bool unpack>
 inline void map_interleaved(int64_t type, uint8_t* rows, int64_t blocks, int64_t row, int64_t b, uint8_t* block) {
   uint8_t* at = rows + interleaved_block(type, row, b, blocks);
   const int64_t l = row % kLanes, header = nibbles_at(type);  // d (and the fifth bits) of one row
-  auto copy = [](uint8_t* to, uint8_t* from, int64_t size) { std::memcpy(to, from, size); };
-  unpack ? copy(block, at + 2 * l, 2) : copy(at + 2 * l, block, 2);
-  if (type == kQ5_0) unpack ? copy(block + 2, at + 16 + 4 * l, 4) : copy(at + 16 + 4 * l, block + 2, 4);
+  unpack ? std::memcpy(block, at + 2 * l, 2) : std::memcpy(at + 2 * l, block, 2);
+  if (type == kQ5_0)
+    unpack ? std::memcpy(block + 2, at + 16 + 4 * l, 4) : std::memcpy(at + 16 + 4 * l, block + 2, 4);
   for (int64_t m = 0; m < 4; ++m) {
     uint8_t* four = at + kLanes * header + 32 * m + 4 * l;
-    unpack ? copy(block + header + 4 * m, four, 4) : copy(four, block + header + 4 * m, 4);
+    unpack ? std::memcpy(block + header + 4 * m, four, 4) : std::memcpy(four, block + header + 4 * m, 4);
   }
 }
 
@@ -1316,29 +1315,21 @@ at::Tensor gguf_linear(const at::Tensor& x_in, const at::Tensor& blocks, int64_t
               "packed GGUF rows need AVX2 or AVX512-VNNI (gguf_int8_dot() is false here)");
   TORCH_CHECK(!is_interleaved(type) || (kInterleaves && interleaves(stored_type(type)) && n % kLanes == 0),
               "interleaved GGUF rows are Q4_0 or Q5_0, 8 at a time, for AVX2's int8 kernel (gguf_interleaves())");
+  for (int64_t r = 0; r < m; r += kRows) {
+    const int rows = static_cast<int>(std::min(kRows, m - r));
+    const float* xr = x.data_ptr<float>() + r * k;
+    float* yr = y.data_ptr<float>() + r * n;
 #ifdef MINIVLLM_INT8_AVX2
-  if (is_interleaved(type)) {
-    for (int64_t r = 0; r < m; r += kRows) {
-      const int rows = static_cast<int>(std::min(kRows, m - r));
-      const BlocksOfX qx = quantize_blocks(x.data_ptr<float>() + r * k, rows, k);
-      float* yr = y.data_ptr<float>() + r * n;
+    if (is_interleaved(type)) {  // x as int8 per block, eight output rows a pass
+      const BlocksOfX qx = quantize_blocks(xr, rows, k);
       at::parallel_for(0, n / kLanes, 2, [&](int64_t first, int64_t last) {
         for (int64_t g = first; g < last; ++g)
           stored_type(type) == kQ4_0 ? multiply_interleaved<kQ4_0>(w, qx, rows, yr, n, g)
                                      : multiply_interleaved<kQ5_0>(w, qx, rows, yr, n, g);
       });
+      continue;
     }
-    return flat ? y : y.to(x_in.scalar_type()).view([&] {
-      auto shape = x_in.sizes().vec();
-      shape.back() = n;
-      return shape;
-    }());
-  }
 #endif
-  for (int64_t r = 0; r < m; r += kRows) {
-    const int rows = static_cast<int>(std::min(kRows, m - r));
-    const float* xr = x.data_ptr<float>() + r * k;
-    float* yr = y.data_ptr<float>() + r * n;
     with_type(stored_type(type), [&](auto type_constant) {
       constexpr int64_t kType = decltype(type_constant)::value;
 #ifdef MINIVLLM_INT8_DOT
