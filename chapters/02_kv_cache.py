@@ -247,7 +247,8 @@ assert gqa == 327_680 and quoted // gqa == 8 and round(gqa * 4096 / 1e9, 1) == 1
 # the dtype it chose (printed below: bf16 on a CPU with native bf16, else float32, unless `MINIVLLM_CPU_DTYPE`
 # says otherwise; bf16 or fp16 on a GPU),
 # and `runner.num_blocks` from its memory
-# budget. On CPU the budget is a fixed knob (`kv_sizing.DEFAULT_CPU_KV_CACHE_BYTES`); on a GPU the engine
+# budget. On CPU the budget is a fixed knob (`kv_cache_memory_bytes`, or vLLM's `VLLM_CPU_KVCACHE_SPACE` in GiB,
+# else `kv_sizing.DEFAULT_CPU_KV_CACHE_BYTES`: `config.cpu_kv_cache_bytes`); on a GPU the engine
 # measures what is left after the weights and a profiled forward pass. Either way it takes no more blocks
 # than `max_num_seqs` sequences of `max_model_len` tokens could ever fill (`kv_sizing.max_useful_blocks`):
 # on a GPU a model this small would otherwise claim 90% of the card for blocks it can never use.
@@ -266,7 +267,7 @@ print(f"blocks: {runner.num_blocks:,} = {runner.num_blocks * bs:,} tokens of KV 
 assert runner.bytes_per_block == per_token * bs
 assert cache.nbytes == runner.num_blocks * runner.bytes_per_block
 if device.type == "cpu":
-    budget = engine.config.kv_cache_memory_bytes or kv_sizing.DEFAULT_CPU_KV_CACHE_BYTES
+    budget = engine.config.cpu_kv_cache_bytes
     most = kv_sizing.max_useful_blocks(engine.config.max_num_seqs, mc.max_position_embeddings, bs)
     print(f"budget {budget / MiB:.0f} MiB holds {num_blocks_for_budget(budget, runner.bytes_per_block):,} blocks; "
           f"{engine.config.max_num_seqs} sequences of {mc.max_position_embeddings} tokens could use {most:,}")

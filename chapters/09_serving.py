@@ -59,19 +59,22 @@ from pythonjsonlogger.json import JsonFormatter
 
 from minivllm import LLM, EngineConfig, SamplingParams, widgets
 from minivllm.engine.llm_engine import LLMEngine
-from minivllm.server import async_engine, build_app
+from minivllm.server import async_engine, build_app, engine_thread
 
 # %% [markdown]
 # ## Two layers: the API server and the engine's owner
 #
 # `LLMEngine` is not thread-safe, and a step is seconds of CPU-bound work on a big model. So one asyncio
 # task owns the engine: HTTP handlers only queue messages for it (add these prompts, abort that request);
-# the owner applies them and runs one `step()` in a worker thread, while the event loop keeps serving
-# connections. Requests that arrive during a step join the batch at the next one.
+# the owner applies them and runs one `step()` on the engine's own thread, while the event loop keeps
+# serving connections. Requests that arrive during a step join the batch at the next one. That thread
+# is also the one that built the engine: the CPU kernels' OpenMP workers belong to the thread that
+# first led them, and a second team on a 2-core machine cost a third of the server's throughput.
 
 # %%
 print(async_engine.__doc__)
 print(inspect.getsource(async_engine.AsyncEngine._run))
+print(engine_thread.__doc__)
 
 # %% [markdown]
 # ## Start the server
@@ -81,8 +84,9 @@ print(inspect.getsource(async_engine.AsyncEngine._run))
 # system picks a free port, and it is certainly ours.
 
 # %%
-engine = LLMEngine(EngineConfig(max_num_seqs=4, num_kv_blocks=128))
-app = build_app(engine)
+owner = engine_thread.EngineThread()  # builds the engine, then runs every step of it
+engine = owner.build(LLMEngine, EngineConfig(max_num_seqs=4, num_kv_blocks=128))
+app = build_app(engine, thread=owner)
 sock = socket.socket()
 sock.bind(("127.0.0.1", 0))
 port = sock.getsockname()[1]

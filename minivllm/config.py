@@ -253,10 +253,17 @@ class EngineConfig:
             itemsize = kv_cache_torch_dtype(self.kv_cache_dtype, dtype).itemsize
             per_block = kv_bytes_per_block(groups.group_size, self.block_size, kv_heads,
                                            mc.head_dim, itemsize)
-            blocks = (self.kv_cache_memory_bytes or DEFAULT_CPU_KV_CACHE_BYTES) // per_block
+            blocks = self.cpu_kv_cache_bytes // per_block
         if blocks is not None:  # a block of tokens takes a block of every group
             blocks //= groups.num_groups
         return limit if blocks is None else min(limit, blocks * self.block_size)
+
+    @property
+    def cpu_kv_cache_bytes(self) -> int:
+        """The KV budget where no GPU is profiled: `kv_cache_memory_bytes`, else vLLM's CPU knob
+        VLLM_CPU_KVCACHE_SPACE (GiB, as a vLLM user sets it for `vllm serve`), else the default."""
+        space = envs.VLLM_CPU_KVCACHE_SPACE
+        return self.kv_cache_memory_bytes or (space << 30 if space else DEFAULT_CPU_KV_CACHE_BYTES)
 
     @property
     def kv_groups(self) -> KVCacheGroups:

@@ -33,6 +33,13 @@ def _flag(text: str) -> bool:
     return text == "1"
 
 
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError("must be 0 or more")
+    return value
+
+
 def _hub_flag(text: str) -> bool:
     """As huggingface_hub reads its own flags: these spellings are true, anything else false."""
     return text.strip().lower() in ("1", "true", "yes", "on")
@@ -81,6 +88,9 @@ VARIABLES: dict[str, EnvVar] = {
     "VLLM_TORCH_PROFILER_DIR": EnvVar(os.path.expanduser, None,
                                       "vLLM's name for MINIVLLM_TORCH_PROFILER_DIR (ours wins)"),
     "VLLM_API_KEY": EnvVar(str, None, "the server's API key when --api-key is not given"),
+    "VLLM_CPU_KVCACHE_SPACE": EnvVar(_non_negative, None,
+        "GiB of KV cache on CPU when kv_cache_memory_bytes is not given (vLLM's CPU knob); "
+        "unset or 0: 512 MiB (core/kv_sizing.py)"),
     # --- the Hugging Face Hub (read now, where huggingface_hub read them at its import) ---
     "HF_HUB_OFFLINE": EnvVar(_hub_flag, False,
                              "never download: only local directories and the cache"),

@@ -92,6 +92,22 @@ def test_tqdm_bar_runs(llm, capsys):
     assert "tok/s" in capsys.readouterr().err
 
 
+def test_vllm_cpu_kvcache_space_sizes_the_cpu_cache(llama_path, monkeypatch):
+    """vLLM's CPU knob (GiB) sizes the cache where kv_cache_memory_bytes is not given, as a vLLM user
+    running `vllm serve` on a CPU sets it; an explicit budget wins, and a bad value is named."""
+    from minivllm.config import EngineConfig
+    from minivllm.core.kv_sizing import DEFAULT_CPU_KV_CACHE_BYTES
+
+    base = dict(model=llama_path, max_num_seqs=256, max_model_len=256)
+    assert EngineConfig(**base).cpu_kv_cache_bytes == DEFAULT_CPU_KV_CACHE_BYTES
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")
+    assert EngineConfig(**base).cpu_kv_cache_bytes == 3 << 30
+    assert EngineConfig(**base, kv_cache_memory_bytes=1 << 20).cpu_kv_cache_bytes == 1 << 20
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "-1")
+    with pytest.raises(ValueError, match="VLLM_CPU_KVCACHE_SPACE"):
+        _ = EngineConfig(**base).cpu_kv_cache_bytes
+
+
 def test_cache_takes_no_more_blocks_than_sequences_can_fill(llama_path):
     """A 1 GiB budget would hold thousands of this tiny model's blocks; 4 sequences of 256 tokens fill 64."""
     llm = LLM(llama_path, kv_cache_memory_bytes=2**30, max_num_seqs=4, block_size=16)

@@ -321,6 +321,38 @@ def test_a_failing_step_gives_503s_instead_of_hanging(chat_ckpt):
         srv.stop()
 
 
+def test_every_step_runs_on_the_thread_that_built_the_engine(chat_ckpt):
+    """OpenMP gives each thread that leads a parallel region its own team of workers: a model
+    loaded on one thread and stepped on others runs slower (engine_thread.py). So `serve` builds
+    the engine on an EngineThread and every step, of every request, runs there."""
+    from minivllm.server import build_app
+    from minivllm.server.engine_thread import EngineThread
+
+    thread = EngineThread()
+    engine = thread.build(LLMEngine, EngineConfig(chat_ckpt, num_kv_blocks=64, trace_steps=0))
+    builder, steppers, real_step = thread.build(threading.get_ident), set(), engine.step
+
+    def step():
+        steppers.add(threading.get_ident())
+        return real_step()
+
+    engine.step = step
+    srv = ServerThread(build_app(engine, MODEL, thread=thread))
+    url = f"http://127.0.0.1:{srv.port}"
+    try:
+        bodies = [{"prompt": PROMPT, "max_tokens": 4, "stream": i % 2 == 0} for i in range(6)]
+        with httpx.Client(timeout=30) as http:
+            threads = [threading.Thread(target=http.post, args=(url + "/v1/completions",),
+                                        kwargs={"json": b}) for b in bodies]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(30)
+    finally:
+        srv.stop()
+    assert builder != threading.get_ident() and steppers == {builder}
+
+
 # ---- many clients at once ------------------------------------------------------------------------
 def test_32_concurrent_streams_some_disconnecting(server):
     """Everyone streams at once; 12 leave after 3 chunks. Those are aborted, and every block comes

@@ -128,8 +128,10 @@ class CpuThreadSizer:
             fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
         except OSError:
             return None
-        ticks = [int(x) for x in fields]
-        busy = sum(ticks) - sum(ticks[3:5])  # all but idle and iowait
+        user, nice, system, _idle, _iowait, irq, softirq = (int(x) for x in fields[:7])
+        # what ran on this machine's cores; not steal (the hypervisor running another machine on
+        # our virtual cores, which fewer threads would not give back) nor guest (inside user)
+        busy = user + nice + system + irq + softirq
         return time.monotonic(), busy / os.sysconf("SC_CLK_TCK"), time.process_time()
 
     def update(self) -> int:

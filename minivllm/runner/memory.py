@@ -16,7 +16,6 @@ import torch
 
 from minivllm.config import EngineConfig
 from minivllm.core.kv_sizing import (
-    DEFAULT_CPU_KV_CACHE_BYTES,
     gpu_kv_budget,
     max_useful_blocks,
     num_blocks_for_budget,
@@ -47,7 +46,7 @@ def num_kv_blocks(config: EngineConfig, device: torch.device, bytes_per_block: i
     if config.num_kv_blocks:
         return config.num_kv_blocks
     if device.type != "cuda" or config.kv_cache_memory_bytes:
-        budget = config.kv_cache_memory_bytes or DEFAULT_CPU_KV_CACHE_BYTES
+        budget = config.cpu_kv_cache_bytes
         in_budget = num_blocks_for_budget(budget, bytes_per_block)
     else:
         torch.cuda.empty_cache()

@@ -7,9 +7,9 @@ LLM.get_metrics(), and that must not pull FastAPI into every offline script.
 
 from importlib import import_module
 
-__all__ = ["AsyncEngine", "RequestStream", "build_app", "serve"]
-_HOME = {"AsyncEngine": "async_engine", "RequestStream": "async_engine", "build_app": "app",
-         "serve": "app"}
+__all__ = ["AsyncEngine", "EngineThread", "RequestStream", "build_app", "serve"]
+_HOME = {"AsyncEngine": "async_engine", "EngineThread": "engine_thread",
+         "RequestStream": "async_engine", "build_app": "app", "serve": "app"}
 
 
 def __getattr__(name: str):

@@ -31,6 +31,7 @@ from minivllm.server import openapi
 from minivllm.server.async_engine import AsyncEngine
 from minivllm.server.connection import http_protocol
 from minivllm.server.data_parallel import DataParallelAsyncEngine
+from minivllm.server.engine_thread import EngineThread
 from minivllm.server.limits import APIKeyAuth, BodySizeLimit, ServerLimits, resolve_api_key
 from minivllm.server.preprocess import Preprocessor
 from minivllm.server.protocol import (
@@ -67,13 +68,13 @@ class JSONErrorCORS(CORSMiddleware):
 def build_app(engine: LLMEngine | DataParallelAsyncEngine, model_name: str | None = None, *,
               limits: ServerLimits | None = None, api_key: str | None = None,
               allowed_origins: list[str] | tuple[str, ...] = (),
-              chat_template: str | None = None) -> FastAPI:
+              chat_template: str | None = None, thread: EngineThread | None = None) -> FastAPI:
     """An app serving `engine` (or data-parallel engines) under `model_name` (default: the
-    engine's served_model_name)."""
+    engine's served_model_name); `thread`: the EngineThread that built `engine`, to step it."""
     if isinstance(engine, DataParallelAsyncEngine):
         async_engine, engine = engine, engine.engine
     else:
-        async_engine = AsyncEngine(engine)
+        async_engine = AsyncEngine(engine, thread=thread)
     name = model_name or engine.config.served_model_name
     limits = limits or ServerLimits()
     metrics = ServerMetrics(name)
@@ -276,16 +277,19 @@ def serve(model: str | None = None, host: str = "127.0.0.1", port: int = 8000,
     configure_logging(log_level, log_format)
     api_key = resolve_api_key(api_key, envs.VLLM_API_KEY)
     config = replace(engine_config or EngineConfig(model=model, **engine_kwargs), trace_steps=0)
-    # data_parallel_size > 1: engines 1..N-1 in child processes beside this one's (data_parallel.py)
-    served = (DataParallelAsyncEngine.launch(config) if config.data_parallel_size > 1
-              else LLMEngine(config))
+    # data_parallel_size > 1: engines 1..N-1 in child processes beside this one's
+    # (data_parallel.py); this process's engine is built on the thread that steps it
+    # (engine_thread.py)
+    thread = EngineThread()
+    served = (DataParallelAsyncEngine.launch(config, thread) if config.data_parallel_size > 1
+              else thread.build(LLMEngine, config))
     engine = served.engine if isinstance(served, DataParallelAsyncEngine) else served
     log.info("serving %s on http://%s:%d (%d engine(s) of %d KV blocks of %d tokens, "
              "max_model_len %d%s)", engine.config.model, host, port, config.data_parallel_size,
              engine.kv.pool.num_blocks, engine.config.block_size, engine.config.max_model_len,
              ", API key required" if api_key else "")
     app = build_app(served, model_name, limits=limits, api_key=api_key,
-                    allowed_origins=allowed_origins, chat_template=chat_template)
+                    allowed_origins=allowed_origins, chat_template=chat_template, thread=thread)
     # ~400k objects (the model, tokenizers, libraries) live as long as the process: keep them out of
     # the GC's full collections, which would pause every thread to walk them (as vLLM does too).
     gc.collect()

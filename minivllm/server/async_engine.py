@@ -2,8 +2,9 @@
 
 LLMEngine is not thread-safe, so only the owner touches it, and requests reach it already tokenized
 (preprocess.py). Each turn the owner applies the adds and aborts queued since the last step, then
-runs one `step()` in a worker thread: the event loop keeps serving HTTP meanwhile, and requests that
-arrive during a step join the batch of the next one (continuous batching across clients).
+runs one `step()` on the engine's own thread (engine_thread.py): the event loop keeps serving HTTP
+meanwhile, and requests that arrive during a step join the batch of the next one (continuous
+batching across clients).
 
 One HTTP call may carry 100,000 prompts; queued at once, they would stand ahead of every later
 client. So each call gets a share of the batch (`max_num_seqs / calls`, all of it when alone) and
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from minivllm.engine.input_processor import EngineRequest
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.outputs import RequestOutput
+from minivllm.server.engine_thread import EngineThread
 
 log = logging.getLogger("minivllm.server")
 
@@ -31,7 +33,7 @@ StepFn = Callable[[list[str], list[EngineRequest]], Turn]
 
 
 def step_once(engine: LLMEngine, aborts: list[str], requests: list[EngineRequest]) -> Turn:
-    """One turn of the owner, in its worker thread: the aborts, the new requests, one step."""
+    """One turn of the owner, on the engine's thread: the aborts, the new requests, one step."""
     engine.abort_request(aborts)
     for request in requests:
         engine.enqueue(request)
@@ -111,10 +113,14 @@ Slice = tuple[RequestStream, list[EngineRequest]]
 class AsyncEngine:
     """Run an LLMEngine behind an asyncio API: `await generate(...)` returns a RequestStream."""
 
-    def __init__(self, engine: LLMEngine, step: StepFn | None = None) -> None:
-        """`step`: how a turn reaches the engine (default: `step_once` here, in a worker thread;
-        a data-parallel engine in another process passes its own, data_parallel.py)."""
+    def __init__(self, engine: LLMEngine, step: StepFn | None = None,
+                 thread: EngineThread | None = None) -> None:
+        """`step`: how a turn reaches the engine (default: `step_once` here; a data-parallel
+        engine in another process passes its own, data_parallel.py). `thread`: the thread that
+        built the engine, which then runs its steps (a new one when the engine was built
+        elsewhere); this AsyncEngine owns it from here on."""
         self.engine = engine
+        self._thread = thread or EngineThread()
         self._step = step or functools.partial(step_once, engine)
         self.batch = engine.config.max_num_seqs  # sequences a step may run: calls' shares divide it
         self.stats: dict = engine.stats()  # the owner's snapshot after each step, safe to read
@@ -130,6 +136,7 @@ class AsyncEngine:
 
     # ---- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
+        self._thread = self._thread or EngineThread()
         self._wake = asyncio.Event()
         loop = asyncio.get_running_loop()
         self._task = loop.create_task(self._run(), name="minivllm-engine-loop")
@@ -148,6 +155,9 @@ class AsyncEngine:
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._task
             self._task = None
+        if self._thread is not None:
+            self._thread.close()
+            self._thread = None
         self._fail_all(EngineDeadError("the server is shutting down"))
 
     @property
@@ -231,7 +241,7 @@ class AsyncEngine:
                 continue
             try:
                 new = [r for _, requests in slices for r in requests]
-                outputs, stats, has_work = await asyncio.to_thread(self._step, aborts, new)
+                outputs, stats, has_work = await self._thread.run(self._step, aborts, new)
             except Exception as e:  # whatever broke the step, every waiting client must hear of it
                 self._die(e)
                 return

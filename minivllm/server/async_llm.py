@@ -25,12 +25,16 @@ from minivllm.engine.llm_engine import LLMEngine, PromptType
 from minivllm.outputs import CompletionOutput, RequestOutput
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 from minivllm.server.async_engine import AsyncEngine, RequestStream
+from minivllm.server.engine_thread import EngineThread
 from minivllm.tokenizer import Tokenizer
 
 
 class AsyncLLM:
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: LLMEngine, thread: EngineThread | None = None) -> None:
+        """`thread`: the EngineThread that built `engine`, to step it (the classmethods build it
+        there)."""
         self.engine = engine
+        self._thread = thread
         # prompts are tokenized on the event loop while the engine detokenizes in its worker thread;
         # a Hugging Face tokenizer must not be used by two threads at once, so this one is our own
         tok = None if engine.tokenizer is None else Tokenizer(engine.config.tokenizer)
@@ -45,13 +49,15 @@ class AsyncLLM:
     @classmethod
     def from_vllm_config(cls, vllm_config: EngineConfig, **_: Any) -> AsyncLLM:
         """From an EngineConfig (minivllm.config.VllmConfig is the same class)."""
-        return cls(LLMEngine(vllm_config))
+        thread = EngineThread()
+        return cls(thread.build(LLMEngine, vllm_config), thread)
 
     @classmethod
     def from_engine_args(cls, engine_args: Any, **_: Any) -> AsyncLLM:
         """From vLLM's AsyncEngineArgs / EngineArgs (minivllm.engine.arg_utils). vLLM's other
         keyword arguments (usage_context, stat loggers) are accepted and ignored."""
-        return cls(LLMEngine(engine_args.create_engine_config()))
+        thread = EngineThread()
+        return cls(thread.build(LLMEngine, engine_args.create_engine_config()), thread)
 
     # ---- state -----------------------------------------------------------------------------------
     @property
@@ -71,7 +77,7 @@ class AsyncLLM:
         if self._core is None:
             if self._loop is not None:
                 raise ValueError("this AsyncLLM has been shut down")
-            self._core, self._loop = AsyncEngine(self.engine), loop
+            self._core, self._loop = AsyncEngine(self.engine, thread=self._thread), loop
             self._core.start()
         elif loop is not self._loop:
             raise ValueError("an AsyncLLM serves the event loop it first ran on; create one per "

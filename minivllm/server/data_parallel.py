@@ -50,6 +50,7 @@ from minivllm.server.async_engine import (
     Turn,
     step_once,
 )
+from minivllm.server.engine_thread import EngineThread
 
 log = logging.getLogger("minivllm.server")
 
@@ -92,12 +93,14 @@ class DataParallelAsyncEngine:
     """AsyncEngine's API over N engines: `generate` picks one; the stream's owner does the rest."""
 
     def __init__(self, engine: LLMEngine, processes: ChildProcesses,
-                 remote_stats: Sequence[dict]) -> None:
+                 remote_stats: Sequence[dict], thread: EngineThread | None = None) -> None:
+        """`thread`: the EngineThread that built engine 0, to step it."""
         self.engine = engine  # engine 0: the preprocessor reads its config and tokenizer
         self.processes = processes
         remotes = [RemoteEngine(processes, rank, engine.config, stats)
                    for rank, stats in zip(processes.ranks, remote_stats)]
-        self.engines = [AsyncEngine(engine), *(AsyncEngine(r, r.step) for r in remotes)]
+        self.engines = [AsyncEngine(engine, thread=thread),
+                        *(AsyncEngine(r, r.step) for r in remotes)]
         self._owner: weakref.WeakKeyDictionary[RequestStream, AsyncEngine] = (
             weakref.WeakKeyDictionary())
         self._last_pick = [0] * len(self.engines)
@@ -109,18 +112,22 @@ class DataParallelAsyncEngine:
         self._cancel_watch: Connection | None = None
 
     @classmethod
-    def launch(cls, config: EngineConfig) -> DataParallelAsyncEngine:
-        """Start engines 1..N-1, load engine 0 here meanwhile, and wait until all are ready."""
+    def launch(cls, config: EngineConfig,
+               thread: EngineThread | None = None) -> DataParallelAsyncEngine:
+        """Start engines 1..N-1, load engine 0 here meanwhile (on `thread`, which will step it),
+        and wait until all are ready."""
+        thread = thread or EngineThread()
         processes = ChildProcesses(DataParallelError, "data-parallel engine")
         processes.spawn(config.data_parallel_size, remote_engine_main, "minivllm-dp-engine",
                         lambda rank, conn: (config, rank, conn))
         try:
-            engine = LLMEngine(config, 0)
+            engine = thread.build(LLMEngine, config, 0)
             stats = [processes.receive(rank, "ready")[1] for rank in processes.ranks]
         except BaseException:
             processes.shutdown(polite=False)
+            thread.close()
             raise
-        return cls(engine, processes, stats)
+        return cls(engine, processes, stats, thread)
 
     # ---- what the server reads -------------------------------------------------------------------
     @property
