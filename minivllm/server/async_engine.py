@@ -117,10 +117,10 @@ class AsyncEngine:
                  thread: EngineThread | None = None) -> None:
         """`step`: how a turn reaches the engine (default: `step_once` here; a data-parallel
         engine in another process passes its own, data_parallel.py). `thread`: the thread that
-        built the engine, which then runs its steps (a new one when the engine was built
+        built the engine, which then runs its steps (`start` makes one when the engine was built
         elsewhere); this AsyncEngine owns it from here on."""
         self.engine = engine
-        self._thread = thread or EngineThread()
+        self._thread = thread
         self._step = step or functools.partial(step_once, engine)
         self.batch = engine.config.max_num_seqs  # sequences a step may run: calls' shares divide it
         self.stats: dict = engine.stats()  # the owner's snapshot after each step, safe to read

@@ -56,8 +56,7 @@ class AsyncLLM:
     def from_engine_args(cls, engine_args: Any, **_: Any) -> AsyncLLM:
         """From vLLM's AsyncEngineArgs / EngineArgs (minivllm.engine.arg_utils). vLLM's other
         keyword arguments (usage_context, stat loggers) are accepted and ignored."""
-        thread = EngineThread()
-        return cls(thread.build(LLMEngine, engine_args.create_engine_config()), thread)
+        return cls.from_vllm_config(engine_args.create_engine_config())
 
     # ---- state -----------------------------------------------------------------------------------
     @property
