@@ -13,7 +13,6 @@ from minivllm.quantization.cpu_unquantized import (
     TiledKernel,
     pack_tiles,
     tiled_linear,
-    tiles_matmul,
     unpack_tiles,
 )
 from minivllm.quantization.unquantized import plain_weight
@@ -24,7 +23,7 @@ pytestmark = pytest.mark.skipif(not DTYPES, reason="no AVX-512 or AVX2 (or no co
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("out_features, in_features", [(960, 576), (64, 64), (7, 5), (100, 33), (1834, 256)])
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 11, 64])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 11, 64, 200])
 def test_equals_f_linear(dtype, out_features, in_features, rows):
     gen = torch.Generator().manual_seed(rows)
     w = torch.randn(out_features, in_features, generator=gen).to(dtype)
@@ -45,14 +44,15 @@ def test_equals_f_linear(dtype, out_features, in_features, rows):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("threads", [2, 3])
 def test_tiles_cut_into_runs_when_threads_do_not_divide_them(dtype, threads):
-    """9 tiles (576 outputs) on 2 threads: each tile's steps cut into runs, the runs' fp32 sums added after (15
-    tiles on 2, or 9 on 3, split closely enough as whole tiles); one thread as the yardstick, with a bias."""
+    """9 tiles (576 outputs) on 2 threads: for a few rows each tile's steps cut into runs, the runs' fp32 sums
+    added after; for many rows (40) each tile's rows cut in two (15 tiles on 2, or 9 on 3, split closely enough
+    as whole tiles); one thread as the yardstick, with a bias."""
     gen = torch.Generator().manual_seed(threads)
     before = torch.get_num_threads()
     for out_features, in_features in ((576, 576), (960, 576), (576, 1536)):
         w, b = torch.randn(out_features, in_features, generator=gen), torch.randn(out_features, generator=gen)
         tiled, b = pack_tiles(w.to(dtype)), b.to(dtype)
-        for rows in (1, 5):
+        for rows in (1, 5, 40):
             x = torch.randn(rows, in_features, generator=gen).to(dtype)
             try:
                 torch.set_num_threads(1)
@@ -65,19 +65,6 @@ def test_tiles_cut_into_runs_when_threads_do_not_divide_them(dtype, threads):
                 torch.testing.assert_close(runs, whole, atol=1e-5 * in_features ** 0.5, rtol=1e-5)
             else:  # each rounded once from fp32 sums that differ in the last bits: one bf16 ulp apart at most
                 assert ((runs.float() - whole.float()).abs() <= whole.float().abs() * 2**-7 + 1e-6).all()
-
-
-@pytest.mark.parametrize("out_features, in_features", [(960, 576), (7, 5), (100, 33)])
-def test_the_batched_gemm_over_the_tiles_equals_f_linear(out_features, in_features):
-    """fp32 tiles read in place by MKL's batched GEMM (AVX2 CPUs take it past 8 rows): padding rows cut
-    off, the bias added, leading dimensions kept."""
-    gen = torch.Generator().manual_seed(out_features)
-    w, b = torch.randn(out_features, in_features, generator=gen), torch.randn(out_features, generator=gen)
-    x = torch.randn(3, 7, in_features, generator=gen)
-    for bias in (None, b):
-        got = tiles_matmul(x, pack_tiles(w), bias, out_features)
-        assert got.is_contiguous()  # what follows (norms, an all-reduce) reads it as rows
-        torch.testing.assert_close(got, F.linear(x, w, bias), atol=1e-5 * in_features ** 0.5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -96,8 +83,8 @@ def test_the_engine_holds_each_weight_once_tiled(dtype):
     layer = model.model.layers[0].mlp.down_proj
     assert isinstance(layer.quant_method.kernel, TiledKernel) and layer.weight.dim() == 4
     w = plain_weight(layer)
-    # decode rows (the kernel), more rows (fp32 with AVX2 only: the batched GEMM over the tiles) and prompt
-    # rows (unpacked per call)
+    # decode rows (one row per pass), more rows (AVX2 fp32: blocks of 6 rows) and prompt rows (unpacked
+    # per call)
     for rows in (1, 8, 9, 40, TILED_MAX_ROWS + 1):
         x = torch.randn(rows, w.shape[1]).to(dtype)
         torch.testing.assert_close(layer(x).float(), F.linear(x, w).float(), atol=0.05, rtol=0.02)

@@ -79,7 +79,7 @@ def onednn_applies(dtype: torch.dtype) -> bool:
 def float_kernel(dtype: torch.dtype, tiled_wanted: bool = True) -> FloatKernel:
     """The one layout float weights are held in for `dtype`: tiled, oneDNN's, or plain."""
     if tiled_wanted and tiled_applies(dtype) and extension_built():
-        return cpu_unquantized.TILED if "avx512f" in cpu_flags() else cpu_unquantized.TILED_AVX2
+        return cpu_unquantized.TILED
     return cpu_unquantized.ONEDNN if onednn_applies(dtype) else FLOAT
 
 

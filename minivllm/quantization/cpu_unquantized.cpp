@@ -20,6 +20,7 @@ namespace {
 
 constexpr int64_t kTile = 64;   // output rows per tile: four 16-lane vectors
 constexpr int64_t kRows = 4;    // rows of x per pass over a tile
+constexpr int64_t kRowsPerPart = 8;  // the fewest rows of x a thread's part of a tile gets (parts_per_tile)
 
 // W [N, K] -> [ceil(N / 64), K / pack, 64, pack], zero-padded; pack = 2 for bf16 (one pair per 32-bit lane,
 // what vdpbf16ps multiplies), 1 for fp32.
@@ -141,6 +142,101 @@ inline void tile_rows(const void* x, int64_t x_stride, const void* tile, int64_t
 
 template <bool BF16, bool F32_OUT = !BF16>
 void tile_any_rows(int rows, const void* x, int64_t x_stride, const void* tile, int64_t steps, const float* bias,
+                   void* out, int64_t out_stride, int64_t cols);
+
+#ifndef __AVX512F__
+// AVX2, fp32, several rows: a block of up to 6 rows x 16 outputs held in 12 registers (two loads of the weight
+// and six broadcasts of x feed 12 fused multiply-adds, so the FMA units, not the loads, set the pace). A tile's
+// four groups of 16 outputs take turns; each group's weights (K x 64 bytes) stay in L1 while every block of rows
+// in a panel multiplies them. Per output the sum runs over K in order, as in tile_rows: the same bits.
+constexpr int64_t kBlockRows = 6;    // rows of x per block: 12 accumulators
+constexpr int64_t kPanelRows = 96;   // rows of x kept in L2 while the tile's four groups pass over them
+constexpr int64_t kBlockSteps = 256;  // K per run: a group's weights for a run (16 KB) stay in L1 across a panel
+
+template <int ROWS>
+inline void block_rows(const float* x, int64_t x_stride, const float* w, int64_t steps, const float* bias,
+                       float* out, int64_t out_stride, int64_t cols, bool resume) {
+  // every loop over the block unrolled before GCC decides where acc lives: else it kept acc in memory too, and
+  // 12 stores a step halved the speed
+  __m256 acc[ROWS][2];
+#pragma GCC unroll 8
+  for (int r = 0; r < ROWS; ++r) {
+    if (resume) {  // the sums so far of an earlier run of steps, from out
+      float sums[16] = {};
+      std::memcpy(sums, out + r * out_stride, cols * sizeof(float));
+      acc[r][0] = _mm256_loadu_ps(sums), acc[r][1] = _mm256_loadu_ps(sums + 8);
+    } else {
+#pragma GCC unroll 2
+      for (int v = 0; v < 2; ++v) acc[r][v] = bias ? _mm256_loadu_ps(bias + 8 * v) : _mm256_setzero_ps();
+    }
+  }
+  for (int64_t s = 0; s < steps; ++s, w += kTile) {
+    const __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);
+#pragma GCC unroll 8
+    for (int r = 0; r < ROWS; ++r) {
+      const __m256 xb = _mm256_broadcast_ss(x + r * x_stride + s);
+      acc[r][0] = _mm256_fmadd_ps(w0, xb, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(w1, xb, acc[r][1]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < ROWS; ++r) {
+    if (cols == 16) {
+      _mm256_storeu_ps(out + r * out_stride, acc[r][0]);
+      _mm256_storeu_ps(out + r * out_stride + 8, acc[r][1]);
+    } else {  // the weight's padding: only `cols` outputs are real
+      float sums[16];
+      _mm256_storeu_ps(sums, acc[r][0]);
+      _mm256_storeu_ps(sums + 8, acc[r][1]);
+      std::memcpy(out + r * out_stride, sums, cols * sizeof(float));
+    }
+  }
+}
+
+void block_any_rows(int64_t rows, const float* x, int64_t x_stride, const float* w, int64_t steps,
+                    const float* bias, float* out, int64_t out_stride, int64_t cols, bool resume) {
+  for (int64_t r = 0; r < rows; r += kBlockRows) {
+    const float* xr = x + r * x_stride;
+    float* o = out + r * out_stride;
+    switch (std::min(kBlockRows, rows - r)) {
+      case 1: block_rows<1>(xr, x_stride, w, steps, bias, o, out_stride, cols, resume); break;
+      case 2: block_rows<2>(xr, x_stride, w, steps, bias, o, out_stride, cols, resume); break;
+      case 3: block_rows<3>(xr, x_stride, w, steps, bias, o, out_stride, cols, resume); break;
+      case 4: block_rows<4>(xr, x_stride, w, steps, bias, o, out_stride, cols, resume); break;
+      case 5: block_rows<5>(xr, x_stride, w, steps, bias, o, out_stride, cols, resume); break;
+      default: block_rows<6>(xr, x_stride, w, steps, bias, o, out_stride, cols, resume);
+    }
+  }
+}
+#endif
+
+// All `rows` rows of x against one tile (`cols` of its 64 outputs written).
+template <bool BF16, bool F32_OUT = !BF16>
+void tile_all_rows(int64_t rows, const void* x, int64_t x_stride, const void* tile, int64_t steps,
+                   const float* bias, void* out, int64_t out_stride, int64_t cols) {
+#ifndef __AVX512F__
+  if constexpr (!BF16) {
+    if (rows > 1) {  // runs of steps, then panels of rows, then the tile's four 16-output groups in turn
+      for (int64_t s = 0; s < steps; s += kBlockSteps)
+        for (int64_t p = 0; p < rows; p += kPanelRows)
+          for (int64_t g = 0; g < kTile && g < cols; g += 16)
+            block_any_rows(std::min(kPanelRows, rows - p), static_cast<const float*>(x) + p * x_stride + s,
+                           x_stride, static_cast<const float*>(tile) + s * kTile + g, std::min(kBlockSteps, steps - s),
+                           bias ? bias + g : nullptr, static_cast<float*>(out) + p * out_stride + g, out_stride,
+                           std::min<int64_t>(16, cols - g), s > 0);
+      return;
+    }
+  }
+#endif
+  const int64_t x_bytes = BF16 ? 2 : 4, out_bytes = F32_OUT ? 4 : 2;
+  for (int64_t r = 0; r < rows; r += kRows)
+    tile_any_rows<BF16, F32_OUT>(static_cast<int>(std::min(kRows, rows - r)),
+                                 static_cast<const char*>(x) + r * x_stride * x_bytes, x_stride, tile, steps, bias,
+                                 static_cast<char*>(out) + r * out_stride * out_bytes, out_stride, cols);
+}
+
+template <bool BF16, bool F32_OUT>
+void tile_any_rows(int rows, const void* x, int64_t x_stride, const void* tile, int64_t steps, const float* bias,
                    void* out, int64_t out_stride, int64_t cols) {
 #ifdef __AVX512F__  // 32 registers: 4 rows' accumulators for the whole tile
   switch (rows) {
@@ -159,14 +255,15 @@ void tile_any_rows(int rows, const void* x, int64_t x_stride, const void* tile, 
 }
 
 // Threads split the weight's bytes evenly. Whole tiles do when their count divides among the threads closely enough;
-// else (a 576-output layer is 9 tiles: 5 and 4 on two threads, one thread idle for a ninth of the call) each tile's
-// steps are cut into `slices` runs, each run an item of the split, and each run's fp32 partial sums are added after.
-// Those cost a buffer and a pass of their own: at 15 tiles on two threads (8 and 7, 7% idle) whole tiles measured
-// 10-15% faster on a Zen 3.
-int64_t slices_per_tile(int64_t tiles, int64_t steps, int64_t threads) {
+// else (a 576-output layer is 9 tiles: 5 and 4 on two threads, one thread idle for a ninth of the call) each tile is
+// cut into `parts`, each part an item of the split, the most `most` parts. With many rows of x the parts are runs
+// of rows, each multiplying the whole tile; with a few (decoding, where reading the weight is the time) they are
+// runs of steps, whose fp32 partial sums are added after. Those cost a buffer and a pass of their own: at 15 tiles
+// on two threads (8 and 7, 7% idle) whole tiles measured 10-15% faster on a Zen 3.
+int64_t parts_per_tile(int64_t tiles, int64_t most, int64_t threads) {
   const int64_t busiest = (tiles + threads - 1) / threads;  // tiles on the busiest thread
   if (threads <= 1 || 10 * busiest * threads <= 11 * tiles) return 1;  // even, or imbalance <= 1/10
-  return std::max<int64_t>(1, std::min(threads / std::gcd(tiles, threads), steps / 32));
+  return std::max<int64_t>(1, std::min(threads / std::gcd(tiles, threads), most));
 }
 #endif  // MINIVLLM_TILED
 
@@ -201,21 +298,22 @@ at::Tensor small_linear(const at::Tensor& x_in, const at::Tensor& packed, const 
   char* ys = static_cast<char*>(y.data_ptr());
   const int64_t x_row_bytes = k_padded * x.element_size(), y_row_bytes = n * y.element_size();
   const float* b = bias.defined() ? bias.data_ptr<float>() : nullptr;
-  const int64_t slices = slices_per_tile(tiles, steps, at::get_num_threads());
-  if (slices == 1) {
-    at::parallel_for(0, tiles, 1, [&](int64_t first, int64_t last) {
-      for (int64_t t = first; t < last; ++t)
-        for (int64_t r = 0; r < m; r += kRows) {
-          const int rows = static_cast<int>(std::min(kRows, m - r));
-          const void* xr = xs + r * x_row_bytes;
-          void* o = ys + r * y_row_bytes + t * kTile * y.element_size();
-          const float* bt = b ? b + t * kTile : nullptr;
-          const int64_t cols = std::min(kTile, n - t * kTile);
-          if (bf16)
-            tile_any_rows<true>(rows, xr, k_padded, w + t * tile_bytes, steps, bt, o, n, cols);
-          else
-            tile_any_rows<false>(rows, xr, k_padded, w + t * tile_bytes, steps, bt, o, n, cols);
-        }
+  const int64_t threads = at::get_num_threads(), row_parts = parts_per_tile(tiles, m / kRowsPerPart, threads);
+  const int64_t slices = row_parts > 1 ? 1 : parts_per_tile(tiles, steps / 32, threads);
+  if (slices == 1) {  // item i: tile i / row_parts, its run of rows i % row_parts
+    at::parallel_for(0, tiles * row_parts, 1, [&](int64_t first, int64_t last) {
+      for (int64_t i = first; i < last; ++i) {
+        const int64_t t = i / row_parts, begin = m * (i % row_parts) / row_parts;
+        const int64_t rows = m * (i % row_parts + 1) / row_parts - begin;
+        const char* xr = xs + begin * x_row_bytes;
+        void* o = ys + begin * y_row_bytes + t * kTile * y.element_size();
+        const float* bt = b ? b + t * kTile : nullptr;
+        const int64_t cols = std::min(kTile, n - t * kTile);
+        if (bf16)
+          tile_all_rows<true>(rows, xr, k_padded, w + t * tile_bytes, steps, bt, o, n, cols);
+        else
+          tile_all_rows<false>(rows, xr, k_padded, w + t * tile_bytes, steps, bt, o, n, cols);
+      }
     });
   } else {  // item i: tile i / slices, its run of steps i % slices, summed into partial[run] [m, tiles * 64]
     const int64_t width = tiles * kTile, x_elem = x.element_size();
@@ -226,26 +324,25 @@ at::Tensor small_linear(const at::Tensor& x_in, const at::Tensor& packed, const 
         const int64_t t = i / slices, run = i % slices;
         const int64_t begin = steps * run / slices, end = steps * (run + 1) / slices;
         const char* tile = w + t * tile_bytes + begin * kTile * pack * packed.element_size();
-        for (int64_t r = 0; r < m; r += kRows) {
-          const int rows = static_cast<int>(std::min(kRows, m - r));
-          const void* xr = xs + (r * k_padded + begin * pack) * x_elem;
-          float* o = p + (run * m + r) * width + t * kTile;
-          const float* bt = b && run == 0 ? b + t * kTile : nullptr;
-          if (bf16)
-            tile_any_rows<true, true>(rows, xr, k_padded, tile, end - begin, bt, o, width, kTile);
-          else
-            tile_any_rows<false>(rows, xr, k_padded, tile, end - begin, bt, o, width, kTile);
-        }
+        const void* xr = xs + begin * pack * x_elem;
+        float* o = p + run * m * width + t * kTile;
+        const float* bt = b && run == 0 ? b + t * kTile : nullptr;
+        if (bf16)
+          tile_all_rows<true, true>(m, xr, k_padded, tile, end - begin, bt, o, width, kTile);
+        else
+          tile_all_rows<false>(m, xr, k_padded, tile, end - begin, bt, o, width, kTile);
       }
     });
+    at::BFloat16* y_bf16 = bf16 ? y.data_ptr<at::BFloat16>() : nullptr;
+    float* y_f32 = bf16 ? nullptr : y.data_ptr<float>();
     for (int64_t r = 0; r < m; ++r)
       for (int64_t o = 0; o < n; ++o) {
         float sum = p[r * width + o];
         for (int64_t run = 1; run < slices; ++run) sum += p[(run * m + r) * width + o];
         if (bf16)
-          y.data_ptr<at::BFloat16>()[r * n + o] = static_cast<at::BFloat16>(sum);  // nearest even, as torch
+          y_bf16[r * n + o] = static_cast<at::BFloat16>(sum);  // nearest even, as torch
         else
-          y.data_ptr<float>()[r * n + o] = sum;
+          y_f32[r * n + o] = sum;
       }
   }
 #endif

@@ -11,9 +11,10 @@ and at 1024-2048 rows it measured 1.05-1.1x oneDNN's speed where the tiles reach
 (bench/RESULTS.md has the numbers). Needs AVX-512 or AVX2 with FMA (the same loop over 16 lanes
 held in two registers); bf16 pairs multiply with AVX512-BF16's vdpbf16ps where the CPU has it, else
 as two fp32 fused multiply-adds (a bf16 widens by a shift). With AVX2's 16 registers a pass takes
-one row of x, not four, up to 8 rows; more fp32 rows are MKL's batched GEMM over the tiles where
-they lie (`tiles_matmul`). On a Zen 3 batch 1 ran 1.5x faster than with oneDNN's fp32 layout (a
-135M Llama's step 45 -> 29 ms), and 32 requests served 1.09x faster.
+one row of x, not four; several fp32 rows go in blocks of 6 rows x 16 outputs held in 12
+registers, the usual shape of an AVX2 GEMM's inner kernel. On a Zen 3 batch 1 ran 1.5x faster than
+with oneDNN's fp32 layout (a 135M Llama's step 45 -> 29 ms), and at 9-64 rows the blocks ran
+1.1-2x faster than MKL's GEMM, batched over the tiles in place or on the plain weight.
 
 `ONEDNN`, elsewhere: oneDNN's blocked layout, reordered once (a plain `F.linear` on CPU re-blocks a
 bf16 weight on every call: about 1.5x slower). An LM head tied to the embedding keeps the plain
@@ -37,7 +38,6 @@ from minivllm.quantization.unquantized import FloatKernel
 
 TILE = 64  # output rows per tile (cpu_unquantized.cpp's kTile)
 TILED_MAX_ROWS = 512  # beyond, unpack and F.linear: measured crossover between 256 and 1024 rows
-AVX2_KERNEL_ROWS = 8  # AVX2 only: beyond, fp32 tiles go to one batched GEMM in place (tiles_matmul)
 
 
 def pack_tiles(weight: torch.Tensor) -> torch.Tensor:
@@ -58,17 +58,6 @@ def tiled_linear(x: torch.Tensor, tiled: torch.Tensor, bias: torch.Tensor | None
     return torch.ops.minivllm_cpu.small_linear.default(x, tiled, bias, n)
 
 
-def tiles_matmul(x: torch.Tensor, tiled: torch.Tensor, bias: torch.Tensor | None,
-                 n: int) -> torch.Tensor:
-    """x @ W.T + b for fp32 tiles, as MKL's batched GEMM over the tiles in place: tile t
-    [K, 64, 1] is W's rows 64 t .. 64 t + 63 transposed, so no weight is copied."""
-    rows, tiles = x.reshape(-1, x.shape[-1]), tiled.squeeze(-1)  # x's rows shared by every tile:
-    batch = rows.expand(tiles.shape[0], *rows.shape)  # expanded, not copied (torch.matmul copies)
-    y = torch.bmm(batch, tiles).transpose(0, 1).reshape(rows.shape[0], -1)[:, :n]
-    y = y.contiguous() if bias is None else y + bias  # contiguous, as every other path's output
-    return y.view(*x.shape[:-1], n)
-
-
 def register_fake() -> None:
     """tiled_linear's output shape for torch.compile (model/compiled.py); call after building."""
     torch.library.register_fake("minivllm_cpu::small_linear")(
@@ -76,39 +65,23 @@ def register_fake() -> None:
 
 
 class TiledKernel(FloatKernel):
-    def __init__(self, kernel_rows: int = TILED_MAX_ROWS) -> None:
-        """`kernel_rows`: the most fp32 rows of x the C++ kernel takes; more, up to TILED_MAX_ROWS,
-        go through tiles_matmul (bf16 rows, which MKL has no fast GEMM for without native bf16, stay
-        with the kernel up to TILED_MAX_ROWS). With AVX2's 16 registers the kernel
-        takes one row per pass, and MKL's GEMM over the tiles beat it from 16 rows (on a Zen 3,
-        a 135M Llama's 120 matmuls at 16 rows: 54 against 74 ms)."""
-        self.kernel_rows = kernel_rows
-
     def layout(self, layer: nn.Module) -> None:
         layer.weight = nn.Parameter(pack_tiles(layer.weight), requires_grad=False)
 
-    def most_rows(self, layer: nn.Module) -> int:
-        """The most rows of x the C++ kernel takes for `layer`."""
-        return self.kernel_rows if layer.weight.dtype == torch.float32 else TILED_MAX_ROWS
-
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        rows = x.numel() // x.shape[-1]
-        if rows <= self.most_rows(layer):
+        if x.numel() // x.shape[-1] <= TILED_MAX_ROWS:
             return tiled_linear(x, layer.weight, bias, layer.output_size)
-        if rows <= TILED_MAX_ROWS:  # fp32 rows past an AVX2 kernel's few
-            return tiles_matmul(x, layer.weight, bias, layer.output_size)
         return F.linear(x, self.plain(layer), bias)  # a prompt's rows: a plain copy for this call
 
     def bind(self, layer: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
         """The op itself over the tiles; more rows (x [T, K]) as `apply` takes them."""
         op, tiled, bias, n = (torch.ops.minivllm_cpu.small_linear.default, layer.weight, layer.bias,
                               layer.output_size)
-        most = self.most_rows(layer)
-        return lambda x: (op(x, tiled, bias, n) if x.shape[0] <= most
+        return lambda x: (op(x, tiled, bias, n) if x.shape[0] <= TILED_MAX_ROWS
                           else self.apply(layer, x, bias))
 
     def native(self, layer: nn.Module) -> list[NativePart]:
-        return [NativePart(TILES, layer.weight, 0, layer.output_size, self.most_rows(layer))]
+        return [NativePart(TILES, layer.weight, 0, layer.output_size, TILED_MAX_ROWS)]
 
     def plain(self, layer: nn.Module) -> torch.Tensor:
         return unpack_tiles(layer.weight, layer.output_size, layer.input_size)
@@ -145,7 +118,7 @@ class OneDnnKernel(FloatKernel):
         return layer.weight.to_dense() if layer.weight.is_mkldnn else layer.weight
 
 
-TILED, TILED_AVX2, ONEDNN = TiledKernel(), TiledKernel(AVX2_KERNEL_ROWS), OneDnnKernel()
+TILED, ONEDNN = TiledKernel(), OneDnnKernel()
 
 
 # packed_linear as one opaque op for torch.compile (model/compiled.py): inductor's own lowering of
