@@ -211,8 +211,24 @@ inline void add_values(float* acc, const float* p, const c10::BFloat16* const* v
 }
 constexpr bool kBf16Values = true;  // bf16 values summed in place, as 16 even and 16 odd per 32
 #elif defined(MINIVLLM_VECTOR_ATTENTION)
+// AVX2: 32 elements of the row at a time in four registers, each weight broadcast once for all four (the row's
+// 8-wide vectors one by one broadcast every weight again: twice the loads), and a second set of four for the odd
+// values, so that eight sums are in flight
 inline void add_values(float* acc, const float* p, const float* const* values, int64_t dim) {
-  for (int64_t d = 0; d < dim; d += 8) {
+  int64_t d = 0;
+  for (; d + 32 <= dim; d += 32) {
+    __m256 even[4], odd[4];
+    for (int v = 0; v < 4; ++v) even[v] = _mm256_loadu_ps(acc + d + 8 * v), odd[v] = _mm256_setzero_ps();
+    for (int j = 0; j < kChunk; j += 2) {
+      const __m256 pe = _mm256_broadcast_ss(p + j), po = _mm256_broadcast_ss(p + j + 1);
+      for (int v = 0; v < 4; ++v) {
+        even[v] = _mm256_fmadd_ps(pe, _mm256_loadu_ps(values[j] + d + 8 * v), even[v]);
+        odd[v] = _mm256_fmadd_ps(po, _mm256_loadu_ps(values[j + 1] + d + 8 * v), odd[v]);
+      }
+    }
+    for (int v = 0; v < 4; ++v) _mm256_storeu_ps(acc + d + 8 * v, _mm256_add_ps(even[v], odd[v]));
+  }
+  for (; d < dim; d += 8) {
     __m256 part[4] = {_mm256_loadu_ps(acc + d), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int j = 0; j < kChunk; ++j)
       part[j % 4] = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(values[j] + d), part[j % 4]);
