@@ -13,8 +13,9 @@ held in two registers); bf16 pairs multiply with AVX512-BF16's vdpbf16ps where t
 as two fp32 fused multiply-adds (a bf16 widens by a shift). With AVX2's 16 registers a pass takes
 one row of x, not four; several fp32 rows go in blocks of 6 rows x 16 outputs held in 12
 registers, the usual shape of an AVX2 GEMM's inner kernel. On a Zen 3 batch 1 ran 1.5x faster than
-with oneDNN's fp32 layout (a 135M Llama's step 45 -> 29 ms), and at 9-64 rows the blocks ran
-1.1-2x faster than MKL's GEMM, batched over the tiles in place or on the plain weight.
+with oneDNN's fp32 layout (a 135M Llama's step 45 -> 29 ms); against MKL's GEMM (batched over
+the tiles in place, or on the plain weight) the blocks ran 1.25-2.1x faster at 9-16 rows and
+0.9-1.4x at 64 (bench/RESULTS.md, session 22).
 
 `ONEDNN`, elsewhere: oneDNN's blocked layout, reordered once (a plain `F.linear` on CPU re-blocks a
 bf16 weight on every call: about 1.5x slower). An LM head tied to the embedding keeps the plain
