@@ -142,7 +142,22 @@ inline void tile_rows(const void* x, int64_t x_stride, const void* tile, int64_t
 
 template <bool BF16, bool F32_OUT = !BF16>
 void tile_any_rows(int rows, const void* x, int64_t x_stride, const void* tile, int64_t steps, const float* bias,
-                   void* out, int64_t out_stride, int64_t cols);
+                   void* out, int64_t out_stride, int64_t cols) {
+#ifdef __AVX512F__  // 32 registers: 4 rows' accumulators for the whole tile
+  switch (rows) {
+    case 1: return tile_rows<1, BF16, F32_OUT>(x, x_stride, tile, steps, bias, out, out_stride, cols);
+    case 2: return tile_rows<2, BF16, F32_OUT>(x, x_stride, tile, steps, bias, out, out_stride, cols);
+    case 3: return tile_rows<3, BF16, F32_OUT>(x, x_stride, tile, steps, bias, out, out_stride, cols);
+    default: return tile_rows<4, BF16, F32_OUT>(x, x_stride, tile, steps, bias, out, out_stride, cols);
+  }
+#else  // 16 registers hold one row's 8 accumulators: a pass per row, the tile read again from L2 (several fp32
+       // rows take block_rows below instead)
+  const int64_t x_bytes = BF16 ? 2 : 4, out_bytes = F32_OUT ? 4 : 2;
+  for (int r = 0; r < rows; ++r)
+    tile_rows<1, BF16, F32_OUT>(static_cast<const char*>(x) + r * x_stride * x_bytes, x_stride, tile, steps, bias,
+                                static_cast<char*>(out) + r * out_stride * out_bytes, out_stride, cols);
+#endif
+}
 
 #ifndef __AVX512F__
 // AVX2, fp32, several rows: a block of up to 6 rows x 16 outputs held in 12 registers (two loads of the weight
@@ -235,25 +250,6 @@ void tile_all_rows(int64_t rows, const void* x, int64_t x_stride, const void* ti
                                  static_cast<char*>(out) + r * out_stride * out_bytes, out_stride, cols);
 }
 
-template <bool BF16, bool F32_OUT>
-void tile_any_rows(int rows, const void* x, int64_t x_stride, const void* tile, int64_t steps, const float* bias,
-                   void* out, int64_t out_stride, int64_t cols) {
-#ifdef __AVX512F__  // 32 registers: 4 rows' accumulators for the whole tile
-  switch (rows) {
-    case 1: return tile_rows<1, BF16, F32_OUT>(x, x_stride, tile, steps, bias, out, out_stride, cols);
-    case 2: return tile_rows<2, BF16, F32_OUT>(x, x_stride, tile, steps, bias, out, out_stride, cols);
-    case 3: return tile_rows<3, BF16, F32_OUT>(x, x_stride, tile, steps, bias, out, out_stride, cols);
-    default: return tile_rows<4, BF16, F32_OUT>(x, x_stride, tile, steps, bias, out, out_stride, cols);
-  }
-#else  // 16 registers hold one row's 8 accumulators: a pass per row, the tile read again from L2 (passes over a
-       // quarter of the tile for two or four rows at once, measured on Zen 3, were 1.3-1.6x slower)
-  const int64_t x_bytes = BF16 ? 2 : 4, out_bytes = F32_OUT ? 4 : 2;
-  for (int r = 0; r < rows; ++r)
-    tile_rows<1, BF16, F32_OUT>(static_cast<const char*>(x) + r * x_stride * x_bytes, x_stride, tile, steps, bias,
-                                static_cast<char*>(out) + r * out_stride * out_bytes, out_stride, cols);
-#endif
-}
-
 // Threads split the weight's bytes evenly. Whole tiles do when their count divides among the threads closely enough;
 // else (a 576-output layer is 9 tiles: 5 and 4 on two threads, one thread idle for a ninth of the call) each tile is
 // cut into `parts`, each part an item of the split, the most `most` parts. With many rows of x the parts are runs
@@ -271,7 +267,8 @@ int64_t parts_per_tile(int64_t tiles, int64_t most, int64_t threads) {
 
 namespace minivllm_cpu {
 
-// x [M, K] (any M; meant for a few rows), packed as pack_small_linear left it, bias [N] or None -> [M, N].
+// x [M, K] (any M; meant for up to cpu_unquantized.py's TILED_MAX_ROWS), packed as pack_small_linear left it,
+// bias [N] or None -> [M, N].
 at::Tensor small_linear(const at::Tensor& x_in, const at::Tensor& packed, const std::optional<at::Tensor>& bias_in,
                         int64_t n) {
 #ifndef MINIVLLM_TILED
