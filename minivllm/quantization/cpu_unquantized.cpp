@@ -220,11 +220,12 @@ inline void block_rows(const float* x, int64_t x_stride, const float* w, int64_t
   }
 }
 
-// Every block of `rows`; the first `ahead_steps` steps of the weights read next (`ahead`) prefetched a slice a block
+// Every block of `rows`; the first `ahead_steps` (<= steps) steps of the weights read next (`ahead`, or nullptr:
+// none) prefetched a slice a block
 void block_any_rows(int64_t rows, const float* x, int64_t x_stride, const float* w, int64_t steps,
                     const float* bias, float* out, int64_t out_stride, int64_t cols, bool resume,
                     const float* ahead, int64_t ahead_steps) {
-  const int64_t blocks = (rows + kBlockRows - 1) / kBlockRows, ahead_total = std::min(ahead_steps, steps);
+  const int64_t blocks = (rows + kBlockRows - 1) / kBlockRows, ahead_total = ahead ? ahead_steps : 0;
   for (int64_t r = 0, b = 0; r < rows; r += kBlockRows, ++b) {
     const float* xr = x + r * x_stride;
     float* o = out + r * out_stride;
@@ -254,16 +255,18 @@ void tile_all_rows(int64_t rows, const void* x, int64_t x_stride, const void* ti
       for (int64_t s = 0; s < steps; s += kBlockSteps)
         for (int64_t p = 0; p < rows; p += kPanelRows)
           for (int64_t g = 0; g < kTile && g < cols; g += 16) {
-            // what is read next, and how many steps of it: the tile's next group in this run, else the next run's
-            // first group, else the next tile's (none: no prefetch)
+            // what is read next, and how many of its steps this run's blocks prefetch
             const int64_t run = std::min(kBlockSteps, steps - s);
-            const bool next_run = s + kBlockSteps < steps;
-            const float* ahead = g + 16 < kTile ? w + s * kTile + g + 16
-                                 : next_run     ? w + (s + kBlockSteps) * kTile
-                                                : static_cast<const float*>(next_tile);
-            const int64_t ahead_steps = !ahead ? 0 : g + 16 < kTile ? run
-                                        : next_run ? std::min(kBlockSteps, steps - s - kBlockSteps)
-                                                   : std::min(kBlockSteps, steps);
+            const float* ahead;
+            int64_t ahead_steps = run;
+            if (g + 16 < kTile) {  // the tile's next group in this run
+              ahead = w + s * kTile + g + 16;
+            } else if (s + kBlockSteps < steps) {  // the next run's first group, maybe a shorter last run
+              ahead = w + (s + kBlockSteps) * kTile;
+              ahead_steps = std::min(run, steps - s - kBlockSteps);
+            } else {  // the next tile's first group (none: no prefetch)
+              ahead = static_cast<const float*>(next_tile);
+            }
             block_any_rows(std::min(kPanelRows, rows - p), static_cast<const float*>(x) + p * x_stride + s,
                            x_stride, w + s * kTile + g, run, bias ? bias + g : nullptr,
                            static_cast<float*>(out) + p * out_stride + g, out_stride, std::min<int64_t>(16, cols - g),
