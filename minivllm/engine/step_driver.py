@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from minivllm.engine.frozen_heap import frozen_heap
 from minivllm.engine.llm_engine import LLMEngine, PromptType
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
@@ -86,7 +87,8 @@ class StepDriver:
                         break
                     self._driving = True
                 try:
-                    self._drive(call, progress)
+                    with frozen_heap():  # no full collection walks the model mid-step
+                        self._drive(call, progress)
                 finally:
                     self._release()
         except BaseException:  # interrupted here (KeyboardInterrupt): nobody will collect them
