@@ -71,6 +71,24 @@ def test_linear_equals_dequantized_matmul(name, rows, dtype):
                                atol=tolerance * want.abs().max().item())
 
 
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_0", "Q4_K"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_reduced_precision_x_is_the_fp32_path_rounded(name, dtype):
+    """bf16 / fp16 x (and a 3-D x of any dtype) go through the fp32 kernels: widened in, rounded out to nearest
+    even, bit for bit what fp32 x followed by torch's own cast gives."""
+    n, k = 70, 768 if name in SUPER else 608
+    blocks, _ = quantized(name, n, k)
+    x = torch.randn(2, 3, k, generator=torch.Generator().manual_seed(3)).to(dtype)
+    fp32 = cpu_gguf.gguf_linear(x.float().reshape(6, k), blocks, TYPES[name], n)
+    got = cpu_gguf.gguf_linear(x, blocks, TYPES[name], n)
+    assert got.dtype == dtype and got.shape == (2, 3, n)
+    assert torch.equal(got, fp32.to(dtype).reshape(2, 3, n))
+    assert torch.equal(cpu_gguf.gguf_linear(x.float(), blocks, TYPES[name], n), fp32.reshape(2, 3, n))
+    transposed = x.transpose(0, 1)  # not contiguous: copied first
+    assert torch.equal(cpu_gguf.gguf_linear(transposed, blocks, TYPES[name], n),
+                       fp32.to(dtype).reshape(2, 3, n).transpose(0, 1))
+
+
 @pytest.mark.parametrize("name", TYPES)
 def test_every_output_row_is_its_own(name):
     """One weight row at a time set apart (the others zero) lands in its own output column only: a transposed
