@@ -44,6 +44,10 @@ class SequenceText:
     def output_token_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens :]
 
+    @property
+    def num_output_tokens(self) -> int:  # without copying them, as output_token_ids does
+        return len(self.token_ids) - self.num_prompt_tokens
+
 
 @dataclass
 class RequestGroup:
@@ -105,7 +109,7 @@ class OutputProcessor:
     def _append_tokens(self, seq: SequenceText, core: EngineCoreOutput, params: SamplingParams,
                        eos_token_ids) -> str | None:
         """Append one step's tokens, text and logprobs as far as they are kept; any stop string."""
-        num_before, hit = len(seq.output_token_ids), None
+        num_before, hit = seq.num_output_tokens, None
         # a stop token's text (EOS, stop_token_ids) is left out, as a stop string is, unless asked
         last = core.new_token_ids[-1]
         silent_last = (core.finish_reason is FinishReason.STOP
@@ -121,7 +125,7 @@ class OutputProcessor:
                 seq.finish_reason, seq.stop_reason = FinishReason.STOP, hit
                 break
         if seq.cumulative_logprob is not None and core.logprobs is not None:
-            kept = core.logprobs[: len(seq.output_token_ids) - num_before]  # the tokens kept
+            kept = core.logprobs[: seq.num_output_tokens - num_before]  # the tokens kept
             if seq.logprobs is not None:
                 seq.logprobs += [self._logprob_dict(p, params) for p in kept]
             seq.cumulative_logprob += sum(p.logprobs[0] for p in kept)
