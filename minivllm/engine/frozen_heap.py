@@ -4,7 +4,7 @@ The collector finds reference cycles by walking every container in a generation.
 embedded model the oldest one holds ~390,000 objects loaded at start (torch, transformers, the
 model's modules, the tokenizer), none of them garbage. A batch of 64 requests promotes tens of
 thousands of objects of its own, so CPython walks all of them about once a batch, in the middle of
-a step: 0.16 s on a 2-core CPU, as long as 60 decode steps (`bench/RESULTS.md`, session 24).
+a step: 0.16 s on a 2-core CPU, as long as 30 of its steps (`bench/RESULTS.md`, session 24).
 
 `gc.freeze()` moves every tracked object into a permanent generation that collections skip, and
 `gc.unfreeze()` moves them back into the oldest one. So `LLM.generate` freezes what is alive when
