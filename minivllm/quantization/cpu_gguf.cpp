@@ -11,7 +11,7 @@
 // (vpermt2ps reads 5 bits). The small-batch loop takes 8 output rows per pass at
 // batch 1-2 (4 at 3-4, 2 beyond): one accumulator per output row and row of x, so the fused multiply-add
 // chains of the rows overlap instead of each row waiting on its own, and one transpose-and-add sums a group's
-// accumulators at the end. The blocks' fp16 scales are converted a chunk ahead, and the next group's blocks are
+// accumulators at the end. The blocks' fp16 scales are converted a chunk ahead, and a later group's blocks are
 // prefetched as this group's are read: at batch 1 the loop is a stream of the file's bytes.
 //
 // The "K" formats (Q4_K, Q6_K: what most downloaded files hold) group 256 weights into a super-block whose
@@ -543,6 +543,21 @@ inline void store_totals(const __m512* acc, float* out) {
   }
 }
 
+// How far ahead of its reads an AVX-512 kernel prefetches: the same bytes `groups` groups of output rows on, or
+// nothing near the end of W. At batch 1-2 the 32-weight formats' kernels go two groups ahead into L2
+// (prefetcht1). Measured at batch 1 on a Zen 4, all 30 layers of a 135M model streamed from memory on 2 threads:
+// Q4_0 with int8 x took 3.3 ms a token one group ahead into L1 (prefetcht0), 2.65 ms two ahead into L2 (float x:
+// 4.0 and 3.6 ms; Q8_0's 113 MB: 5.9 and 4.5 ms). With more rows of x there is more work per byte, and there, as
+// for the K formats (which unpack more per byte), one group ahead into L1 stays: the other was 3-10% slower.
+constexpr int64_t kAheadGroups = 2;
+inline int64_t prefetch_distance(int64_t groups, int group, int64_t o, int64_t n, int64_t row_bytes) {
+  return o + (groups + 1) * group <= n ? groups * group * row_bytes : 0;
+}
+template <int rows>
+inline void prefetch_ahead(const uint8_t* p) {
+  _mm_prefetch(reinterpret_cast<const char*>(p), rows <= 2 ? _MM_HINT_T1 : _MM_HINT_T0);
+}
+
 // Output rows [o, o + group) of W for `rows` rows of x (fp32, [rows, K]): each block is unpacked once and
 // multiplied by every row of x, into rows x group independent accumulators. Several output rows per pass matter
 // at batch 1: one row's chain of fused multiply-adds (4 cycles each) would wait on itself at every block, and
@@ -551,9 +566,9 @@ template <int64_t type, int rows, int group>
 void multiply_group(const uint8_t* w, int64_t row_bytes, int64_t blocks, const float* x, int64_t k, float* y,
                     int64_t n, int64_t o) {
   constexpr int64_t bytes = block_bytes(type);
-  // each block read also prefetches the same block of the next group's rows (one group's work ahead: at batch 1
-  // the hardware prefetcher alone left the loop waiting on memory), or of these rows again in the last group
-  const int64_t ahead = o + 2 * group <= n ? group * row_bytes : 0;
+  // each block read also prefetches the same block of a later group's rows (at batch 1 the hardware prefetcher
+  // alone left the loop waiting on memory): see prefetch_distance
+  const int64_t ahead = prefetch_distance(is_super(type) || rows > 2 ? 1 : kAheadGroups, group, o, n, row_bytes);
   __m512 acc[rows][group];
   for (int r = 0; r < rows; ++r)
     for (int g = 0; g < group; ++g) acc[r][g] = _mm512_setzero_ps();
@@ -590,7 +605,7 @@ void multiply_group(const uint8_t* w, int64_t row_bytes, int64_t blocks, const f
         for (int g = 0; g < group; ++g) {
           __m512 low, high;
           const uint8_t* block = w + (o + g) * row_bytes + b * bytes;
-          _mm_prefetch(reinterpret_cast<const char*>(block + ahead), _MM_HINT_T0);
+          prefetch_ahead<rows>(block + ahead);
           if constexpr (type == kQ8_0 && rows == 1) {  // d after the dot product: one multiply by d, not two
             block_vectors<type, false>(block, scales[g] + 4 * c, low, high);
             const float* xb = x + b * kBlock;
@@ -638,7 +653,7 @@ void multiply_group_int8(const uint8_t* w, int64_t row_bytes, int64_t blocks, co
   constexpr int64_t bytes = block_bytes(type);
   constexpr bool has_m = has_min(type), has_fifth = is_q5(type);
   constexpr int64_t header = nibbles_at(type == kQ8_0 ? kQ4_0 : type);  // d (m) (fifth bits): bytes per block
-  const int64_t ahead = o + 2 * group <= n ? group * row_bytes : 0;
+  const int64_t ahead = prefetch_distance(rows <= 2 ? kAheadGroups : 1, group, o, n, row_bytes);
   const __m512i low_nibbles = _mm512_set1_epi8(0x0F), bias = _mm512_set1_epi8(static_cast<char>(0x80));
   const __m512i sixteen = _mm512_set1_epi8(16);
   const __m512i each_of_4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
@@ -651,10 +666,31 @@ void multiply_group_int8(const uint8_t* w, int64_t row_bytes, int64_t blocks, co
     for (int g = 0; g < group; ++g) acc[r][g] = _mm512_setzero_ps();
   for (int64_t run = 0; run < x.runs; ++run) {
     const int64_t count = std::min(kRun, blocks - kRun * run);
+    // At batch 1-2, x's run is loaded once for the group's 8 output rows: a 512-bit load is one of this loop's
+    // scarcest operations (Zen 4 issues one a cycle). With more rows of x, its vectors and the accumulators would
+    // not fit in the registers together, and each use loads them (from L1).
+    constexpr int kHeld = rows <= 2 ? rows : 0;
+    __m512i held_low[kHeld + 1], held_high[kHeld + 1], held_offset[kHeld + 1];
+    __m512 held_scale[kHeld + 1], held_scale_high[kHeld + 1], held_sum[kHeld + 1];
+    for (int r = 0; r < kHeld; ++r) {
+      held_low[r] = _mm512_loadu_si512(x.q_at(r, run));
+      held_high[r] = _mm512_loadu_si512(x.q_at(r, run) + 64);
+      held_scale[r] = _mm512_loadu_ps(x.scale_at(r, run));
+      if constexpr (type == kQ8_0) held_scale_high[r] = _mm512_loadu_ps(x.scale_at(r, run) + 16);
+      else if constexpr (has_m) held_sum[r] = _mm512_loadu_ps(x.sum_at(r, run));
+      else held_offset[r] = _mm512_loadu_si512(x.offset_at(r, run));
+    }
+    const auto x_low = [&](int r) { return kHeld ? held_low[r] : _mm512_loadu_si512(x.q_at(r, run)); };
+    const auto x_high = [&](int r) { return kHeld ? held_high[r] : _mm512_loadu_si512(x.q_at(r, run) + 64); };
+    const auto x_scale = [&](int r) { return kHeld ? held_scale[r] : _mm512_loadu_ps(x.scale_at(r, run)); };
+    const auto x_scale_high = [&](int r) {
+      return kHeld ? held_scale_high[r] : _mm512_loadu_ps(x.scale_at(r, run) + 16);
+    };
+    const auto x_sum = [&](int r) { return kHeld ? held_sum[r] : _mm512_loadu_ps(x.sum_at(r, run)); };
+    const auto x_offset = [&](int r) { return kHeld ? held_offset[r] : _mm512_loadu_si512(x.offset_at(r, run)); };
     for (int g = 0; g < group; ++g) {
       const uint8_t* base = w + (o + g) * row_bytes + kRun * run * bytes;
-      for (int64_t line = 0; line < kRun * bytes; line += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(base + ahead + line), _MM_HINT_T0);
+      for (int64_t line = 0; line < kRun * bytes; line += 64) prefetch_ahead<rows>(base + ahead + line);
       const __m512 d_w = _mm512_castps128_ps512(load_halves(base, count));
       const uint8_t* payload = base + header * count;
       if constexpr (type == kQ8_0) {
@@ -664,14 +700,10 @@ void multiply_group_int8(const uint8_t* w, int64_t row_bytes, int64_t blocks, co
         const __m512i minus1 = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, bias, w1));
         const __m512 d0 = _mm512_permutexvar_ps(first_2, d_w), d1 = _mm512_permutexvar_ps(last_2, d_w);
         for (int r = 0; r < rows; ++r) {
-          const int8_t* q = x.q_at(r, run);
-          const float* scale = x.scale_at(r, run);
-          const __m512i dot0 = _mm512_dpbusd_epi32(minus0, _mm512_loadu_si512(q), w0);
-          const __m512i dot1 = _mm512_dpbusd_epi32(minus1, _mm512_loadu_si512(q + 64), w1);
-          acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot0), _mm512_mul_ps(d0, _mm512_loadu_ps(scale)),
-                                      acc[r][g]);
-          acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot1), _mm512_mul_ps(d1, _mm512_loadu_ps(scale + 16)),
-                                      acc[r][g]);
+          const __m512i dot0 = _mm512_dpbusd_epi32(minus0, x_low(r), w0);
+          const __m512i dot1 = _mm512_dpbusd_epi32(minus1, x_high(r), w1);
+          acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot0), _mm512_mul_ps(d0, x_scale(r)), acc[r][g]);
+          acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot1), _mm512_mul_ps(d1, x_scale_high(r)), acc[r][g]);
         }
       } else {
         const __m512i nibbles = load_bytes(payload, 16 * count);
@@ -691,13 +723,11 @@ void multiply_group_int8(const uint8_t* w, int64_t row_bytes, int64_t blocks, co
         if constexpr (has_m)
           m_lanes = _mm512_permutexvar_ps(each_of_4, _mm512_castps128_ps512(load_halves(base + 2 * count, count)));
         for (int r = 0; r < rows; ++r) {
-          const int8_t* q = x.q_at(r, run);
-          __m512i dot = has_m ? _mm512_setzero_si512() : _mm512_loadu_si512(x.offset_at(r, run));
-          dot = _mm512_dpbusd_epi32(dot, low, _mm512_loadu_si512(q));
-          dot = _mm512_dpbusd_epi32(dot, high, _mm512_loadu_si512(q + 64));
-          acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
-                                      _mm512_mul_ps(d_lanes, _mm512_loadu_ps(x.scale_at(r, run))), acc[r][g]);
-          if constexpr (has_m) acc[r][g] = _mm512_fmadd_ps(m_lanes, _mm512_loadu_ps(x.sum_at(r, run)), acc[r][g]);
+          __m512i dot = has_m ? _mm512_setzero_si512() : x_offset(r);
+          dot = _mm512_dpbusd_epi32(dot, low, x_low(r));
+          dot = _mm512_dpbusd_epi32(dot, high, x_high(r));
+          acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d_lanes, x_scale(r)), acc[r][g]);
+          if constexpr (has_m) acc[r][g] = _mm512_fmadd_ps(m_lanes, x_sum(r), acc[r][g]);
         }
       }
     }
@@ -720,7 +750,7 @@ template <int64_t type, int rows, int group>
 void multiply_group_super_int8(const uint8_t* w, int64_t row_bytes, const QuantizedSuperX& x, float* y, int64_t n,
                                int64_t o) {
   constexpr int64_t bytes = block_bytes(type);
-  const int64_t ahead = o + 2 * group <= n ? group * row_bytes : 0;
+  const int64_t ahead = prefetch_distance(1, group, o, n, row_bytes);
   const __m512i low_nibbles = _mm512_set1_epi8(0x0F), high_pair = _mm512_set1_epi8(0x30), zero = _mm512_setzero_si512();
   constexpr __mmask64 upper = 0xFFFFFFFF00000000ULL;  // Q6_K: the bytes of weights l + 32 (l + 96)
   // which scale each lane of code vector c multiplies by: Q4_K's per sub-block (lanes 0-7 and 8-15: the two
