@@ -646,6 +646,25 @@ inline __m128 load_halves(const uint8_t* p, int64_t count) {  // `count` (1-4) f
                                     : _mm_maskz_loadu_epi16(static_cast<__mmask8>((1 << count) - 1), p));
 }
 
+// Row r of x's run as multiply_group_int8 reads it: the int8 values that meet the low and the high nibbles (Q8_0:
+// the run's two halves), d_x per lane, and what `type` adds: Q8_0's d_x for its second half, Q4_1/Q5_1's sums,
+// Q4_0/Q5_0's offsets
+struct RunOfX {
+  __m512i low, high, offset;
+  __m512 scale, scale_high, sum;
+};
+template <int64_t type>
+inline RunOfX run_of_x(const QuantizedX& x, int r, int64_t run) {
+  RunOfX out{};
+  out.low = _mm512_loadu_si512(x.q_at(r, run));
+  out.high = _mm512_loadu_si512(x.q_at(r, run) + 64);
+  out.scale = _mm512_loadu_ps(x.scale_at(r, run));
+  if constexpr (type == kQ8_0) out.scale_high = _mm512_loadu_ps(x.scale_at(r, run) + 16);
+  else if constexpr (has_min(type)) out.sum = _mm512_loadu_ps(x.sum_at(r, run));
+  else out.offset = _mm512_loadu_si512(x.offset_at(r, run));
+  return out;
+}
+
 // Output rows [o, o + group) of a packed W for `rows` rows of quantized x, as multiply_group does in floats
 template <int64_t type, int rows, int group>
 void multiply_group_int8(const uint8_t* w, int64_t row_bytes, int64_t blocks, const QuantizedX& x, float* y,
@@ -670,24 +689,9 @@ void multiply_group_int8(const uint8_t* w, int64_t row_bytes, int64_t blocks, co
     // scarcest operations (Zen 4 issues one a cycle). With more rows of x, its vectors and the accumulators would
     // not fit in the registers together, and each use loads them (from L1).
     constexpr int kHeld = rows <= 2 ? rows : 0;
-    __m512i held_low[kHeld + 1], held_high[kHeld + 1], held_offset[kHeld + 1];
-    __m512 held_scale[kHeld + 1], held_scale_high[kHeld + 1], held_sum[kHeld + 1];
-    for (int r = 0; r < kHeld; ++r) {
-      held_low[r] = _mm512_loadu_si512(x.q_at(r, run));
-      held_high[r] = _mm512_loadu_si512(x.q_at(r, run) + 64);
-      held_scale[r] = _mm512_loadu_ps(x.scale_at(r, run));
-      if constexpr (type == kQ8_0) held_scale_high[r] = _mm512_loadu_ps(x.scale_at(r, run) + 16);
-      else if constexpr (has_m) held_sum[r] = _mm512_loadu_ps(x.sum_at(r, run));
-      else held_offset[r] = _mm512_loadu_si512(x.offset_at(r, run));
-    }
-    const auto x_low = [&](int r) { return kHeld ? held_low[r] : _mm512_loadu_si512(x.q_at(r, run)); };
-    const auto x_high = [&](int r) { return kHeld ? held_high[r] : _mm512_loadu_si512(x.q_at(r, run) + 64); };
-    const auto x_scale = [&](int r) { return kHeld ? held_scale[r] : _mm512_loadu_ps(x.scale_at(r, run)); };
-    const auto x_scale_high = [&](int r) {
-      return kHeld ? held_scale_high[r] : _mm512_loadu_ps(x.scale_at(r, run) + 16);
-    };
-    const auto x_sum = [&](int r) { return kHeld ? held_sum[r] : _mm512_loadu_ps(x.sum_at(r, run)); };
-    const auto x_offset = [&](int r) { return kHeld ? held_offset[r] : _mm512_loadu_si512(x.offset_at(r, run)); };
+    RunOfX held[kHeld + 1];
+    for (int r = 0; r < kHeld; ++r) held[r] = run_of_x<type>(x, r, run);
+    const auto x_at = [&](int r) { return kHeld ? held[r] : run_of_x<type>(x, r, run); };
     for (int g = 0; g < group; ++g) {
       const uint8_t* base = w + (o + g) * row_bytes + kRun * run * bytes;
       for (int64_t line = 0; line < kRun * bytes; line += 64) prefetch_ahead<rows>(base + ahead + line);
@@ -700,10 +704,11 @@ void multiply_group_int8(const uint8_t* w, int64_t row_bytes, int64_t blocks, co
         const __m512i minus1 = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, bias, w1));
         const __m512 d0 = _mm512_permutexvar_ps(first_2, d_w), d1 = _mm512_permutexvar_ps(last_2, d_w);
         for (int r = 0; r < rows; ++r) {
-          const __m512i dot0 = _mm512_dpbusd_epi32(minus0, x_low(r), w0);
-          const __m512i dot1 = _mm512_dpbusd_epi32(minus1, x_high(r), w1);
-          acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot0), _mm512_mul_ps(d0, x_scale(r)), acc[r][g]);
-          acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot1), _mm512_mul_ps(d1, x_scale_high(r)), acc[r][g]);
+          const RunOfX xr = x_at(r);
+          const __m512i dot0 = _mm512_dpbusd_epi32(minus0, xr.low, w0);
+          const __m512i dot1 = _mm512_dpbusd_epi32(minus1, xr.high, w1);
+          acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot0), _mm512_mul_ps(d0, xr.scale), acc[r][g]);
+          acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot1), _mm512_mul_ps(d1, xr.scale_high), acc[r][g]);
         }
       } else {
         const __m512i nibbles = load_bytes(payload, 16 * count);
@@ -723,11 +728,12 @@ void multiply_group_int8(const uint8_t* w, int64_t row_bytes, int64_t blocks, co
         if constexpr (has_m)
           m_lanes = _mm512_permutexvar_ps(each_of_4, _mm512_castps128_ps512(load_halves(base + 2 * count, count)));
         for (int r = 0; r < rows; ++r) {
-          __m512i dot = has_m ? _mm512_setzero_si512() : x_offset(r);
-          dot = _mm512_dpbusd_epi32(dot, low, x_low(r));
-          dot = _mm512_dpbusd_epi32(dot, high, x_high(r));
-          acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d_lanes, x_scale(r)), acc[r][g]);
-          if constexpr (has_m) acc[r][g] = _mm512_fmadd_ps(m_lanes, x_sum(r), acc[r][g]);
+          const RunOfX xr = x_at(r);
+          __m512i dot = has_m ? _mm512_setzero_si512() : xr.offset;
+          dot = _mm512_dpbusd_epi32(dot, low, xr.low);
+          dot = _mm512_dpbusd_epi32(dot, high, xr.high);
+          acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d_lanes, xr.scale), acc[r][g]);
+          if constexpr (has_m) acc[r][g] = _mm512_fmadd_ps(m_lanes, xr.sum, acc[r][g]);
         }
       }
     }
